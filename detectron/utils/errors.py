@@ -1,0 +1,34 @@
+"""Errors that describe bad user input (config, data, weights, launch settings).
+
+The command-line tools print these as one line and exit non-zero instead of showing a traceback:
+they are about what the user typed, not about a bug. Each subclasses the builtin exception that
+Detectron raised in the same situation, so code and tests written for Detectron still catch them.
+"""
+
+
+class DetectronError(Exception):
+    """Base class of user-facing errors; str(err) is the whole message."""
+
+
+class ConfigKeyError(DetectronError, KeyError):
+    """Unknown, renamed or otherwise unusable config key."""
+
+    def __str__(self):
+        # KeyError quotes its argument; the message should read as a sentence.
+        return str(self.args[0]) if self.args else ''
+
+
+class ConfigValueError(DetectronError, ValueError):
+    """A config value of the wrong type or out of range."""
+
+
+class DatasetError(DetectronError, FileNotFoundError):
+    """Unknown dataset name, missing annotation file, image directory or unreadable image."""
+
+
+class WeightsError(DetectronError, ValueError):
+    """A weights file that is missing, unsafe to unpickle or does not fit the model."""
+
+
+class LaunchError(DetectronError, RuntimeError):
+    """Bad multi-process / multi-GPU launch settings (e.g. more GPUs asked than exist)."""
