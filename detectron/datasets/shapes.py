@@ -1,0 +1,218 @@
+"""A built-in synthetic COCO-format detection dataset, so a first run needs no download.
+
+Each image is a random size between IMAGE_SIDE_RANGE pixels per side (small on purpose, so the
+CPU demo trains in minutes), filled with a textured background: a random base colour, smooth colour
+blotches (TEXTURE_AMPLITUDE) and per-pixel Gaussian noise (PIXEL_NOISE_STD) that also covers the
+objects. It holds OBJECTS_PER_IMAGE solid shapes of the CLASSES ('square', 'circle', 'triangle'),
+sized log-uniformly in OBJECT_SIZE_RANGE pixels (COCO small, medium and, for the biggest squares,
+large), coloured away from the background colour and never touching each other, so every box is the
+tight box of a fully visible object. Triangles are rotated at random.
+
+Splits (names as in dataset_catalog):
+- `shapes_train`: NUM_TRAIN_IMAGES images; `shapes_val`: NUM_VAL_IMAGES other images.
+- `shapes_noisy_train`: the shapes_train images with noisy labels: every box edge moved by an
+  independent Gaussian offset of std NOISY_BOX_STD x the box width (left/right edges) or height
+  (top/bottom edges), then clipped to the image. It shows the KL-Loss head coping with label noise.
+
+Boxes follow Detectron's convention: bbox = [x1, y1, w, h] with x2 = x1 + w - 1 the last object
+pixel column. Everything is drawn from fixed seeds (SEED), so a generation is byte-identical to any
+other on the same software stack. The data is generated once into
+`$DETECTRON_DATA_CACHE/shapes` (default `~/.cache/detectron-port/shapes`) with the layout
+`train/*.jpg`, `val/*.jpg`, `annotations/<split name>.json`.
+"""
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+
+import cv2
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV_VAR = 'DETECTRON_DATA_CACHE'
+DEFAULT_CACHE_DIR = os.path.join('~', '.cache', 'detectron-port')
+
+SEED = 2019
+NUM_TRAIN_IMAGES = 400
+NUM_VAL_IMAGES = 100
+IMAGE_SIDE_RANGE = (128, 192)
+OBJECT_SIZE_RANGE = (12, 110)
+OBJECTS_PER_IMAGE = (1, 4)
+CLASSES = ('square', 'circle', 'triangle')
+TEXTURE_AMPLITUDE = 50.0
+PIXEL_NOISE_STD = 12.0
+NOISY_BOX_STD = 0.1
+JPEG_QUALITY = 90
+
+# Pixels kept free between objects (and tries per object) so boxes never overlap.
+_OBJECT_GAP = 2
+_PLACEMENT_TRIES = 30
+
+# Split name -> (image subdirectory, annotation file name).
+SPLITS = {
+    'shapes_train': ('train', 'shapes_train.json'),
+    'shapes_val': ('val', 'shapes_val.json'),
+    'shapes_noisy_train': ('train', 'shapes_noisy_train.json'),
+}
+
+
+def default_root():
+    """Where the dataset is cached: $DETECTRON_DATA_CACHE/shapes or ~/.cache/detectron-port/shapes."""
+    cache_dir = os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_DIR
+    return os.path.abspath(os.path.join(os.path.expanduser(cache_dir), 'shapes'))
+
+
+def ensure_shapes_dataset(root=None):
+    """Generate the dataset into `root` unless it is there; return the absolute root.
+
+    Safe when several processes call it at once: each generates into its own temporary directory
+    next to `root` and renames it into place atomically; the losers drop their copy and use the
+    winner's, so `root` is always complete when it exists.
+    """
+    root = os.path.abspath(root or default_root())
+    if os.path.isdir(root):
+        return root
+    parent = os.path.dirname(root)
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix='.shapes-tmp-', dir=parent)
+    try:
+        logger.info('Generating the synthetic shapes dataset into {}'.format(root))
+        generate(tmp_dir)
+        os.chmod(tmp_dir, 0o755)  # mkdtemp makes it private to the user
+        os.rename(tmp_dir, root)
+    except OSError:
+        if not os.path.isdir(root):
+            raise
+        logger.info('Another process generated {} first; using it'.format(root))
+    finally:
+        if os.path.isdir(tmp_dir):
+            shutil.rmtree(tmp_dir)
+    return root
+
+
+def generate(out_dir):
+    """Write all splits (images and COCO json files) into the existing directory `out_dir`."""
+    rng = np.random.RandomState(SEED)
+    splits = {
+        'shapes_train': _make_split(rng, NUM_TRAIN_IMAGES, os.path.join(out_dir, 'train')),
+        'shapes_val': _make_split(rng, NUM_VAL_IMAGES, os.path.join(out_dir, 'val')),
+    }
+    splits['shapes_noisy_train'] = _with_noisy_boxes(
+        splits['shapes_train'], np.random.RandomState(SEED + 1)
+    )
+    os.makedirs(os.path.join(out_dir, 'annotations'))
+    for name, coco in splits.items():
+        path = os.path.join(out_dir, 'annotations', SPLITS[name][1])
+        with open(path, 'w') as f:
+            json.dump(coco, f, sort_keys=True)
+
+
+def _make_split(rng, num_images, image_dir):
+    os.makedirs(image_dir)
+    images, annotations = [], []
+    for image_id in range(1, num_images + 1):
+        height, width = rng.randint(IMAGE_SIDE_RANGE[0], IMAGE_SIDE_RANGE[1] + 1, size=2)
+        pixels, objects = _draw_image(rng, int(height), int(width))
+        file_name = '{:06d}.jpg'.format(image_id)
+        cv2.imwrite(os.path.join(image_dir, file_name), pixels,
+                    [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+        images.append({'id': image_id, 'file_name': file_name,
+                       'height': int(height), 'width': int(width)})
+        for category_id, mask in objects:
+            annotations.append(_annotation(len(annotations) + 1, image_id, category_id, mask))
+    return {
+        'info': {'description': 'detectron-port synthetic shapes (detectron/datasets/shapes.py)'},
+        'images': images,
+        'annotations': annotations,
+        'categories': [{'id': i + 1, 'name': name, 'supercategory': 'shape'}
+                       for i, name in enumerate(CLASSES)],
+    }
+
+
+def _draw_image(rng, height, width):
+    """Return a uint8 BGR image and [(category id, object mask)]."""
+    base_colour = rng.uniform(0, 255, size=3)
+    blotches = rng.uniform(-TEXTURE_AMPLITUDE, TEXTURE_AMPLITUDE, size=(4, 4, 3))
+    canvas = base_colour + cv2.resize(blotches.astype(np.float32), (width, height),
+                                      interpolation=cv2.INTER_CUBIC)
+    occupied = np.zeros((height, width), dtype=bool)
+    objects = []
+    for _ in range(rng.randint(OBJECTS_PER_IMAGE[0], OBJECTS_PER_IMAGE[1] + 1)):
+        category_id = rng.randint(len(CLASSES)) + 1
+        mask = _place_shape(rng, CLASSES[category_id - 1], occupied)
+        if mask is None:
+            continue
+        # Half a colour wheel away per channel, so objects always stand out from the background.
+        colour = (base_colour + 128 + rng.uniform(-40, 40, size=3)) % 256
+        canvas[mask] = colour
+        occupied |= cv2.dilate(mask.astype(np.uint8), np.ones((3, 3), np.uint8),
+                               iterations=_OBJECT_GAP).astype(bool)
+        objects.append((category_id, mask))
+    canvas += rng.normal(0, PIXEL_NOISE_STD, size=canvas.shape)
+    return np.clip(np.round(canvas), 0, 255).astype(np.uint8), objects
+
+
+def _place_shape(rng, shape, occupied):
+    """Mask of a new shape that misses `occupied`, or None when none fits after a few tries."""
+    height, width = occupied.shape
+    for _ in range(_PLACEMENT_TRIES):
+        size = int(round(np.exp(rng.uniform(*np.log(OBJECT_SIZE_RANGE)))))
+        x0 = rng.randint(0, width - size + 1)
+        y0 = rng.randint(0, height - size + 1)
+        mask = _shape_mask(rng, shape, x0, y0, size, (height, width))
+        if mask.any() and not (mask & occupied).any():
+            return mask
+    return None
+
+
+def _shape_mask(rng, shape, x0, y0, size, image_shape):
+    """Filled `shape` inside the size x size square at (x0, y0), as a bool mask."""
+    mask = np.zeros(image_shape, dtype=np.uint8)
+    if shape == 'square':
+        cv2.rectangle(mask, (x0, y0), (x0 + size - 1, y0 + size - 1), 1, thickness=-1)
+    elif shape == 'circle':
+        radius = (size - 1) // 2
+        cv2.circle(mask, (x0 + radius, y0 + radius), radius, 1, thickness=-1)
+    else:
+        radius = (size - 1) / 2.0
+        angles = rng.uniform(0, 2 * np.pi) + np.arange(3) * 2 * np.pi / 3
+        corners = np.stack([x0 + radius * (1 + np.cos(angles)),
+                            y0 + radius * (1 + np.sin(angles))], axis=1)
+        cv2.fillPoly(mask, [np.round(corners).astype(np.int32)], 1)
+    return mask.astype(bool)
+
+
+def _annotation(annotation_id, image_id, category_id, mask):
+    ys, xs = np.nonzero(mask)
+    x1, y1 = int(xs.min()), int(ys.min())
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL,
+                                   cv2.CHAIN_APPROX_SIMPLE)
+    return {
+        'id': annotation_id,
+        'image_id': image_id,
+        'category_id': category_id,
+        'bbox': [x1, y1, int(xs.max()) - x1 + 1, int(ys.max()) - y1 + 1],
+        'area': int(mask.sum()),
+        'iscrowd': 0,
+        'segmentation': [c.reshape(-1).tolist() for c in contours if len(c) >= 3],
+    }
+
+
+def _with_noisy_boxes(coco, rng):
+    """Copy of `coco` whose boxes have every edge jittered (see the module docstring)."""
+    sizes = {image['id']: (image['width'], image['height']) for image in coco['images']}
+    annotations = []
+    for ann in coco['annotations']:
+        x1, y1, w, h = ann['bbox']
+        edges = np.array([x1, x1 + w - 1, y1, y1 + h - 1], dtype=np.float64)
+        edges += rng.normal(0, NOISY_BOX_STD, size=4) * np.array([w, w, h, h])
+        width, height = sizes[ann['image_id']]
+        nx1, nx2 = np.clip(np.sort(edges[:2]), 0, width - 1)
+        ny1, ny2 = np.clip(np.sort(edges[2:]), 0, height - 1)
+        nw, nh = round(float(nx2 - nx1 + 1), 2), round(float(ny2 - ny1 + 1), 2)
+        annotations.append(dict(ann, bbox=[round(float(nx1), 2), round(float(ny1), 2), nw, nh],
+                                area=round(nw * nh, 2)))
+    return dict(coco, annotations=annotations)
