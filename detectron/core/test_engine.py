@@ -1,0 +1,119 @@
+"""Test a model on TEST.DATASETS: detections per image, Detectron's detections.pkl, COCO evaluation.
+
+Single-process testing runs in this process. `--multi-gpu-testing` starts NUM_GPUS workers through
+torch.distributed (or joins a torchrun job); each worker takes one contiguous range of images
+(Detectron's np.array_split ranges, no padding, no duplicates), rank 0 merges the per-image results
+in image order, writes detections.pkl and evaluates once, so the output equals single-process testing.
+`--range S E` tests one slice and writes detection_range_S_E.pkl, like Detectron's child processes.
+"""
+import collections
+import datetime
+import logging
+import os
+import time
+
+import torch
+
+from detectron.core import test as test_lib
+from detectron.core.config import cfg, get_output_dir
+from detectron.core.train_engine import adopt_cfg, worker_device
+from detectron.datasets import dataset_catalog, task_evaluation
+from detectron.datasets.json_dataset import JsonDataset
+from detectron.modeling import model_builder
+from detectron.roi_data.minibatch import read_image
+from detectron.roi_data.samplers import inference_ranges
+from detectron.utils import distributed
+from detectron.utils.c2_weights import load_weights
+from detectron.utils.io import cache_url, load_object, save_object
+
+logger = logging.getLogger(__name__)
+
+
+def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
+    """Test weights_file on every TEST.DATASETS entry in turn; returns {dataset: {'box': metrics}}."""
+    if ind_range is not None:
+        if len(cfg.TEST.DATASETS) != 1:
+            raise ValueError('--range needs exactly one TEST.DATASETS entry, got {}'.format(cfg.TEST.DATASETS))
+        name = cfg.TEST.DATASETS[0]
+        output_dir = get_output_dir((name,), training=False)
+        all_boxes = test_net(weights_file, name, output_dir, ind_range)[1]
+        path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
+        save_object({'all_boxes': all_boxes, 'cfg': cfg.dump()}, path)
+        logger.info('Wrote detections of range %s to %s', ind_range, path)
+        return {}
+    results = collections.OrderedDict()
+    for name in cfg.TEST.DATASETS:
+        output_dir = get_output_dir((name,), training=False)
+        if multi_gpu_testing and cfg.NUM_GPUS > 1:
+            distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name, output_dir),
+                               device='cuda' if torch.cuda.is_available() else 'cpu')
+            if not distributed.is_main_process():
+                continue
+            all_boxes = _load_detections(output_dir)
+        else:
+            all_boxes = test_net(weights_file, name, output_dir)[1]
+            _write_detections(all_boxes, output_dir)
+        results.update(task_evaluation.evaluate_all(JsonDataset(name), all_boxes, output_dir))
+    if results:
+        task_evaluation.log_copy_paste_friendly_results(results)
+    return results
+
+
+def _test_worker(cfg_snapshot, weights_file, name, output_dir):
+    adopt_cfg(cfg_snapshot)
+    num_images = len(JsonDataset(name).get_roidb())
+    start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]
+    _, all_boxes = test_net(weights_file, name, output_dir, (start, end))
+    gathered = distributed.all_gather_object(all_boxes)
+    if distributed.is_main_process():
+        _write_detections(merge_ranges(gathered), output_dir)
+    distributed.synchronize()
+
+
+def merge_ranges(per_range_boxes):
+    """Concatenate all_boxes[cls][img] lists of consecutive ranges, in range order."""
+    num_classes = len(per_range_boxes[0])
+    return [[dets for part in per_range_boxes for dets in part[j]] for j in range(num_classes)]
+
+
+def _write_detections(all_boxes, output_dir):
+    path = os.path.join(output_dir, 'detections.pkl')
+    save_object({'all_boxes': all_boxes, 'all_segms': [], 'all_keyps': [], 'cfg': cfg.dump()}, path)
+    logger.info('Wrote detections to: %s', os.path.abspath(path))
+
+
+def _load_detections(output_dir):
+    return load_object(os.path.join(output_dir, 'detections.pkl'))['all_boxes']
+
+
+def load_test_model(weights_file, device):
+    if cfg.DATASET_CATALOG:
+        dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    model = model_builder.create(cfg)
+    path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
+    load_weights(model, path)
+    return model.to(device).eval()
+
+
+def test_net(weights_file, name, output_dir, ind_range=None):
+    """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes)."""
+    roidb = JsonDataset(name).get_roidb()
+    total = len(roidb)
+    start, end = ind_range if ind_range is not None else (0, total)
+    roidb = roidb[start:end]
+    device = worker_device()
+    model = load_test_model(weights_file, device)
+    num_classes = cfg.MODEL.NUM_CLASSES
+    all_boxes = [[[] for _ in roidb] for _ in range(num_classes)]
+    tic = time.time()
+    for i, entry in enumerate(roidb):
+        cls_boxes = test_lib.im_detect_all(model, read_image(entry['image']))
+        for j in range(1, num_classes):
+            all_boxes[j][i] = cls_boxes[j]
+        if i % 10 == 0 or i == len(roidb) - 1:
+            per_image = (time.time() - tic) / (i + 1)
+            eta = datetime.timedelta(seconds=int(per_image * (len(roidb) - i - 1)))
+            logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs (eta: %s)',
+                        start + 1, end, total, i + 1, len(roidb),
+                        per_image, eta)
+    return roidb, all_boxes

@@ -1,0 +1,265 @@
+"""The training loop: one process per GPU (or CPU worker), DDP, Detectron's schedule and outputs.
+
+`train_model()` is what tools/train_net.py calls. It starts cfg.NUM_GPUS workers itself, or joins the
+job that torchrun / a cluster launcher started (see detectron/utils/distributed.py), and returns the
+path of the final model. Every worker builds its own model, data and optimizer from the cfg it is
+handed; rank 0 alone writes checkpoints, logs, TensorBoard events and the training-curve PNG.
+"""
+import collections
+import contextlib
+import datetime
+import logging
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+from detectron.core.config import cfg, get_output_dir
+from detectron.datasets import dataset_catalog
+from detectron.datasets.roidb import combined_roidb_for_training
+from detectron.modeling import model_builder
+from detectron.modeling.optimizer import build_optimizer
+from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
+from detectron.roi_data.samplers import GroupedDistributedBatchSampler
+from detectron.utils import checkpoint, distributed, lr_policy
+from detectron.utils.c2_weights import load_weights
+from detectron.utils.errors import DetectronError
+from detectron.utils.io import cache_url
+from detectron.utils.logging import log_json_stats
+from detectron.utils.tensorboard import EventWriter
+from detectron.utils.training_curves import write_training_curves
+
+logger = logging.getLogger(__name__)
+
+LOG_PERIOD = 20  # Detectron logs json_stats every 20 iterations
+
+
+class NonFiniteLossError(DetectronError, FloatingPointError):
+    """The training loss became NaN or inf."""
+
+
+def train_model():
+    """Train the model described by cfg; returns {'final': path of model_final.pth}."""
+    output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
+    final_path = os.path.join(output_dir, 'model_final.pth')
+    if cfg.TRAIN.AUTO_RESUME and os.path.exists(final_path):
+        logger.info('model_final.pth exists; no need to train!')
+        return {'final': final_path}
+    distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), device=_device_kind())
+    return {'final': final_path}
+
+
+def _device_kind():
+    return 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def adopt_cfg(snapshot):
+    """Make the global cfg equal to the snapshot a spawned worker received."""
+    if snapshot is cfg:
+        return
+    cfg.defrost()
+    cfg.merge_from_other_cfg(snapshot)
+    cfg.freeze()
+
+
+def worker_device():
+    if torch.cuda.is_available():
+        return torch.device('cuda', distributed.get_local_rank())
+    return torch.device('cpu')
+
+
+def train_worker(cfg_snapshot):
+    adopt_cfg(cfg_snapshot)
+    if cfg.DATASET_CATALOG:
+        dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    device = worker_device()
+    output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
+    torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
+    np.random.seed(cfg.RNG_SEED + distributed.get_rank())
+    model = model_builder.create(cfg).to(device)
+    if cfg.MODEL.SYNC_BN and distributed.get_world_size() > 1:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    optimizer = build_optimizer(
+        model, base_lr=lr_policy.get_lr_at_iter(0), momentum=cfg.SOLVER.MOMENTUM,
+        weight_decay=cfg.SOLVER.WEIGHT_DECAY, weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_GN,
+        scale_momentum=cfg.SOLVER.SCALE_MOMENTUM,
+        scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD,
+        log_lr_change_threshold=cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD)
+    start_iter = _resume_or_initialise(model, optimizer, output_dir)
+    loop = TrainLoop(model, optimizer, device, output_dir, start_iter)
+    loop.run()
+    if distributed.is_main_process():
+        checkpoint.save_checkpoint(os.path.join(output_dir, 'model_final.pth'), loop.model_without_ddp,
+                                   optimizer, cfg.SOLVER.MAX_ITER - 1, extra={'cfg': cfg.dump()})
+        logger.info('Wrote final model to %s', os.path.join(output_dir, 'model_final.pth'))
+    distributed.synchronize()
+
+
+def _resume_or_initialise(model, optimizer, output_dir):
+    """Resume from the newest checkpoint (Detectron's AUTO_RESUME) or initialise from TRAIN.WEIGHTS."""
+    last = checkpoint.find_last_checkpoint(output_dir) if cfg.TRAIN.AUTO_RESUME else None
+    if last:
+        logger.info('========> Resuming from checkpoint %s', last)
+        state = checkpoint.load_checkpoint(last, model, optimizer)
+        return state['iteration'] + 1
+    if cfg.TRAIN.WEIGHTS:
+        path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
+        missing, unused = load_weights(model, path)
+        logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
+                    path, len(missing), len(unused))
+    return 0
+
+
+class TrainLoop:
+    """Iterations from start_iter to MAX_ITER with gradient accumulation, AMP, logging, checkpoints."""
+
+    def __init__(self, model, optimizer, device, output_dir, start_iter):
+        self.device = device
+        self.optimizer = optimizer
+        self.output_dir = output_dir
+        self.start_iter = start_iter
+        self.model_without_ddp = model
+        self.model = self._wrap_ddp(model)
+        self.amp_dtype = {'float16': torch.float16, 'bfloat16': torch.bfloat16}[cfg.SOLVER.AMP.DTYPE]
+        self.amp = cfg.SOLVER.AMP.ENABLED
+        self.scaler = self._make_scaler()
+        self.batches = self._build_batches()
+        self.history = []
+        self.window = collections.defaultdict(lambda: collections.deque(maxlen=LOG_PERIOD))
+        self.events = EventWriter(os.path.join(output_dir, 'tensorboard')) \
+            if distributed.is_main_process() else None
+
+    def _wrap_ddp(self, model):
+        if distributed.get_world_size() == 1:
+            return model
+        device_ids = [self.device.index] if self.device.type == 'cuda' else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                         broadcast_buffers=False)
+
+    def _make_scaler(self):
+        fp16 = self.amp and self.amp_dtype == torch.float16
+        if not fp16 or cfg.SOLVER.AMP.LOSS_SCALE > 0:
+            return None
+        return torch.amp.GradScaler(self.device.type)
+
+    def _build_batches(self):
+        roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
+        logger.info('%d roidb entries for training', len(roidb))
+        groups = aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
+        sampler = GroupedDistributedBatchSampler(
+            groups, cfg.TRAIN.IMS_PER_BATCH, seed=cfg.RNG_SEED, rank=distributed.get_rank(),
+            world_size=distributed.get_world_size(),
+            start_iter=self.start_iter * cfg.SOLVER.ITER_SIZE)
+        loader = build_train_loader(
+            roidb, sampler, scales=cfg.TRAIN.SCALES, max_size=cfg.TRAIN.MAX_SIZE,
+            pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE,
+            num_workers=cfg.DATA_LOADER.NUM_THREADS, seed=cfg.RNG_SEED)
+        return iter(loader)
+
+    def _to_device(self, batch):
+        images, im_info, targets = batch
+        move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        return move(images), move(im_info), [{k: move(v) for k, v in t.items()} for t in targets]
+
+    def _micro_step(self, batch, sync):
+        images, im_info, targets = self._to_device(batch)
+        no_sync = getattr(self.model, 'no_sync', None)
+        context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
+        with context:
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
+                outputs = self.model(images, im_info, targets)
+            total = sum(v for k, v in outputs.items() if k.startswith('loss'))
+            scaled = total / cfg.SOLVER.ITER_SIZE
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            elif cfg.SOLVER.AMP.LOSS_SCALE > 0 and self.amp:
+                scaled = scaled * cfg.SOLVER.AMP.LOSS_SCALE
+            scaled.backward()
+        return total, outputs
+
+    def _optimizer_step(self):
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            return
+        if self.amp and cfg.SOLVER.AMP.LOSS_SCALE > 0:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, 1.0 / cfg.SOLVER.AMP.LOSS_SCALE)
+        self.optimizer.step()
+
+    def _check_finite(self, total, cur_iter, outputs):
+        if torch.isfinite(total).item():
+            return
+        parts = ', '.join('{}={:.4g}'.format(k, float(v)) for k, v in outputs.items() if k.startswith('loss'))
+        raise NonFiniteLossError(
+            'Loss is {} at iteration {} ({}). The last good checkpoint in {} is intact; lower '
+            'SOLVER.BASE_LR or check the data.'.format(float(total), cur_iter, parts, self.output_dir))
+
+    def run(self):
+        self.model.train()
+        period = checkpoint_period()
+        tic = time.time()
+        for cur_iter in range(self.start_iter, cfg.SOLVER.MAX_ITER):
+            lr = lr_policy.get_lr_at_iter(cur_iter)
+            self.optimizer.set_lr(lr, cur_iter)
+            self.optimizer.zero_grad(set_to_none=True)
+            for micro in range(cfg.SOLVER.ITER_SIZE):
+                total, outputs = self._micro_step(next(self.batches), sync=micro == cfg.SOLVER.ITER_SIZE - 1)
+                self._check_finite(total, cur_iter, outputs)
+            self._optimizer_step()
+            self._record(cur_iter, lr, total, outputs, time.time() - tic)
+            tic = time.time()
+            if (cur_iter + 1) % period == 0 and cur_iter > self.start_iter:
+                self._save(cur_iter)
+        if self.events is not None:
+            self.events.close()
+
+    def _save(self, cur_iter):
+        if distributed.is_main_process():
+            path = os.path.join(self.output_dir, 'model_iter{}.pth'.format(cur_iter))
+            checkpoint.save_checkpoint(path, self.model_without_ddp, self.optimizer, cur_iter,
+                                       extra={'cfg': cfg.dump()})
+            logger.info('Wrote checkpoint %s', path)
+            if self.history:
+                write_training_curves(os.path.join(self.output_dir, 'training_curves.png'), self.history)
+        distributed.synchronize()
+
+    def _record(self, cur_iter, lr, total, outputs, iter_time):
+        self.window['time'].append(iter_time)
+        self.window['loss'].append(total.detach().float())
+        for k, v in outputs.items():
+            self.window[k].append(v.detach().float())
+        if cur_iter % LOG_PERIOD and cur_iter != cfg.SOLVER.MAX_ITER - 1:
+            return
+        # Detectron logs the median of the last 20 values, averaged over GPUs.
+        medians = {k: torch.stack(list(q)).median() for k, q in self.window.items() if k != 'time'}
+        medians = distributed.reduce_dict(medians, average=True)
+        if not distributed.is_main_process():
+            return
+        stats = self._json_stats(cur_iter, lr, medians)
+        log_json_stats(stats)
+        self.history.append(stats)
+        self.events.add_scalars({k: v for k, v in stats.items() if isinstance(v, float)}, cur_iter)
+        logger.info('[%d/%d %5.1f%%] loss %.4f lr %.6f eta %s', cur_iter + 1, cfg.SOLVER.MAX_ITER,
+                    100.0 * (cur_iter + 1) / cfg.SOLVER.MAX_ITER, stats['loss'], lr, stats['eta'])
+
+    def _json_stats(self, cur_iter, lr, medians):
+        mean_time = float(np.mean(self.window['time']))
+        eta = datetime.timedelta(seconds=int(mean_time * (cfg.SOLVER.MAX_ITER - cur_iter)))
+        stats = {'iter': cur_iter, 'lr': float(lr), 'time': mean_time, 'eta': str(eta),
+                 'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
+        stats.update({k: float(v) for k, v in medians.items()})
+        return stats
+
+
+def checkpoint_period():
+    """Detectron's rule: a checkpoint every int(SNAPSHOT_ITERS / NUM_GPUS) iterations."""
+    return max(1, int(cfg.TRAIN.SNAPSHOT_ITERS / cfg.NUM_GPUS))
+
+
+def _max_memory_mib(device):
+    if device.type != 'cuda':
+        return 0
+    return int(math.ceil(torch.cuda.max_memory_allocated(device) / 1024 ** 2))

@@ -1,0 +1,124 @@
+"""Faster R-CNN with FPN (Detectron's `generalized_rcnn`), optionally with the KL-Loss box head.
+
+The model is assembled from small modules (body, RPN head, box head, box outputs) plus the
+target/proposal functions; all hyper-parameters arrive as plain values from `model_builder`.
+"""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from detectron.modeling import fast_rcnn_heads, rpn_heads
+from detectron.modeling.roi_pooling import roi_feature_transform
+from detectron.roi_data.fast_rcnn import sample_rois
+from detectron.roi_data.rpn import rpn_targets
+
+
+@dataclass(frozen=True)
+class ProposalParams:
+    pre_nms_top_n: int
+    post_nms_top_n: int
+    nms_thresh: float
+    min_size: float
+
+
+@dataclass(frozen=True)
+class RCNNParams:
+    """Everything the R-CNN needs besides its modules (Detectron's cfg values, read by the builder)."""
+    num_classes: int
+    anchor_strides: tuple = (4, 8, 16, 32, 64)
+    anchor_sizes: tuple = (32, 64, 128, 256, 512)
+    aspect_ratios: tuple = (0.5, 1.0, 2.0)
+    train_proposals: ProposalParams = ProposalParams(12000, 2000, 0.7, 0.0)
+    test_proposals: ProposalParams = ProposalParams(1000, 1000, 0.7, 0.0)
+    rpn_positive_overlap: float = 0.7
+    rpn_negative_overlap: float = 0.3
+    rpn_fg_fraction: float = 0.5
+    rpn_batch_size_per_im: int = 256
+    rpn_straddle_thresh: float = 0.0
+    batch_size_per_im: int = 512
+    fg_fraction: float = 0.25
+    fg_thresh: float = 0.5
+    bg_thresh_hi: float = 0.5
+    bg_thresh_lo: float = 0.0
+    bbox_reg_weights: tuple = (10.0, 10.0, 5.0, 5.0)
+    cls_agnostic_bbox_reg: bool = False
+    xyxy: bool = False
+    pred_std: bool = False
+    roi_resolution: int = 7
+    roi_sampling_ratio: int = 2
+    roi_spatial_scales: tuple = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
+
+
+class GeneralizedRCNN(nn.Module):
+    """`model(images, im_info, targets)` -> losses in training; raw head outputs in inference."""
+
+    def __init__(self, conv_body, rpn, box_head, box_outs, params: RCNNParams):
+        super().__init__()
+        self.conv_body = conv_body
+        self.rpn = rpn
+        self.box_head = box_head
+        self.box_outs = box_outs
+        self.params = params
+
+    def forward(self, images, im_info, targets=None):
+        features = self.conv_body(images)
+        logits, deltas = self.rpn(features)
+        anchors = rpn_heads.fpn_anchors(
+            [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,
+            self.params.aspect_ratios, device=images.device)
+        if self.training:
+            return self._losses(features, logits, deltas, anchors, im_info, targets)
+        return self._inference(features, logits, deltas, anchors, im_info)
+
+    def _proposals(self, logits, deltas, anchors, im_info, proposal_params, training):
+        with torch.no_grad():
+            rois, _ = rpn_heads.generate_proposals(
+                [x.detach() for x in logits], [x.detach() for x in deltas], anchors, im_info,
+                pre_nms_top_n=proposal_params.pre_nms_top_n,
+                post_nms_top_n=proposal_params.post_nms_top_n,
+                nms_thresh=proposal_params.nms_thresh, min_size=proposal_params.min_size,
+                xyxy=self.params.xyxy, collect_across_batch=training)
+        return rois
+
+    def _box_outputs(self, features, rois):
+        p = self.params
+        num_pooled_levels = len(p.roi_spatial_scales)
+        box_features = roi_feature_transform(
+            features[:num_pooled_levels], rois, spatial_scales=p.roi_spatial_scales,
+            output_size=p.roi_resolution, sampling_ratio=p.roi_sampling_ratio)
+        return self.box_outs(self.box_head(box_features))
+
+    def _losses(self, features, logits, deltas, anchors, im_info, targets):
+        p = self.params
+        gt_boxes = [t['boxes'] for t in targets]
+        gt_classes = [t['classes'] for t in targets]
+        gt_crowd = [t['is_crowd'] for t in targets]
+        rpn_t = rpn_targets(
+            anchors, gt_boxes, gt_crowd, im_info, positive_overlap=p.rpn_positive_overlap,
+            negative_overlap=p.rpn_negative_overlap, fg_fraction=p.rpn_fg_fraction,
+            batch_size_per_im=p.rpn_batch_size_per_im, straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
+        losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
+                                      batch_size_per_im=p.rpn_batch_size_per_im)
+        proposals = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
+        rois, labels, bbox_targets, inside_w, outside_w = sample_rois(
+            proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
+            batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
+            bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
+            cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy)
+        out = self._box_outputs(features, rois)
+        losses.update(fast_rcnn_heads.fast_rcnn_losses(
+            out['cls_score'], out['bbox_pred'], labels, bbox_targets, inside_w, outside_w))
+        if p.pred_std:
+            losses['loss_bbox'] = fast_rcnn_heads.kl_loss(
+                out['bbox_pred'], out['bbox_pred_std'], bbox_targets, inside_w, outside_w)
+        return losses
+
+    def _inference(self, features, logits, deltas, anchors, im_info):
+        rois = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals, training=False)
+        out = self._box_outputs(features, rois)
+        result = {'rois': rois, 'cls_prob': torch.softmax(out['cls_score'].float(), dim=1),
+                  'bbox_pred': out['bbox_pred'].float()}
+        if 'bbox_pred_std' in out:
+            result['bbox_pred_std'] = out['bbox_pred_std'].float()
+        return result
