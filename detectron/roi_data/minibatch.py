@@ -1,0 +1,65 @@
+"""Training minibatches: roidb entries -> (images, im_info, targets) as in docs/DESIGN.md "Batches".
+
+Per image: read (BGR), flip if the entry is a flipped copy, subtract means and resize to the drawn
+training scale. Per batch: pad to a multiple of the stride and attach the ground truth in original
+image coordinates (the roidb already holds flipped boxes for flipped entries).
+"""
+
+import cv2
+import numpy as np
+import torch
+
+from detectron.utils.blob import im_list_to_blob, prep_im_for_blob
+from detectron.utils.errors import DatasetError
+
+
+def read_image(path):
+    """Read an image file as a BGR uint8 HxWx3 array (cv2.imread, like Detectron)."""
+    im = cv2.imread(path)
+    if im is None:
+        raise DatasetError(
+            "Cannot read image '{}': the file is missing, unreadable or not a valid image; "
+            "restore it or remove it from the dataset.".format(path))
+    return im
+
+
+def gt_targets(entry):
+    """Ground-truth rows (gt_classes > 0) of a roidb entry as the model's target dict."""
+    is_gt = np.asarray(entry['gt_classes']) > 0
+    return {
+        'boxes': torch.from_numpy(np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[is_gt]),
+        'classes': torch.from_numpy(np.asarray(entry['gt_classes'], dtype=np.int64)[is_gt]),
+        'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
+    }
+
+
+def prepare_training_image(entry, target_size, max_size, pixel_means):
+    """One entry at one training scale -> (float32 HxWx3 image, im_info float32 (3,), targets)."""
+    im = read_image(entry['image'])
+    if entry['flipped']:
+        im = im[:, ::-1, :]
+    ims, scales = prep_im_for_blob(im, pixel_means, [target_size], max_size)
+    scale = scales[0]
+    # Training im_info is the unpadded scaled size (Detectron's RPN targets round h*s and w*s).
+    im_info = np.array([np.round(im.shape[0] * scale), np.round(im.shape[1] * scale), scale],
+                       dtype=np.float32)
+    return ims[0], im_info, gt_targets(entry)
+
+
+def collate_minibatch(items, stride):
+    """Prepared images -> (images (B, 3, H, W), im_info (B, 3), list of B target dicts), torch."""
+    ims, im_infos, targets = zip(*items)
+    images = torch.from_numpy(im_list_to_blob(list(ims), stride))
+    return images, torch.from_numpy(np.stack(im_infos)), list(targets)
+
+
+def get_minibatch(entries, scales, max_size, pixel_means, stride, rng):
+    """Build one training batch from roidb entries, drawing a scale per image from `scales` with rng.
+
+    rng is a numpy RandomState; the draw (one randint over all images) is Detectron's, so
+    rng = np.random reproduces Detectron's scale sequence for the same global seed.
+    """
+    scale_inds = rng.randint(0, high=len(scales), size=len(entries))
+    items = [prepare_training_image(entry, scales[i], max_size, pixel_means)
+             for entry, i in zip(entries, scale_inds)]
+    return collate_minibatch(items, stride)

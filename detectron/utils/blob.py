@@ -1,0 +1,72 @@
+"""Image -> network input blob: mean subtraction, Detectron's resize rule, stride padding.
+
+Numpy in, numpy out (NCHW float32), as in Detectron; callers wrap the blob with torch.from_numpy.
+Pixel values stay BGR in 0..255 minus PIXEL_MEANS: Detectron .pkl weights expect exactly that.
+"""
+
+import cv2
+import numpy as np
+
+
+def resize_scale(im_height, im_width, target_size, max_size):
+    """Scale that brings the short side to target_size unless the long side would exceed max_size.
+
+    The cap compares the *rounded* long side, as Detectron does, so a long side of 1000.4 is not capped.
+    """
+    short_side = min(im_height, im_width)
+    long_side = max(im_height, im_width)
+    scale = float(target_size) / float(short_side)
+    if np.round(scale * long_side) > max_size:
+        scale = float(max_size) / float(long_side)
+    return scale
+
+
+def prep_im_for_blob(im, pixel_means, target_sizes, max_size):
+    """Subtract BGR pixel means and resize `im` once per target size.
+
+    Returns (list of float32 HxWx3 images, list of scales), one pair per entry of target_sizes.
+    """
+    means = np.asarray(pixel_means, dtype=np.float32).reshape(1, 1, 3)
+    # float32 minus float32 means: the same arithmetic as Detectron's cv2.subtract on a float32 image.
+    im = im.astype(np.float32) - means
+    ims, scales = [], []
+    for target_size in target_sizes:
+        scale = resize_scale(im.shape[0], im.shape[1], target_size, max_size)
+        ims.append(cv2.resize(im, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR))
+        scales.append(scale)
+    return ims, scales
+
+
+def padded_size(height, width, stride):
+    """(height, width) rounded up to a multiple of stride; stride 0 or 1 leaves them as they are."""
+    if stride <= 1:
+        return int(height), int(width)
+    return int(np.ceil(height / stride) * stride), int(np.ceil(width / stride) * stride)
+
+
+def im_list_to_blob(ims, stride=32):
+    """Stack HxWx3 images into a zero-padded float32 (B, 3, H, W) blob.
+
+    Images sit at the top-left corner; H, W are the batch maxima rounded up to a multiple of stride
+    (FPN.COARSEST_STRIDE), so every FPN level has an integer size.
+    """
+    max_height = max(im.shape[0] for im in ims)
+    max_width = max(im.shape[1] for im in ims)
+    height, width = padded_size(max_height, max_width, stride)
+    blob = np.zeros((len(ims), 3, height, width), dtype=np.float32)
+    for i, im in enumerate(ims):
+        blob[i, :, :im.shape[0], :im.shape[1]] = im.transpose(2, 0, 1)
+    return blob
+
+
+def get_image_blob(im, target_scale, target_max_size, pixel_means, stride):
+    """Test-time input for one BGR image: (blob (1, 3, H, W), im_scale, im_info (1, 3) float32).
+
+    im_info holds the *padded* blob height and width (Detectron's test convention: the RPN clips
+    proposals to it, and keeping it reproduces Detectron's published numbers exactly).
+    """
+    ims, scales = prep_im_for_blob(im, pixel_means, [target_scale], target_max_size)
+    blob = im_list_to_blob(ims, stride)
+    im_scale = scales[0]
+    im_info = np.array([[blob.shape[2], blob.shape[3], im_scale]], dtype=np.float32)
+    return blob, im_scale, im_info
