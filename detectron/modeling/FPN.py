@@ -1,0 +1,109 @@
+"""Detectron's Feature Pyramid Network over a ResNet body (Detectron FPN.py add_fpn).
+
+Lateral 1x1 convs (`fpn_inner`) and 3x3 output convs (`fpn_layer`) are indexed 0..3 for
+res2..res5; Detectron names them after the last block of each stage, e.g. `fpn_inner.2` is
+`fpn_inner_res4_5_sum_lateral` in R-50 and `fpn_inner_res4_22_sum_lateral` in R-101.
+"""
+
+import torch.nn.functional as F
+from torch import nn
+
+from detectron.modeling.norm import group_norm_groups
+from detectron.modeling.ResNet import ResNet, caffe2_xavier_fill_
+from detectron.utils.errors import ConfigValueError
+
+
+def _conv_norm(dim_in, dim_out, kernel, use_gn, gn_groups, gn_eps):
+    """Conv (XavierFill, bias 0) and its GroupNorm or Identity; Detectron's ConvGN has no conv bias."""
+    conv = nn.Conv2d(dim_in, dim_out, kernel, padding=kernel // 2, bias=not use_gn)
+    caffe2_xavier_fill_(conv)
+    norm = nn.GroupNorm(gn_groups(dim_out), dim_out, eps=gn_eps) if use_gn else nn.Identity()
+    return conv, norm
+
+
+class FPNBody(nn.Module):
+    """ResNet body + FPN; forward(images) returns [P2, P3, P4, P5, P6].
+
+    Stored as `conv_body` in a model, its parameters are `conv_body.body.*` (the ResNet),
+    `conv_body.fpn_inner.*` and `conv_body.fpn_layer.*` (and `fpn_inner_gn.*` / `fpn_layer_gn.*`
+    with GroupNorm). P6 is P5 subsampled by a kernel-1 stride-2 max-pool (no parameters).
+
+    Arguments (cfg key in brackets): bottom_up, a body with `out_channels` for res2..res5 returning
+    their outputs as a list; dim [FPN.DIM]; use_gn [FPN.USE_GN]; zero_init_lateral
+    [FPN.ZERO_INIT_LATERAL] zero-initialises the lateral 1x1 convs of res2..res4;
+    gn_num_groups, gn_dim_per_group, gn_eps [GROUP_NORM.*]. Input height and width must be
+    multiples of the body's coarsest stride (32) so that every top-down upsampling is an exact 2x,
+    as Detectron's padding to FPN.COARSEST_STRIDE guarantees.
+    """
+
+    strides = (4, 8, 16, 32, 64)
+
+    def __init__(self, bottom_up, dim=256, *, use_gn=False, zero_init_lateral=False,
+                 gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5):
+        super().__init__()
+        self.body = bottom_up
+        self.out_channels = dim
+
+        def gn_groups(channels):
+            return group_norm_groups(channels, gn_num_groups, gn_dim_per_group)
+
+        inner = [_conv_norm(c, dim, 1, use_gn, gn_groups, gn_eps) for c in bottom_up.out_channels]
+        layer = [_conv_norm(dim, dim, 3, use_gn, gn_groups, gn_eps) for _ in bottom_up.out_channels]
+        self.fpn_inner = nn.ModuleList(conv for conv, _ in inner)
+        self.fpn_inner_gn = nn.ModuleList(norm for _, norm in inner)
+        self.fpn_layer = nn.ModuleList(conv for conv, _ in layer)
+        self.fpn_layer_gn = nn.ModuleList(norm for _, norm in layer)
+        if zero_init_lateral:
+            # The coarsest 1x1 only seeds the top-down path and keeps its Xavier init in Detectron.
+            for conv in self.fpn_inner[:-1]:
+                nn.init.zeros_(conv.weight)
+
+    def _check_input_size(self, images):
+        height, width = images.shape[-2:]
+        stride = self.body.strides[-1]
+        if height % stride or width % stride:
+            raise ConfigValueError(
+                'FPN input size {}x{} is not a multiple of {}; pad images to a multiple of '
+                'FPN.COARSEST_STRIDE ({})'.format(height, width, stride, stride))
+
+    def forward(self, images):
+        self._check_input_size(images)
+        features = self.body(images)
+        top = len(features) - 1
+        inner = self.fpn_inner_gn[top](self.fpn_inner[top](features[top]))
+        outputs = [self.fpn_layer_gn[top](self.fpn_layer[top](inner))]
+        for level in range(top - 1, -1, -1):
+            lateral = self.fpn_inner_gn[level](self.fpn_inner[level](features[level]))
+            inner = lateral + F.interpolate(inner, scale_factor=2, mode='nearest')
+            outputs.insert(0, self.fpn_layer_gn[level](self.fpn_layer[level](inner)))
+        outputs.append(F.max_pool2d(outputs[-1], kernel_size=1, stride=2))
+        return outputs
+
+
+def fpn_resnet_body(depth, *, fpn_dim=256, fpn_use_gn=False, zero_init_lateral=False,
+                    gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5, **resnet_kwargs):
+    """FPNBody over ResNet(depth, **resnet_kwargs); GROUP_NORM settings go to both."""
+    gn_kwargs = dict(gn_num_groups=gn_num_groups, gn_dim_per_group=gn_dim_per_group, gn_eps=gn_eps)
+    body = ResNet(depth, **gn_kwargs, **resnet_kwargs)
+    return FPNBody(body, fpn_dim, use_gn=fpn_use_gn, zero_init_lateral=zero_init_lateral,
+                   **gn_kwargs)
+
+
+def add_fpn_ResNet50_conv5_body(**kwargs):
+    """R-50-FPN body; kwargs as `fpn_resnet_body` (FPN options) and `ResNet` (the rest)."""
+    return fpn_resnet_body(50, **kwargs)
+
+
+def add_fpn_ResNet101_conv5_body(**kwargs):
+    """R-101-FPN body; kwargs as `add_fpn_ResNet50_conv5_body`."""
+    return fpn_resnet_body(101, **kwargs)
+
+
+def add_fpn_ResNet18_conv5_body(**kwargs):
+    """R-18-FPN body (basic blocks, not in Detectron); kwargs as `add_fpn_ResNet50_conv5_body`."""
+    return fpn_resnet_body(18, **kwargs)
+
+
+def add_fpn_ResNet34_conv5_body(**kwargs):
+    """R-34-FPN body (basic blocks, not in Detectron); kwargs as `add_fpn_ResNet50_conv5_body`."""
+    return fpn_resnet_body(34, **kwargs)

@@ -1,0 +1,190 @@
+"""Detectron's ResNet bodies (conv1 .. res5), with Detectron's module names.
+
+Parameter names follow Caffe2 blob names (`res3_0_branch2a_w` -> `res3.0.branch2a.weight`, see
+docs/DESIGN.md), so Detectron .pkl files load by name. R-50/101/152 use the bottleneck block of
+Detectron's `bottleneck_transformation`; R-18/34 use two 3x3 convs (not in Detectron; small bodies
+for CPU demos) with the same naming.
+"""
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from detectron.modeling.norm import norm_factory
+from detectron.utils.errors import ConfigValueError
+
+# depth -> (blocks in res2, res3, res4, res5); Detectron ResNet.py add_ResNet{50,101,152}_conv5_body.
+BLOCK_COUNTS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
+                152: (3, 8, 36, 3)}
+BASIC_BLOCK_DEPTHS = (18, 34)
+FREEZE_AT_CHOICES = (0, 2, 3, 4, 5)
+STAGE_NAMES = ('res2', 'res3', 'res4', 'res5')
+STAGE_STRIDES = (4, 8, 16, 32)
+
+
+def caffe2_xavier_fill_(conv):
+    """Caffe2's XavierFill: weight ~ U(-sqrt(3 / fan_in), +sqrt(3 / fan_in)), bias 0.
+
+    Caffe2 brew's default conv init, used by Detectron for every conv it creates without an
+    explicit filler (backbone and FPN). fan_in = in_channels / groups * kh * kw.
+    """
+    fan_in = conv.weight[0].numel()
+    bound = math.sqrt(3.0 / fan_in)
+    nn.init.uniform_(conv.weight, -bound, bound)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
+
+
+def _conv(dim_in, dim_out, kernel, stride=1, groups=1):
+    conv = nn.Conv2d(dim_in, dim_out, kernel, stride=stride, padding=kernel // 2,
+                     groups=groups, bias=False)
+    caffe2_xavier_fill_(conv)
+    return conv
+
+
+class _ResidualBlock(nn.Module):
+    """relu(transform(x) + shortcut(x)); the shortcut projects (branch1) iff dims differ."""
+
+    def _add_shortcut(self, dim_in, dim_out, stride, make_norm):
+        # Detectron's basic_bn_shortcut: identity when dim_in == dim_out, else 1x1 conv + norm.
+        self.has_projection = dim_in != dim_out
+        if self.has_projection:
+            self.branch1 = _conv(dim_in, dim_out, 1, stride)
+            self.branch1_bn = make_norm(dim_out)
+
+    def forward(self, x):
+        shortcut = self.branch1_bn(self.branch1(x)) if self.has_projection else x
+        return F.relu(self.transform(x) + shortcut, inplace=True)
+
+
+class BottleneckBlock(_ResidualBlock):
+    """1x1 -> norm -> relu -> 3x3 -> norm -> relu -> 1x1 -> norm (Detectron's
+    bottleneck_transformation).
+
+    stride_1x1=True puts the stride on branch2a (MSRA / Detectron, RESNETS.STRIDE_1X1);
+    False puts it on the 3x3 branch2b (torchvision / fb.torch layout).
+    """
+
+    def __init__(self, dim_in, dim_out, dim_inner, stride, make_norm, stride_1x1=True, groups=1):
+        super().__init__()
+        stride_a, stride_b = (stride, 1) if stride_1x1 else (1, stride)
+        self.branch2a = _conv(dim_in, dim_inner, 1, stride_a)
+        self.branch2a_bn = make_norm(dim_inner)
+        self.branch2b = _conv(dim_inner, dim_inner, 3, stride_b, groups)
+        self.branch2b_bn = make_norm(dim_inner)
+        self.branch2c = _conv(dim_inner, dim_out, 1)
+        self.branch2c_bn = make_norm(dim_out)
+        self._add_shortcut(dim_in, dim_out, stride, make_norm)
+
+    def transform(self, x):
+        x = F.relu(self.branch2a_bn(self.branch2a(x)), inplace=True)
+        x = F.relu(self.branch2b_bn(self.branch2b(x)), inplace=True)
+        return self.branch2c_bn(self.branch2c(x))
+
+
+class BasicBlock(_ResidualBlock):
+    """3x3 (with the stride) -> norm -> relu -> 3x3 -> norm, torchvision's BasicBlock layout."""
+
+    def __init__(self, dim_in, dim_out, stride, make_norm):
+        super().__init__()
+        self.branch2a = _conv(dim_in, dim_out, 3, stride)
+        self.branch2a_bn = make_norm(dim_out)
+        self.branch2b = _conv(dim_out, dim_out, 3)
+        self.branch2b_bn = make_norm(dim_out)
+        self._add_shortcut(dim_in, dim_out, stride, make_norm)
+
+    def transform(self, x):
+        x = F.relu(self.branch2a_bn(self.branch2a(x)), inplace=True)
+        return self.branch2b_bn(self.branch2b(x))
+
+
+class ResNet(nn.Module):
+    """ResNet body returning the list [res2, res3, res4, res5] of stage outputs.
+
+    Attributes: `strides` = (4, 8, 16, 32) and `out_channels` (per stage: 256..2048 for bottleneck
+    bodies, 64..512 for R-18/34).
+
+    Keyword arguments (cfg key in brackets, as read by model_builder):
+      stride_1x1 [RESNETS.STRIDE_1X1]: stride on the 1x1 (True, MSRA) or the 3x3 (False,
+        torchvision) of bottleneck blocks.
+      freeze_at [TRAIN.FREEZE_AT]: 0 trains everything; k in 2..5 freezes conv1 and res2..res<k>
+        (Detectron's StopGradient after stage k): their parameters get requires_grad=False and
+        their BatchNorm layers (norm='bn') stay in eval mode.
+      norm: 'affine' (frozen AffineChannel, Detectron's default), 'gn' [RESNETS.*_FUNC gn
+        variants] or 'bn'.
+      num_groups, width_per_group [RESNETS.NUM_GROUPS, WIDTH_PER_GROUP]: bottleneck width
+        (ResNeXt when num_groups > 1); ignored by R-18/34.
+      gn_num_groups, gn_dim_per_group, gn_eps [GROUP_NORM.NUM_GROUPS, DIM_PER_GP, EPSILON].
+      checkpoint_stages: recompute each stage in backward (torch.utils.checkpoint) to save memory.
+        With norm='bn' the recomputation updates the running statistics a second time.
+    """
+
+    strides = STAGE_STRIDES
+
+    def __init__(self, depth=50, *, stride_1x1=True, freeze_at=2, norm='affine', num_groups=1,
+                 width_per_group=64, gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5,
+                 checkpoint_stages=False):
+        super().__init__()
+        if depth not in BLOCK_COUNTS:
+            raise ConfigValueError('unsupported ResNet depth {}; choose one of {}'.format(
+                depth, sorted(BLOCK_COUNTS)))
+        if freeze_at not in FREEZE_AT_CHOICES:
+            raise ConfigValueError('TRAIN.FREEZE_AT must be one of {}, got {}'.format(
+                FREEZE_AT_CHOICES, freeze_at))
+        make_norm = norm_factory(norm, gn_num_groups, gn_dim_per_group, gn_eps)
+        self.stride_1x1 = stride_1x1
+        self.checkpoint_stages = checkpoint_stages
+
+        self.conv1 = _conv(3, 64, 7, stride=2)
+        self.res_conv1_bn = make_norm(64)
+        self.out_channels = self._add_stages(depth, make_norm, stride_1x1, num_groups,
+                                             width_per_group)
+        self.frozen_module_names = ('conv1', 'res_conv1_bn') + STAGE_NAMES[:max(freeze_at - 1, 0)]
+        for name in self.frozen_module_names:
+            getattr(self, name).requires_grad_(False)
+        self.train()
+
+    def _add_stages(self, depth, make_norm, stride_1x1, num_groups, width_per_group):
+        dim_in, out_channels = 64, []
+        for index, (name, count) in enumerate(zip(STAGE_NAMES, BLOCK_COUNTS[depth])):
+            scale = 2 ** index
+            if depth in BASIC_BLOCK_DEPTHS:
+                dim_out = 64 * scale
+                make_block = functools.partial(BasicBlock, dim_out=dim_out, make_norm=make_norm)
+            else:
+                dim_out = 256 * scale
+                make_block = functools.partial(
+                    BottleneckBlock, dim_out=dim_out, dim_inner=num_groups * width_per_group * scale,
+                    make_norm=make_norm, stride_1x1=stride_1x1, groups=num_groups)
+            # res2 follows the stride-2 max-pool, so only res3..res5 downsample (in block 0).
+            first_stride = 1 if index == 0 else 2
+            blocks = [make_block(dim_in=dim_in if i == 0 else dim_out,
+                                 stride=first_stride if i == 0 else 1) for i in range(count)]
+            self.add_module(name, nn.Sequential(*blocks))
+            dim_in = dim_out
+            out_channels.append(dim_out)
+        return tuple(out_channels)
+
+    def train(self, mode=True):
+        super().train(mode)
+        # Frozen stages are constants: BatchNorm there must not update its running statistics.
+        for name in self.frozen_module_names:
+            getattr(self, name).train(False)
+        return self
+
+    def forward(self, x):
+        x = F.relu(self.res_conv1_bn(self.conv1(x)), inplace=True)
+        x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+        outputs = []
+        for name in STAGE_NAMES:
+            stage = getattr(self, name)
+            if self.checkpoint_stages and torch.is_grad_enabled():
+                x = checkpoint(stage, x, use_reentrant=False)
+            else:
+                x = stage(x)
+            outputs.append(x)
+        return outputs
