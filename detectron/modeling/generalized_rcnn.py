@@ -48,6 +48,8 @@ class RCNNParams:
     roi_resolution: int = 7
     roi_sampling_ratio: int = 2
     roi_spatial_scales: tuple = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
+    roi_canonical_scale: int = 224
+    roi_canonical_level: int = 4
 
 
 class GeneralizedRCNN(nn.Module):
@@ -86,7 +88,8 @@ class GeneralizedRCNN(nn.Module):
         num_pooled_levels = len(p.roi_spatial_scales)
         box_features = roi_feature_transform(
             features[:num_pooled_levels], rois, spatial_scales=p.roi_spatial_scales,
-            output_size=p.roi_resolution, sampling_ratio=p.roi_sampling_ratio)
+            output_size=p.roi_resolution, sampling_ratio=p.roi_sampling_ratio,
+            canonical_scale=p.roi_canonical_scale, canonical_level=p.roi_canonical_level)
         return self.box_outs(self.box_head(box_features))
 
     def _losses(self, features, logits, deltas, anchors, im_info, targets):
