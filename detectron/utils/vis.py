@@ -1,0 +1,37 @@
+"""Draw detections on images (Detectron's vis_one_image, with OpenCV instead of matplotlib)."""
+import cv2
+import numpy as np
+
+_BOX_COLOR = (18, 127, 15)  # BGR, Detectron's green
+_TEXT_COLOR = (218, 227, 218)
+
+
+def convert_from_cls_format(cls_boxes):
+    """cls_boxes[j] (N_j, 5) per class -> (boxes (N, 5), classes (N,)) over all classes j >= 1."""
+    parts = [(np.asarray(b, np.float32).reshape(-1, 5), j) for j, b in enumerate(cls_boxes) if j > 0 and len(b)]
+    if not parts:
+        return np.zeros((0, 5), np.float32), np.zeros(0, np.int64)
+    boxes = np.concatenate([b for b, _ in parts])
+    classes = np.concatenate([np.full(len(b), j, np.int64) for b, j in parts])
+    return boxes, classes
+
+
+def vis_one_image(im, cls_boxes, class_names, thresh=0.5):
+    """Return a copy of BGR `im` with each detection scoring >= thresh boxed and labelled."""
+    out = im.copy()
+    boxes, classes = convert_from_cls_format(cls_boxes)
+    order = np.argsort(-boxes[:, 4], kind='stable')
+    for i in order:
+        x1, y1, x2, y2, score = boxes[i]
+        if score < thresh:
+            continue
+        p1, p2 = (int(round(x1)), int(round(y1))), (int(round(x2)), int(round(y2)))
+        cv2.rectangle(out, p1, p2, _BOX_COLOR, 1)
+        name = class_names[classes[i]] if class_names is not None else 'id{}'.format(classes[i])
+        text = '{} {:.2f}'.format(name, score)
+        (tw, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, 0.35, 1)
+        top = max(p1[1] - th - 3, 0)
+        cv2.rectangle(out, (p1[0], top), (p1[0] + tw + 2, top + th + 3), _BOX_COLOR, -1)
+        cv2.putText(out, text, (p1[0] + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, 0.35, _TEXT_COLOR, 1,
+                    cv2.LINE_AA)
+    return out

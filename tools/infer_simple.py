@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Detect objects in an image or a folder of images and write visualised copies (Detectron's demo).
+
+Example:
+    python tools/infer_simple.py --cfg configs/getting_started/shapes_demo_R-18-FPN.yaml \
+        --wts outputs/shapes_demo/train/shapes_train/generalized_rcnn/model_final.pth \
+        --output-dir /tmp/vis demo_images/
+"""
+import argparse
+import glob
+import logging
+import os
+import sys
+
+import cv2
+import torch
+
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.test import im_detect_all
+from detectron.core.test_engine import load_test_model
+from detectron.datasets.json_dataset import JsonDataset
+from detectron.roi_data.minibatch import read_image
+from detectron.utils.errors import DetectronError
+from detectron.utils.logging import setup_logging
+from detectron.utils.vis import vis_one_image
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--cfg', '-c', dest='cfg_file', required=True, help='model config (YAML)')
+    parser.add_argument('--wts', required=True, help='weights: our .pth, a Detectron .pkl, or a URL')
+    parser.add_argument('--output-dir', default='/tmp/infer_simple', help='where visualised images go')
+    parser.add_argument('--image-ext', default='jpg', help='image extension to look for in a folder')
+    parser.add_argument('--thresh', type=float, default=0.7, help='score threshold for drawing')
+    parser.add_argument('--class-names-from', default='',
+                        help='dataset name whose class names label the boxes (default: TEST.DATASETS[0])')
+    parser.add_argument('im_or_folder', help='an image or a folder of images')
+    parser.add_argument('opts', nargs=argparse.REMAINDER, help='config overrides: KEY VALUE ...')
+    if len(argv) == 0:
+        parser.print_help()
+        sys.exit(1)
+    return parser.parse_args(argv)
+
+
+def _image_paths(im_or_folder, ext):
+    if os.path.isdir(im_or_folder):
+        return sorted(glob.glob(os.path.join(im_or_folder, '*.' + ext)))
+    return [im_or_folder]
+
+
+def main(argv):
+    args = parse_args(argv)
+    logger = setup_logging(__name__)
+    merge_cfg_from_file(args.cfg_file)
+    merge_cfg_from_list(args.opts)
+    assert_and_infer_cfg()
+    name = args.class_names_from or (cfg.TEST.DATASETS[0] if cfg.TEST.DATASETS else '')
+    class_names = JsonDataset(name).classes if name else None
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    model = load_test_model(args.wts, device)
+    os.makedirs(args.output_dir, exist_ok=True)
+    for path in _image_paths(args.im_or_folder, args.image_ext):
+        im = read_image(path)
+        cls_boxes = im_detect_all(model, im)
+        out_path = os.path.join(args.output_dir, os.path.splitext(os.path.basename(path))[0] + '.png')
+        cv2.imwrite(out_path, vis_one_image(im, cls_boxes, class_names, args.thresh))
+        logger.info('%s -> %s', path, out_path)
+
+
+if __name__ == '__main__':
+    logging.basicConfig(level=logging.INFO)
+    try:
+        main(sys.argv[1:])
+    except DetectronError as err:
+        print('error: {}'.format(err), file=sys.stderr)
+        sys.exit(2)
