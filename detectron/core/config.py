@@ -1,0 +1,854 @@
+"""The one global config, `cfg`, with Detectron's whole key tree and Detectron's merge rules.
+
+Usage (as in Detectron): tools merge a YAML file and command-line pairs into `cfg`, then call
+`assert_and_infer_cfg()`, which fills inferred keys and freezes the tree. Builders and tools read
+`cfg`; lower functions take plain values. docs/CONFIG.md lists what this port adds or reads
+differently (KL-Loss and CenterNet keys, aliases, type rules).
+
+This module imports nothing from the package except the error types, so any module may read `cfg`.
+"""
+
+import ast
+import copy
+import difflib
+import importlib
+import logging
+import math
+import os
+import os.path as osp
+from collections.abc import Mapping
+
+import numpy as np
+import yaml
+from yacs.config import CfgNode as _YacsCfgNode
+
+from detectron.utils.errors import ConfigKeyError, ConfigValueError
+
+logger = logging.getLogger(__name__)
+
+
+class CfgNode(_YacsCfgNode):
+    """A yacs node that also answers Detectron's AttrDict freezing API."""
+
+    def immutable(self, is_immutable):
+        """Freeze (True) or unfreeze (False) this node and every node below it."""
+        self._immutable(is_immutable)
+
+    def is_immutable(self):
+        return self.is_frozen()
+
+
+__C = CfgNode()
+cfg = __C
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+__C.TRAIN = CfgNode()
+__C.TRAIN.WEIGHTS = ''  # initial weights: a path or a URL
+__C.TRAIN.DATASETS = ()  # dataset catalog names; training uses their union
+__C.TRAIN.SCALES = (600,)  # shorter-side sizes; one is drawn per image
+__C.TRAIN.MAX_SIZE = 1000
+__C.TRAIN.IMS_PER_BATCH = 2  # images per GPU
+__C.TRAIN.BATCH_SIZE_PER_IM = 64  # RoIs per image for the box head
+__C.TRAIN.FG_FRACTION = 0.25
+__C.TRAIN.FG_THRESH = 0.5
+__C.TRAIN.BG_THRESH_HI = 0.5
+__C.TRAIN.BG_THRESH_LO = 0.0
+__C.TRAIN.USE_FLIPPED = True
+__C.TRAIN.BBOX_THRESH = 0.5
+__C.TRAIN.SNAPSHOT_ITERS = 80000  # checkpoint every int(SNAPSHOT_ITERS / NUM_GPUS) iterations
+__C.TRAIN.PROPOSAL_FILES = ()
+__C.TRAIN.ASPECT_GROUPING = True
+__C.TRAIN.GENERATE_PROPOSALS_ON_GPU = False
+__C.TRAIN.RPN_POSITIVE_OVERLAP = 0.7
+__C.TRAIN.RPN_NEGATIVE_OVERLAP = 0.3
+__C.TRAIN.RPN_FG_FRACTION = 0.5
+__C.TRAIN.RPN_BATCH_SIZE_PER_IM = 256
+__C.TRAIN.RPN_NMS_THRESH = 0.7
+__C.TRAIN.RPN_PRE_NMS_TOP_N = 12000  # per FPN level
+__C.TRAIN.RPN_POST_NMS_TOP_N = 2000
+__C.TRAIN.RPN_STRADDLE_THRESH = 0
+__C.TRAIN.RPN_MIN_SIZE = 0
+__C.TRAIN.CROWD_FILTER_THRESH = 0.7
+__C.TRAIN.GT_MIN_AREA = -1
+__C.TRAIN.FREEZE_CONV_BODY = False
+__C.TRAIN.AUTO_RESUME = True
+__C.TRAIN.COPY_WEIGHTS = False
+__C.TRAIN.FREEZE_AT = 2
+__C.TRAIN.CHECKPOINT_ACTIVATIONS = False  # port: recompute backbone activations to save memory
+
+# ---------------------------------------------------------------------------------------------
+# Data loader
+# ---------------------------------------------------------------------------------------------
+__C.DATA_LOADER = CfgNode()
+__C.DATA_LOADER.NUM_THREADS = 4
+__C.DATA_LOADER.MINIBATCH_QUEUE_SIZE = 64
+__C.DATA_LOADER.BLOBS_QUEUE_CAPACITY = 8
+
+# ---------------------------------------------------------------------------------------------
+# Inference
+# ---------------------------------------------------------------------------------------------
+__C.TEST = CfgNode()
+__C.TEST.WEIGHTS = ''
+__C.TEST.DATASETS = ()  # tested one after another
+__C.TEST.SCALE = 600
+__C.TEST.MAX_SIZE = 1000
+__C.TEST.NMS = 0.3
+__C.TEST.BBOX_REG = True
+__C.TEST.PROPOSAL_FILES = ()
+__C.TEST.GENERATE_PROPOSALS_ON_GPU = False
+__C.TEST.PROPOSAL_LIMIT = 2000
+__C.TEST.RPN_NMS_THRESH = 0.7
+__C.TEST.RPN_PRE_NMS_TOP_N = 12000
+__C.TEST.RPN_POST_NMS_TOP_N = 2000
+__C.TEST.RPN_MIN_SIZE = 0
+__C.TEST.DETECTIONS_PER_IM = 100
+__C.TEST.SCORE_THRESH = 0.05
+__C.TEST.COMPETITION_MODE = True
+__C.TEST.FORCE_JSON_DATASET_EVAL = False
+__C.TEST.PRECOMPUTED_PROPOSALS = True  # inferred: False whenever an RPN is built
+__C.TEST.CLASS_SPECIFIC_AR = False
+
+__C.TEST.BBOX_AUG = CfgNode()
+__C.TEST.BBOX_AUG.ENABLED = False
+__C.TEST.BBOX_AUG.SCORE_HEUR = 'UNION'
+__C.TEST.BBOX_AUG.COORD_HEUR = 'UNION'
+__C.TEST.BBOX_AUG.H_FLIP = False
+__C.TEST.BBOX_AUG.SCALES = ()
+__C.TEST.BBOX_AUG.MAX_SIZE = 4000
+__C.TEST.BBOX_AUG.SCALE_H_FLIP = False
+__C.TEST.BBOX_AUG.SCALE_SIZE_DEP = False
+__C.TEST.BBOX_AUG.AREA_TH_LO = 50**2
+__C.TEST.BBOX_AUG.AREA_TH_HI = 180**2
+__C.TEST.BBOX_AUG.ASPECT_RATIOS = ()
+__C.TEST.BBOX_AUG.ASPECT_RATIO_H_FLIP = False
+
+__C.TEST.MASK_AUG = CfgNode()
+__C.TEST.MASK_AUG.ENABLED = False
+__C.TEST.MASK_AUG.HEUR = 'SOFT_AVG'
+__C.TEST.MASK_AUG.H_FLIP = False
+__C.TEST.MASK_AUG.SCALES = ()
+__C.TEST.MASK_AUG.MAX_SIZE = 4000
+__C.TEST.MASK_AUG.SCALE_H_FLIP = False
+__C.TEST.MASK_AUG.SCALE_SIZE_DEP = False
+__C.TEST.MASK_AUG.AREA_TH = 180**2
+__C.TEST.MASK_AUG.ASPECT_RATIOS = ()
+__C.TEST.MASK_AUG.ASPECT_RATIO_H_FLIP = False
+
+__C.TEST.KPS_AUG = CfgNode()
+__C.TEST.KPS_AUG.ENABLED = False
+__C.TEST.KPS_AUG.HEUR = 'HM_AVG'
+__C.TEST.KPS_AUG.H_FLIP = False
+__C.TEST.KPS_AUG.SCALES = ()
+__C.TEST.KPS_AUG.MAX_SIZE = 4000
+__C.TEST.KPS_AUG.SCALE_H_FLIP = False
+__C.TEST.KPS_AUG.SCALE_SIZE_DEP = False
+__C.TEST.KPS_AUG.AREA_TH = 180**2
+__C.TEST.KPS_AUG.ASPECT_RATIOS = ()
+__C.TEST.KPS_AUG.ASPECT_RATIO_H_FLIP = False
+
+__C.TEST.SOFT_NMS = CfgNode()
+__C.TEST.SOFT_NMS.ENABLED = False
+__C.TEST.SOFT_NMS.METHOD = 'linear'
+__C.TEST.SOFT_NMS.SIGMA = 0.5
+
+__C.TEST.BBOX_VOTE = CfgNode()
+__C.TEST.BBOX_VOTE.ENABLED = False
+__C.TEST.BBOX_VOTE.VOTE_TH = 0.8
+__C.TEST.BBOX_VOTE.SCORING_METHOD = 'ID'
+__C.TEST.BBOX_VOTE.SCORING_METHOD_BETA = 1.0
+
+# ---------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------
+__C.MODEL = CfgNode()
+__C.MODEL.TYPE = ''  # 'generalized_rcnn' or 'centernet'
+__C.MODEL.CONV_BODY = ''  # e.g. 'FPN.add_fpn_ResNet50_conv5_body'
+__C.MODEL.NUM_CLASSES = -1  # including background
+__C.MODEL.CLS_AGNOSTIC_BBOX_REG = False
+__C.MODEL.BBOX_REG_WEIGHTS = (10., 10., 5., 5.)
+__C.MODEL.FASTER_RCNN = False
+__C.MODEL.MASK_ON = False
+__C.MODEL.KEYPOINTS_ON = False
+__C.MODEL.RPN_ONLY = False
+__C.MODEL.EXECUTION_TYPE = 'dag'
+__C.MODEL.SYNC_BN = False  # port: SyncBatchNorm across DDP ranks for trainable BN layers
+
+__C.RETINANET = CfgNode()
+__C.RETINANET.RETINANET_ON = False
+__C.RETINANET.ASPECT_RATIOS = (0.5, 1.0, 2.0)
+__C.RETINANET.SCALES_PER_OCTAVE = 3
+__C.RETINANET.ANCHOR_SCALE = 4
+__C.RETINANET.NUM_CONVS = 4
+__C.RETINANET.BBOX_REG_WEIGHT = 1.0
+__C.RETINANET.BBOX_REG_BETA = 0.11
+__C.RETINANET.PRE_NMS_TOP_N = 1000
+__C.RETINANET.POSITIVE_OVERLAP = 0.5
+__C.RETINANET.NEGATIVE_OVERLAP = 0.4
+__C.RETINANET.LOSS_ALPHA = 0.25
+__C.RETINANET.LOSS_GAMMA = 2.0
+__C.RETINANET.PRIOR_PROB = 0.01
+__C.RETINANET.SHARE_CLS_BBOX_TOWER = False
+__C.RETINANET.CLASS_SPECIFIC_BBOX = False
+__C.RETINANET.SOFTMAX = False
+__C.RETINANET.INFERENCE_TH = 0.05
+
+# ---------------------------------------------------------------------------------------------
+# Solver
+# ---------------------------------------------------------------------------------------------
+__C.SOLVER = CfgNode()
+__C.SOLVER.BASE_LR = 0.001
+__C.SOLVER.LR_POLICY = 'step'  # step | steps_with_decay | steps_with_lrs | cosine_decay | exp_decay
+__C.SOLVER.GAMMA = 0.1
+__C.SOLVER.STEP_SIZE = 30000
+__C.SOLVER.STEPS = []
+__C.SOLVER.LRS = []
+__C.SOLVER.MAX_ITER = 40000  # iterations count global batches, not per-GPU batches
+__C.SOLVER.MOMENTUM = 0.9
+__C.SOLVER.WEIGHT_DECAY = 0.0005
+__C.SOLVER.WEIGHT_DECAY_GN = 0.0
+__C.SOLVER.WARM_UP_ITERS = 500
+__C.SOLVER.WARM_UP_FACTOR = 1.0 / 3.0
+__C.SOLVER.WARM_UP_METHOD = 'linear'
+__C.SOLVER.SCALE_MOMENTUM = True
+__C.SOLVER.SCALE_MOMENTUM_THRESHOLD = 1.1
+__C.SOLVER.LOG_LR_CHANGE_THRESHOLD = 1.1
+# port: micro-batches accumulated into one iteration (one optimizer step)
+__C.SOLVER.ITER_SIZE = 1
+# port: when > 0, the schedule above is the one for this many images per iteration and is
+# rescaled by the linear scaling rule to the actual batch (scale_schedule_to_global_batch)
+__C.SOLVER.REFERENCE_WORLD_BATCH = 0
+__C.SOLVER.AMP = CfgNode()
+__C.SOLVER.AMP.ENABLED = False
+__C.SOLVER.AMP.DTYPE = 'float16'  # 'float16' | 'bfloat16'
+__C.SOLVER.AMP.LOSS_SCALE = 0.0  # 0 = dynamic loss scaling
+
+# ---------------------------------------------------------------------------------------------
+# Heads and backbones
+# ---------------------------------------------------------------------------------------------
+__C.FAST_RCNN = CfgNode()
+__C.FAST_RCNN.ROI_BOX_HEAD = ''
+__C.FAST_RCNN.MLP_HEAD_DIM = 1024
+__C.FAST_RCNN.CONV_HEAD_DIM = 256
+__C.FAST_RCNN.NUM_STACKED_CONVS = 4
+__C.FAST_RCNN.ROI_XFORM_METHOD = 'RoIPoolF'
+__C.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO = 0
+__C.FAST_RCNN.ROI_XFORM_RESOLUTION = 14
+
+__C.RPN = CfgNode()
+__C.RPN.RPN_ON = False  # inferred from MODEL.FASTER_RCNN / MODEL.RPN_ONLY
+__C.RPN.SIZES = (64, 128, 256, 512)
+__C.RPN.STRIDE = 16
+__C.RPN.ASPECT_RATIOS = (0.5, 1, 2)
+
+__C.FPN = CfgNode()
+__C.FPN.FPN_ON = False
+__C.FPN.DIM = 256
+__C.FPN.ZERO_INIT_LATERAL = False
+__C.FPN.COARSEST_STRIDE = 32  # images are padded to a multiple of this
+__C.FPN.MULTILEVEL_ROIS = False
+__C.FPN.ROI_CANONICAL_SCALE = 224
+__C.FPN.ROI_CANONICAL_LEVEL = 4
+__C.FPN.ROI_MAX_LEVEL = 5
+__C.FPN.ROI_MIN_LEVEL = 2
+__C.FPN.MULTILEVEL_RPN = False
+__C.FPN.RPN_MAX_LEVEL = 6
+__C.FPN.RPN_MIN_LEVEL = 2
+__C.FPN.RPN_ASPECT_RATIOS = (0.5, 1, 2)
+__C.FPN.RPN_ANCHOR_START_SIZE = 32
+__C.FPN.EXTRA_CONV_LEVELS = False
+__C.FPN.USE_GN = False
+
+__C.MRCNN = CfgNode()
+__C.MRCNN.ROI_MASK_HEAD = ''
+__C.MRCNN.RESOLUTION = 14
+__C.MRCNN.ROI_XFORM_METHOD = 'RoIAlign'
+__C.MRCNN.ROI_XFORM_RESOLUTION = 7
+__C.MRCNN.ROI_XFORM_SAMPLING_RATIO = 0
+__C.MRCNN.DIM_REDUCED = 256
+__C.MRCNN.DILATION = 2
+__C.MRCNN.UPSAMPLE_RATIO = 1
+__C.MRCNN.USE_FC_OUTPUT = False
+__C.MRCNN.CONV_INIT = 'GaussianFill'
+__C.MRCNN.CLS_SPECIFIC_MASK = True
+__C.MRCNN.WEIGHT_LOSS_MASK = 1.0
+__C.MRCNN.THRESH_BINARIZE = 0.5
+
+__C.KRCNN = CfgNode()
+__C.KRCNN.ROI_KEYPOINTS_HEAD = ''
+__C.KRCNN.HEATMAP_SIZE = -1
+__C.KRCNN.UP_SCALE = -1
+__C.KRCNN.USE_DECONV = False
+__C.KRCNN.DECONV_DIM = 256
+__C.KRCNN.USE_DECONV_OUTPUT = False
+__C.KRCNN.DILATION = 1
+__C.KRCNN.DECONV_KERNEL = 4
+__C.KRCNN.NUM_KEYPOINTS = -1
+__C.KRCNN.NUM_STACKED_CONVS = 8
+__C.KRCNN.CONV_HEAD_DIM = 256
+__C.KRCNN.CONV_HEAD_KERNEL = 3
+__C.KRCNN.CONV_INIT = 'GaussianFill'
+__C.KRCNN.NMS_OKS = False
+__C.KRCNN.KEYPOINT_CONFIDENCE = 'bbox'
+__C.KRCNN.ROI_XFORM_METHOD = 'RoIAlign'
+__C.KRCNN.ROI_XFORM_RESOLUTION = 7
+__C.KRCNN.ROI_XFORM_SAMPLING_RATIO = 0
+__C.KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH = 20
+__C.KRCNN.INFERENCE_MIN_SIZE = 0
+__C.KRCNN.LOSS_WEIGHT = 1.0
+__C.KRCNN.NORMALIZE_BY_VISIBLE_KEYPOINTS = True
+
+__C.RFCN = CfgNode()
+__C.RFCN.PS_GRID_SIZE = 3
+
+__C.RESNETS = CfgNode()
+__C.RESNETS.NUM_GROUPS = 1
+__C.RESNETS.WIDTH_PER_GROUP = 64
+__C.RESNETS.STRIDE_1X1 = True  # MSRA layout: the stride sits on the first 1x1 conv
+__C.RESNETS.TRANS_FUNC = 'bottleneck_transformation'
+__C.RESNETS.STEM_FUNC = 'basic_bn_stem'
+__C.RESNETS.SHORTCUT_FUNC = 'basic_bn_shortcut'
+__C.RESNETS.RES5_DILATION = 1
+
+__C.GROUP_NORM = CfgNode()
+__C.GROUP_NORM.DIM_PER_GP = -1
+__C.GROUP_NORM.NUM_GROUPS = 32
+__C.GROUP_NORM.EPSILON = 1e-5
+
+# ---------------------------------------------------------------------------------------------
+# KL-Loss (He et al., CVPR 2019): uncertainty head, XYXY box coding, variance voting
+# ---------------------------------------------------------------------------------------------
+__C.XYXY = False  # box deltas code the four edges instead of centre/size (RPN and box head)
+__C.PRED_STD = False  # add the bbox_pred_std head and the KL loss
+__C.PRED_STD_LOG = True  # the head predicts alpha = log(sigma^2)
+__C.STD_NMS = False  # test: variance voting + soft-NMS instead of NMS
+__C.STD_TH = 0.9
+__C.STD = CfgNode()
+__C.STD.SOFT = 'soft'  # 'hard' zeroes overlapping scores, anything else decays them (Gaussian)
+__C.STD.METHOD = 'stdiou'  # 'stdiou' votes with the predicted sigmas, 'soft' only rescores
+__C.STD.IOU_SIGMA = 0.01
+# 'reference' applies the sigma columns (x1, x2, y1, y2) positionally to (x1, y1, x2, y2) as
+# KL-Loss does (its published AP includes this); 'corrected' pairs each sigma with its coordinate
+__C.STD.SIGMA_COLUMN_ORDER = 'reference'
+
+# ---------------------------------------------------------------------------------------------
+# CenterNet (Zhou et al., "Objects as Points"), ctdet
+# ---------------------------------------------------------------------------------------------
+__C.CENTERNET = CfgNode()
+__C.CENTERNET.ARCH = 'resdcn_18'
+__C.CENTERNET.NUM_CLASSES = 80  # no background class: one heatmap per category
+__C.CENTERNET.CAT_SPEC_WH = False
+__C.CENTERNET.REG_OFFSET = True
+__C.CENTERNET.HEAD_CONV = -1  # -1: 256 for DLA backbones, 64 otherwise
+__C.CENTERNET.INPUT_RES = 512
+__C.CENTERNET.DOWN_RATIO = 4
+__C.CENTERNET.HM_WEIGHT = 1.0
+__C.CENTERNET.WH_WEIGHT = 0.1
+__C.CENTERNET.OFF_WEIGHT = 1.0
+__C.CENTERNET.K = 100
+__C.CENTERNET.FLIP_TEST = False
+__C.CENTERNET.TEST_SCALES = (1.0,)
+__C.CENTERNET.KEEP_RES = False
+__C.CENTERNET.NUM_EPOCHS = 140
+__C.CENTERNET.LR_STEP = (90, 120)
+__C.CENTERNET.LR = 1.25e-4
+__C.CENTERNET.BATCH_SIZE = 32  # total over all GPUs
+__C.CENTERNET.MASTER_BATCH_SIZE = -1  # -1: BATCH_SIZE // NUM_GPUS on the first GPU
+__C.CENTERNET.CHUNK_SIZES = ()  # per-GPU batches; empty: derived from the two keys above
+__C.CENTERNET.MEAN = (0.40789654, 0.44719302, 0.47026115)  # BGR, on images scaled to [0, 1]
+__C.CENTERNET.STD = (0.28863828, 0.27408164, 0.27809835)
+
+# ---------------------------------------------------------------------------------------------
+# Miscellaneous
+# ---------------------------------------------------------------------------------------------
+__C.NUM_GPUS = 1
+__C.USE_NCCL = False
+__C.DEDUP_BOXES = 1 / 16.
+__C.BBOX_XFORM_CLIP = math.log(1000. / 16.)  # upper clamp of dw, dh before exp
+__C.BBOX_XFORM_CLIPe = 1000. / 16.  # symmetric clamp of XYXY edge deltas (not a log)
+# BGR means subtracted from 0..255 pixels, shaped (1, 1, 3); np.array(cfg.PIXEL_MEANS) gives the array
+__C.PIXEL_MEANS = (((102.9801, 115.9465, 122.7717),),)
+__C.RNG_SEED = 3
+__C.EPS = 1e-14
+__C.ROOT_DIR = os.getcwd()
+__C.OUTPUT_DIR = '/tmp'
+__C.MATLAB = 'matlab'
+__C.MEMONGER = True
+__C.MEMONGER_SHARE_ACTIVATIONS = False
+__C.VIS = False
+__C.VIS_TH = 0.9
+__C.EXPECTED_RESULTS = []
+__C.EXPECTED_RESULTS_RTOL = 0.1
+__C.EXPECTED_RESULTS_ATOL = 0.005
+__C.EXPECTED_RESULTS_SIGMA_TOL = 4
+__C.EXPECTED_RESULTS_EMAIL = ''
+__C.DOWNLOAD_CACHE = '/tmp/detectron-download-cache'
+__C.DATASET_CATALOG = ''  # port: a file of custom dataset entries, registered in every process
+
+__C.CLUSTER = CfgNode()
+__C.CLUSTER.ON_CLUSTER = False
+
+# ---------------------------------------------------------------------------------------------
+# Key lists of the merge rules
+# ---------------------------------------------------------------------------------------------
+_DEPRECATED_KEYS = {
+    'FINAL_MSG',
+    'MODEL.DILATION',
+    'ROOT_GPU_ID',
+    'RPN.ON',
+    'TRAIN.BBOX_NORMALIZE_TARGETS_PRECOMPUTED',
+    'TRAIN.DROPOUT',
+    'USE_GPU_NMS',
+    'TEST.NUM_TEST_IMAGES',
+}
+
+# old key -> new key, or (new key, what else to change)
+_RENAMED_KEYS = {
+    'EXAMPLE.RENAMED.KEY': 'EXAMPLE.KEY',
+    'MODEL.PS_GRID_SIZE': 'RFCN.PS_GRID_SIZE',
+    'MODEL.ROI_HEAD': 'FAST_RCNN.ROI_BOX_HEAD',
+    'MRCNN.MASK_HEAD_NAME': 'MRCNN.ROI_MASK_HEAD',
+    'TRAIN.DATASET': (
+        'TRAIN.DATASETS',
+        "Also make it a tuple: 'coco_2014_train' -> ('coco_2014_train',), "
+        "'coco_2014_train:coco_2014_valminusminival' -> "
+        "('coco_2014_train', 'coco_2014_valminusminival')."
+    ),
+    'TRAIN.PROPOSAL_FILE': (
+        'TRAIN.PROPOSAL_FILES',
+        "Also make it a tuple: 'path/to/file' -> ('path/to/file',), "
+        "'path/to/file1:path/to/file2' -> ('path/to/file1', 'path/to/file2')."
+    ),
+    'TEST.SCALES': (
+        'TEST.SCALE',
+        "Also make it a single integer: (600,) -> 600."
+    ),
+    'TEST.DATASET': (
+        'TEST.DATASETS',
+        "Also make it a tuple: 'coco_2014_minival' -> ('coco_2014_minival',)."
+    ),
+    'TEST.PROPOSAL_FILE': (
+        'TEST.PROPOSAL_FILES',
+        "Also make it a tuple: '/path/to/props.pkl' -> ('/path/to/props.pkl',)."
+    ),
+}
+
+# Spellings from detectron2-era guides, stored under Detectron's key.
+_KEY_ALIASES = {
+    'SOLVER.WARMUP_ITERS': 'SOLVER.WARM_UP_ITERS',
+    'SOLVER.WARMUP_FACTOR': 'SOLVER.WARM_UP_FACTOR',
+    'SOLVER.WARMUP_METHOD': 'SOLVER.WARM_UP_METHOD',
+    'SOLVER.CHECKPOINT_PERIOD': 'TRAIN.SNAPSHOT_ITERS',
+}
+
+# Tuple keys holding names or paths: a bare word or an unquoted "(a, b)" becomes a tuple of names.
+_NAME_TUPLE_KEYS = {
+    'TRAIN.DATASETS',
+    'TEST.DATASETS',
+    'TRAIN.PROPOSAL_FILES',
+    'TEST.PROPOSAL_FILES',
+}
+
+_COMMAND_LINE = 'command line'
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+def merge_cfg_from_file(cfg_filename):
+    """Merge a YAML config file into the global cfg."""
+    _merge_mapping(_load_yaml_file(cfg_filename), str(cfg_filename))
+
+
+def merge_cfg_from_cfg(cfg_other):
+    """Merge another (possibly partial) config mapping into the global cfg."""
+    _merge_mapping(cfg_other, 'merged config')
+
+
+def merge_cfg_from_list(cfg_list):
+    """Merge command-line pairs, e.g. ['TEST.NMS', '0.5', 'NUM_GPUS', '2'], into the global cfg."""
+    if len(cfg_list) % 2 != 0:
+        raise ConfigValueError(
+            'Config overrides must come in KEY VALUE pairs; got an odd number of items: {}'
+            .format(' '.join(str(item) for item in cfg_list))
+        )
+    for full_key, value in zip(cfg_list[0::2], cfg_list[1::2]):
+        _set_value(str(full_key), value, _COMMAND_LINE)
+
+
+def assert_and_infer_cfg(make_immutable=True):
+    """Fill the inferred keys, check cross-key consistency and (by default) freeze the cfg.
+
+    Call once after all merges. Weight URLs are resolved where weights are loaded, not here.
+    """
+    if __C.MODEL.RPN_ONLY or __C.MODEL.FASTER_RCNN:
+        __C.RPN.RPN_ON = True
+    if __C.RPN.RPN_ON or __C.RETINANET.RETINANET_ON:
+        __C.TEST.PRECOMPUTED_PROPOSALS = False
+    _check_cfg()
+    if make_immutable:
+        __C.immutable(True)
+
+
+def get_output_dir(datasets, training=True):
+    """OUTPUT_DIR/{train|test}/<dataset names joined by ':'>/<MODEL.TYPE>, created if missing."""
+    if isinstance(datasets, str):
+        dataset_name = datasets
+    elif isinstance(datasets, (tuple, list)):
+        dataset_name = ':'.join(datasets)
+    else:
+        raise ConfigValueError(
+            'get_output_dir expects dataset names as a tuple, list or string; got {!r}'
+            .format(datasets)
+        )
+    tag = 'train' if training else 'test'
+    outdir = osp.join(__C.OUTPUT_DIR, tag, dataset_name, __C.MODEL.TYPE)
+    os.makedirs(outdir, exist_ok=True)
+    return outdir
+
+
+def load_cfg(cfg_to_load):
+    """Parse YAML text or an open file, including configs dumped by Detectron into .pkl files.
+
+    Detectron dumps carry Python tags (its AttrDict, numpy arrays and scalars); only those tags
+    are constructed, so a config file cannot run arbitrary code.
+    """
+    if hasattr(cfg_to_load, 'read'):
+        cfg_to_load = cfg_to_load.read()
+    if not isinstance(cfg_to_load, str):
+        raise ConfigValueError(
+            'load_cfg expects YAML text or an open file, got {}'.format(type(cfg_to_load).__name__)
+        )
+    return yaml.load(cfg_to_load, Loader=_CfgYamlLoader)
+
+
+def images_per_iter():
+    """Images consumed by one training iteration (one optimizer step) over all GPUs."""
+    return __C.NUM_GPUS * __C.TRAIN.IMS_PER_BATCH * __C.SOLVER.ITER_SIZE
+
+
+def scale_schedule_to_global_batch(global_batch):
+    """Apply the linear scaling rule when SOLVER.REFERENCE_WORLD_BATCH > 0.
+
+    The solver schedule in the cfg is read as written for REFERENCE_WORLD_BATCH images per
+    iteration. For `global_batch` images per iteration, learning rates are multiplied and
+    iteration counts divided by global_batch / REFERENCE_WORLD_BATCH. Detectron's checkpoint
+    period int(SNAPSHOT_ITERS / NUM_GPUS) already keeps SNAPSHOT_ITERS x IMS_PER_BATCH images
+    between checkpoints; SNAPSHOT_ITERS is rescaled so that this stays true when the batch also
+    grows by other means (ITER_SIZE). Returns the list of changes, also logged. Call before
+    assert_and_infer_cfg freezes the cfg.
+    """
+    reference = __C.SOLVER.REFERENCE_WORLD_BATCH
+    if reference <= 0 or global_batch == reference:
+        return []
+    if global_batch < 1:
+        raise ConfigValueError('Global batch must be at least 1 image, got {}'.format(global_batch))
+    if __C.is_frozen():
+        raise ConfigValueError(
+            'scale_schedule_to_global_batch must run before assert_and_infer_cfg freezes the cfg'
+        )
+    factor = global_batch / reference
+    solver = __C.SOLVER
+    snapshot_scale = __C.NUM_GPUS * __C.TRAIN.IMS_PER_BATCH / global_batch
+    new_values = {
+        'SOLVER.BASE_LR': solver.BASE_LR * factor,
+        'SOLVER.LRS': [lr * factor for lr in solver.LRS],
+        'SOLVER.MAX_ITER': _scaled_iters(solver.MAX_ITER, factor),
+        'SOLVER.STEPS': [_scaled_iters(step, factor) for step in solver.STEPS],
+        'SOLVER.STEP_SIZE': _scaled_iters(solver.STEP_SIZE, factor),
+        'SOLVER.WARM_UP_ITERS': _scaled_iters(solver.WARM_UP_ITERS, factor),
+        'TRAIN.SNAPSHOT_ITERS': max(1, int(round(__C.TRAIN.SNAPSHOT_ITERS * snapshot_scale))),
+    }
+    changes = []
+    for full_key, new_value in new_values.items():
+        node, leaf = _find_node(full_key, 'scale_schedule_to_global_batch')
+        if node[leaf] != new_value:
+            changes.append('{}: {} -> {}'.format(full_key, node[leaf], new_value))
+            node[leaf] = new_value
+    logger.info(
+        'Linear scaling rule: %d images per iteration instead of SOLVER.REFERENCE_WORLD_BATCH %d '
+        '(x%g): %s', global_batch, reference, factor, '; '.join(changes) or 'nothing to change'
+    )
+    return changes
+
+
+# ---------------------------------------------------------------------------------------------
+# Merging
+# ---------------------------------------------------------------------------------------------
+def _merge_mapping(mapping, source):
+    if not isinstance(mapping, Mapping):
+        raise ConfigValueError(
+            'Config from {} must be a mapping of keys to values, got {}'
+            .format(source, type(mapping).__name__)
+        )
+    for full_key, value in _flatten(mapping, ''):
+        _set_value(full_key, value, source)
+
+
+def _flatten(mapping, prefix):
+    """Yield (dotted key, leaf value) pairs of a nested mapping."""
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise ConfigKeyError(
+                'Config key {}{!r} is not a name: YAML reads bare ON/OFF/YES/NO as booleans; '
+                'quote the key or use its current name'.format(prefix, key)
+            )
+        full_key = prefix + key
+        if isinstance(value, Mapping):
+            yield from _flatten(value, full_key + '.')
+        else:
+            yield full_key, value
+
+
+def _set_value(full_key, raw_value, source):
+    full_key = _KEY_ALIASES.get(full_key, full_key)
+    if _key_exists(full_key):
+        node, leaf = _find_node(full_key, source)
+        node[leaf] = _coerce_value(_decode_value(raw_value), node[leaf], full_key, source)
+    elif full_key in _DEPRECATED_KEYS:
+        logger.warning('Deprecated config key (ignoring): %s', full_key)
+    elif full_key in _RENAMED_KEYS:
+        _raise_key_rename_error(full_key)
+    else:
+        _find_node(full_key, source)  # raises the unknown-key error
+
+
+def _key_exists(full_key):
+    node = __C
+    for subkey in full_key.split('.'):
+        if not isinstance(node, CfgNode) or subkey not in node:
+            return False
+        node = node[subkey]
+    return not isinstance(node, CfgNode)
+
+
+def _find_node(full_key, source):
+    """(parent node, leaf name) of an existing leaf key, else ConfigKeyError with a suggestion."""
+    if not _key_exists(full_key):
+        closest = difflib.get_close_matches(full_key, _all_leaf_keys(__C, ''), n=1, cutoff=0.0)
+        raise ConfigKeyError(
+            'Non-existent config key: {} (from {}); closest valid key: {}'
+            .format(full_key, source, closest[0])
+        )
+    *parents, leaf = full_key.split('.')
+    node = __C
+    for subkey in parents:
+        node = node[subkey]
+    return node, leaf
+
+
+def _all_leaf_keys(node, prefix):
+    keys = []
+    for key, value in node.items():
+        if isinstance(value, CfgNode):
+            keys.extend(_all_leaf_keys(value, prefix + key + '.'))
+        else:
+            keys.append(prefix + key)
+    return keys
+
+
+def _raise_key_rename_error(full_key):
+    new_key = _RENAMED_KEYS[full_key]
+    note = ''
+    if isinstance(new_key, tuple):
+        new_key, hint = new_key
+        note = ' Note: ' + hint
+    raise ConfigKeyError(
+        'Key {} was renamed to {}; please update your config.{}'.format(full_key, new_key, note)
+    )
+
+
+def _decode_value(value):
+    """Strings are Python literals when they parse as one, otherwise stay raw strings."""
+    if not isinstance(value, str):
+        return copy.deepcopy(value)
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Type rules (docs/CONFIG.md, "Types")
+# ---------------------------------------------------------------------------------------------
+def _coerce_value(value, default, full_key, source):
+    if full_key == 'PIXEL_MEANS':
+        return _as_pixel_means(value, default, source)
+    if full_key in _NAME_TUPLE_KEYS:
+        return _as_name_tuple(value, default, full_key, source)
+    if type(value) is type(default):
+        return value
+    if isinstance(default, str):
+        return str(value)
+    if isinstance(default, float) and _is_real_number(value):
+        return float(value)
+    if isinstance(default, list) and isinstance(value, tuple):
+        return list(value)
+    if isinstance(default, tuple) and isinstance(value, list):
+        return tuple(value)
+    raise _type_error(value, default, full_key, source)
+
+
+def _is_real_number(value):
+    return isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+
+
+def _as_name_tuple(value, default, full_key, source):
+    if isinstance(value, str):
+        value = _split_names(value)
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+        raise _type_error(value, default, full_key, source)
+    return tuple(value)
+
+
+def _split_names(text):
+    """'a' -> ('a',); '(a, b)' or '[a,b]' -> ('a', 'b'); quotes around names are dropped."""
+    text = text.strip()
+    if text[:1] + text[-1:] in ('()', '[]'):
+        text = text[1:-1]
+    names = (name.strip().strip('\'"') for name in text.split(','))
+    return tuple(name for name in names if name)
+
+
+def _as_pixel_means(value, default, source):
+    try:
+        means = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        means = None
+    if means is None or means.size != 3:
+        raise _type_error(value, default, 'PIXEL_MEANS', source)
+    return ((tuple(float(m) for m in means.ravel()),),)
+
+
+_TYPE_NAMES = {
+    bool: 'True or False',
+    int: 'an integer',
+    float: 'a number',
+    str: 'a string',
+    tuple: 'a tuple',
+    list: 'a list',
+}
+
+
+def _type_error(value, default, full_key, source):
+    return ConfigValueError(
+        'Config key {} expects {} (default: {!r}) but got {} {!r} (from {})'.format(
+            full_key, _TYPE_NAMES.get(type(default), type(default).__name__), default,
+            type(value).__name__, value, source
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Consistency checks of assert_and_infer_cfg
+# ---------------------------------------------------------------------------------------------
+def _check_cfg():
+    _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER'))
+    _check_choice('SOLVER.AMP.DTYPE', ('float16', 'bfloat16'))
+    _check_choice('STD.SIGMA_COLUMN_ORDER', ('reference', 'corrected'))
+    _check_choice('TRAIN.FREEZE_AT', (0, 2, 3, 4, 5))
+    if __C.STD_NMS:
+        _check_choice('STD.METHOD', ('stdiou', 'soft'))
+        if not __C.PRED_STD:
+            raise ConfigValueError(
+                'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'
+            )
+    if __C.SOLVER.LR_POLICY in ('steps_with_decay', 'steps_with_lrs'):
+        _check_steps()
+
+
+def _check_positive(full_keys):
+    for full_key in full_keys:
+        node, leaf = _find_node(full_key, 'assert_and_infer_cfg')
+        if node[leaf] < 1:
+            raise ConfigValueError('{} must be at least 1, got {}'.format(full_key, node[leaf]))
+
+
+def _check_choice(full_key, choices):
+    node, leaf = _find_node(full_key, 'assert_and_infer_cfg')
+    if node[leaf] not in choices:
+        raise ConfigValueError('{} must be one of {}, got {!r}'.format(
+            full_key, ', '.join(repr(c) for c in choices), node[leaf]))
+
+
+def _check_steps():
+    steps, policy = list(__C.SOLVER.STEPS), __C.SOLVER.LR_POLICY
+    if not steps or steps[0] != 0 or steps != sorted(steps):
+        raise ConfigValueError(
+            'SOLVER.STEPS must be ascending iterations starting at 0 for LR_POLICY {}, got {}'
+            .format(policy, steps)
+        )
+    if policy == 'steps_with_lrs' and len(__C.SOLVER.LRS) != len(steps):
+        raise ConfigValueError(
+            'SOLVER.LRS needs one learning rate per SOLVER.STEPS entry ({}), got {}'
+            .format(len(steps), list(__C.SOLVER.LRS))
+        )
+
+
+def _scaled_iters(iters, factor):
+    return int(round(iters / factor))
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML reading
+# ---------------------------------------------------------------------------------------------
+def _load_yaml_file(path):
+    try:
+        with open(path, 'r') as f:
+            text = f.read()
+    except OSError as err:
+        raise ConfigValueError('Cannot read config file {}: {}'.format(path, err.strerror))
+    try:
+        return load_cfg(text)
+    except yaml.YAMLError as err:
+        raise ConfigValueError('Malformed YAML in {}: {}'.format(path, _describe_yaml_error(err)))
+
+
+def _describe_yaml_error(err):
+    mark = getattr(err, 'problem_mark', None)
+    problem = getattr(err, 'problem', None) or str(err).splitlines()[0]
+    if mark is None:
+        return problem
+    return 'line {}, column {}: {}'.format(mark.line + 1, mark.column + 1, problem)
+
+
+def _numpy_multiarray():
+    try:
+        return importlib.import_module('numpy._core.multiarray')
+    except ImportError:  # numpy < 2
+        return importlib.import_module('numpy.core.multiarray')
+
+
+def _yaml_python_names():
+    """The only Python objects a config YAML may construct (what Detectron's dumps contain)."""
+    multiarray = _numpy_multiarray()
+    names = {
+        'detectron.utils.collections.AttrDict': CfgNode,
+        'utils.collections.AttrDict': CfgNode,  # Detectron's older module path
+        'detectron.core.config.CfgNode': CfgNode,
+        'yacs.config.CfgNode': CfgNode,
+        'numpy.ndarray': np.ndarray,
+        'numpy.dtype': np.dtype,
+    }
+    for module in ('numpy.core.multiarray', 'numpy._core.multiarray'):
+        names[module + '._reconstruct'] = multiarray._reconstruct
+        names[module + '.scalar'] = multiarray.scalar
+    return names
+
+
+class _CfgYamlLoader(yaml.UnsafeLoader):
+    """PyYAML's Python-object loader restricted to the names in _yaml_python_names()."""
+
+    def find_python_name(self, name, mark, unsafe=False):
+        allowed = _yaml_python_names()
+        if name not in allowed:
+            raise yaml.constructor.ConstructorError(
+                None, None, 'refusing to construct Python object {!r} in a config'.format(name), mark
+            )
+        return allowed[name]
+
+    def find_python_module(self, name, mark, unsafe=False):
+        raise yaml.constructor.ConstructorError(
+            None, None, 'refusing to import Python module {!r} in a config'.format(name), mark
+        )

@@ -1,0 +1,28 @@
+"""Every test may change the global cfg freely: it is restored (values and frozen state) afterwards."""
+
+import copy
+
+import pytest
+
+from detectron.core.config import CfgNode, cfg
+
+
+def _restore_in_place(node, snapshot):
+    # In place, so that modules and tests holding cfg or one of its sections see the restored values.
+    for key in list(node.keys()):
+        if key not in snapshot:
+            dict.__delitem__(node, key)
+    for key, value in snapshot.items():
+        current = node.get(key)
+        if isinstance(value, CfgNode) and isinstance(current, CfgNode):
+            _restore_in_place(current, value)
+        else:
+            dict.__setitem__(node, key, value)
+    node.__dict__[CfgNode.IMMUTABLE] = snapshot.__dict__[CfgNode.IMMUTABLE]
+
+
+@pytest.fixture(autouse=True)
+def restore_global_cfg():
+    snapshot = copy.deepcopy(cfg)
+    yield
+    _restore_in_place(cfg, snapshot)
