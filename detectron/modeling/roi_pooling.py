@@ -1,0 +1,41 @@
+"""FPN RoI level assignment and multi-level RoIAlign (Detectron's RoIFeatureTransform with FPN)."""
+import math
+
+import torch
+from torchvision.ops import roi_align
+
+
+def map_rois_to_fpn_levels(boxes, k_min=2, k_max=5, canonical_scale=224, canonical_level=4):
+    """FPN level of each box (R, 4), Detectron's `map_rois_to_fpn_levels` (FPN paper eq. 1).
+
+    level = floor(canonical_level + log2(sqrt(area) / canonical_scale + 1e-6)), clipped to
+    [k_min, k_max]; area uses +1 widths and, as KL-Loss's boxes_area, its absolute value.
+    Boxes are in network-input (scaled) coordinates. Returns int64 (R,).
+    """
+    widths = boxes[:, 2] - boxes[:, 0] + 1
+    heights = boxes[:, 3] - boxes[:, 1] + 1
+    scales = torch.sqrt((widths * heights).abs())
+    levels = torch.floor(canonical_level + torch.log2(scales / canonical_scale + 1e-6))
+    return levels.clamp(k_min, k_max).to(torch.int64)
+
+
+def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 1 / 32),
+                          output_size=7, sampling_ratio=2, canonical_scale=224, canonical_level=4):
+    """RoIAlign each RoI on its FPN level; returns (R, C, output_size, output_size) in `rois` order.
+
+    `features` are the levels in `spatial_scales` order (P2..P5 by default; level k has scale
+    2^-k); `rois` (R, 5) are (batch index, x1, y1, x2, y2) in network-input coordinates. RoIAlign uses aligned=False, the
+    Caffe2 convention (no half-pixel offset, RoI sides at least 1 bin).
+    """
+    k_min = round(-math.log2(spatial_scales[0]))
+    levels = map_rois_to_fpn_levels(rois[:, 1:5], k_min, k_min + len(features) - 1,
+                                    canonical_scale, canonical_level)
+    first = features[0]
+    rois = rois.to(first.dtype)
+    pooled = first.new_zeros((rois.shape[0], first.shape[1], output_size, output_size))
+    for offset, (feature, scale) in enumerate(zip(features, spatial_scales)):
+        idx = torch.nonzero(levels == k_min + offset).squeeze(1)
+        level_pooled = roi_align(feature, rois[idx], output_size, spatial_scale=scale,
+                                 sampling_ratio=sampling_ratio, aligned=False)
+        pooled = pooled.index_copy(0, idx, level_pooled)
+    return pooled
