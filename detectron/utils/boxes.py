@@ -1,0 +1,373 @@
+"""Box utilities with Detectron's legacy numerics.
+
+Boxes are (x1, y1, x2, y2) in pixels and, as in Detectron, a box's width is x2 - x1 + 1 (its
+height y2 - y1 + 1): coordinates started life as integer pixel indices, and Detectron-trained
+weights expect every area, IoU and regression target computed this way.
+
+Each box formula has one implementation, written in torch (the `*_t` functions, used by the model
+on CPU or GPU tensors). Detectron's numpy API (`bbox_transform`, `clip_tiled_boxes`, ...) keeps its
+names and behaviour and wraps those functions: numpy in, numpy out, in the input's float dtype
+(integer input is computed in float32). Greedy NMS, soft-NMS and the IoU matrix of the numpy API
+are Detectron's compiled kernels (detectron.utils.cython_nms / cython_bbox).
+
+Box coding: Detectron codes a box by centre and log size; KL-Loss (cfg.XYXY) codes it by the
+offsets of its four edges. `bbox_transform` and `bbox_transform_inv` follow the global cfg.XYXY
+exactly like KL-Loss, which switches the coding of the RPN and of the Fast R-CNN head together.
+"""
+import math
+
+import numpy as np
+import torch
+import torchvision
+
+from detectron.utils import cython_bbox, cython_nms
+
+# (N, 4) x (K, 4) IoU matrix, Detectron's compiled kernel (float32).
+bbox_overlaps = cython_bbox.bbox_overlaps
+
+# soft-NMS method name -> kernel code
+_SOFT_NMS_METHODS = cython_nms.SOFT_NMS_METHODS
+
+# Defaults of cfg.BBOX_XFORM_CLIP (upper clamp of the log-size deltas) and KL-Loss'
+# cfg.BBOX_XFORM_CLIPe (symmetric clamp of the edge deltas): both keep a box below 1000 px when
+# decoded against a 16 px reference box.
+DEFAULT_XFORM_CLIP = math.log(1000.0 / 16.0)
+DEFAULT_XFORM_CLIP_XYXY = 1000.0 / 16.0
+
+
+# ---------------------------------------------------------------------------------------------
+# torch implementation
+# ---------------------------------------------------------------------------------------------
+
+def _sides_t(boxes):
+    """+1 widths and heights of (..., 4) boxes."""
+    return boxes[..., 2] - boxes[..., 0] + 1.0, boxes[..., 3] - boxes[..., 1] + 1.0
+
+
+def boxes_area_t(boxes):
+    """(N,) areas (x2 - x1 + 1) * (y2 - y1 + 1) of (N, 4) boxes; inverted boxes give signed areas."""
+    widths, heights = _sides_t(boxes)
+    return widths * heights
+
+
+def box_iou_t(boxes_a, boxes_b):
+    """(N, K) IoU of (N, 4) and (K, 4) boxes with +1 sides, like Detectron's bbox_overlaps.
+
+    Pairs without a positive intersection width and height get 0.
+    """
+    top_left = torch.maximum(boxes_a[:, None, :2], boxes_b[None, :, :2])
+    bottom_right = torch.minimum(boxes_a[:, None, 2:4], boxes_b[None, :, 2:4])
+    inter_sides = (bottom_right - top_left + 1.0).clamp(min=0)
+    inter = inter_sides[..., 0] * inter_sides[..., 1]
+    union = boxes_area_t(boxes_a)[:, None] + boxes_area_t(boxes_b)[None, :] - inter
+    return torch.where(inter > 0, inter / union, torch.zeros_like(inter))
+
+
+def clip_tiled_boxes_t(boxes, height, width):
+    """Clip (..., 4k) boxes to the image: x to [0, width - 1], y to [0, height - 1].
+
+    height and width may be numbers or 0-dim tensors (e.g. rows of im_info, kept on the device).
+    Returns a new tensor.
+    """
+    if boxes.shape[-1] % 4 != 0:
+        raise ValueError(f'boxes must have 4k columns (x1, y1, x2, y2 per box), got shape {tuple(boxes.shape)}')
+    size = torch.stack([torch.as_tensor(width, dtype=boxes.dtype, device=boxes.device),
+                        torch.as_tensor(height, dtype=boxes.dtype, device=boxes.device)])
+    # Columns alternate x, y, so pairs of columns clip against (width - 1, height - 1).
+    pairs = boxes.reshape(*boxes.shape[:-1], boxes.shape[-1] // 2, 2)
+    return torch.minimum(pairs, size - 1).clamp(min=0).reshape(boxes.shape)
+
+
+def bbox_transform_t(boxes, deltas, weights, xyxy=False, clip=DEFAULT_XFORM_CLIP,
+                     clip_xyxy=DEFAULT_XFORM_CLIP_XYXY):
+    """Decode class-specific deltas (N, 4k) against reference boxes (N, 4) -> (N, 4k) boxes.
+
+    Deltas are divided by weights = (wx, wy, ww, wh) first.
+    Detectron coding (xyxy=False), per class (dx, dy, dw, dh): centre cx = x1 + 0.5 w moves by
+    dx * w, the width becomes exp(min(dw, clip)) * w, and x2 = cx' + 0.5 w' - 1 (the -1 undoes +1).
+    KL-Loss edge coding (xyxy=True), per class the edge offsets (x1, x2, y1, y2), divided by
+    (wx, wy, wx, wy) (ww and wh are unused, as in KL-Loss) and clamped to [-clip_xyxy, clip_xyxy]:
+    x1' = x1 + d0 w, x2' = x2 + d1 w, y1' = y1 + d2 h, y2' = y2 + d3 h.
+    Output columns are (x1, y1, x2, y2) per class, in deltas' dtype.
+    """
+    boxes = boxes.to(deltas.dtype)
+    widths, heights = (side[:, None] for side in _sides_t(boxes))
+    decode = _decode_edges_t if xyxy else _decode_center_size_t
+    x1, y1, x2, y2 = decode(boxes, deltas, widths, heights, weights, clip_xyxy if xyxy else clip)
+    return torch.stack((x1, y1, x2, y2), dim=2).reshape(deltas.shape)
+
+
+def _decode_center_size_t(boxes, deltas, widths, heights, weights, clip):
+    wx, wy, ww, wh = weights
+    ctr_x = boxes[:, 0:1] + 0.5 * widths
+    ctr_y = boxes[:, 1:2] + 0.5 * heights
+    pred_ctr_x = deltas[:, 0::4] / wx * widths + ctr_x
+    pred_ctr_y = deltas[:, 1::4] / wy * heights + ctr_y
+    # Only growth is clamped, so that exp() cannot overflow.
+    pred_w = torch.exp(torch.clamp(deltas[:, 2::4] / ww, max=clip)) * widths
+    pred_h = torch.exp(torch.clamp(deltas[:, 3::4] / wh, max=clip)) * heights
+    return (pred_ctr_x - 0.5 * pred_w, pred_ctr_y - 0.5 * pred_h,
+            pred_ctr_x + 0.5 * pred_w - 1, pred_ctr_y + 0.5 * pred_h - 1)
+
+
+def _decode_edges_t(boxes, deltas, widths, heights, weights, clip):
+    wx, wy = weights[0], weights[1]
+    edge_delta = lambda column, weight: torch.clamp(deltas[:, column::4] / weight, min=-clip, max=clip)
+    return (edge_delta(0, wx) * widths + boxes[:, 0:1],
+            edge_delta(2, wx) * heights + boxes[:, 1:2],
+            edge_delta(1, wy) * widths + boxes[:, 2:3],
+            edge_delta(3, wy) * heights + boxes[:, 3:4])
+
+
+def bbox_transform_inv_t(boxes, gt_boxes, weights, xyxy=False):
+    """Encode gt_boxes (N, 4) (or (1, 4), broadcast) against reference boxes (N, 4) -> (N, 4).
+
+    Exact inverse of bbox_transform_t, with weights (wx, wy, ww, wh):
+    Detectron: (wx (gcx - cx) / w, wy (gcy - cy) / h, ww log(gw / w), wh log(gh / h));
+    KL-Loss edges: (wx (gx1 - x1) / w, wy (gx2 - x2) / w, wx (gy1 - y1) / h, wy (gy2 - y2) / h).
+    """
+    wx, wy, ww, wh = weights
+    widths, heights = _sides_t(boxes)
+    if xyxy:
+        targets = (wx * (gt_boxes[:, 0] - boxes[:, 0]) / widths,
+                   wy * (gt_boxes[:, 2] - boxes[:, 2]) / widths,
+                   wx * (gt_boxes[:, 1] - boxes[:, 1]) / heights,
+                   wy * (gt_boxes[:, 3] - boxes[:, 3]) / heights)
+    else:
+        gt_widths, gt_heights = _sides_t(gt_boxes)
+        ctr_x = boxes[:, 0] + 0.5 * widths
+        ctr_y = boxes[:, 1] + 0.5 * heights
+        gt_ctr_x = gt_boxes[:, 0] + 0.5 * gt_widths
+        gt_ctr_y = gt_boxes[:, 1] + 0.5 * gt_heights
+        targets = (wx * (gt_ctr_x - ctr_x) / widths,
+                   wy * (gt_ctr_y - ctr_y) / heights,
+                   ww * torch.log(gt_widths / widths),
+                   wh * torch.log(gt_heights / heights))
+    return torch.stack(torch.broadcast_tensors(*targets), dim=1)
+
+
+def _plus_one_corners_t(boxes):
+    """Move x2, y2 one pixel out, so that torchvision's x2 - x1 sides equal Detectron's +1 sides."""
+    return torch.cat([boxes[:, :2], boxes[:, 2:4] + 1.0], dim=1)
+
+
+def nms_t(boxes, scores, thresh):
+    """Greedy NMS of (N, 4) boxes with Detectron's +1 areas, via torchvision.ops.nms.
+
+    Returns kept indices in descending score order (Detectron's nms returns ascending indices).
+    torchvision suppresses a box when IoU > thresh, Detectron when IoU >= thresh: the kept sets
+    differ only when an IoU equals thresh exactly.
+    """
+    return torchvision.ops.nms(_plus_one_corners_t(boxes), scores, thresh)
+
+
+def batched_nms_t(boxes, scores, idxs, thresh):
+    """nms_t run separately for each value of idxs (e.g. class or image), via
+    torchvision.ops.batched_nms; kept indices in descending score order.
+
+    Same tie rule as nms_t: suppression at IoU > thresh, where Detectron uses IoU >= thresh.
+    """
+    return torchvision.ops.batched_nms(_plus_one_corners_t(boxes), scores, idxs, thresh)
+
+
+# ---------------------------------------------------------------------------------------------
+# Detectron's numpy API
+# ---------------------------------------------------------------------------------------------
+
+def _to_tensor(array):
+    """Zero-copy CPU tensor view of a numpy array; non-float input becomes float32."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor if tensor.is_floating_point() else tensor.float()
+
+
+def boxes_area(boxes):
+    """Areas of (N, 4) boxes. Like KL-Loss, the absolute value (Detectron asserted >= 0)."""
+    return np.abs(boxes_area_t(_to_tensor(boxes)).numpy())
+
+
+def xywh_to_xyxy(xywh):
+    """[x1, y1, w, h] -> [x1, y1, x2, y2] with x2 = x1 + max(0, w - 1).
+
+    Accepts one box as a list/tuple (returns a tuple) or an (N, 4) array (returns an array).
+    """
+    if isinstance(xywh, (list, tuple)):
+        return tuple(xywh_to_xyxy(np.array([_single_box(xywh)], dtype=float))[0].tolist())
+    if isinstance(xywh, np.ndarray):
+        return np.hstack((xywh[:, 0:2], xywh[:, 0:2] + np.maximum(0, xywh[:, 2:4] - 1)))
+    raise TypeError(f'xywh_to_xyxy takes a list, tuple or numpy array, got {type(xywh).__name__}')
+
+
+def xyxy_to_xywh(xyxy):
+    """[x1, y1, x2, y2] -> [x1, y1, w, h] with w = x2 - x1 + 1; list/tuple or (N, 4) array."""
+    if isinstance(xyxy, (list, tuple)):
+        return tuple(xyxy_to_xywh(np.array([_single_box(xyxy)], dtype=float))[0].tolist())
+    if isinstance(xyxy, np.ndarray):
+        return np.hstack((xyxy[:, 0:2], xyxy[:, 2:4] - xyxy[:, 0:2] + 1))
+    raise TypeError(f'xyxy_to_xywh takes a list, tuple or numpy array, got {type(xyxy).__name__}')
+
+
+def _single_box(box):
+    if len(box) != 4:
+        raise ValueError(f'a single box needs 4 coordinates, got {len(box)}: {box!r}')
+    return box
+
+
+def filter_small_boxes(boxes, min_size):
+    """Indices of the boxes whose +1 width and height both exceed min_size."""
+    widths, heights = _sides_t(_to_tensor(boxes))
+    return torch.nonzero((widths > min_size) & (heights > min_size)).flatten().numpy()
+
+
+def clip_boxes_to_image(boxes, height, width):
+    """Clip the (x1, y1, x2, y2) columns of boxes to the image, in place; returns boxes."""
+    boxes[:, :4] = clip_tiled_boxes_t(_to_tensor(boxes[:, :4]), height, width).numpy()
+    return boxes
+
+
+def clip_xyxy_to_image(x1, y1, x2, y2, height, width):
+    """Clip coordinates (numbers or same-shape arrays) to the image; returns (x1, y1, x2, y2)."""
+    coords = np.stack(np.broadcast_arrays(x1, y1, x2, y2), axis=-1)
+    if not np.issubdtype(coords.dtype, np.floating):
+        coords = coords.astype(np.float64)
+    clipped = clip_tiled_boxes_t(_to_tensor(coords), height, width).numpy()
+    return tuple(clipped[..., i][()] for i in range(4))
+
+
+def clip_tiled_boxes(boxes, im_shape):
+    """Clip (N, 4k) boxes in place to an image of shape (height, width, ...); returns boxes."""
+    boxes[...] = clip_tiled_boxes_t(_to_tensor(boxes), im_shape[0], im_shape[1]).numpy()
+    return boxes
+
+
+def _coding_from_cfg():
+    # Read at call time: the coding is a global switch (cfg.XYXY) in KL-Loss.
+    from detectron.core.config import cfg
+    return dict(xyxy=bool(cfg.XYXY), clip=float(cfg.BBOX_XFORM_CLIP),
+                clip_xyxy=float(cfg.BBOX_XFORM_CLIPe))
+
+
+def bbox_transform(boxes, deltas, weights=(1.0, 1.0, 1.0, 1.0)):
+    """Decode deltas (N, 4k) against boxes (N, 4) with the coding selected by cfg.XYXY and the
+    clamps cfg.BBOX_XFORM_CLIP / cfg.BBOX_XFORM_CLIPe; see bbox_transform_t."""
+    deltas_t = _to_tensor(deltas)
+    pred = bbox_transform_t(_to_tensor(boxes), deltas_t, weights, **_coding_from_cfg())
+    return pred.numpy()
+
+
+def bbox_transform_inv(boxes, gt_boxes, weights=(1.0, 1.0, 1.0, 1.0)):
+    """Regression targets (N, 4) of gt_boxes w.r.t. boxes, coding selected by cfg.XYXY."""
+    xyxy = _coding_from_cfg()['xyxy']
+    return bbox_transform_inv_t(_to_tensor(boxes), _to_tensor(gt_boxes), weights, xyxy=xyxy).numpy()
+
+
+def flip_boxes(boxes, im_width):
+    """Mirror (N, 4k) boxes horizontally in an image of width im_width: x -> im_width - x - 1."""
+    flipped = boxes.copy()
+    flipped[:, 0::4] = im_width - boxes[:, 2::4] - 1
+    flipped[:, 2::4] = im_width - boxes[:, 0::4] - 1
+    return flipped
+
+
+def aspect_ratio(boxes, aspect_ratio):
+    """Scale the x coordinates of (N, 4k) boxes by aspect_ratio (width-relative transform)."""
+    scaled = boxes.copy()
+    scaled[:, 0::4] = aspect_ratio * boxes[:, 0::4]
+    scaled[:, 2::4] = aspect_ratio * boxes[:, 2::4]
+    return scaled
+
+
+def expand_boxes(boxes, scale):
+    """Scale (N, 4) boxes about their centres; float64. Like Detectron's mask code, no +1 here."""
+    half_w = (boxes[:, 2] - boxes[:, 0]) * 0.5 * scale
+    half_h = (boxes[:, 3] - boxes[:, 1]) * 0.5 * scale
+    ctr_x = (boxes[:, 2] + boxes[:, 0]) * 0.5
+    ctr_y = (boxes[:, 3] + boxes[:, 1]) * 0.5
+    return np.stack([ctr_x - half_w, ctr_y - half_h, ctr_x + half_w, ctr_y + half_h], axis=1).astype(np.float64)
+
+
+def box_voting(top_dets, all_dets, thresh, scoring_method='ID', beta=1.0):
+    """Refine top_dets (K, 5) by voting with all_dets (N, 5) (Gidaris & Komodakis, 2015).
+
+    Each top box becomes the score-weighted mean of the all_dets boxes with IoU >= thresh (its
+    voters); a top box whose voters' scores sum to 0 keeps its box, as KL-Loss' guard does. Its
+    score is rescored by scoring_method: 'ID' (kept), 'TEMP_AVG' (mean of the voters' scores
+    tempered by 1/beta against their complements), 'AVG' (mean voter score), 'IOU_AVG'
+    (IoU-weighted mean voter score), 'GENERALIZED_AVG' (power mean with exponent beta) or
+    'QUASI_SUM' (sum of voter scores / count^beta). A row whose new score is undefined (no voters,
+    or IoU weights summing to 0) keeps its score, as KL-Loss' guard does for IOU_AVG.
+    """
+    if scoring_method not in _VOTE_SCORERS:
+        raise ValueError(f'Unknown box voting scoring method {scoring_method!r}; '
+                         f'use one of {", ".join(_VOTE_SCORERS)}')
+    out = top_dets.copy()
+    all_boxes, all_scores = all_dets[:, :4], all_dets[:, 4]
+    overlaps = bbox_overlaps(top_dets[:, :4], all_boxes)
+    voters = overlaps >= thresh
+    vote_weights = voters * all_scores
+    weight_sums = vote_weights.sum(axis=1)
+    voted = weight_sums != 0
+    out[voted, :4] = (vote_weights[voted] @ all_boxes) / weight_sums[voted, None]
+
+    scorer = _VOTE_SCORERS[scoring_method]
+    if scorer is not None:
+        with np.errstate(divide='ignore', invalid='ignore'):
+            scores = scorer(voters, overlaps, all_scores, beta)
+        defined = ~np.isnan(scores)
+        out[defined, 4] = scores[defined]
+    return out
+
+
+def _voter_mean(voters, values):
+    return (voters * values).sum(axis=1) / voters.sum(axis=1)
+
+
+def _temperature_avg_scores(voters, overlaps, scores, beta):
+    # Each voter's (p, 1 - p) pair is re-normalised after tempering its log-ratio by 1/beta;
+    # log(0) = -inf is intended (it tempers to probability 0).
+    probs = np.stack([scores, 1.0 - scores])
+    tempered = np.exp(np.log(probs / probs.max(axis=0)) / beta)
+    return _voter_mean(voters, tempered[0] / tempered.sum(axis=0))
+
+
+def _iou_avg_scores(voters, overlaps, scores, beta):
+    iou_weights = voters * overlaps
+    return (iou_weights * scores).sum(axis=1) / iou_weights.sum(axis=1)
+
+
+def _generalized_avg_scores(voters, overlaps, scores, beta):
+    return _voter_mean(voters, scores ** beta) ** (1.0 / beta)
+
+
+def _quasi_sum_scores(voters, overlaps, scores, beta):
+    return (voters * scores).sum(axis=1) / voters.sum(axis=1).astype(np.float64) ** beta
+
+
+_VOTE_SCORERS = {
+    'ID': None,
+    'TEMP_AVG': _temperature_avg_scores,
+    'AVG': lambda voters, overlaps, scores, beta: _voter_mean(voters, scores),
+    'IOU_AVG': _iou_avg_scores,
+    'GENERALIZED_AVG': _generalized_avg_scores,
+    'QUASI_SUM': _quasi_sum_scores,
+}
+
+
+def nms(dets, thresh):
+    """Detectron's greedy NMS of dets (N, 5); kept indices in ascending order, [] if N = 0."""
+    if dets.shape[0] == 0:
+        return []
+    return cython_nms.nms(dets, thresh)
+
+
+def soft_nms(dets, sigma=0.5, overlap_thresh=0.3, score_thresh=0.001, method='linear'):
+    """Detectron's soft-NMS of dets (N, 5) -> (rescored dets in selection order, their indices).
+
+    method is 'hard', 'linear' or 'gaussian' (see cython_nms.soft_nms); the input is not modified.
+    """
+    if method not in _SOFT_NMS_METHODS:
+        raise ValueError(f'Unknown soft-NMS method {method!r}; use one of {", ".join(_SOFT_NMS_METHODS)}')
+    if dets.shape[0] == 0:
+        return dets, []
+    return cython_nms.soft_nms(np.ascontiguousarray(dets, dtype=np.float32), np.float32(sigma),
+                               np.float32(overlap_thresh), np.float32(score_thresh),
+                               _SOFT_NMS_METHODS[method])
