@@ -754,8 +754,6 @@ def _check_cfg():
             raise ConfigValueError(
                 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'
             )
-    if __C.SOLVER.LR_POLICY in ('steps_with_decay', 'steps_with_lrs'):
-        _check_steps()
 
 
 def _check_positive(full_keys):
@@ -770,20 +768,6 @@ def _check_choice(full_key, choices):
     if node[leaf] not in choices:
         raise ConfigValueError('{} must be one of {}, got {!r}'.format(
             full_key, ', '.join(repr(c) for c in choices), node[leaf]))
-
-
-def _check_steps():
-    steps, policy = list(__C.SOLVER.STEPS), __C.SOLVER.LR_POLICY
-    if not steps or steps[0] != 0 or steps != sorted(steps):
-        raise ConfigValueError(
-            'SOLVER.STEPS must be ascending iterations starting at 0 for LR_POLICY {}, got {}'
-            .format(policy, steps)
-        )
-    if policy == 'steps_with_lrs' and len(__C.SOLVER.LRS) != len(steps):
-        raise ConfigValueError(
-            'SOLVER.LRS needs one learning rate per SOLVER.STEPS entry ({}), got {}'
-            .format(len(steps), list(__C.SOLVER.LRS))
-        )
 
 
 def _scaled_iters(iters, factor):
