@@ -31,16 +31,21 @@ class FPNBody(nn.Module):
     Arguments (cfg key in brackets): bottom_up, a body with `out_channels` for res2..res5 returning
     their outputs as a list; dim [FPN.DIM]; use_gn [FPN.USE_GN]; zero_init_lateral
     [FPN.ZERO_INIT_LATERAL] zero-initialises the lateral 1x1 convs of res2..res4;
-    gn_num_groups, gn_dim_per_group, gn_eps [GROUP_NORM.*]. Input height and width must be
-    multiples of the body's coarsest stride (32) so that every top-down upsampling is an exact 2x,
-    as Detectron's padding to FPN.COARSEST_STRIDE guarantees.
+    gn_num_groups, gn_dim_per_group, gn_eps [GROUP_NORM.*]; coarsest_stride
+    [FPN.COARSEST_STRIDE]: the multiple images are padded to; it and the input height and width
+    must be multiples of the body's coarsest stride (32) so that every top-down upsampling is an
+    exact 2x.
     """
 
     strides = (4, 8, 16, 32, 64)
 
     def __init__(self, bottom_up, dim=256, *, use_gn=False, zero_init_lateral=False,
-                 gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5):
+                 gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5, coarsest_stride=32):
         super().__init__()
+        if coarsest_stride % bottom_up.strides[-1]:
+            raise ConfigValueError(
+                'FPN.COARSEST_STRIDE ({}) must be a multiple of the body stride {}'.format(
+                    coarsest_stride, bottom_up.strides[-1]))
         self.body = bottom_up
         self.out_channels = dim
 
@@ -81,12 +86,13 @@ class FPNBody(nn.Module):
 
 
 def fpn_resnet_body(depth, *, fpn_dim=256, fpn_use_gn=False, zero_init_lateral=False,
-                    gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5, **resnet_kwargs):
+                    gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5, coarsest_stride=32,
+                    **resnet_kwargs):
     """FPNBody over ResNet(depth, **resnet_kwargs); GROUP_NORM settings go to both."""
     gn_kwargs = dict(gn_num_groups=gn_num_groups, gn_dim_per_group=gn_dim_per_group, gn_eps=gn_eps)
     body = ResNet(depth, **gn_kwargs, **resnet_kwargs)
     return FPNBody(body, fpn_dim, use_gn=fpn_use_gn, zero_init_lateral=zero_init_lateral,
-                   **gn_kwargs)
+                   coarsest_stride=coarsest_stride, **gn_kwargs)
 
 
 def add_fpn_ResNet50_conv5_body(**kwargs):

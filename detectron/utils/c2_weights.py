@@ -1,0 +1,405 @@
+"""Load Detectron (Caffe2) .pkl weights, torchvision ResNets and our own .pth files into the port.
+
+Detectron blob names map to our state_dict keys mechanically (docs/DESIGN.md, "Parameter names"):
+`<name>_w`/`_b` -> `<module>.weight`/`.bias`, `<prefix>_bn_s`/`_bn_b` -> `<prefix>_bn.weight`/`.bias`.
+Loading follows Detectron's utils/net.py: for every model tensor the blob of its Detectron name is
+loaded (shapes must match); model tensors without a blob keep their init and are reported as
+missing; file blobs no tensor asked for are reported as unused, except the ones Detectron files
+always carry for reasons unrelated to the model (`*_momentum`, ImageNet's `fc1000_*`, `conv1_b`).
+"""
+
+import collections
+import logging
+import os
+import pickle
+import re
+import zipfile
+
+import numpy as np
+import torch
+
+from detectron.utils.errors import WeightsError
+from detectron.utils.io import load_object
+
+logger = logging.getLogger(__name__)
+
+# Blobs that never correspond to a parameter of the port: SGD momentum of Detectron checkpoints,
+# the ImageNet classifier and the unused conv1 bias of the MSRA ImageNet files.
+_IGNORED_BLOB = re.compile(r'(_momentum$)|(^fc1000_[wb]$)|(^conv1_b$)')
+
+# torchvision's normalisation of RGB input in [0, 1] (torchvision ResNet weights expect it).
+TORCHVISION_RGB_MEAN = (0.485, 0.456, 0.406)
+TORCHVISION_RGB_STD = (0.229, 0.224, 0.225)
+# PIXEL_MEANS (BGR, 0..255) that make a converted torchvision ResNet see exactly its own input.
+TORCHVISION_PIXEL_MEANS_BGR = tuple(255.0 * m for m in reversed(TORCHVISION_RGB_MEAN))
+_TORCHVISION_BN_EPS = 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# Safe unpickling
+# ---------------------------------------------------------------------------------------------
+
+_NUMPY_MODULES = ('numpy.core.multiarray', 'numpy._core.multiarray')
+_SAFE_GLOBALS = frozenset(
+    [(module, name) for module in _NUMPY_MODULES for name in ('_reconstruct', 'scalar')]
+    + [(module, '_frombuffer') for module in ('numpy.core.numeric', 'numpy._core.numeric')]
+    + [('numpy', 'ndarray'), ('numpy', 'dtype'), ('collections', 'OrderedDict'),
+       # Python 3 pickles bytes as _codecs.encode(str, 'latin1') under protocol 2.
+       ('_codecs', 'encode')]
+    + [('builtins', name) for name in ('set', 'frozenset', 'bytearray', 'complex', 'slice')])
+
+
+class _BlobUnpickler(pickle.Unpickler):
+    """Unpickles only numpy arrays/scalars inside plain containers; anything else could run code."""
+
+    def find_class(self, module, name):
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise WeightsError(
+            'refusing to unpickle {}.{}: weights pickles may only hold numpy arrays in plain '
+            'containers; this file could run code, do not use it'.format(module, name))
+
+
+def read_detectron_pickle(path):
+    """Return (blobs, cfg_yaml or None) of a Detectron .pkl: an ImageNet file (flat blob dict) or
+    a checkpoint `{'blobs': ..., 'cfg': yaml string}`."""
+    if not os.path.isfile(path):
+        raise WeightsError('weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'
+                           .format(path))
+    try:
+        content = load_object(path, unpickler=_BlobUnpickler)
+    except WeightsError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        raise WeightsError('{} is not a readable weights pickle ({})'.format(path, e)) from e
+    return split_detectron_content(content, path)
+
+
+def split_detectron_content(content, source):
+    """(blobs, cfg_yaml or None) of an unpickled Detectron weights dict."""
+    if not isinstance(content, dict):
+        raise WeightsError('{} holds a {}, not a dict of Detectron blobs'.format(
+            source, type(content).__name__))
+    blobs = content.get('blobs', content)
+    return blobs, content.get('cfg')
+
+
+# ---------------------------------------------------------------------------------------------
+# Names: our state_dict keys <-> Detectron blob names
+# ---------------------------------------------------------------------------------------------
+
+_PARAM_SUFFIX = {'weight': '_w', 'bias': '_b'}
+_AFFINE_SUFFIX = {'weight': '_bn_s', 'bias': '_bn_b'}
+_COARSEST_STAGE = 5  # its FPN 1x1 seeds the top-down path and carries no `_lateral` suffix
+_BODY = r'^(?:conv_body\.)?(?:body\.)?'
+_KEY_RULES = [
+    (re.compile(_BODY + r'(conv1)\.(weight)$'), lambda m, _: 'conv1_w'),
+    (re.compile(_BODY + r'res_conv1_bn\.(weight|bias)$'),
+     lambda m, _: 'res_conv1' + _AFFINE_SUFFIX[m.group(1)]),
+    (re.compile(_BODY + r'res(\d)\.(\d+)\.(branch1|branch2[abc])(_bn)?\.(weight|bias)$'),
+     lambda m, _: 'res{}_{}_{}{}'.format(m.group(1), m.group(2), m.group(3), (
+         _AFFINE_SUFFIX if m.group(4) else _PARAM_SUFFIX)[m.group(5)])),
+    (re.compile(r'^(?:conv_body\.)?fpn_inner\.(\d)\.(weight|bias)$'),
+     lambda m, last: 'fpn_inner_{}{}{}'.format(
+         _stage_sum(int(m.group(1)) + 2, last),
+         '' if int(m.group(1)) + 2 == _COARSEST_STAGE else '_lateral', _PARAM_SUFFIX[m.group(2)])),
+    (re.compile(r'^(?:conv_body\.)?fpn_layer\.(\d)\.(weight|bias)$'),
+     lambda m, last: 'fpn_{}{}'.format(_stage_sum(int(m.group(1)) + 2, last),
+                                       _PARAM_SUFFIX[m.group(2)])),
+    (re.compile(r'^rpn\.(conv_rpn|rpn_cls_logits|rpn_bbox_pred)\.(weight|bias)$'),
+     lambda m, _: '{}_fpn2{}'.format(m.group(1), _PARAM_SUFFIX[m.group(2)])),
+    (re.compile(r'^(?:box_head|box_outs)\.(fc6|fc7|cls_score|bbox_pred|bbox_pred_std)\.'
+                r'(weight|bias)$'),
+     lambda m, _: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
+]
+
+_BLOB_PARAM = {'w': 'weight', 'b': 'bias', 's': 'weight'}
+_BLOB_RULES = [
+    (re.compile(r'^conv1_w$'), lambda m: 'conv_body.body.conv1.weight'),
+    (re.compile(r'^res_conv1_bn_([sb])$'),
+     lambda m: 'conv_body.body.res_conv1_bn.' + _BLOB_PARAM[m.group(1)]),
+    (re.compile(r'^res(\d)_(\d+)_(branch1|branch2[abc])(_bn)?_([wsb])$'),
+     lambda m: 'conv_body.body.res{}.{}.{}{}.{}'.format(
+         m.group(1), m.group(2), m.group(3), m.group(4) or '', _BLOB_PARAM[m.group(5)])),
+    (re.compile(r'^fpn_inner_res(\d)_\d+_sum(?:_lateral)?_([wb])$'),
+     lambda m: 'conv_body.fpn_inner.{}.{}'.format(int(m.group(1)) - 2, _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^fpn_res(\d)_\d+_sum_([wb])$'),
+     lambda m: 'conv_body.fpn_layer.{}.{}'.format(int(m.group(1)) - 2, _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^(conv_rpn|rpn_cls_logits|rpn_bbox_pred)_fpn2_([wb])$'),
+     lambda m: 'rpn.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^(fc6|fc7)_([wb])$'),
+     lambda m: 'box_head.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^(cls_score|bbox_pred|bbox_pred_std)_([wb])$'),
+     lambda m: 'box_outs.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
+]
+
+
+def _stage_sum(stage, last_blocks):
+    """Detectron's name of a stage output, e.g. 'res4_5_sum' (R-50) or 'res4_22_sum' (R-101)."""
+    if stage not in last_blocks:
+        raise WeightsError('cannot name FPN level res{}: the state holds no res{} blocks'.format(
+            stage, stage))
+    return 'res{}_{}_sum'.format(stage, last_blocks[stage])
+
+
+def last_block_per_stage(keys):
+    """{stage: index of its last block} from state_dict keys such as 'res4.22.branch2a.weight'."""
+    last = {}
+    for key in keys:
+        match = re.search(r'(?:^|\.)res(\d)\.(\d+)\.', key)
+        if match:
+            stage, block = int(match.group(1)), int(match.group(2))
+            last[stage] = max(last.get(stage, 0), block)
+    return last
+
+
+def key_to_detectron_name(key, last_blocks):
+    """Detectron blob name of a state_dict key, or None if Detectron has no such blob.
+
+    last_blocks: `last_block_per_stage` of the model's keys (names the FPN convs).
+    """
+    for pattern, name in _KEY_RULES:
+        match = pattern.match(key)
+        if match:
+            return name(match, last_blocks)
+    return None
+
+
+def detectron_name_to_key(name):
+    """Our state_dict key (full model layout, `conv_body.body.*`) of a Detectron blob, or None."""
+    for pattern, key in _BLOB_RULES:
+        match = pattern.match(name)
+        if match:
+            return key(match)
+    return None
+
+
+def is_ignored_blob(name):
+    """True for blobs that never map to a parameter (momentum, ImageNet classifier, conv1_b)."""
+    return _IGNORED_BLOB.search(name) is not None
+
+
+def _blob_names(keys):
+    """{key: blob name}; keys without a Detectron name keep their own name (e.g. BatchNorm
+    running statistics), so such state survives a round trip through a Detectron-format file."""
+    last_blocks = last_block_per_stage(keys)
+    return {key: key_to_detectron_name(key, last_blocks) or key for key in keys}
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversions and loading
+# ---------------------------------------------------------------------------------------------
+
+def detectron_blobs_to_state_dict(blobs, model_state_keys):
+    """Pick the blob of each model key by its Detectron name.
+
+    Returns (state_dict of float32 tensors for the keys found, sorted unused blob names).
+    """
+    state_dict, used = collections.OrderedDict(), set()
+    for key, name in _blob_names(model_state_keys).items():
+        if name in blobs:
+            state_dict[key] = _blob_to_tensor(blobs[name], name)
+            used.add(name)
+    unused = sorted(n for n in blobs if n not in used and not is_ignored_blob(n))
+    return state_dict, unused
+
+
+def _blob_to_tensor(blob, name):
+    if not isinstance(blob, np.ndarray):
+        raise WeightsError('blob {} is a {}, not a numpy array; the weights file is damaged'
+                           .format(name, type(blob).__name__))
+    # Detectron loads every parameter as float32; integer state (BatchNorm counters) stays integer.
+    dtype = np.float32 if blob.dtype.kind == 'f' else blob.dtype
+    return torch.from_numpy(np.ascontiguousarray(blob, dtype=dtype))
+
+
+def state_dict_to_detectron_blobs(state_dict):
+    """Inverse of detectron_blobs_to_state_dict: {Detectron blob name: numpy array}.
+
+    Save as `{'blobs': blobs, 'cfg': yaml}` with utils.io.save_object for a Detectron-layout file.
+    """
+    names = _blob_names(list(state_dict))
+    return collections.OrderedDict(
+        (names[key], value.detach().cpu().numpy()) for key, value in state_dict.items())
+
+
+def _copy_into_model(model, state_dict, source):
+    """Copy the entries of state_dict whose keys the model has, after checking every shape.
+
+    Returns (missing model keys, unused state_dict keys).
+    """
+    own = model.state_dict()
+    loaded = {k: v for k, v in state_dict.items() if k in own}
+    mismatched = ['{} {} in file vs {} in model'.format(k, tuple(v.shape), tuple(own[k].shape))
+                  for k, v in loaded.items() if v.shape != own[k].shape]
+    if mismatched:
+        raise WeightsError('{} does not fit the model ({} shape mismatches: {}); check that the '
+                           'config builds the network the weights were trained with'.format(
+                               source, len(mismatched), '; '.join(mismatched)))
+    with torch.no_grad():
+        for key, value in loaded.items():
+            # state_dict() tensors share storage with the parameters and buffers.
+            own[key].copy_(value)
+    missing = [k for k in own if k not in loaded]
+    unused = sorted(k for k in state_dict if k not in own)
+    return missing, unused
+
+
+def _log_summary(source, missing, unused):
+    logger.info('Loaded %s; %d model tensors not in it (keep their init): %s; %d unused: %s',
+                source, len(missing), missing, len(unused), unused)
+
+
+def load_state_dict_by_key(model, state_dict, source='state_dict'):
+    """Load a state_dict of our keys (shapes checked); returns (missing, unused) key lists."""
+    missing, unused = _copy_into_model(model, state_dict, source)
+    _log_summary(source, missing, unused)
+    return missing, unused
+
+
+def load_detectron_weights(model, path_or_blobs):
+    """Load a Detectron .pkl (path, unpickled dict or blob dict) into model by blob name.
+
+    Returns (missing model keys, unused file blobs); raises WeightsError on shape mismatches.
+    """
+    if isinstance(path_or_blobs, (str, os.PathLike)):
+        source = str(path_or_blobs)
+        blobs, _ = read_detectron_pickle(source)
+    else:
+        source = 'Detectron blobs'
+        blobs, _ = split_detectron_content(path_or_blobs, source)
+    state_dict, unused = detectron_blobs_to_state_dict(blobs, list(model.state_dict()))
+    missing, _ = _copy_into_model(model, state_dict, source)
+    _log_summary(source, missing, unused)
+    return missing, unused
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision ResNets
+# ---------------------------------------------------------------------------------------------
+
+_TORCHVISION_MODULE_RULES = [
+    (re.compile(r'^conv1$'), lambda m: 'conv1'),
+    (re.compile(r'^bn1$'), lambda m: 'res_conv1_bn'),
+    (re.compile(r'^layer(\d)\.(\d+)\.(conv|bn)(\d)$'), lambda m: 'res{}.{}.branch2{}{}'.format(
+        int(m.group(1)) + 1, m.group(2), 'abc'[int(m.group(4)) - 1],
+        '_bn' if m.group(3) == 'bn' else '')),
+    (re.compile(r'^layer(\d)\.(\d+)\.downsample\.([01])$'), lambda m: 'res{}.{}.branch1{}'.format(
+        int(m.group(1)) + 1, m.group(2), '_bn' if m.group(3) == '1' else '')),
+]
+
+
+def _torchvision_module_to_ours(module):
+    for pattern, ours in _TORCHVISION_MODULE_RULES:
+        match = pattern.match(module)
+        if match:
+            return ours(match)
+    return None
+
+
+def _find_resnet_body(model):
+    """(prefix of the ResNet body's keys, body module): the body owns `res_conv1_bn`."""
+    prefixes = [k[:-len('res_conv1_bn.weight')] for k in model.state_dict()
+                if k.endswith('res_conv1_bn.weight')]
+    if len(prefixes) != 1:
+        raise WeightsError('torchvision ResNet weights need a model with exactly one ResNet body; '
+                           'found {}'.format(len(prefixes)))
+    prefix = prefixes[0]
+    return prefix, model.get_submodule(prefix.rstrip('.')) if prefix else model
+
+
+def _conv1_for_bgr_input(weight):
+    """conv1 weights for BGR 0..255 input minus TORCHVISION_PIXEL_MEANS_BGR.
+
+    torchvision sees x_rgb = (rgb / 255 - mean) / std; our input channel k (BGR) equals
+    255 * std[2 - k] * x_rgb[2 - k], so flip the input channels and divide by 255 * std.
+    """
+    std = weight.new_tensor(TORCHVISION_RGB_STD)
+    return weight.flip(1) / (255.0 * std.flip(0)).view(1, 3, 1, 1)
+
+
+def _fold_batch_norm(params):
+    """Frozen affine of an eval-mode BatchNorm: scale = gamma / sqrt(var + eps),
+    bias = beta - mean * scale."""
+    scale = params['weight'] / torch.sqrt(params['running_var'] + _TORCHVISION_BN_EPS)
+    return {'weight': scale, 'bias': params['bias'] - params['running_mean'] * scale}
+
+
+def torchvision_resnet_to_body_state_dict(tv_state_dict, fold_batch_norm=True):
+    """Rename a torchvision ResNet state_dict to our ResNet body keys.
+
+    conv1 is converted for BGR 0..255 input minus TORCHVISION_PIXEL_MEANS_BGR; BatchNorms are
+    folded into AffineChannel weight/bias (fold_batch_norm) or copied as they are (for norm='bn').
+    Returns (body state_dict, unused torchvision keys such as the fc classifier).
+    """
+    modules = collections.OrderedDict()
+    unused = []
+    for key, value in tv_state_dict.items():
+        module, _, param = key.rpartition('.')
+        ours = _torchvision_module_to_ours(module)
+        if ours is None:
+            unused.append(key)
+        else:
+            value = value.float() if value.is_floating_point() else value
+            modules.setdefault(ours, {})[param] = value
+    state_dict = collections.OrderedDict()
+    for ours, params in modules.items():
+        if ours == 'conv1':
+            params = {'weight': _conv1_for_bgr_input(params['weight'])}
+        elif fold_batch_norm:
+            params = _fold_batch_norm(params)
+        state_dict.update(('{}.{}'.format(ours, p), v) for p, v in params.items())
+    return state_dict, unused
+
+
+def load_torchvision_resnet(model_body, state_dict):
+    """Load a torchvision resnet{18,34,50,101} state_dict into our ResNet body (or a model that
+    contains one). Returns (missing, unused) keys.
+
+    The result computes torchvision's features exactly when the input is BGR in 0..255 minus
+    PIXEL_MEANS = TORCHVISION_PIXEL_MEANS_BGR (103.53, 116.28, 123.675): set PIXEL_MEANS to
+    that. Bottleneck bodies must be built with stride_1x1=False (RESNETS.STRIDE_1X1 False),
+    torchvision's stride placement.
+    """
+    prefix, body = _find_resnet_body(model_body)
+    if getattr(body, 'stride_1x1', False) and any('conv3' in k for k in state_dict):
+        raise WeightsError('torchvision ResNets put the stride on the 3x3 conv; build the body '
+                           'with stride_1x1=False (RESNETS.STRIDE_1X1 False)')
+    fold = prefix + 'res_conv1_bn.running_mean' not in model_body.state_dict()
+    body_state, tv_unused = torchvision_resnet_to_body_state_dict(state_dict, fold)
+    logger.warning('torchvision ResNet weights: PIXEL_MEANS must be %s (BGR) for exact features',
+                   TORCHVISION_PIXEL_MEANS_BGR)
+    source = 'torchvision ResNet weights'
+    missing, unused = _copy_into_model(model_body, {prefix + k: v for k, v in body_state.items()},
+                                       source)
+    unused = sorted(unused + tv_unused)
+    _log_summary(source, missing, unused)
+    return missing, unused
+
+
+# ---------------------------------------------------------------------------------------------
+# Any weights file
+# ---------------------------------------------------------------------------------------------
+
+def load_weights(model, path):
+    """Load a weights file of any supported kind, told apart by content; returns (missing, unused).
+
+    - Detectron pickles (ImageNet R-50.pkl, model_final.pkl of Detectron or KL-Loss);
+    - torch files with a 'model' state_dict (this port's checkpoints, tools/convert_pkl_to_pth.py);
+    - torchvision ResNet state_dicts (see load_torchvision_resnet for PIXEL_MEANS).
+    """
+    if not os.path.isfile(path):
+        raise WeightsError('weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'
+                           .format(path))
+    if not zipfile.is_zipfile(path):
+        return load_detectron_weights(model, path)
+    try:
+        content = torch.load(path, map_location='cpu', weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError) as e:
+        raise WeightsError('{} is not a readable torch weights file ({})'.format(path, e)) from e
+    if isinstance(content, dict) and isinstance(content.get('model'), dict):
+        return load_state_dict_by_key(model, content['model'], path)
+    if isinstance(content, dict) and 'layer1.0.conv1.weight' in content:
+        return load_torchvision_resnet(model, content)
+    raise WeightsError('{} holds neither a {{"model": state_dict}} checkpoint nor torchvision '
+                       'ResNet weights'.format(path))
