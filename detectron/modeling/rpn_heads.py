@@ -1,0 +1,217 @@
+"""FPN Region Proposal Network: the shared head, its anchors, proposal generation and losses.
+
+Mirrors Detectron's `modeling/FPN.py` (add_fpn_rpn_outputs / add_fpn_rpn_losses) and the Python ops
+`ops/generate_proposals.py` and `ops/collect_and_distribute_fpn_rpn_proposals.py` (collect part).
+Everything runs batched on the device of its inputs.
+"""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detectron.modeling.generate_anchors import generate_anchors
+from detectron.roi_data.rpn import RPN_BBOX_REG_WEIGHTS
+from detectron.utils import boxes as box_utils
+
+# SmoothL1 transition point of the RPN box loss (FPN.add_fpn_rpn_losses).
+RPN_SMOOTH_L1_BETA = 1.0 / 9.0
+
+
+class FPNRPNHead(nn.Module):
+    """3x3 conv + ReLU, then per-anchor objectness logits and box deltas; one set of weights for
+    every FPN level (Detectron defines them on fpn2 and shares them with fpn3..fpn6)."""
+
+    def __init__(self, dim_in=256, num_anchors=3):
+        super().__init__()
+        self.conv_rpn = nn.Conv2d(dim_in, dim_in, kernel_size=3, padding=1)
+        self.rpn_cls_logits = nn.Conv2d(dim_in, num_anchors, kernel_size=1)
+        self.rpn_bbox_pred = nn.Conv2d(dim_in, 4 * num_anchors, kernel_size=1)
+        for conv in (self.conv_rpn, self.rpn_cls_logits, self.rpn_bbox_pred):
+            nn.init.normal_(conv.weight, std=0.01)
+            nn.init.zeros_(conv.bias)
+
+    def forward(self, features):
+        """features: list of (B, C, H, W), finest level first.
+        Returns (logits list of (B, A, H, W), deltas list of (B, 4A, H, W))."""
+        logits, deltas = [], []
+        for feature in features:
+            hidden = F.relu(self.conv_rpn(feature))
+            logits.append(self.rpn_cls_logits(hidden))
+            deltas.append(self.rpn_bbox_pred(hidden))
+        return logits, deltas
+
+
+@functools.lru_cache(maxsize=None)
+def _cell_anchors(stride, size, aspect_ratios, device):
+    # Cached per device so a training step does not copy the (A, 4) table host-to-device again.
+    cell = generate_anchors(stride=stride, sizes=(size,), aspect_ratios=aspect_ratios)
+    return torch.as_tensor(cell, dtype=torch.float32, device=device)
+
+
+def fpn_anchors(feature_shapes, strides=(4, 8, 16, 32, 64), sizes=(32, 64, 128, 256, 512),
+                aspect_ratios=(0.5, 1, 2), device='cpu'):
+    """Anchors of every FPN level, as Detectron's GenerateProposals enumerates them.
+
+    feature_shapes: list of (H, W) per level. Returns a list of (H, W, A, 4) float32 tensors:
+    the cell anchors shifted by (x * stride, y * stride). `.reshape(-1, 4)` gives Detectron's
+    (H*W*A, 4) row order; the grid shape is kept so the RPN targets can be laid out like the logits.
+    """
+    device = torch.device(device)
+    anchors = []
+    for (height, width), stride, size in zip(feature_shapes, strides, sizes):
+        cell = _cell_anchors(stride, size, tuple(aspect_ratios), device)
+        shift_x = torch.arange(width, device=device, dtype=torch.float32) * stride
+        shift_y = torch.arange(height, device=device, dtype=torch.float32) * stride
+        shift_y, shift_x = torch.meshgrid(shift_y, shift_x, indexing='ij')
+        shifts = torch.stack((shift_x, shift_y, shift_x, shift_y), dim=-1)
+        anchors.append(shifts.unsqueeze(2) + cell)
+    return anchors
+
+
+def _scores_in_anchor_order(logits):
+    """(B, A, H, W) logits -> (B, H*W*A) objectness probabilities, rows ordered like the anchors."""
+    return torch.sigmoid(logits).permute(0, 2, 3, 1).reshape(logits.shape[0], -1)
+
+
+def _deltas_in_anchor_order(deltas):
+    """(B, 4A, H, W) deltas, channels ordered (anchor, coord) -> (B, H*W*A, 4)."""
+    return deltas.permute(0, 2, 3, 1).reshape(deltas.shape[0], -1, 4)
+
+
+def _decoded_top_proposals(logits, deltas, anchors, pre_nms_top_n, xyxy):
+    """One level: the pre_nms_top_n best-scoring anchors of each image, decoded.
+
+    Returns boxes (B, k, 4) in network-input coordinates (unclipped) and scores (B, k), best first.
+    """
+    scores = _scores_in_anchor_order(logits)
+    num_anchors = scores.shape[1]
+    k = num_anchors if pre_nms_top_n <= 0 else min(pre_nms_top_n, num_anchors)
+    top_scores, top_idx = scores.topk(k, dim=1, sorted=True)
+    top_deltas = torch.gather(
+        _deltas_in_anchor_order(deltas), 1, top_idx.unsqueeze(-1).expand(-1, -1, 4))
+    boxes = box_utils.bbox_transform_t(
+        anchors.reshape(-1, 4)[top_idx].reshape(-1, 4), top_deltas.reshape(-1, 4), RPN_BBOX_REG_WEIGHTS, xyxy=xyxy)
+    return boxes.reshape(top_deltas.shape), top_scores
+
+
+def _clip_to_images(boxes, im_info):
+    """Clip (B, k, 4) boxes of each image to its im_info height and width."""
+    return torch.stack([box_utils.clip_tiled_boxes_t(image_boxes, height, width)
+                        for image_boxes, (height, width, _) in zip(boxes, im_info)])
+
+
+def _keep_min_size_and_center_inside(boxes, box_im_info, min_size):
+    """Detectron's _filter_boxes: both sides measured in ORIGINAL pixels must be >= max(min_size, 1)
+    (avoids empty boxes once the RoIs are divided by the image scale) and the box centre must lie
+    inside im_info's height/width."""
+    widths = boxes[:, 2] - boxes[:, 0]
+    heights = boxes[:, 3] - boxes[:, 1]
+    scale = box_im_info[:, 2]
+    min_size = max(min_size, 1)
+    x_ctr = boxes[:, 0] + (widths + 1) / 2.
+    y_ctr = boxes[:, 1] + (heights + 1) / 2.
+    return ((widths / scale + 1 >= min_size) & (heights / scale + 1 >= min_size)
+            & (x_ctr < box_im_info[:, 1]) & (y_ctr < box_im_info[:, 0]))
+
+
+def _top_n_per_group(scores, groups, n):
+    """Indices of the n best scores of every group, ordered by group then by descending score.
+
+    n <= 0 keeps everything (Detectron's GenerateProposals skips the cap for post_nms_top_n <= 0).
+    """
+    by_score = scores.argsort(descending=True, stable=True)
+    order = by_score[groups[by_score].argsort(stable=True)]
+    if n <= 0:
+        return order
+    sorted_groups = groups[order]
+    group_sizes = torch.bincount(sorted_groups)
+    group_starts = group_sizes.cumsum(0) - group_sizes
+    rank = torch.arange(order.numel(), device=order.device) - group_starts[sorted_groups]
+    return order[rank < n]
+
+
+def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms_top_n,
+                       nms_thresh, min_size, xyxy=False, *, collect_across_batch):
+    """RPN proposals of a batch: Detectron's GenerateProposals on every level, then Collect.
+
+    logits/deltas: per level (B, A, H, W) / (B, 4A, H, W); anchors: per level (H, W, A, 4) from
+    fpn_anchors; im_info (B, 3) = (height, width, scale) used for clipping and the size filter.
+    Per image and level: top pre_nms_top_n by sigmoid score, decode with unit weights (XYXY edge
+    coding when xyxy), clip, drop boxes smaller than min_size original pixels or centred outside
+    the image, NMS at nms_thresh, keep post_nms_top_n. Collect: all levels together, the best
+    post_nms_top_n of the whole batch when collect_across_batch (Detectron's training behaviour,
+    its issue 459), otherwise of each image (test).
+
+    NMS is torchvision's, which suppresses IoU > thresh where Detectron's suppresses IoU >= thresh;
+    the two differ only for an IoU exactly equal to the threshold. Equal scores may be visited in
+    another order than numpy's argsort.
+
+    Returns rois (R, 5) float32 = (batch index, x1, y1, x2, y2) in network-input coordinates and
+    their scores (R,): with collect_across_batch sorted by descending score over the batch,
+    otherwise grouped by image (in image order) and by descending score within an image.
+    """
+    num_images = logits[0].shape[0]
+    device = logits[0].device
+    boxes, scores, levels = [], [], []
+    for level, (lvl_logits, lvl_deltas, lvl_anchors) in enumerate(zip(logits, deltas, anchors)):
+        lvl_boxes, lvl_scores = _decoded_top_proposals(
+            lvl_logits, lvl_deltas, lvl_anchors, pre_nms_top_n, xyxy)
+        boxes.append(lvl_boxes)
+        scores.append(lvl_scores)
+        levels.append(torch.full_like(lvl_scores, level, dtype=torch.long))
+    boxes = _clip_to_images(torch.cat(boxes, dim=1), im_info).reshape(-1, 4)
+    scores = torch.cat(scores, dim=1).reshape(-1)
+    levels = torch.cat(levels, dim=1).reshape(-1)
+    image_ids = torch.arange(num_images, device=device).repeat_interleave(
+        scores.numel() // num_images)
+
+    keep = _keep_min_size_and_center_inside(boxes, im_info[image_ids], min_size)
+    boxes, scores, levels, image_ids = boxes[keep], scores[keep], levels[keep], image_ids[keep]
+
+    if nms_thresh > 0:
+        image_level = image_ids * len(logits) + levels
+        keep = box_utils.batched_nms_t(boxes, scores, image_level, nms_thresh)
+        keep = keep[_top_n_per_group(scores[keep], image_level[keep], post_nms_top_n)]
+        boxes, scores, image_ids = boxes[keep], scores[keep], image_ids[keep]
+
+    collect_groups = torch.zeros_like(image_ids) if collect_across_batch else image_ids
+    keep = _top_n_per_group(scores, collect_groups, post_nms_top_n)
+    rois = torch.cat((image_ids[keep].unsqueeze(1).to(boxes.dtype), boxes[keep]), dim=1)
+    return rois, scores[keep]
+
+
+def _sigmoid_cross_entropy_sum(logits, labels):
+    """Caffe2 SigmoidCrossEntropyLoss with normalize=0 before its scale: summed over labels >= 0."""
+    losses = F.binary_cross_entropy_with_logits(
+        logits, labels.clamp(min=0).to(logits.dtype), reduction='none')
+    return (losses * (labels >= 0)).sum()
+
+
+def _weighted_smooth_l1_sum(pred, target, inside_weights, outside_weights, beta):
+    """Caffe2 SmoothL1Loss before its scale and 1/N: sum(out_w * smoothL1(in_w * (pred - target)))."""
+    losses = F.smooth_l1_loss(inside_weights * pred, inside_weights * target,
+                              reduction='none', beta=beta)
+    return (outside_weights * losses).sum()
+
+
+def rpn_losses(logits, deltas, rpn_targets, ims_per_batch, batch_size_per_im=256):
+    """Detectron's FPN RPN losses, per level: `loss_rpn_cls_fpn{l}` and `loss_rpn_bbox_fpn{l}`.
+
+    rpn_targets: detectron.roi_data.rpn.RPNTargets (per-level lists shaped like logits/deltas).
+    cls: summed sigmoid CE over labelled anchors / (batch_size_per_im * ims_per_batch);
+    bbox: SmoothL1 (beta 1/9) weighted by the targets' inside/outside weights (outside =
+    1 / labelled anchors of the image), summed and divided by the number of images.
+    Per process, without Detectron's 1/NUM_GPUS (DDP's gradient averaging supplies it).
+    """
+    losses = {}
+    levels = zip(logits, deltas, rpn_targets.labels, rpn_targets.bbox_targets,
+                 rpn_targets.bbox_inside_weights, rpn_targets.bbox_outside_weights)
+    for i, (lvl_logits, lvl_deltas, labels, targets, inside_w, outside_w) in enumerate(levels):
+        level = i + 2
+        losses['loss_rpn_cls_fpn{}'.format(level)] = _sigmoid_cross_entropy_sum(
+            lvl_logits, labels) / (batch_size_per_im * ims_per_batch)
+        losses['loss_rpn_bbox_fpn{}'.format(level)] = _weighted_smooth_l1_sum(
+            lvl_deltas, targets, inside_w, outside_w, RPN_SMOOTH_L1_BETA) / lvl_deltas.shape[0]
+    return losses

@@ -1,0 +1,187 @@
+"""Fast R-CNN training RoIs: sample proposals (plus gt boxes) into fg/bg RoIs with their targets.
+
+Mirrors what Detectron's CollectAndDistributeFpnRpnProposals op does in training:
+`json_dataset.add_proposals` (crowd_thresh=0), `roidb.add_bbox_regression_targets` and
+`roi_data/fast_rcnn.py` (_sample_rois, _expand_bbox_targets), batched on the proposals' device.
+"""
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from detectron.utils import boxes as box_utils
+
+
+class SampledRoIs(NamedTuple):
+    rois: torch.Tensor                  # (S, 5) batch index, box in network-input coordinates
+    labels: torch.Tensor                # (S,) int64 class, 0 = background
+    bbox_targets: torch.Tensor          # (S, 4K) target in the 4 columns of its regression class
+    bbox_inside_weights: torch.Tensor   # (S, 4K) 1 on those columns
+    bbox_outside_weights: torch.Tensor  # (S, 4K) inside_weights > 0
+
+
+def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_classes,
+                batch_size_per_im, fg_fraction=0.25, fg_thresh=0.5, bg_thresh_hi=0.5,
+                bg_thresh_lo=0.0, bbox_reg_weights=(10.0, 10.0, 5.0, 5.0), bbox_thresh=0.5,
+                cls_agnostic=False, xyxy=False, generator=None):
+    """Detectron's Fast R-CNN minibatch RoIs for a batch of images.
+
+    proposals (R, 5): (batch index, box) in network-input coordinates; im_scales (B,);
+    gt_boxes / gt_classes / gt_is_crowd: per image (G, 4) ORIGINAL-coordinate boxes, (G,) int64
+    classes 1..K-1, (G,) bool. As in Detectron, per image:
+    - candidates are the gt boxes (crowd included) followed by the proposals / im_scale;
+    - a non-crowd gt row has max overlap 1 with its own class, a crowd row -1 (never sampled);
+      a proposal takes its best IoU over ALL gt, crowd included, and that gt's class when the IoU
+      is > 0 (so proposals on a crowd region can be fg of the crowd's class), else 0 / class 0;
+    - candidates with max overlap >= bbox_thresh (and an image with non-crowd gt) regress towards
+      their best NON-crowd gt, in original coordinates with bbox_reg_weights (XYXY edge coding when
+      xyxy), under their max class (class 1 when cls_agnostic); this holds even for sampled bg;
+    - fg (max overlap >= fg_thresh) up to round(fg_fraction * batch_size_per_im) and bg
+      ([bg_thresh_lo, bg_thresh_hi)) filling the batch, both uniformly without replacement.
+    Returns SampledRoIs concatenated over images in image order, each image's fg before its bg
+    (rows within each part in candidate order; Detectron's order there is random). K =
+    num_classes, or 2 when cls_agnostic. `generator` seeds the sampling.
+    """
+    boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class = _candidates(
+        proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd)
+    gt, gt_class, gt_crowd, gt_present = _padded_gt(gt_boxes, gt_classes, gt_is_crowd, boxes)
+    overlaps = _own_image_overlaps(boxes, image_ids, gt)
+
+    max_overlap, max_class = _class_assignments(
+        overlaps.masked_fill(~gt_present[image_ids], -1.0), gt_class[image_ids],
+        is_gt_row, gt_row_crowd, gt_row_class)
+    regression_class, targets = _regression_targets(
+        boxes, image_ids, overlaps, gt, gt_present & ~gt_crowd, max_overlap, max_class,
+        bbox_thresh, cls_agnostic, bbox_reg_weights, xyxy)
+
+    num_images = len(gt_boxes)
+    fg = max_overlap >= fg_thresh
+    bg = (max_overlap < bg_thresh_hi) & (max_overlap >= bg_thresh_lo)
+    fg_per_image = _count_per_image(fg, image_ids, num_images).clamp(
+        max=int(round(fg_fraction * batch_size_per_im)))
+    bg_per_image = torch.minimum(_count_per_image(bg, image_ids, num_images),
+                                 int(batch_size_per_im) - fg_per_image)
+    fg = _random_subset(fg, image_ids, fg_per_image, generator)
+    bg = _random_subset(bg, image_ids, bg_per_image, generator)
+
+    rows, sampled_as_bg = _fg_then_bg_per_image(fg, bg, image_ids)
+    rois = torch.cat((image_ids[rows].unsqueeze(1).to(boxes.dtype),
+                      boxes[rows] * im_scales[image_ids[rows]].unsqueeze(1)), dim=1)
+    labels = torch.where(sampled_as_bg, 0, max_class[rows])
+    num_reg_classes = 2 if cls_agnostic else num_classes
+    bbox_targets, inside_weights = _expand_bbox_targets(
+        regression_class[rows], targets[rows], num_reg_classes)
+    return SampledRoIs(rois, labels, bbox_targets, inside_weights, (inside_weights > 0).to(inside_weights.dtype))
+
+
+def _candidates(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
+    """Candidate RoIs in original coordinates: every image's gt rows, then all proposals.
+
+    Returns boxes (M, 4), image_ids (M,), is_gt_row (M,) and, on gt rows, crowd flag and class.
+    """
+    device = proposals.device
+    gt_image_ids = torch.cat([torch.full((len(b),), i, dtype=torch.long, device=device)
+                              for i, b in enumerate(gt_boxes)])
+    proposal_image_ids = proposals[:, 0].long()
+    # Detectron multiplies by the inverse scale (json_dataset.add_proposals).
+    proposal_boxes = proposals[:, 1:5] * (1.0 / im_scales)[proposal_image_ids].unsqueeze(1)
+    num_proposals = len(proposals)
+    boxes = torch.cat([b.to(device=device, dtype=proposals.dtype) for b in gt_boxes] + [proposal_boxes])
+    image_ids = torch.cat((gt_image_ids, proposal_image_ids))
+    is_gt_row = torch.cat((torch.ones_like(gt_image_ids, dtype=torch.bool),
+                           torch.zeros(num_proposals, dtype=torch.bool, device=device)))
+    crowd = torch.cat([c.to(device=device, dtype=torch.bool) for c in gt_is_crowd]
+                      + [torch.zeros(num_proposals, dtype=torch.bool, device=device)])
+    classes = torch.cat([c.to(device=device, dtype=torch.long) for c in gt_classes]
+                        + [torch.zeros(num_proposals, dtype=torch.long, device=device)])
+    return boxes, image_ids, is_gt_row, crowd, classes
+
+
+def _padded_gt(gt_boxes, gt_classes, gt_is_crowd, like):
+    """Per image gt padded to G >= 1 columns: boxes (B, G, 4), class, crowd, present (B, G)."""
+    num_images = len(gt_boxes)
+    num_gt = max([1] + [len(b) for b in gt_boxes])
+    boxes = like.new_zeros(num_images, num_gt, 4)
+    classes = torch.zeros(num_images, num_gt, dtype=torch.long, device=like.device)
+    crowd = torch.zeros(num_images, num_gt, dtype=torch.bool, device=like.device)
+    present = torch.zeros(num_images, num_gt, dtype=torch.bool, device=like.device)
+    for i, (b, c, k) in enumerate(zip(gt_boxes, gt_classes, gt_is_crowd)):
+        boxes[i, :len(b)] = b
+        classes[i, :len(b)] = c
+        crowd[i, :len(b)] = k.to(torch.bool)
+        present[i, :len(b)] = True
+    return boxes, classes, crowd, present
+
+
+def _own_image_overlaps(boxes, image_ids, gt):
+    """(M, G) IoU of each candidate with the (padded) gt of its own image."""
+    num_images, num_gt = gt.shape[:2]
+    overlaps = box_utils.box_iou_t(boxes, gt.reshape(-1, 4)).view(-1, num_images, num_gt)
+    return overlaps[torch.arange(len(boxes), device=boxes.device), image_ids]
+
+
+def _class_assignments(overlaps, candidate_gt_classes, is_gt_row, gt_row_crowd, gt_row_class):
+    """Detectron's max_overlaps / max_classes (roidb gt_overlaps after _merge_proposal_boxes)."""
+    best, best_gt = overlaps.max(dim=1)
+    best_class = torch.gather(candidate_gt_classes, 1, best_gt.unsqueeze(1)).squeeze(1)
+    proposal_overlap = torch.where(best > 0, best, torch.zeros_like(best))
+    proposal_class = torch.where(best > 0, best_class, torch.zeros_like(best_class))
+    gt_row_overlap = torch.where(gt_row_crowd, -1.0, 1.0).to(overlaps.dtype)
+    gt_row_class = torch.where(gt_row_crowd, torch.zeros_like(gt_row_class), gt_row_class)
+    return (torch.where(is_gt_row, gt_row_overlap, proposal_overlap),
+            torch.where(is_gt_row, gt_row_class, proposal_class))
+
+
+def _regression_targets(boxes, image_ids, overlaps, gt, gt_regressable, max_overlap, max_class,
+                        bbox_thresh, cls_agnostic, weights, xyxy):
+    """Detectron's compute_bbox_regression_targets: (M,) regression class (0 = none), (M, 4)."""
+    regressable = gt_regressable[image_ids]
+    best_gt = overlaps.masked_fill(~regressable, -1.0).argmax(dim=1)
+    assigned_gt = gt[image_ids, best_gt]
+    has_target = (max_overlap >= bbox_thresh) & regressable.any(dim=1)
+    regression_class = torch.where(
+        has_target, torch.ones_like(max_class) if cls_agnostic else max_class,
+        torch.zeros_like(max_class))
+    targets = box_utils.bbox_transform_inv_t(boxes, assigned_gt, weights, xyxy=xyxy)
+    return regression_class, torch.where(has_target.unsqueeze(1), targets, torch.zeros_like(targets))
+
+
+def _count_per_image(mask, image_ids, num_images):
+    return torch.zeros(num_images, dtype=torch.long, device=mask.device).index_add_(
+        0, image_ids, mask.long())
+
+
+def _random_subset(eligible, image_ids, quotas, generator):
+    """Per image i, a uniformly random quotas[i] of its eligible rows, without replacement
+    (Detectron's npr.choice(..., replace=False)); a bool mask, computed without host sync."""
+    num_rows = len(eligible)
+    priority = torch.rand(num_rows, dtype=torch.float64, generator=generator, device=eligible.device)
+    # Sort image-major with the eligible rows of an image first, in random order.
+    order = (image_ids.double() * 2 + (~eligible).double() + priority).argsort()
+    sorted_ids = image_ids[order]
+    rows_per_image = torch.bincount(image_ids, minlength=len(quotas))
+    first_row = rows_per_image.cumsum(0) - rows_per_image
+    rank_in_image = torch.arange(num_rows, device=eligible.device) - first_row[sorted_ids]
+    chosen = eligible[order] & (rank_in_image < quotas[sorted_ids])
+    return torch.zeros_like(eligible).scatter_(0, order, chosen)
+
+
+def _fg_then_bg_per_image(fg, bg, image_ids):
+    """Row indices of the sampled RoIs, image by image, fg rows before bg rows, and a flag
+    telling which were sampled as bg (a row may be both when bg_thresh_hi > fg_thresh)."""
+    num_rows = len(fg)
+    rows = torch.arange(num_rows, device=fg.device)
+    key = image_ids * (2 * num_rows) + rows
+    keys = torch.cat((key, key + num_rows))[torch.cat((fg, bg))].sort().values
+    return keys % num_rows, (keys // num_rows) % 2 == 1
+
+
+def _expand_bbox_targets(regression_class, targets, num_reg_classes):
+    """Compact (class, 4 targets) -> (S, 4K) blobs with the 4 values in columns 4c..4c+3 of class
+    c > 0, and inside weights 1 there."""
+    on_class = F.one_hot(regression_class, num_reg_classes).bool()
+    on_class[:, 0] = False
+    on_class = on_class.unsqueeze(2).expand(-1, -1, 4)
+    expanded = torch.where(on_class, targets.unsqueeze(1), torch.zeros_like(targets).unsqueeze(1))
+    return expanded.reshape(len(targets), -1), on_class.to(targets.dtype).reshape(len(targets), -1)
