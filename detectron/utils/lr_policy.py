@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from detectron.core.config import cfg
+from detectron.core.config import cfg, images_per_iter
 from detectron.utils.errors import ConfigKeyError, ConfigValueError
 
 
@@ -121,7 +121,7 @@ def describe_schedule(num_images=None):
     num_images: size of the training set (with flipped copies), to express the run in epochs.
     """
     solver = cfg.SOLVER
-    batch = cfg.NUM_GPUS * cfg.TRAIN.IMS_PER_BATCH * solver.ITER_SIZE
+    batch = images_per_iter()
     lines = [
         'images per iteration: {} (NUM_GPUS {} x TRAIN.IMS_PER_BATCH {} x SOLVER.ITER_SIZE {})'
         .format(batch, cfg.NUM_GPUS, cfg.TRAIN.IMS_PER_BATCH, solver.ITER_SIZE),

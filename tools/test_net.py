@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+r"""Test a trained model on TEST.DATASETS and evaluate it (Detectron's tools/test_net.py).
+
+Examples:
+    python tools/test_net.py --cfg configs/e2e_faster_rcnn_R-50-FPN_2x.yaml
+    python tools/test_net.py -c configs/e2e_faster_rcnn_R-50-FPN_2x.yaml --multi-gpu-testing \
+        TEST.WEIGHTS /path/to/model_final.pkl NUM_GPUS 8 STD_NMS True
+
+The model is TEST.WEIGHTS (a .pth of this port, a Detectron .pkl or a URL). Trailing KEY VALUE
+pairs override the config file (see docs/CONFIG.md).
+"""
+import argparse
+import sys
+
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.utils.errors import ConfigValueError, DetectronError
+from detectron.utils.logging import setup_logging
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--cfg', '-c', dest='cfg_file', default=None, help='config file (YAML)')
+    parser.add_argument('--multi-gpu-testing', action='store_true',
+                        help='split the images over NUM_GPUS GPUs and merge the detections')
+    parser.add_argument('--range', type=int, nargs=2, metavar=('START', 'END'), default=None,
+                        help='test only images START (inclusive) to END (exclusive) of the one TEST.DATASETS '
+                             'entry and write detection_range_START_END.pkl')
+    parser.add_argument('--vis', action='store_true', help='also draw the detections (sets VIS True)')
+    parser.add_argument('--print-config', action='store_true', help='print the merged config, then exit')
+    parser.add_argument('opts', nargs=argparse.REMAINDER,
+                        help='config overrides as KEY VALUE pairs, e.g. TEST.WEIGHTS model.pkl TEST.NMS 0.5')
+    if not argv:
+        parser.print_help()
+        sys.exit(1)
+    args = parser.parse_args(argv)
+    if args.range is not None and not 0 <= args.range[0] < args.range[1]:
+        parser.error('--range needs 0 <= START < END, got {} {}'.format(*args.range))
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    setup_logging(__name__)
+    if args.cfg_file is not None:
+        merge_cfg_from_file(args.cfg_file)
+    merge_cfg_from_list(args.opts + (['VIS', 'True'] if args.vis else []))
+    assert_and_infer_cfg()
+    if args.print_config:
+        print(cfg.dump())
+        return
+    if not cfg.TEST.WEIGHTS:
+        raise ConfigValueError('TEST.WEIGHTS is empty: name the model to test, e.g. TEST.WEIGHTS model_final.pth')
+    from detectron.core import test_engine
+    test_engine.run_inference(cfg.TEST.WEIGHTS, ind_range=args.range, multi_gpu_testing=args.multi_gpu_testing)
+
+
+if __name__ == '__main__':
+    try:
+        main(sys.argv[1:])
+    except DetectronError as err:
+        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
+        sys.exit(2)

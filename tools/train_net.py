@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+r"""Train a detector from a config, then test the final model (Detectron's tools/train_net.py).
+
+Examples:
+    python tools/train_net.py --cfg configs/getting_started/tutorial_1gpu_e2e_faster_rcnn_R-50-FPN.yaml \
+        OUTPUT_DIR /tmp/detectron-output
+    python tools/train_net.py -c configs/e2e_faster_rcnn_R-50-FPN_2x.yaml --print-config NUM_GPUS 2
+
+Trailing KEY VALUE pairs override the config file (see docs/CONFIG.md).
+"""
+import argparse
+import sys
+
+from detectron.core.config import (assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_file,
+                                   merge_cfg_from_list, scale_schedule_to_global_batch)
+from detectron.utils.errors import DetectronError
+from detectron.utils.logging import setup_logging
+from detectron.utils.lr_policy import describe_schedule
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--cfg', '-c', dest='cfg_file', default=None,
+                        help='config file (YAML) for training and, unless --skip-test, testing')
+    parser.add_argument('--multi-gpu-testing', action='store_true',
+                        help='test the final model on NUM_GPUS GPUs at once instead of one')
+    parser.add_argument('--skip-test', action='store_true', help='do not test the final model')
+    parser.add_argument('--print-config', action='store_true',
+                        help='print the merged config and the training schedule, then exit')
+    parser.add_argument('opts', nargs=argparse.REMAINDER,
+                        help='config overrides as KEY VALUE pairs, e.g. SOLVER.BASE_LR 0.01 NUM_GPUS 2')
+    if not argv:
+        parser.print_help()
+        sys.exit(1)
+    return parser.parse_args(argv)
+
+
+def main(argv):
+    args = parse_args(argv)
+    logger = setup_logging(__name__)
+    if args.cfg_file is not None:
+        merge_cfg_from_file(args.cfg_file)
+    merge_cfg_from_list(args.opts)
+    scale_schedule_to_global_batch(images_per_iter())
+    assert_and_infer_cfg()
+    if args.print_config:
+        print(cfg.dump())
+        print('\n'.join(describe_schedule()))
+        return
+    for line in describe_schedule():
+        logger.info(line)
+    from detectron.core import test_engine, train_engine
+    checkpoints = train_engine.train_model()
+    if not args.skip_test:
+        test_engine.run_inference(checkpoints['final'], multi_gpu_testing=args.multi_gpu_testing)
+
+
+if __name__ == '__main__':
+    try:
+        main(sys.argv[1:])
+    except DetectronError as err:
+        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
+        sys.exit(2)
