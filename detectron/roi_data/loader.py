@@ -6,6 +6,10 @@ images and a batch sampler (roi_data/samplers.py) decides which images form each
 Reproducibility: the training scale of an image is drawn from a RandomState seeded by
 (seed, iteration, roidb index), so batches do not depend on the number of workers or on which
 worker built them, and a resumed run draws the same scales as an uninterrupted one.
+
+Unreadable images: a worker returns the DatasetError instead of raising it, and the loader raises
+it in the main process. Raised in a worker, DataLoader would re-raise it with the worker's whole
+traceback as its message, and the user should read one line naming the file.
 """
 
 import functools
@@ -17,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from detectron.roi_data.minibatch import collate_minibatch, prepare_training_image, read_image
+from detectron.utils.errors import DatasetError
 
 # The only roidb fields a training worker needs; the rest (gt_overlaps, segms, ...) stays behind.
 _TRAINING_KEYS = ('image', 'flipped', 'boxes', 'gt_classes', 'is_crowd')
@@ -72,7 +77,16 @@ class TrainingImageDataset(Dataset):
     def __getitem__(self, key):
         iteration, index = key
         target_size = self._scales[scale_rng(self._seed, iteration, index).randint(len(self._scales))]
-        return prepare_training_image(self._entries[index], target_size, self._max_size, self._pixel_means)
+        try:
+            return prepare_training_image(self._entries[index], target_size, self._max_size,
+                                          self._pixel_means)
+        except DatasetError as err:
+            return err
+
+
+def _collate_or_error(items, stride):
+    errors = [item for item in items if isinstance(item, DatasetError)]
+    return errors[0] if errors else collate_minibatch(items, stride)
 
 
 class IterationTaggedBatches:
@@ -87,6 +101,19 @@ class IterationTaggedBatches:
             yield [(iteration, int(index)) for index in batch]
 
 
+class RaisingLoader:
+    """Iterates a DataLoader, raising the DatasetErrors its workers returned."""
+
+    def __init__(self, data_loader):
+        self.data_loader = data_loader
+
+    def __iter__(self):
+        for item in self.data_loader:
+            if isinstance(item, DatasetError):
+                raise item
+            yield item
+
+
 def _limit_worker_threads(worker_id):
     # Each worker resizes its own images; OpenCV's own thread pool in every worker would
     # oversubscribe the CPU cores the workers already share.
@@ -95,24 +122,24 @@ def _limit_worker_threads(worker_id):
 
 def build_train_loader(roidb, batch_sampler, scales, max_size, pixel_means, stride, num_workers, seed,
                        start_iter=0):
-    """DataLoader yielding (images, im_info, targets) training batches (docs/DESIGN.md contract).
+    """Iterable of (images, im_info, targets) training batches (docs/DESIGN.md contract).
 
     batch_sampler: iterable of roidb index lists for this process (GroupedDistributedBatchSampler),
     started at start_iter; start_iter must match so resumed runs draw the same scales.
     """
     dataset = TrainingImageDataset(roidb, scales, max_size, pixel_means, seed)
-    return DataLoader(
+    return RaisingLoader(DataLoader(
         dataset,
         batch_sampler=IterationTaggedBatches(batch_sampler, start_iter),
-        collate_fn=functools.partial(collate_minibatch, stride=stride),
+        collate_fn=functools.partial(_collate_or_error, stride=stride),
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
         worker_init_fn=_limit_worker_threads,
-    )
+    ))
 
 
-class TestImageDataset(Dataset):
+class InferenceImageDataset(Dataset):
     """Original BGR uint8 images with their roidb index; the test engine does its own resizing."""
 
     def __init__(self, roidb):
@@ -122,7 +149,10 @@ class TestImageDataset(Dataset):
         return len(self._paths)
 
     def __getitem__(self, index):
-        return read_image(self._paths[index]), index
+        try:
+            return read_image(self._paths[index]), index
+        except DatasetError as err:
+            return err
 
 
 def _unchanged(sample):
@@ -131,12 +161,12 @@ def _unchanged(sample):
 
 
 def build_test_loader(roidb, indices, num_workers):
-    """DataLoader yielding (BGR uint8 HxWx3 image, roidb index) for `indices`, in their order."""
-    return DataLoader(
-        TestImageDataset(roidb),
+    """Iterable of (BGR uint8 HxWx3 image, roidb index) for `indices`, in their order."""
+    return RaisingLoader(DataLoader(
+        InferenceImageDataset(roidb),
         sampler=list(indices),
         batch_size=None,
         collate_fn=_unchanged,
         num_workers=num_workers,
         worker_init_fn=_limit_worker_threads,
-    )
+    ))

@@ -1,0 +1,142 @@
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detectron.roi_data.loader import (PackedList, aspect_ratio_groups, build_test_loader,
+                                       build_train_loader)
+from detectron.roi_data.minibatch import get_minibatch
+from detectron.utils.errors import DatasetError
+
+PIXEL_MEANS = (102.9801, 115.9465, 122.7717)
+SIZES = [(40, 60), (64, 40), (50, 50), (30, 90)]   # (height, width) of the tiny dataset's images
+
+
+@pytest.fixture
+def roidb(tmp_path):
+    rng = np.random.RandomState(0)
+    entries = []
+    for i, (height, width) in enumerate(SIZES):
+        path = tmp_path / 'im{}.png'.format(i)
+        assert cv2.imwrite(str(path), rng.randint(0, 256, (height, width, 3)).astype(np.uint8))
+        entries.append({
+            'image': str(path), 'height': height, 'width': width, 'flipped': i % 2 == 1,
+            'boxes': np.array([[1, 2, 10, 12], [3, 3, 8, 9]], dtype=np.float32) + i,
+            'gt_classes': np.array([i + 1, 0], dtype=np.int32),
+            'is_crowd': np.array([i == 3, False]),
+            'max_overlaps': np.ones(2, dtype=np.float32),
+            'gt_overlaps': np.zeros((2, 81), dtype=np.float32),   # heavy field the loader must not need
+        })
+    return entries
+
+
+BATCHES = [[0, 2], [1, 3], [3, 0], [2, 1], [0, 1], [2, 3]]
+SCALES = (16, 24, 32, 40)
+
+
+def _train_loader(roidb, batches=BATCHES, num_workers=0, seed=3, start_iter=0, scales=SCALES):
+    return build_train_loader(roidb, batches, scales=scales, max_size=1000, pixel_means=PIXEL_MEANS,
+                              stride=32, num_workers=num_workers, seed=seed, start_iter=start_iter)
+
+
+def _assert_batches_equal(first, second):
+    assert len(first) == len(second)
+    for (images_a, info_a, targets_a), (images_b, info_b, targets_b) in zip(first, second):
+        assert torch.equal(images_a, images_b)
+        assert torch.equal(info_a, info_b)
+        for ta, tb in zip(targets_a, targets_b):
+            assert all(torch.equal(ta[k], tb[k]) for k in ('boxes', 'classes', 'is_crowd'))
+
+
+def test_aspect_ratio_groups(roidb):
+    # 60 wide x 40 high, 40x64, 50x50 (square counts as horizontal), 90x30.
+    assert aspect_ratio_groups(roidb) == [True, False, True, True]
+
+
+def test_packed_list_round_trip():
+    objects = [{'image': 'a.jpg', 'boxes': np.arange(8.0).reshape(2, 4)}, 'b', 3]
+    packed = PackedList(objects)
+    assert len(packed) == 3
+    np.testing.assert_array_equal(packed[0]['boxes'], objects[0]['boxes'])
+    assert packed[0]['image'] == 'a.jpg'
+    assert (packed[1], packed[2]) == ('b', 3)
+    assert len(PackedList([])) == 0
+
+
+def test_train_batches_follow_the_contract(roidb):
+    batches = list(_train_loader(roidb))
+    assert len(batches) == len(BATCHES)
+    for indices, (images, im_info, targets) in zip(BATCHES, batches):
+        assert images.dtype == torch.float32 and im_info.dtype == torch.float32
+        assert images.shape[:2] == (2, 3)
+        assert images.shape[2] % 32 == 0 and images.shape[3] % 32 == 0
+        assert im_info.shape == (2, 3)
+        for i, index in enumerate(indices):
+            height, width = SIZES[index]
+            scale = im_info[i, 2].item()
+            assert round(min(height, width) * scale) in SCALES
+            assert im_info[i, :2].tolist() == [round(height * scale), round(width * scale)]
+            assert images.shape[2] >= im_info[i, 0] and images.shape[3] >= im_info[i, 1]
+        assert [t['classes'].tolist() for t in targets] == [[index + 1] for index in indices]
+        for t, index in zip(targets, indices):
+            assert t['boxes'].dtype == torch.float32 and t['boxes'].tolist() == [
+                [1 + index, 2 + index, 10 + index, 12 + index]]
+            assert t['classes'].dtype == torch.int64
+            assert t['is_crowd'].dtype == torch.bool and t['is_crowd'].tolist() == [index == 3]
+
+
+def test_loader_batch_equals_get_minibatch(roidb):
+    # With one training scale there is nothing random: both paths must give identical tensors.
+    loaded = list(_train_loader(roidb, batches=[[1, 3]], scales=(24,)))
+    direct = get_minibatch([roidb[1], roidb[3]], (24,), 1000, PIXEL_MEANS, 32, np.random.RandomState(0))
+    _assert_batches_equal(loaded, [direct])
+
+
+def test_same_seed_same_batches_whatever_the_workers(roidb):
+    in_process = list(_train_loader(roidb, num_workers=0))
+    with_workers = list(_train_loader(roidb, num_workers=2))
+    _assert_batches_equal(in_process, with_workers)
+
+
+def test_scale_draws_depend_on_seed_and_iteration(roidb):
+    # Image 0 at twelve iterations: one draw per iteration, so its scale varies over them.
+    repeated = [[0, 1]] * 12
+    draws = torch.cat([info for _, info, _ in _train_loader(roidb, batches=repeated)])[0::2, 2]
+    other_seed = torch.cat([info for _, info, _ in _train_loader(roidb, batches=repeated, seed=4)])[0::2, 2]
+    short_sides = {round(40 * s) for s in draws.tolist()}
+    assert len(short_sides) > 1 and short_sides <= set(SCALES)
+    assert not torch.equal(draws, other_seed)
+
+
+def test_resumed_loader_repeats_the_uninterrupted_run(roidb):
+    full = list(_train_loader(roidb))
+    resumed = list(_train_loader(roidb, batches=BATCHES[2:], start_iter=2))
+    _assert_batches_equal(full[2:], resumed)
+
+
+@pytest.mark.parametrize('num_workers', [0, 1])
+def test_corrupt_image_raises_one_line_dataset_error_naming_it(roidb, tmp_path, num_workers):
+    corrupt = tmp_path / 'corrupt.jpg'
+    corrupt.write_bytes(b'\x00not an image')
+    roidb[2]['image'] = str(corrupt)
+    with pytest.raises(DatasetError) as info:
+        list(_train_loader(roidb, batches=[[0, 1], [0, 2]], num_workers=num_workers))
+    assert str(corrupt) in str(info.value)
+    assert '\n' not in str(info.value)
+
+
+def test_missing_test_image_raises_one_line_dataset_error_naming_it(roidb):
+    missing = roidb[1]['image'] + '.gone'
+    roidb[1]['image'] = missing
+    with pytest.raises(DatasetError) as info:
+        list(build_test_loader(roidb, [0, 1, 2], num_workers=1))
+    assert missing in str(info.value)
+    assert '\n' not in str(info.value)
+
+
+def test_test_loader_yields_original_bgr_images_in_order(roidb):
+    loaded = list(build_test_loader(roidb, [2, 0, 3], num_workers=1))
+    assert [index for _, index in loaded] == [2, 0, 3]
+    for image, index in loaded:
+        assert isinstance(image, np.ndarray) and image.dtype == np.uint8
+        np.testing.assert_array_equal(image, cv2.imread(roidb[index]['image']))

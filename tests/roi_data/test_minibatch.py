@@ -1,0 +1,122 @@
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detectron.roi_data.minibatch import get_minibatch, gt_targets, read_image
+from detectron.utils.errors import DatasetError
+
+PIXEL_MEANS = (102.9801, 115.9465, 122.7717)
+
+
+def _entry(path, height, width, boxes=((0, 0, 1, 1),), classes=(1,), crowd=(False,), flipped=False):
+    return {'image': str(path), 'height': height, 'width': width, 'flipped': flipped,
+            'boxes': np.array(boxes, dtype=np.float32).reshape(-1, 4),
+            'gt_classes': np.array(classes, dtype=np.int32),
+            'is_crowd': np.array(crowd, dtype=bool)}
+
+
+def _write(path, im):
+    assert cv2.imwrite(str(path), im)
+    return path
+
+
+def test_read_image_returns_bgr_pixels(tmp_path):
+    im = np.zeros((5, 7, 3), dtype=np.uint8)
+    im[..., 0], im[..., 2] = 10, 250   # blue 10, red 250
+    read = read_image(str(_write(tmp_path / 'a.png', im)))
+    assert read.dtype == np.uint8
+    np.testing.assert_array_equal(read, im)
+
+
+def test_read_image_missing_file_names_it(tmp_path):
+    path = str(tmp_path / 'missing.jpg')
+    with pytest.raises(DatasetError, match='missing.jpg'):
+        read_image(path)
+
+
+def test_read_image_corrupt_file_names_it(tmp_path):
+    path = tmp_path / 'corrupt.jpg'
+    path.write_bytes(b'this is not a jpeg')
+    with pytest.raises(DatasetError) as info:
+        read_image(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_flipped_pixels_match_flipped_boxes(tmp_path):
+    # A bright rectangle covering columns 5..19 and rows 10..29 (inclusive) of a 48x64 image.
+    im = np.zeros((48, 64, 3), dtype=np.uint8)
+    im[10:30, 5:20] = 255
+    path = _write(tmp_path / 'rect.png', im)
+    # Detectron's roidb flip: x1' = W - x2 - 1 = 64 - 19 - 1, x2' = W - x1 - 1 = 64 - 5 - 1.
+    entry = _entry(path, 48, 64, boxes=[(44, 10, 58, 29)], flipped=True)
+    images, im_info, targets = get_minibatch([entry], (48,), 1000, np.zeros(3), 1,
+                                             np.random.RandomState(0))
+    assert im_info[0].tolist() == [48, 64, 1.0]
+    bright = (images[0] == 255).all(dim=0)
+    x1, y1, x2, y2 = targets[0]['boxes'][0].int().tolist()
+    assert (x1, y1, x2, y2) == (44, 10, 58, 29)
+    assert bright[y1:y2 + 1, x1:x2 + 1].all()
+    assert bright.sum() == (x2 - x1 + 1) * (y2 - y1 + 1)
+
+
+def test_training_im_info_is_unpadded_scaled_size(tmp_path):
+    path = _write(tmp_path / 'black.png', np.zeros((333, 500, 3), dtype=np.uint8))
+    images, im_info, _ = get_minibatch([_entry(path, 333, 500)], (600,), 1000, PIXEL_MEANS, 32,
+                                       np.random.RandomState(0))
+    scale = 600 / 333
+    # 333 * s = 600 and 500 * s = 900.9 -> 901; the blob is padded to 608 x 928.
+    assert im_info.dtype == torch.float32
+    torch.testing.assert_close(im_info, torch.tensor([[600.0, 901.0, scale]]), rtol=0, atol=1e-6)
+    assert images.shape == (1, 3, 608, 928)
+    assert images.dtype == torch.float32
+    # Black pixels become -mean in BGR order inside the image; the padding stays zero.
+    expected = -torch.tensor(PIXEL_MEANS, dtype=torch.float32).view(3, 1, 1).expand(3, 600, 901)
+    torch.testing.assert_close(images[0, :, :600, :901], expected, rtol=0, atol=1e-4)
+    assert not images[0, :, 600:, :].any()
+    assert not images[0, :, :, 901:].any()
+
+
+def test_batch_is_padded_to_largest_image(tmp_path):
+    wide = _write(tmp_path / 'wide.png', np.zeros((40, 100, 3), dtype=np.uint8))
+    tall = _write(tmp_path / 'tall.png', np.zeros((90, 30, 3), dtype=np.uint8))
+    entries = [_entry(wide, 40, 100), _entry(tall, 90, 30)]
+    images, im_info, targets = get_minibatch(entries, (20,), 1000, PIXEL_MEANS, 32,
+                                             np.random.RandomState(0))
+    # wide: scale 0.5 -> 20 x 50; tall: scale 2/3 -> 60 x 20; padded to 64 x 64.
+    assert images.shape == (2, 3, 64, 64)
+    torch.testing.assert_close(im_info, torch.tensor([[20.0, 50.0, 0.5], [60.0, 20.0, 2 / 3]]))
+    assert len(targets) == 2
+
+
+def test_targets_keep_only_gt_rows_with_contract_dtypes():
+    entry = {'boxes': np.array([[1, 2, 3, 4], [5, 6, 7, 8], [0, 0, 9, 9]], dtype=np.float32),
+             'gt_classes': np.array([3, 0, 7], dtype=np.int32),
+             'is_crowd': np.array([False, False, True])}
+    targets = gt_targets(entry)
+    assert targets['boxes'].dtype == torch.float32
+    assert targets['classes'].dtype == torch.int64
+    assert targets['is_crowd'].dtype == torch.bool
+    assert targets['boxes'].tolist() == [[1, 2, 3, 4], [0, 0, 9, 9]]
+    assert targets['classes'].tolist() == [3, 7]
+    assert targets['is_crowd'].tolist() == [False, True]
+
+
+def test_targets_of_an_image_without_gt_are_empty():
+    entry = {'boxes': np.zeros((0, 4), dtype=np.float32), 'gt_classes': np.zeros(0, dtype=np.int32),
+             'is_crowd': np.zeros(0, dtype=bool)}
+    targets = gt_targets(entry)
+    assert targets['boxes'].shape == (0, 4)
+    assert targets['classes'].shape == (0,)
+
+
+def test_training_scales_are_drawn_like_detectron(tmp_path):
+    # Detectron draws np.random.randint(0, len(SCALES), size=num_images) once per minibatch.
+    paths = [_write(tmp_path / '{}.png'.format(i), np.zeros((10, 20, 3), dtype=np.uint8))
+             for i in range(6)]
+    scales = (10, 20, 30)
+    entries = [_entry(p, 10, 20) for p in paths]
+    _, im_info, _ = get_minibatch(entries, scales, 1000, PIXEL_MEANS, 32, np.random.RandomState(7))
+    drawn = np.random.RandomState(7).randint(0, len(scales), size=6)
+    assert im_info[:, 0].tolist() == [float(scales[i]) for i in drawn]
+    assert len(set(im_info[:, 0].tolist())) > 1

@@ -1,0 +1,119 @@
+import cv2
+import numpy as np
+import pytest
+
+from detectron.utils.blob import (get_image_blob, im_list_to_blob, padded_size, prep_im_for_blob,
+                                  resize_scale)
+
+PIXEL_MEANS = np.array([[[102.9801, 115.9465, 122.7717]]])
+
+
+@pytest.mark.parametrize('height, width, target, max_size, expected', [
+    (480, 640, 600, 1000, 1.25),             # short side 480 -> 600, long side 800 fits
+    (640, 480, 600, 1000, 1.25),             # portrait: same rule on the short side
+    (300, 1200, 600, 1000, 1000 / 1200),     # long side would be 2400: capped
+    (601, 1002, 600, 1000, 600 / 601),       # long side 1000.33 rounds to 1000: not capped
+    (599, 999, 600, 1000, 1000 / 999),       # long side 1000.67 rounds to 1001: capped
+    (600, 1000, 600, 1000, 1.0),
+])
+def test_resize_scale(height, width, target, max_size, expected):
+    assert resize_scale(height, width, target, max_size) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize('height, width, target, expected_shape', [
+    (480, 640, 600, (600, 800)),
+    (300, 1200, 600, (250, 1000)),
+    (601, 1002, 600, (600, 1000)),
+    (333, 500, 600, (600, 901)),   # 500 * 600/333 = 900.9
+])
+def test_prep_im_for_blob_output_size(height, width, target, expected_shape):
+    im = np.zeros((height, width, 3), dtype=np.uint8)
+    ims, scales = prep_im_for_blob(im, PIXEL_MEANS, [target], 1000)
+    assert ims[0].shape == expected_shape + (3,)
+    assert ims[0].dtype == np.float32
+    assert len(scales) == 1
+
+
+def test_prep_im_for_blob_one_output_per_target_size():
+    im = np.zeros((100, 200, 3), dtype=np.uint8)
+    ims, scales = prep_im_for_blob(im, PIXEL_MEANS, [50, 200], 1000)
+    assert [i.shape for i in ims] == [(50, 100, 3), (200, 400, 3)]
+    assert scales == [0.5, 2.0]
+
+
+def test_pixel_means_are_subtracted_per_bgr_channel_without_std():
+    im = np.empty((4, 6, 3), dtype=np.uint8)
+    im[..., 0], im[..., 1], im[..., 2] = 200, 100, 50   # B, G, R
+    ims, _ = prep_im_for_blob(im, PIXEL_MEANS, [4], 1000)
+    expected = np.array([200 - 102.9801, 100 - 115.9465, 50 - 122.7717], dtype=np.float32)
+    np.testing.assert_allclose(ims[0], np.broadcast_to(expected, (4, 6, 3)), rtol=0, atol=1e-5)
+
+
+def test_mean_subtraction_is_bitwise_detectrons_cv2_subtract():
+    # Detectron subtracts with cv2.subtract on a float32 image; scale 1 makes cv2.resize a copy.
+    im = np.random.RandomState(0).randint(0, 256, (20, 30, 3)).astype(np.uint8)
+    ims, scales = prep_im_for_blob(im, PIXEL_MEANS, [20], 1000)
+    detectron = cv2.subtract(im.astype(np.float32), PIXEL_MEANS.reshape(1, 3))
+    assert scales == [1.0]
+    np.testing.assert_array_equal(ims[0], detectron)
+
+
+def _bilinear_half_pixel(src, scale):
+    """Plain-loop bilinear resize, pixel centres at +0.5, borders replicated (cv2 INTER_LINEAR)."""
+    out_h, out_w = int(round(src.shape[0] * scale)), int(round(src.shape[1] * scale))
+    out = np.zeros((out_h, out_w) + src.shape[2:], dtype=np.float64)
+    for y in range(out_h):
+        sy = min(max((y + 0.5) / scale - 0.5, 0), src.shape[0] - 1)
+        y0 = int(np.floor(sy))
+        y1, fy = min(y0 + 1, src.shape[0] - 1), sy - y0
+        for x in range(out_w):
+            sx = min(max((x + 0.5) / scale - 0.5, 0), src.shape[1] - 1)
+            x0 = int(np.floor(sx))
+            x1, fx = min(x0 + 1, src.shape[1] - 1), sx - x0
+            top = src[y0, x0] * (1 - fx) + src[y0, x1] * fx
+            bottom = src[y1, x0] * (1 - fx) + src[y1, x1] * fx
+            out[y, x] = top * (1 - fy) + bottom * fy
+    return out
+
+
+def test_resize_is_bilinear():
+    im = np.random.RandomState(1).randint(0, 256, (4, 5, 3)).astype(np.uint8)
+    ims, scales = prep_im_for_blob(im, np.zeros(3), [8], 1000)
+    assert scales == [2.0]
+    np.testing.assert_allclose(ims[0], _bilinear_half_pixel(im.astype(np.float64), 2.0), atol=1e-3)
+
+
+@pytest.mark.parametrize('stride, expected', [(32, (64, 64)), (1, (45, 50)), (0, (45, 50)), (16, (48, 64))])
+def test_im_list_to_blob_pads_to_stride(stride, expected):
+    rng = np.random.RandomState(2)
+    ims = [rng.uniform(-5, 5, (30, 50, 3)).astype(np.float32),
+           rng.uniform(-5, 5, (45, 20, 3)).astype(np.float32)]
+    blob = im_list_to_blob(ims, stride)
+    assert blob.shape == (2, 3) + expected
+    assert blob.dtype == np.float32
+    for i, im in enumerate(ims):
+        h, w = im.shape[:2]
+        for c in range(3):
+            np.testing.assert_array_equal(blob[i, c, :h, :w], im[:, :, c])
+        # Everything outside the image (bottom and right) is zero.
+        assert not blob[i, :, h:, :].any()
+        assert not blob[i, :, :, w:].any()
+
+
+def test_padded_size():
+    assert padded_size(600, 800, 32) == (608, 800)
+    assert padded_size(250, 1000, 32) == (256, 1024)
+    assert padded_size(250, 1000, 1) == (250, 1000)
+
+
+def test_get_image_blob_uses_padded_size_in_im_info():
+    im = np.zeros((480, 640, 3), dtype=np.uint8)
+    blob, im_scale, im_info = get_image_blob(im, 600, 1000, PIXEL_MEANS, 32)
+    assert blob.shape == (1, 3, 608, 800)
+    assert im_scale == 1.25
+    assert im_info.dtype == np.float32
+    np.testing.assert_array_equal(im_info, np.array([[608, 800, 1.25]], dtype=np.float32))
+    # The image occupies the top 600 rows (value -mean), the padding rows are zero.
+    np.testing.assert_allclose(blob[0, :, :600, :], np.broadcast_to(
+        -PIXEL_MEANS.reshape(3, 1, 1), (3, 600, 800)), atol=1e-4)
+    assert not blob[0, :, 600:, :].any()
