@@ -1,0 +1,53 @@
+"""The training roidb: one or more datasets, their flipped copies, images without usable gt removed."""
+
+import logging
+
+import numpy as np
+
+from detectron.datasets.json_dataset import JsonDataset
+from detectron.utils import boxes as box_utils
+
+logger = logging.getLogger(__name__)
+
+
+def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1):
+    """Concatenated gt roidb of `dataset_names` (a name or a sequence), ready for training.
+
+    With use_flipped every dataset's entries are followed by their horizontally flipped copies
+    (Detectron's TRAIN.USE_FLIPPED); gt_min_area is Detectron's TRAIN.GT_MIN_AREA.
+    """
+    if isinstance(dataset_names, str):
+        dataset_names = (dataset_names,)
+    roidb = []
+    for name in dataset_names:
+        dataset_roidb = JsonDataset(name).get_roidb(gt=True, gt_min_area=gt_min_area)
+        if use_flipped:
+            logger.info('Appending horizontally-flipped training examples...')
+            dataset_roidb.extend(flipped_entries(dataset_roidb))
+        logger.info('Loaded dataset: {} ({} entries)'.format(name, len(dataset_roidb)))
+        roidb.extend(dataset_roidb)
+    return filter_for_training(roidb)
+
+
+def flipped_entries(roidb):
+    """Horizontally flipped copies of the entries: boxes mirrored, flipped=True, rest shared."""
+    flipped = []
+    for entry in roidb:
+        flipped_entry = dict(entry)
+        flipped_entry['boxes'] = box_utils.flip_boxes(entry['boxes'], entry['width'])
+        flipped_entry['flipped'] = True
+        flipped.append(flipped_entry)
+    return flipped
+
+
+def filter_for_training(roidb):
+    """Drop entries with no non-crowd gt box.
+
+    Detectron keeps an entry when some RoI is fg (max overlap >= FG_THRESH) or bg (in
+    [BG_THRESH_LO, BG_THRESH_HI)); in a gt-only roidb non-crowd boxes have overlap 1 and crowd
+    boxes -1, so that rule reduces to this one whenever FG_THRESH <= 1 and BG_THRESH_LO > -1.
+    """
+    filtered = [e for e in roidb if np.any((e['gt_classes'] > 0) & ~e['is_crowd'])]
+    logger.info('Filtered {} roidb entries: {} -> {}'.format(
+        len(roidb) - len(filtered), len(roidb), len(filtered)))
+    return filtered
