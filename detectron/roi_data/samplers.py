@@ -1,0 +1,121 @@
+"""Which dataset entries each process reads: training batches and inference ranges.
+
+Training: one global stream of batches that depends only on (seed, global batch size, groups); each
+rank takes a fixed slice of every global batch. Hence
+- all ranks agree without communicating, and no entry is used twice within an epoch;
+- the stream is the same whatever the number of processes, as long as the global batch is: a run
+  resumed at iteration k on another number of GPUs sees what the uninterrupted run would have seen;
+- the position is just the iteration number: batch k is computed directly, nothing is replayed.
+
+Inference: Detectron's np.array_split ranges (contiguous, the first n % k one larger, no padding), so
+merging the per-rank results in rank order gives the single-process order.
+"""
+import numpy as np
+
+from detectron.utils.errors import ConfigValueError
+
+
+class GroupedDistributedBatchSampler:
+    """Infinite iterator over this rank's training batches (lists of dataset indices).
+
+    aspect_ratios: one group id (bool or int) per dataset entry; a batch only holds entries of one
+      group. Detectron's ASPECT_GROUPING uses width >= height; pass one constant to disable grouping.
+    ims_per_batch: images per rank per iteration (TRAIN.IMS_PER_BATCH).
+    seed: the stream's seed, identical on all ranks.
+    rank_batch_sizes: per-rank sizes that may differ (CenterNet's chunk sizes); overrides
+      ims_per_batch. The global batch is their sum.
+    start_iter: the first global batch to yield (resume).
+
+    Epoch e (a pass over the data) follows Detectron's roi_data/loader.py _shuffle_roidb_inds, with the
+    global batch in place of the per-GPU one: shuffle each group, drop each group's remainder modulo
+    the global batch, cut into global batches, shuffle the batch order. The generator of epoch e is
+    seeded with (seed, e), so epochs differ and a run is reproducible. Up to (global batch - 1)
+    entries per group are left out of each epoch (a different random few every epoch).
+    With shuffle=False every epoch is the dataset order, group by group.
+    """
+
+    def __init__(self, aspect_ratios, ims_per_batch, seed, rank, world_size, shuffle=True,
+                 rank_batch_sizes=None, start_iter=0):
+        sizes = list(rank_batch_sizes) if rank_batch_sizes is not None else [ims_per_batch] * world_size
+        _check_rank_sizes(sizes, rank, world_size)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.start_iter = start_iter
+        self.global_batch_size = sum(sizes)
+        self._rank_slice = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
+        _, self._group_of_entry = np.unique(np.asarray(aspect_ratios), return_inverse=True)
+        self._group_of_entry = self._group_of_entry.reshape(-1)
+        self.batches_per_epoch = _batches_per_epoch(self._group_of_entry, self.global_batch_size)
+        self._epoch_cache = (None, None)
+
+    def __iter__(self):
+        iteration = self.start_iter
+        while True:
+            yield self.global_batch(iteration)[self._rank_slice].tolist()
+            iteration += 1
+
+    def global_batch(self, iteration):
+        """Dataset indices of global batch `iteration`, all ranks' slices in rank order."""
+        epoch, position = divmod(iteration, self.batches_per_epoch)
+        return self._epoch_batches(epoch)[position]
+
+    def _epoch_batches(self, epoch):
+        cached_epoch, batches = self._epoch_cache
+        if cached_epoch != epoch:
+            batches = _grouped_batches(self._group_of_entry, self.global_batch_size,
+                                       np.random.default_rng([self.seed, epoch]) if self.shuffle else None)
+            self._epoch_cache = (epoch, batches)
+        return batches
+
+
+def _check_rank_sizes(sizes, rank, world_size):
+    if len(sizes) != world_size:
+        raise ConfigValueError('{} per-rank batch sizes given for {} processes; give one per process'
+                               .format(len(sizes), world_size))
+    if min(sizes) < 1:
+        raise ConfigValueError('per-rank batch sizes {} must all be >= 1'.format(sizes))
+    if not 0 <= rank < world_size:
+        raise ValueError('rank {} is outside world size {}'.format(rank, world_size))
+
+
+def _batches_per_epoch(group_of_entry, global_batch_size):
+    group_sizes = np.bincount(group_of_entry)
+    batches = int((group_sizes // global_batch_size).sum())
+    if batches == 0:
+        raise ConfigValueError(
+            'no image group fills one global batch of {} images (group sizes {}); lower '
+            'TRAIN.IMS_PER_BATCH / NUM_GPUS or turn off TRAIN.ASPECT_GROUPING'
+            .format(global_batch_size, group_sizes.tolist()))
+    return batches
+
+
+def _grouped_batches(group_of_entry, global_batch_size, rng):
+    """(batches_per_epoch, global_batch_size) array of one epoch; rng None keeps the data order."""
+    per_group = []
+    for group in range(group_of_entry.max() + 1):
+        members = np.flatnonzero(group_of_entry == group)
+        if rng is not None:
+            members = rng.permutation(members)
+        per_group.append(members[:len(members) // global_batch_size * global_batch_size])
+    batches = np.concatenate(per_group).reshape(-1, global_batch_size)
+    return batches[rng.permutation(len(batches))] if rng is not None else batches
+
+
+def inference_ranges(num_items, num_parts):
+    """Detectron's np.array_split ranges as [(start, end)]: 10 over 3 -> (0, 4), (4, 7), (7, 10)."""
+    base, larger = divmod(num_items, num_parts)
+    bounds = np.cumsum([0] + [base + 1] * larger + [base] * (num_parts - larger))
+    return [(int(start), int(end)) for start, end in zip(bounds[:-1], bounds[1:])]
+
+
+class InferenceSampler:
+    """This rank's contiguous range of inference_ranges(num_items, world_size), in order."""
+
+    def __init__(self, num_items, rank, world_size):
+        self.start, self.end = inference_ranges(num_items, world_size)[rank]
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+    def __len__(self):
+        return self.end - self.start

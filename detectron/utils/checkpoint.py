@@ -1,0 +1,192 @@
+"""Training checkpoints: write atomically, find the newest, load, resume.
+
+Starting from a file means one of two different things; they are separate functions on purpose:
+- `resume_from(path, model, optimizer)` continues an interrupted run: model, optimizer (momentum),
+  iteration, RNG states and, through the iteration, the sampler position. The learning rate is not
+  stored: as in Detectron it is recomputed from the iteration.
+- Initialising from weights (TRAIN.WEIGHTS: a Detectron .pkl, torchvision weights or a
+  model_final.pth) loads model tensors only and starts at iteration 0 with a fresh optimizer; that is
+  detectron/utils/c2_weights.py's `load_weights`, not this module.
+
+In a multi-process run only rank 0 writes (the caller checks `is_main_process()`; the functions here
+do not look at the rank) and every rank reads, into CPU memory first, so that no rank puts a copy of
+the file on GPU 0. Files hold only tensors, numbers, strings and plain containers, so they load with
+torch.load(weights_only=True): reading a checkpoint never runs pickled code.
+"""
+import logging
+import os
+import random
+import re
+
+import numpy as np
+import torch
+
+from detectron.utils.distributed import all_gather_object, get_rank, get_world_size, unwrap_model
+from detectron.utils.errors import WeightsError
+from detectron.utils.io import _write_atomically
+
+logger = logging.getLogger(__name__)
+
+FINAL_CHECKPOINT_NAME = 'model_final.pth'
+_ITERATION_CHECKPOINT = re.compile(r'^model_iter(\d+)\.pth$')
+_PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
+
+
+def checkpoint_name(iteration):
+    """Detectron's name for the checkpoint written after iteration `iteration` (0-based)."""
+    return 'model_iter{}.pth'.format(iteration)
+
+
+def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=None, sampler_state=None):
+    """Write a training checkpoint to path atomically (rank 0 only; see the module doc).
+
+    iteration: the last completed iteration, Detectron's N of model_iterN; a resume starts at N + 1.
+    rng_states: {rank: state} from gather_rng_states(), a collective every rank calls before rank 0
+      saves; by default only this process's state is stored.
+    sampler_state: plain values that must match on resume, e.g. {'seed': s, 'global_batch_size': g}.
+    extra: plain data to keep alongside, e.g. {'cfg': cfg.dump()}.
+    Readers see the old file or the complete new one, never a partial file.
+    """
+    _check_plain(extra, 'extra')
+    _check_plain(sampler_state, 'sampler_state')
+    checkpoint = {
+        'model': unwrap_model(model).state_dict(),
+        'optimizer': optimizer.state_dict(),
+        'iteration': int(iteration),
+        'world_size': get_world_size(),
+        'rng_states': rng_states if rng_states is not None else {get_rank(): capture_rng_state()},
+        'sampler': sampler_state,
+        'extra': extra if extra is not None else {},
+    }
+    _write_atomically(path, lambda f: torch.save(checkpoint, f))
+
+
+def _check_plain(value, where):
+    # Exact types: a dict subclass such as a CfgNode would need unpickling code to load.
+    if type(value) not in _PLAIN_TYPES and not isinstance(value, torch.Tensor):
+        raise TypeError('{} is a {}; checkpoints hold only dicts, lists, tuples, strings, numbers, '
+                        'None and tensors (pass cfg.dump(), not cfg)'.format(where, type(value).__name__))
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        _check_plain(item, '{}[{!r}]'.format(where, key))
+
+
+def find_last_checkpoint(output_dir):
+    """model_final.pth if present (training is complete), else the model_iter{N}.pth with the
+    largest N, else None. Unfinished temporary files are never returned."""
+    if not os.path.isdir(output_dir):
+        return None
+    names = os.listdir(output_dir)
+    if FINAL_CHECKPOINT_NAME in names:
+        return os.path.join(output_dir, FINAL_CHECKPOINT_NAME)
+    iterations = [int(m.group(1)) for m in map(_ITERATION_CHECKPOINT.match, names) if m]
+    return os.path.join(output_dir, checkpoint_name(max(iterations))) if iterations else None
+
+
+def load_checkpoint(path, model, optimizer=None):
+    """Load model (and optimizer) state and this rank's RNG state from path; return the checkpoint.
+
+    The returned dict has 'iteration', 'world_size', 'sampler' and 'extra'. Works whatever the world
+    size of the saving run; RNG states are restored only when it is the same (see restore_rng_states).
+    """
+    checkpoint = _read(path)
+    _load_model_state(unwrap_model(model), checkpoint['model'], path)
+    if optimizer is not None:
+        # Optimizer.load_state_dict moves the state (momentum) to each parameter's device.
+        optimizer.load_state_dict(checkpoint['optimizer'])
+    restore_rng_states(checkpoint['rng_states'], checkpoint['world_size'])
+    return checkpoint
+
+
+def resume_from(path, model, optimizer, sampler_state=None):
+    """Continue the run saved at path; returns the iteration to start at (saved iteration + 1).
+
+    sampler_state: this run's, compared with the saved one: a different seed or global batch means
+    the data order no longer continues the interrupted run (a warning, not an error: changing the
+    global batch together with the schedule is a legitimate choice).
+    """
+    checkpoint = load_checkpoint(path, model, optimizer)
+    saved = checkpoint['sampler']
+    if sampler_state is not None and saved is not None and saved != sampler_state:
+        logger.warning('Resuming %s with sampler state %s, but it was saved with %s: the data order '
+                       'does not continue the interrupted run', path, sampler_state, saved)
+    return checkpoint['iteration'] + 1
+
+
+def _read(path):
+    if not os.path.isfile(path):
+        raise WeightsError('checkpoint {} does not exist'.format(path))
+    try:
+        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # torch reports a wrong format with several exception types
+        raise WeightsError('{} is not a readable checkpoint ({}); only files written by '
+                           'save_checkpoint can be resumed'.format(path, e)) from e
+    keys = set(checkpoint) if isinstance(checkpoint, dict) else set()
+    missing = sorted({'model', 'optimizer', 'iteration', 'world_size', 'rng_states'} - keys)
+    if missing:
+        raise WeightsError('{} is not a training checkpoint (it lacks {}); to start from its weights '
+                           'use TRAIN.WEIGHTS instead of resuming'.format(path, ', '.join(missing)))
+    return checkpoint
+
+
+def _load_model_state(model, state_dict, path):
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    mismatched = ['{} {} vs {}'.format(k, tuple(v.shape), tuple(own[k].shape))
+                  for k, v in state_dict.items() if k in own and v.shape != own[k].shape]
+    if missing or unexpected or mismatched:
+        raise WeightsError('checkpoint {} does not fit the model (missing {}, unexpected {}, shape '
+                           'mismatches {}); resume with the config that wrote it'.format(
+                               path, missing[:5], unexpected[:5], mismatched[:5]))
+    model.load_state_dict(state_dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# RNG states
+
+def capture_rng_state():
+    """This process's python, numpy, torch CPU and (if in use) current CUDA device generator states."""
+    _, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state = {
+        'python': random.getstate(),
+        # numpy's array becomes a list: weights_only loading accepts no numpy objects.
+        'numpy': {'keys': keys.tolist(), 'position': int(position), 'has_gauss': int(has_gauss),
+                  'cached_gaussian': float(cached_gaussian)},
+        'torch': torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state):
+    """Inverse of capture_rng_state (the CUDA state only if present and CUDA is in use)."""
+    random.setstate(state['python'])
+    numpy_state = state['numpy']
+    np.random.set_state(('MT19937', np.asarray(numpy_state['keys'], dtype=np.uint32),
+                         numpy_state['position'], numpy_state['has_gauss'], numpy_state['cached_gaussian']))
+    torch.set_rng_state(state['torch'])
+    if 'cuda' in state and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state['cuda'])
+
+
+def gather_rng_states():
+    """{rank: capture_rng_state()} of every rank, on every rank. A collective: all ranks call it."""
+    return dict(enumerate(all_gather_object(capture_rng_state())))
+
+
+def restore_rng_states(rng_states, saved_world_size):
+    """Give this rank its saved RNG state, if the saving run had the same world size and saved it.
+
+    Otherwise the generators keep their seeded state: with another number of processes the random
+    streams cannot continue those of the interrupted run anyway.
+    """
+    rank = get_rank()
+    if saved_world_size != get_world_size() or rank not in rng_states:
+        logger.info('Rank %d keeps its seeded RNG state (checkpoint saved by %d processes with states '
+                    'of ranks %s, this run has %d)', rank, saved_world_size, sorted(rng_states),
+                    get_world_size())
+        return
+    set_rng_state(rng_states[rank])

@@ -1,0 +1,441 @@
+"""One process per GPU: start the workers, join them into a torch.distributed job, small collectives.
+
+A job starts in one of three ways (docs/MULTI_GPU.md has the commands):
+- a launcher (torchrun, or SLURM's srun) already started one process per GPU and put the rank and
+  world size in the environment: `launch` joins that job in the calling process;
+- `NUM_GPUS N` (N > 1) and no launcher: `launch` spawns N local workers and watches them, so that one
+  worker dying stops the others at once and the caller gets that worker's error;
+- `NUM_GPUS 1`: `main_fn` runs in the calling process, without a process group.
+Every helper below also works in the last case (world size 1, no process group).
+
+Nothing here reads the config; the engines pass plain values.
+"""
+import atexit
+import datetime
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import random
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing
+
+from detectron.utils.errors import DetectronError, LaunchError
+
+logger = logging.getLogger(__name__)
+
+# Bounds a collective that waits for a rank that never arrives (e.g. a dead node in a multi-node job).
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+# After one spawned worker fails, the others get this long to exit on SIGTERM before SIGKILL.
+TERMINATE_GRACE_S = 10.0
+
+TORCHRUN_VARIABLES = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_LOCALID', 'MASTER_ADDR', 'MASTER_PORT')
+
+_LOG_FORMAT = '%(levelname)s %(filename)s:%(lineno)4d: %(message)s'  # Detectron's
+
+
+class WorkerError(RuntimeError):
+    """A worker of a launched job failed; the message names its rank and carries its traceback."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Where this process sits in the job."""
+    rank: int
+    world_size: int
+    local_rank: int
+    source: str  # who started the process: 'torchrun', 'SLURM', 'launch' or 'single process'
+
+
+@dataclass(frozen=True)
+class _LaunchOptions:
+    backend: str
+    init_method: str
+    timeout: datetime.timedelta
+    device_type: str
+    seed: object  # int or None
+
+
+_state = {'local_rank': 0, 'device': None, 'object_group': None}
+
+
+# ----------------------------------------------------------------------------------------------
+# launch
+
+def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout=DEFAULT_TIMEOUT,
+           device=None, seed=None):
+    """Run main_fn(*args) in every process of the job and return its result on rank 0.
+
+    num_processes: NUM_GPUS, the processes wanted when no launcher started the job.
+    backend: default 'nccl' on CUDA, 'gloo' on CPU.
+    dist_url: rendezvous address; default env:// (the launcher's MASTER_ADDR/PORT, or a free port
+      on 127.0.0.1 for spawned workers).
+    device: 'cuda', 'cpu' or None (CUDA when available).
+    seed: if given, every worker seeds python, numpy and torch with seed + rank before main_fn.
+    Under torchrun/SLURM each process returns its own result. Spawned workers need main_fn and args
+    picklable (a module-level function) and send back rank 0's result by pickle.
+    """
+    device_type = _resolve_device_type(device)
+    backend = backend or ('nccl' if device_type == 'cuda' else 'gloo')
+    if backend == 'nccl' and device_type != 'cuda':
+        raise LaunchError("backend 'nccl' needs CUDA GPUs but the device is {!r}; use backend "
+                          "'gloo' for CPU runs".format(device_type))
+    job = job_from_environment()
+    if job is not None:
+        if num_processes != job.world_size:
+            logger.warning('NUM_GPUS is %d but %s started %d processes; using world size %d',
+                           num_processes, job.source, job.world_size, job.world_size)
+        _check_visible_gpus(device_type, job.local_rank + 1,
+                            'LOCAL_RANK {} (from {})'.format(job.local_rank, job.source))
+        options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed)
+        return _run_worker(main_fn, args, job, options)
+    _check_visible_gpus(device_type, num_processes, 'NUM_GPUS {}'.format(num_processes))
+    if num_processes == 1:
+        options = _LaunchOptions(backend, None, timeout, device_type, seed)
+        return _run_worker(main_fn, args, JobSpec(0, 1, 0, 'single process'), options)
+    port = _free_local_port()
+    options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed)
+    return _spawn_and_watch(main_fn, args, num_processes, options, port)
+
+
+def job_from_environment(environ=None):
+    """The JobSpec a launcher put in the environment (torchrun, then SLURM), or None.
+
+    SLURM counts only with more than one task: a single-task allocation may still spawn NUM_GPUS
+    workers itself.
+    """
+    environ = os.environ if environ is None else environ
+    if any(name in environ for name in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')):
+        _require_variables(environ, TORCHRUN_VARIABLES, 'torchrun-style')
+        return JobSpec(int(environ['RANK']), int(environ['WORLD_SIZE']), int(environ['LOCAL_RANK']),
+                       'torchrun')
+    if int(environ.get('SLURM_NTASKS', '1')) > 1:
+        _require_variables(environ, SLURM_VARIABLES, 'SLURM')
+        return JobSpec(int(environ['SLURM_PROCID']), int(environ['SLURM_NTASKS']),
+                       int(environ['SLURM_LOCALID']), 'SLURM')
+    return None
+
+
+def _require_variables(environ, names, kind):
+    missing = [name for name in names if name not in environ]
+    if missing:
+        raise LaunchError('the environment describes a {} distributed job but lacks {}; set them '
+                          '(docs/MULTI_GPU.md) or unset the others to let NUM_GPUS start local workers'
+                          .format(kind, ', '.join(missing)))
+
+
+def _resolve_device_type(device):
+    if device is None:
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    if device not in ('cuda', 'cpu'):
+        raise LaunchError("device must be 'cuda' or 'cpu', got {!r}".format(device))
+    return device
+
+
+def _check_visible_gpus(device_type, needed, asked_by):
+    # Checked before any process starts, so the user never sees "invalid device ordinal".
+    if device_type != 'cuda':
+        return
+    count = torch.cuda.device_count()  # honours CUDA_VISIBLE_DEVICES
+    if needed <= count:
+        return
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+    where = ' (CUDA_VISIBLE_DEVICES={})'.format(visible) if visible is not None else ''
+    raise LaunchError('{} needs {} GPU{} but only {} {} visible{}; ask for at most {} or free/expose '
+                      'more GPUs'.format(asked_by, needed, 's' if needed > 1 else '', count,
+                                         'is' if count == 1 else 'are', where, count))
+
+
+def _free_local_port():
+    # The port is free now; another program could take it before the workers bind it (rare).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# one worker
+
+def _run_worker(main_fn, args, job, options):
+    """Bind the device, join the process group, seed, log, then run main_fn."""
+    _bind_device(options.device_type, job.local_rank)
+    _configure_worker_logging(job.rank)
+    # Under torchrun one process may launch twice (train, then test): the group of the first stays.
+    if job.source != 'single process' and not _in_process_group():
+        _init_process_group(job, options)
+    _log_identity(job, options)
+    if job.rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    if options.seed is not None:
+        seed_all_rngs(options.seed + job.rank)
+    return main_fn(*args)
+
+
+def _bind_device(device_type, local_rank):
+    _state['local_rank'] = local_rank
+    if device_type == 'cuda':
+        # Before any CUDA work, or every rank would create a context (and buffers) on GPU 0.
+        torch.cuda.set_device(local_rank)
+        _state['device'] = torch.device('cuda', local_rank)
+    else:
+        _state['device'] = torch.device('cpu')
+
+
+def _configure_worker_logging(rank):
+    root = logging.getLogger()
+    if root.handlers:  # the tool's own set-up (in-process and torchrun runs) stays
+        return
+    # A freshly spawned worker: Detectron's format on stdout, ranks other than 0 marked.
+    handler = logging.StreamHandler(sys.stdout)
+    prefix = '[rank {}] '.format(rank) if rank else ''
+    handler.setFormatter(logging.Formatter(prefix + _LOG_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def _init_process_group(job, options):
+    dist.init_process_group(backend=options.backend, init_method=options.init_method, rank=job.rank,
+                            world_size=job.world_size, timeout=options.timeout)
+    if options.backend != 'gloo':
+        # Python objects (e.g. detections) travel through host memory, not GPU buffers.
+        _state['object_group'] = dist.new_group(backend='gloo', timeout=options.timeout)
+    atexit.register(_destroy_process_group)
+    # A first collective: NCCL/network problems show up now, not in the middle of iteration 0.
+    synchronize()
+
+
+def _destroy_process_group():
+    if _in_process_group():
+        dist.destroy_process_group()
+    _state['object_group'] = None
+
+
+def _log_identity(job, options):
+    if job.source == 'single process':
+        logger.info('Single process (world size 1, no process group), device %s', get_device())
+        return
+    logger.info('Distributed job from %s: world size %d, rank %d, local rank %d, backend %s, device %s',
+                job.source, job.world_size, job.rank, job.local_rank, options.backend, get_device())
+
+
+def seed_all_rngs(seed):
+    """Seed python's, numpy's and torch's (CPU and every CUDA device) global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------
+# spawned workers and their watcher
+
+def _spawn_and_watch(main_fn, args, num_processes, options, port):
+    context = torch.multiprocessing.get_context('spawn')
+    with tempfile.TemporaryDirectory(prefix='detectron_launch_') as report_dir:
+        workers = [context.Process(target=_spawned_worker, name='rank{}'.format(rank),
+                                   args=(rank, num_processes, port, main_fn, args, options, report_dir))
+                   for rank in range(num_processes)]
+        for worker in workers:
+            worker.start()
+        try:
+            failed = _wait_for_first_failures(workers)
+        finally:
+            _stop(workers)
+        if failed:
+            _raise_worker_failure(failed, workers, report_dir)
+        return _read_report(report_dir, 0)['result']
+
+
+def _spawned_worker(rank, world_size, port, main_fn, args, options, report_dir):
+    # The same variables torchrun sets, so env:// and anything reading them sees a normal job.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    if options.device_type == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # workers share the cores
+    try:
+        result = _run_worker(main_fn, args, JobSpec(rank, world_size, rank, 'launch'), options)
+        _write_report(report_dir, rank, {'result': result if rank == 0 else None})
+    except BaseException as err:  # Ctrl-C and SystemExit end this rank too: report them
+        _write_report(report_dir, rank, _failure_report(err))
+        _exit_now(1)
+
+
+def _failure_report(err):
+    report = {'time': time.time(), 'error': '{}: {}'.format(type(err).__name__, err),
+              'traceback': traceback.format_exc(), 'user_error': None}
+    if isinstance(err, DetectronError):
+        try:
+            report['user_error'] = pickle.dumps(err)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            pass
+    return report
+
+
+def _exit_now(code):
+    # os._exit: a stuck non-daemon thread (e.g. a data-loader feeder) must not keep a failed rank alive.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _write_report(report_dir, rank, report):
+    path = os.path.join(report_dir, 'rank{}.pkl'.format(rank))
+    with open(path + '.tmp', 'wb') as f:
+        pickle.dump(report, f)
+    os.replace(path + '.tmp', path)
+
+
+def _read_report(report_dir, rank):
+    path = os.path.join(report_dir, 'rank{}.pkl'.format(rank))
+    if not os.path.exists(path):
+        return None
+    with open(path, 'rb') as f:
+        return pickle.load(f)
+
+
+def _wait_for_first_failures(workers):
+    """Block until every worker exits cleanly (-> []) or some exit non-zero (-> their ranks)."""
+    running = {worker.sentinel: rank for rank, worker in enumerate(workers)}
+    while running:
+        ready = multiprocessing.connection.wait(list(running))
+        exited = sorted(running.pop(sentinel) for sentinel in ready)
+        for rank in exited:
+            workers[rank].join()
+        failed = [rank for rank in exited if workers[rank].exitcode != 0]
+        if failed:
+            return failed
+    return []
+
+
+def _stop(workers):
+    alive = [worker for worker in workers if worker.is_alive()]
+    for worker in alive:
+        worker.terminate()
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    for worker in alive:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    for worker in alive:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
+def _raise_worker_failure(failed, workers, report_dir):
+    """Raise the error of the worker that failed first (the others usually failed because of it)."""
+    reports = {rank: _read_report(report_dir, rank) for rank in failed}
+    # A worker killed by a signal leaves no report and is the cause (the OOM killer, a user's kill);
+    # among Python errors the earliest is the cause, later ones are peers losing their connection.
+    killed = [rank for rank in failed if reports[rank] is None]
+    rank = killed[0] if killed else min(failed, key=lambda r: reports[r]['time'])
+    report, exitcode, world_size = reports[rank], workers[rank].exitcode, len(workers)
+    if report is None:
+        raise WorkerError(_describe_exit(rank, world_size, exitcode))
+    if report['user_error'] is not None:
+        user_error = pickle.loads(report['user_error'])
+        raise type(user_error)('rank {}: {}'.format(rank, user_error))
+    raise WorkerError('worker rank {} of {} failed with {}\n\nTraceback of rank {}:\n{}'.format(
+        rank, world_size, report['error'], rank, report['traceback']))
+
+
+def _describe_exit(rank, world_size, exitcode):
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        hint = ' (often the out-of-memory killer; see dmesg)' if name == 'SIGKILL' else ''
+        return 'worker rank {} of {} was killed by {}{}'.format(rank, world_size, name, hint)
+    return 'worker rank {} of {} exited with code {} without a Python error'.format(rank, world_size, exitcode)
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers for code running inside a job (all work with world size 1 and no process group)
+
+def _in_process_group():
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_world_size():
+    return dist.get_world_size() if _in_process_group() else 1
+
+
+def get_rank():
+    return dist.get_rank() if _in_process_group() else 0
+
+
+def get_local_rank():
+    """Index of this process on its machine (= its GPU index)."""
+    return _state['local_rank']
+
+
+def is_main_process():
+    return get_rank() == 0
+
+
+def get_device():
+    """The device launch bound this worker to; outside launch, the current CUDA device or the CPU."""
+    if _state['device'] is not None:
+        return _state['device']
+    return torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device('cpu')
+
+
+def synchronize():
+    """Barrier across all ranks."""
+    if get_world_size() == 1:
+        return
+    if dist.get_backend() == 'nccl':
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+def all_gather_object(obj):
+    """List of every rank's picklable obj, in rank order (through host memory)."""
+    if get_world_size() == 1:
+        return [obj]
+    gathered = [None] * get_world_size()
+    dist.all_gather_object(gathered, obj, group=_state['object_group'])
+    return gathered
+
+
+def broadcast_object(obj, src=0):
+    """Rank src's obj, on every rank."""
+    if get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=_state['object_group'])
+    return box[0]
+
+
+def reduce_dict(tensors, average=True):
+    """{name: scalar tensor} summed (or averaged) over ranks, on every rank, without a host sync.
+
+    Detectron logs each loss summed over GPUs after a 1/NUM_GPUS scaling, i.e. the average here.
+    """
+    if get_world_size() == 1:
+        return {name: value.detach() for name, value in tensors.items()}
+    names = sorted(tensors)  # the same order on every rank
+    stacked = torch.stack([tensors[name].detach().reshape(()).float() for name in names])
+    dist.all_reduce(stacked)
+    if average:
+        stacked /= get_world_size()
+    return dict(zip(names, stacked.unbind()))
+
+
+def shared_random_seed():
+    """A random int drawn by rank 0 and shared by all ranks (every rank draws, keeping RNGs in step)."""
+    return broadcast_object(int(np.random.randint(2 ** 31)))
+
+
+def unwrap_model(model):
+    """The module inside a DistributedDataParallel / DataParallel wrapper (or model itself)."""
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    return model.module if isinstance(model, wrappers) else model
