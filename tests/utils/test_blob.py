@@ -44,7 +44,8 @@ def test_prep_im_for_blob_one_output_per_target_size():
 def test_pixel_means_are_subtracted_per_bgr_channel_without_std():
     im = np.empty((4, 6, 3), dtype=np.uint8)
     im[..., 0], im[..., 1], im[..., 2] = 200, 100, 50   # B, G, R
-    ims, _ = prep_im_for_blob(im, PIXEL_MEANS, [4], 1000)
+    cfg_shaped_means = (((102.9801, 115.9465, 122.7717),),)   # how cfg.PIXEL_MEANS stores them
+    ims, _ = prep_im_for_blob(im, cfg_shaped_means, [4], 1000)
     expected = np.array([200 - 102.9801, 100 - 115.9465, 50 - 122.7717], dtype=np.float32)
     np.testing.assert_allclose(ims[0], np.broadcast_to(expected, (4, 6, 3)), rtol=0, atol=1e-5)
 
