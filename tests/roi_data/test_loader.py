@@ -1,3 +1,5 @@
+import itertools
+
 import cv2
 import numpy as np
 import pytest
@@ -6,10 +8,11 @@ import torch
 from detectron.roi_data.loader import (PackedList, aspect_ratio_groups, build_test_loader,
                                        build_train_loader)
 from detectron.roi_data.minibatch import get_minibatch
+from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
 
 PIXEL_MEANS = (102.9801, 115.9465, 122.7717)
-SIZES = [(40, 60), (64, 40), (50, 50), (30, 90)]   # (height, width) of the tiny dataset's images
+SIZES = [(40, 60), (64, 40), (50, 50), (30, 90), (70, 20), (20, 70)]   # (height, width) of the tiny dataset's images
 
 
 @pytest.fixture
@@ -49,8 +52,8 @@ def _assert_batches_equal(first, second):
 
 
 def test_aspect_ratio_groups(roidb):
-    # 60 wide x 40 high, 40x64, 50x50 (square counts as horizontal), 90x30.
-    assert aspect_ratio_groups(roidb) == [True, False, True, True]
+    # 60 wide x 40 high, 40x64, 50x50 (square counts as horizontal), 90x30, 20x70, 70x20.
+    assert aspect_ratio_groups(roidb) == [True, False, True, True, False, True]
 
 
 def test_packed_list_round_trip():
@@ -140,3 +143,31 @@ def test_test_loader_yields_original_bgr_images_in_order(roidb):
     for image, index in loaded:
         assert isinstance(image, np.ndarray) and image.dtype == np.uint8
         np.testing.assert_array_equal(image, cv2.imread(roidb[index]['image']))
+
+
+def _indices_of(targets):
+    return [int(t['classes'][0]) - 1 for t in targets]   # the fixture gives entry i class i + 1
+
+
+def test_grouped_sampler_batches_hold_one_orientation(roidb):
+    sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), 2, seed=5, rank=0, world_size=1)
+    for _, im_info, targets in itertools.islice(_train_loader(roidb, batches=sampler), 8):
+        landscape = (im_info[:, 1] >= im_info[:, 0]).tolist()
+        assert landscape[0] == landscape[1]
+        assert [SIZES[i][1] >= SIZES[i][0] for i in _indices_of(targets)] == landscape
+
+
+def test_scales_do_not_depend_on_the_number_of_ranks(roidb):
+    # One rank with 2 images per batch and two ranks with 1 each see the same global batches,
+    # and each image gets the same scale in both runs.
+    groups = aspect_ratio_groups(roidb)
+
+    def run(rank, world_size):
+        sampler = GroupedDistributedBatchSampler(groups, 2 // world_size, seed=5, rank=rank,
+                                                 world_size=world_size)
+        return list(itertools.islice(_train_loader(roidb, batches=sampler), 6))
+
+    single, rank0, rank1 = run(0, 1), run(0, 2), run(1, 2)
+    for (_, info, targets), (_, info0, targets0), (_, info1, targets1) in zip(single, rank0, rank1):
+        assert _indices_of(targets) == _indices_of(targets0) + _indices_of(targets1)
+        assert torch.equal(info, torch.cat([info0, info1]))
