@@ -12,7 +12,8 @@ from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
 
 PIXEL_MEANS = (102.9801, 115.9465, 122.7717)
-SIZES = [(40, 60), (64, 40), (50, 50), (30, 90), (70, 20), (20, 70)]   # (height, width) of the tiny dataset's images
+# (height, width) of the tiny dataset's images
+SIZES = [(40, 60), (64, 40), (50, 50), (30, 90), (70, 20), (20, 70)]
 
 
 @pytest.fixture
