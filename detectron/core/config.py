@@ -786,7 +786,7 @@ def _load_yaml_file(path):
     try:
         return load_cfg(text)
     except yaml.YAMLError as err:
-        raise ConfigValueError('Malformed YAML in {}: {}'.format(path, _describe_yaml_error(err)))
+        raise ConfigValueError('Invalid YAML in {}: {}'.format(path, _describe_yaml_error(err)))
 
 
 def _describe_yaml_error(err):
