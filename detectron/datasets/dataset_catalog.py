@@ -207,7 +207,8 @@ def _read_catalog_file(path):
             '{{image_directory, annotation_file}}.'.format(path)
         )
     base_dir = os.path.dirname(os.path.abspath(path))
-    return {name: _catalog_file_entry(path, base_dir, name, entry) for name, entry in content.items()}
+    return {name: _catalog_file_entry(path, base_dir, name, entry)
+            for name, entry in content.items()}
 
 
 def _catalog_file_entry(path, base_dir, name, entry):

@@ -80,7 +80,8 @@ class JsonDataset(object):
         anns = [a for a in anns if a['area'] >= gt_min_area and a.get('ignore', 0) != 1]
         # Float64 as Detectron's per-box Python arithmetic; the validity test runs before the
         # float32 cast so borderline boxes are kept or dropped exactly as there.
-        boxes = box_utils.xywh_to_xyxy(np.array([a['bbox'] for a in anns], np.float64).reshape(-1, 4))
+        xywh = np.array([a['bbox'] for a in anns], dtype=np.float64).reshape(-1, 4)
+        boxes = box_utils.xywh_to_xyxy(xywh)
         x1, y1, x2, y2 = box_utils.clip_xyxy_to_image(
             boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], entry['height'], entry['width']
         )

@@ -1,4 +1,4 @@
-"""The training roidb: one or more datasets, their flipped copies, images without usable gt removed."""
+"""The training roidb: datasets and their flipped copies, minus images without usable gt."""
 
 import logging
 

@@ -60,7 +60,7 @@ SPLITS = {
 
 
 def default_root():
-    """Where the dataset is cached: $DETECTRON_DATA_CACHE/shapes or ~/.cache/detectron-port/shapes."""
+    """Cache location: $DETECTRON_DATA_CACHE/shapes, default ~/.cache/detectron-port/shapes."""
     cache_dir = os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_DIR
     return os.path.abspath(os.path.join(os.path.expanduser(cache_dir), 'shapes'))
 

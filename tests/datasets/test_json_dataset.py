@@ -28,7 +28,7 @@ TINY_COCO = {
     'categories': [{'id': 7, 'name': 'dog'}, {'id': 3, 'name': 'cat'}],
     'annotations': [
         _ann(1, 10, 7, [10, 5, 20, 10], 200),             # -> [10, 5, 29, 14], class 1
-        _ann(2, 10, 3, [90, 40, 30, 20], 600),            # -> [90, 40, 119, 59] clipped [.., 99, 49]
+        _ann(2, 10, 3, [90, 40, 30, 20], 600),            # -> [90, 40, 119, 59] -> [.., 99, 49]
         _ann(3, 10, 7, [30, 30, 10, 10], 100, ignore=1),  # ignored
         _ann(4, 10, 7, [5, 5, 0.5, 10], 5),               # width < 1: x2 == x1, dropped
         _ann(5, 10, 3, [1, 1, 10, 10], 0),                # zero area, dropped
@@ -113,7 +113,8 @@ def test_training_roidb_flips_and_filters(tiny_dataset):
     roidb = combined_roidb_for_training(['tiny', 'tiny_again'])
     # Images 20 (crowd only) and 30 (no gt) are dropped, with their flipped copies.
     assert [(e['dataset'].name, e['id'], e['flipped']) for e in roidb] == [
-        ('tiny', 10, False), ('tiny', 10, True), ('tiny_again', 10, False), ('tiny_again', 10, True)]
+        ('tiny', 10, False), ('tiny', 10, True),
+        ('tiny_again', 10, False), ('tiny_again', 10, True)]
     original, flipped = roidb[0], roidb[1]
     np.testing.assert_array_equal(original['boxes'][:2], [[10, 5, 29, 14], [90, 40, 99, 49]])
     # W = 100: x1' = 100 - x2 - 1, x2' = 100 - x1 - 1

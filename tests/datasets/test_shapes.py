@@ -56,7 +56,8 @@ def test_default_root_follows_cache_env(monkeypatch, tmp_path):
 
 def test_concurrent_generation_leaves_one_complete_dataset(generated, tmp_path):
     root = str(tmp_path / 'shapes')
-    code = 'import sys; from detectron.datasets import shapes; print(shapes.ensure_shapes_dataset(sys.argv[1]))'
+    code = ('import sys; from detectron.datasets import shapes; '
+            'print(shapes.ensure_shapes_dataset(sys.argv[1]))')
     procs = [subprocess.Popen([sys.executable, '-c', code, root], cwd=REPO_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]

@@ -1,0 +1,145 @@
+"""COCO box evaluation of detections on a JsonDataset: Detectron's results json + COCOeval."""
+
+import contextlib
+import io
+import json
+import logging
+import os
+import uuid
+
+import numpy as np
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from detectron.utils import boxes as box_utils
+from detectron.utils.io import save_object
+
+logger = logging.getLogger(__name__)
+
+# The single-IoU AP lines KL-Loss reports after the standard summary (its README quotes AP90).
+EXTRA_AP_IOUS = (0.60, 0.70, 0.80, 0.85, 0.90, 0.95)
+
+
+def evaluate_boxes(json_dataset, all_boxes, output_dir, use_salt=True, cleanup=False):
+    """Write the results json, evaluate it with COCOeval and return the COCOeval.
+
+    all_boxes[cls][img] is an (N, 5) array (x1, y1, x2, y2, score) or [] for classes 1..K-1 and
+    images in ascending id order. Datasets whose name contains 'test' have no public annotations:
+    the json is written for submission and None is returned.
+    """
+    res_file = os.path.join(output_dir, 'bbox_' + json_dataset.name + '_results')
+    if use_salt:
+        res_file += '_{}'.format(uuid.uuid4())
+    res_file += '.json'
+    _write_coco_bbox_results_file(json_dataset, all_boxes, res_file)
+    if 'test' in json_dataset.name:
+        logger.warning('Bbox eval ignored as annotations are undisclosed on test: {} ignored'
+                       .format(json_dataset.name))
+        coco_eval = None
+    else:
+        coco_eval = _do_detection_eval(json_dataset, res_file, output_dir)
+    if cleanup:
+        os.remove(res_file)
+    return coco_eval
+
+
+def ap_at_iou(coco_eval, iou):
+    """AP at one IoU threshold: area 'all', 100 detections per image, -1 when undefined."""
+    return _mean_valid(_precision(coco_eval, iou, iou))
+
+
+def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file):
+    image_ids = json_dataset.get_image_ids()
+    results = []
+    for cls_ind in range(1, min(len(all_boxes), json_dataset.num_classes)):
+        if len(all_boxes[cls_ind]) != len(image_ids):
+            raise ValueError('all_boxes[{}] has {} images but dataset {} has {}'.format(
+                cls_ind, len(all_boxes[cls_ind]), json_dataset.name, len(image_ids)))
+        category_id = json_dataset.contiguous_category_id_to_json_id[cls_ind]
+        results.extend(_coco_bbox_results_one_category(all_boxes[cls_ind], image_ids, category_id))
+    logger.info('Writing bbox results json to: {}'.format(os.path.abspath(res_file)))
+    with open(res_file, 'w') as f:
+        json.dump(results, f)
+
+
+def _coco_bbox_results_one_category(boxes, image_ids, category_id):
+    results = []
+    for image_id, dets in zip(image_ids, boxes):
+        if len(dets) == 0:
+            continue
+        dets = np.asarray(dets, dtype=np.float64)
+        xywh = box_utils.xyxy_to_xywh(dets[:, :4]).tolist()
+        results.extend(
+            {'image_id': image_id, 'category_id': category_id, 'bbox': bbox, 'score': score}
+            for bbox, score in zip(xywh, dets[:, 4].tolist())
+        )
+    return results
+
+
+def _do_detection_eval(json_dataset, res_file, output_dir):
+    coco_eval = COCOeval(json_dataset.COCO, _load_results(json_dataset.COCO, res_file), 'bbox')
+    coco_eval.evaluate()
+    coco_eval.accumulate()
+    _log_detection_eval_metrics(json_dataset, coco_eval)
+    eval_file = os.path.join(output_dir, 'detection_results.pkl')
+    save_object(coco_eval, eval_file)
+    logger.info('Wrote json eval results to: {}'.format(eval_file))
+    return coco_eval
+
+
+def _load_results(coco_gt, res_file):
+    """COCO object of the results; pycocotools' loadRes cannot read an empty result list."""
+    with open(res_file) as f:
+        if json.load(f):
+            return coco_gt.loadRes(res_file)
+    coco_dt = COCO()
+    coco_dt.dataset = {'images': list(coco_gt.dataset['images']),
+                       'categories': list(coco_gt.dataset['categories']),
+                       'annotations': []}
+    coco_dt.createIndex()
+    return coco_dt
+
+
+def _log_detection_eval_metrics(json_dataset, coco_eval):
+    lo, hi = 0.50, 0.95
+    logger.info('~~~~ Mean and per-category AP @ IoU=[{:.2f},{:.2f}] ~~~~'.format(lo, hi))
+    precision = _precision(coco_eval, lo, hi)
+    logger.info('{:.1f}'.format(100 * _mean_valid(precision)))
+    for cls_ind in range(1, json_dataset.num_classes):
+        # precision's class axis has no background column
+        logger.info('{:.1f}'.format(100 * _mean_valid(precision[:, :, cls_ind - 1])))
+    logger.info('~~~~ Summary metrics ~~~~')
+    summary = io.StringIO()
+    with contextlib.redirect_stdout(summary):
+        coco_eval.summarize()
+    for line in summary.getvalue().splitlines():
+        logger.info(line)
+    for iou in EXTRA_AP_IOUS:
+        logger.info(' {:<18} {} @[ IoU={:<9} | area={:>6s} | maxDets={:>3d} ] = {:0.3f}'.format(
+            'Average Precision', '(AP)', '{:0.2f}'.format(iou), 'all', 100,
+            ap_at_iou(coco_eval, iou)))
+
+
+def _precision(coco_eval, iou_lo, iou_hi):
+    """Precision (iou, recall, class) for IoUs in [iou_lo, iou_hi], area 'all', maxDets 100."""
+    params = coco_eval.params
+    # pycocotools' thresholds come from linspace, so 0.6 etc. are matched with a tolerance.
+    ind_lo = _iou_index(params.iouThrs, iou_lo)
+    ind_hi = _iou_index(params.iouThrs, iou_hi)
+    area = params.areaRngLbl.index('all')
+    max_dets = params.maxDets.index(100)
+    return coco_eval.eval['precision'][ind_lo:ind_hi + 1, :, :, area, max_dets]
+
+
+def _iou_index(iou_thresholds, iou):
+    matches = np.where(np.abs(iou_thresholds - iou) < 1e-5)[0]
+    if len(matches) == 0:
+        raise ValueError('IoU {} is not one of the COCOeval thresholds {}'.format(
+            iou, iou_thresholds))
+    return matches[0]
+
+
+def _mean_valid(precision):
+    """Mean over entries pycocotools marks valid (> -1); -1 when there are none, as summarize()."""
+    valid = precision[precision > -1]
+    return float(np.mean(valid)) if valid.size else -1.0

@@ -1,0 +1,62 @@
+"""Dataset-level evaluation results in Detectron's {dataset: {task: {metric: value}}} form."""
+
+import logging
+from collections import OrderedDict
+
+from detectron.datasets import json_dataset_evaluator
+
+logger = logging.getLogger(__name__)
+
+# Metric name -> index in COCOeval.stats (the standard summary).
+_COCO_STATS_METRICS = (('AP', 0), ('AP50', 1), ('AP75', 2), ('APs', 3), ('APm', 4), ('APl', 5))
+
+
+def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True):
+    """Evaluate every task this port produces (boxes only; no masks or keypoints)."""
+    results = evaluate_boxes(dataset, all_boxes, output_dir, competition_mode)
+    logger.info('Evaluating bounding boxes is done!')
+    return results
+
+
+def evaluate_boxes(dataset, all_boxes, output_dir, competition_mode=True):
+    """COCO box AP of all_boxes on the JsonDataset `dataset`.
+
+    competition_mode is Detectron's TEST.COMPETITION_MODE: when False the results json gets a
+    unique name and is deleted after evaluation. Returns OrderedDict{dataset name: {'box':
+    OrderedDict of AP, AP50, AP75, APs, APm, APl, AP60, ..., AP95}}, every value -1 when the
+    dataset is not evaluated (a 'test' set).
+    """
+    logger.info('Evaluating detections')
+    coco_eval = json_dataset_evaluator.evaluate_boxes(
+        dataset, all_boxes, output_dir,
+        use_salt=not competition_mode, cleanup=not competition_mode,
+    )
+    box_results = OrderedDict([('box', _coco_eval_to_box_results(coco_eval))])
+    return OrderedDict([(dataset.name, box_results)])
+
+
+def log_copy_paste_friendly_results(results):
+    """Log results as 'copypaste: ' lines (comma separated names, then values) for spreadsheets."""
+    for dataset_name, tasks in results.items():
+        logger.info('copypaste: Dataset: {}'.format(dataset_name))
+        for task, metrics in tasks.items():
+            logger.info('copypaste: Task: {}'.format(task))
+            logger.info('copypaste: ' + ','.join(metrics.keys()))
+            logger.info('copypaste: ' + ','.join('{:.4f}'.format(v) for v in metrics.values()))
+
+
+def box_metric_names():
+    """Names of the box metrics, in the order evaluate_boxes reports them."""
+    return [name for name, _ in _COCO_STATS_METRICS] + [
+        'AP{:d}'.format(int(round(100 * iou))) for iou in json_dataset_evaluator.EXTRA_AP_IOUS
+    ]
+
+
+def _coco_eval_to_box_results(coco_eval):
+    if coco_eval is None:
+        return OrderedDict((name, -1) for name in box_metric_names())
+    values = [float(coco_eval.stats[i]) for _, i in _COCO_STATS_METRICS] + [
+        json_dataset_evaluator.ap_at_iou(coco_eval, iou)
+        for iou in json_dataset_evaluator.EXTRA_AP_IOUS
+    ]
+    return OrderedDict(zip(box_metric_names(), values))
