@@ -143,7 +143,8 @@ class ResNet(nn.Module):
         self.res_conv1_bn = make_norm(64)
         self.out_channels = self._add_stages(depth, make_norm, stride_1x1, num_groups,
                                              width_per_group)
-        self.frozen_module_names = ('conv1', 'res_conv1_bn') + STAGE_NAMES[:max(freeze_at - 1, 0)]
+        self.frozen_module_names = (
+            ('conv1', 'res_conv1_bn') + STAGE_NAMES[:freeze_at - 1] if freeze_at else ())
         for name in self.frozen_module_names:
             getattr(self, name).requires_grad_(False)
         self.train()

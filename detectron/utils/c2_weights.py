@@ -204,6 +204,22 @@ def detectron_blobs_to_state_dict(blobs, model_state_keys):
     return state_dict, unused
 
 
+def convert_detectron_blobs(blobs):
+    """Convert, without a model, every blob that has a counterpart in the port to its full-model
+    key (`conv_body.body.*`, `rpn.*`, ...), e.g. to write a .pth file.
+
+    Returns (state_dict, ignored blob names, unconverted blob names).
+    """
+    state_dict, ignored, unconverted = collections.OrderedDict(), [], []
+    for name, blob in blobs.items():
+        key = None if is_ignored_blob(name) else detectron_name_to_key(name)
+        if key is not None:
+            state_dict[key] = _blob_to_tensor(blob, name)
+        else:
+            (ignored if is_ignored_blob(name) else unconverted).append(name)
+    return state_dict, sorted(ignored), sorted(unconverted)
+
+
 def _blob_to_tensor(blob, name):
     if not isinstance(blob, np.ndarray):
         raise WeightsError('blob {} is a {}, not a numpy array; the weights file is damaged'
