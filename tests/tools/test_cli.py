@@ -1,0 +1,134 @@
+"""The command lines as a user runs them: help, --print-config, overrides, one-line errors."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TUTORIAL_8GPU = 'configs/getting_started/tutorial_8gpu_e2e_faster_rcnn_R-50-FPN.yaml'
+
+
+def _run(tool, *args):
+    return subprocess.run([sys.executable, os.path.join('tools', tool)] + list(args), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _load_tool(tool):
+    spec = importlib.util.spec_from_file_location(tool[:-3], os.path.join(REPO, 'tools', tool))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _printed_config(stdout):
+    """The YAML part of --print-config output (train_net appends the schedule after a blank line)."""
+    return yaml.safe_load(stdout.split('\n\nimages per iteration')[0])
+
+
+@pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
+def test_no_arguments_prints_help_and_exits_1(tool):
+    result = _run(tool)
+    assert result.returncode == 1
+    assert result.stdout.startswith('usage: {}'.format(tool))
+
+
+@pytest.mark.parametrize('tool, flags', [
+    ('train_net.py', ['--cfg CFG_FILE, -c CFG_FILE', '--multi-gpu-testing', '--skip-test', '--print-config', 'opts']),
+    ('test_net.py', ['--cfg CFG_FILE, -c CFG_FILE', '--multi-gpu-testing', '--range START END', '--vis',
+                     '--print-config', 'opts']),
+])
+def test_help_documents_every_argument(tool, flags):
+    result = _run(tool, '-h')
+    assert result.returncode == 0
+    for flag in flags:
+        assert flag in result.stdout
+
+
+def test_print_config_with_overrides_and_schedule():
+    result = _run('train_net.py', '-c', TUTORIAL_8GPU, '--print-config', 'NUM_GPUS', '2', 'SOLVER.BASE_LR', '0.005',
+                  'SOLVER.WARMUP_ITERS', '1000')
+    assert result.returncode == 0, result.stderr
+    printed = _printed_config(result.stdout)
+    assert printed['NUM_GPUS'] == 2
+    assert printed['SOLVER']['BASE_LR'] == 0.005
+    assert printed['SOLVER']['WARM_UP_ITERS'] == 1000
+    assert printed['MODEL']['CONV_BODY'] == 'FPN.add_fpn_ResNet50_conv5_body'
+    assert printed['RPN']['RPN_ON'] is True  # printed after assert_and_infer_cfg
+    assert 'images per iteration: 4 (NUM_GPUS 2 x TRAIN.IMS_PER_BATCH 2 x SOLVER.ITER_SIZE 1)' in result.stdout
+    assert 'LR step: iteration 3750 -> LR 0.0005' in result.stdout
+
+
+def test_print_config_applies_the_linear_scaling_rule():
+    result = _run('train_net.py', '--cfg', TUTORIAL_8GPU, '--print-config', 'SOLVER.REFERENCE_WORLD_BATCH', '16',
+                  'NUM_GPUS', '2')
+    assert result.returncode == 0, result.stderr
+    solver = _printed_config(result.stdout.split('\n', 1)[1])['SOLVER']  # first line: the scaling log
+    assert (solver['BASE_LR'], solver['MAX_ITER'], solver['STEPS']) == (0.005, 30000, [0, 15000, 20000])
+    assert 'SOLVER.MAX_ITER: 7500 -> 30000' in result.stdout.split('\n', 1)[0]
+
+
+def test_test_net_print_config_with_vis():
+    result = _run('test_net.py', '-c', TUTORIAL_8GPU, '--vis', '--print-config', 'TEST.NMS', '0.6')
+    assert result.returncode == 0, result.stderr
+    printed = _printed_config(result.stdout)
+    assert printed['VIS'] is True
+    assert printed['TEST']['NMS'] == 0.6
+
+
+@pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
+@pytest.mark.parametrize('args, message', [
+    (['SOLVER.BASE_LRR', '0.1'],
+     'error: Non-existent config key: SOLVER.BASE_LRR (from command line); closest valid key: SOLVER.BASE_LR'),
+    (['TEST.SCALE', '800.0'],
+     'error: Config key TEST.SCALE expects an integer (default: 600) but got float 800.0 (from command line)'),
+    (['--cfg', 'configs/no_such_file.yaml'], 'error: Cannot read config file configs/no_such_file.yaml: No such file'),
+    (['TEST.DATASET', 'coco_2014_minival'], 'error: Key TEST.DATASET was renamed to TEST.DATASETS;'),
+    (['NUM_GPUS'], 'error: Config overrides must come in KEY VALUE pairs'),
+])
+def test_user_errors_are_one_line(tool, args, message):
+    result = _run(tool, '--print-config', *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message)
+    assert result.stderr.count('\n') == 1
+    assert 'Traceback' not in result.stderr + result.stdout
+
+
+def test_malformed_yaml_is_one_line(tmp_path):
+    path = tmp_path / 'bad.yaml'
+    path.write_text('SOLVER:\n  BASE_LR: [0.1\n')
+    result = _run('train_net.py', '--cfg', str(path), '--print-config')
+    assert result.returncode == 2
+    assert result.stderr.startswith('error: Invalid YAML in {}: line 3, column 1: '.format(path))
+    assert result.stderr.count('\n') == 1
+    assert 'Traceback' not in result.stderr
+
+
+def test_test_net_without_weights_is_a_user_error():
+    result = _run('test_net.py', 'TEST.DATASETS', 'coco_2014_minival')
+    assert result.returncode == 2
+    assert result.stderr == 'error: TEST.WEIGHTS is empty: name the model to test, e.g. TEST.WEIGHTS model_final.pth\n'
+
+
+def test_range_parses_to_two_ints():
+    args = _load_tool('test_net.py').parse_args(['--range', '0', '5', '-c', 'x.yaml', 'TEST.NMS', '0.5'])
+    assert args.range == [0, 5]
+    assert args.cfg_file == 'x.yaml'
+    assert args.opts == ['TEST.NMS', '0.5']
+
+
+@pytest.mark.parametrize('bounds', [['5', '0'], ['3', '3'], ['-1', '4']])
+def test_range_must_be_increasing_and_non_negative(bounds, capsys):
+    with pytest.raises(SystemExit) as err:
+        _load_tool('test_net.py').parse_args(['--range'] + bounds)
+    assert err.value.code == 2
+    assert '--range needs 0 <= START < END' in capsys.readouterr().err
+
+
+def test_train_net_flags():
+    args = _load_tool('train_net.py').parse_args(['-c', 'a.yaml', '--skip-test', '--multi-gpu-testing', 'NUM_GPUS', '8'])
+    assert (args.cfg_file, args.skip_test, args.multi_gpu_testing, args.print_config) == ('a.yaml', True, True, False)
+    assert args.opts == ['NUM_GPUS', '8']
