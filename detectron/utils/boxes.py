@@ -66,16 +66,15 @@ def box_iou_t(boxes_a, boxes_b):
 def clip_tiled_boxes_t(boxes, height, width):
     """Clip (..., 4k) boxes to the image: x to [0, width - 1], y to [0, height - 1].
 
-    height and width may be numbers or 0-dim tensors (e.g. rows of im_info, kept on the device).
-    Returns a new tensor.
+    height and width may be numbers or 0-dim tensors (e.g. rows of im_info, kept on the device:
+    no host sync). Returns a new tensor.
     """
     if boxes.shape[-1] % 4 != 0:
         raise ValueError(f'boxes must have 4k columns (x1, y1, x2, y2 per box), got shape {tuple(boxes.shape)}')
-    size = torch.stack([torch.as_tensor(width, dtype=boxes.dtype, device=boxes.device),
-                        torch.as_tensor(height, dtype=boxes.dtype, device=boxes.device)])
-    # Columns alternate x, y, so pairs of columns clip against (width - 1, height - 1).
-    pairs = boxes.reshape(*boxes.shape[:-1], boxes.shape[-1] // 2, 2)
-    return torch.minimum(pairs, size - 1).clamp(min=0).reshape(boxes.shape)
+    # Upper bound first, then 0, in Detectron's order. Columns alternate x, y.
+    x = boxes[..., 0::2].clamp(max=width - 1).clamp(min=0)
+    y = boxes[..., 1::2].clamp(max=height - 1).clamp(min=0)
+    return torch.stack((x, y), dim=-1).reshape(boxes.shape)
 
 
 def bbox_transform_t(boxes, deltas, weights, xyxy=False, clip=DEFAULT_XFORM_CLIP,
