@@ -239,7 +239,8 @@ def clip_tiled_boxes(boxes, im_shape):
 
 
 def _coding_from_cfg():
-    # Read at call time: the coding is a global switch (cfg.XYXY) in KL-Loss.
+    # Read at every call, since KL-Loss switches the coding globally; imported here so that the
+    # torch functions, which take the coding as arguments, work without the config package.
     from detectron.core.config import cfg
     return dict(xyxy=bool(cfg.XYXY), clip=float(cfg.BBOX_XFORM_CLIP),
                 clip_xyxy=float(cfg.BBOX_XFORM_CLIPe))
@@ -248,9 +249,7 @@ def _coding_from_cfg():
 def bbox_transform(boxes, deltas, weights=(1.0, 1.0, 1.0, 1.0)):
     """Decode deltas (N, 4k) against boxes (N, 4) with the coding selected by cfg.XYXY and the
     clamps cfg.BBOX_XFORM_CLIP / cfg.BBOX_XFORM_CLIPe; see bbox_transform_t."""
-    deltas_t = _to_tensor(deltas)
-    pred = bbox_transform_t(_to_tensor(boxes), deltas_t, weights, **_coding_from_cfg())
-    return pred.numpy()
+    return bbox_transform_t(_to_tensor(boxes), _to_tensor(deltas), weights, **_coding_from_cfg()).numpy()
 
 
 def bbox_transform_inv(boxes, gt_boxes, weights=(1.0, 1.0, 1.0, 1.0)):
