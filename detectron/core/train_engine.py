@@ -155,7 +155,8 @@ class TrainLoop:
         loader = build_train_loader(
             roidb, sampler, scales=cfg.TRAIN.SCALES, max_size=cfg.TRAIN.MAX_SIZE,
             pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE,
-            num_workers=cfg.DATA_LOADER.NUM_THREADS, seed=cfg.RNG_SEED)
+            num_workers=cfg.DATA_LOADER.NUM_THREADS, seed=cfg.RNG_SEED,
+            start_iter=self.start_iter * cfg.SOLVER.ITER_SIZE)
         return iter(loader)
 
     def _to_device(self, batch):
