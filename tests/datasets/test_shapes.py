@@ -151,3 +151,18 @@ def test_noisy_train_jitters_each_edge_by_documented_std(generated):
     assert abs(offsets.mean()) < 0.01
     assert abs(offsets.std() - shapes.NOISY_BOX_STD) < 0.01
     assert np.mean(np.abs(offsets) > 0.01) > 0.9  # nearly every edge moved
+
+
+def test_catalog_names_load_as_json_datasets(generated, monkeypatch):
+    from detectron.datasets.json_dataset import JsonDataset
+    from detectron.datasets.roidb import combined_roidb_for_training
+    monkeypatch.setenv('DETECTRON_DATA_CACHE', os.path.dirname(generated))
+    ds = JsonDataset('shapes_val')
+    assert ds.classes == ['__background__', 'square', 'circle', 'triangle']
+    roidb = ds.get_roidb(gt=True)
+    assert len(roidb) == shapes.NUM_VAL_IMAGES
+    # Every synthetic box passes Detectron's gt filter.
+    assert sum(len(e['boxes']) for e in roidb) == len(_load(generated, 'shapes_val')['annotations'])
+    noisy = combined_roidb_for_training('shapes_noisy_train')
+    assert len(noisy) == 2 * shapes.NUM_TRAIN_IMAGES
+    assert noisy[0]['image'] == os.path.join(generated, 'train', '000001.jpg')
