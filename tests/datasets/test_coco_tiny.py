@@ -105,7 +105,8 @@ def test_ground_truth_detections_score_ap_one(coco_tiny, tmp_path):
         if not a['iscrowd']:
             x, y, w, h = a['bbox']
             category = ds.json_category_id_to_contiguous_id[a['category_id']]
-            rows.setdefault((category, image_index[a['image_id']]), []).append([x, y, x + w - 1, y + h - 1, 1.0])
+            detection = [x, y, x + w - 1, y + h - 1, 1.0]
+            rows.setdefault((category, image_index[a['image_id']]), []).append(detection)
     all_boxes = [[np.array(rows.get((c, i), np.zeros((0, 5))), np.float32)
                   for i in range(len(image_index))] for c in range(ds.num_classes)]
     coco_eval = json_dataset_evaluator.evaluate_boxes(ds, all_boxes, str(tmp_path))
