@@ -44,16 +44,13 @@ class JsonDataset(object):
         """Image ids in ascending order: the order of the roidb and of all_boxes[cls]."""
         return sorted(self.COCO.getImgIds())
 
-    def get_roidb(self, gt=False, crowd_filter_thresh=0, gt_min_area=-1):
+    def get_roidb(self, gt=False, gt_min_area=-1):
         """One entry per image (ascending id); with gt=True the filtered ground-truth boxes.
 
-        crowd_filter_thresh only acts on precomputed proposals, which this port does not load;
-        it is checked as Detectron does (it needs gt) so configs behave the same.
         gt_min_area drops annotations whose 'area' is below it (Detectron's TRAIN.GT_MIN_AREA).
+        Detectron's proposal_file / crowd_filter_thresh arguments are absent: they serve
+        precomputed proposals, which end-to-end Faster R-CNN does not use.
         """
-        if not gt and crowd_filter_thresh != 0:
-            raise ValueError('Crowd filter threshold must be 0 if ground-truth annotations '
-                             'are not included.')
         roidb = copy.deepcopy(self.COCO.loadImgs(self.get_image_ids()))
         for entry in roidb:
             self._prep_roidb_entry(entry)
@@ -70,7 +67,6 @@ class JsonDataset(object):
         entry['dataset'] = self
         entry['image'] = im_path
         entry['flipped'] = False
-        entry['has_visible_keypoints'] = False
         _set_gt_fields(entry, *_empty_gt(self.num_classes))
         for k in _DROPPED_IMAGE_FIELDS:
             entry.pop(k, None)

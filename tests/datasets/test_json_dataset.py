@@ -105,8 +105,6 @@ def test_roidb_without_gt_is_empty_per_image(tiny_dataset):
     roidb = JsonDataset('tiny').get_roidb()
     assert [e['id'] for e in roidb] == [10, 20, 30]
     assert all(e['boxes'].shape == (0, 4) and e['gt_classes'].shape == (0,) for e in roidb)
-    with pytest.raises(ValueError, match='Crowd filter'):
-        JsonDataset('tiny').get_roidb(gt=False, crowd_filter_thresh=0.7)
 
 
 def test_training_roidb_flips_and_filters(tiny_dataset):
