@@ -1,0 +1,273 @@
+"""launch() with real gloo process groups on CPU: ranks, collectives, DDP, failures, launchers."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from detectron.utils import distributed
+from detectron.utils.errors import DatasetError, LaunchError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ----------------------------------------------------------------------------------------------
+# workers (module level: spawned processes import them by name)
+
+def _collectives_and_ddp(marker):
+    return _report_collectives(marker), _ddp_one_sample_per_rank()
+
+
+def _report_collectives(marker):
+    rank = distributed.get_rank()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    reduced = distributed.reduce_dict({'b': torch.tensor(2.0 * (rank + 1)), 'a': torch.tensor(rank + 1.0)})
+    summed = distributed.reduce_dict({'a': torch.tensor(rank + 1.0)}, average=False)
+    return {
+        'identity': distributed.all_gather_object(
+            (rank, distributed.get_world_size(), distributed.get_local_rank(), os.environ['RANK'], marker)),
+        'sum': total.item(),
+        'mean_a': reduced['a'].item(), 'mean_b': reduced['b'].item(), 'sum_a': summed['a'].item(),
+        'broadcast': distributed.all_gather_object(distributed.broadcast_object('from rank {}'.format(rank))),
+        'seeds': distributed.all_gather_object(distributed.shared_random_seed()),
+    }
+
+
+def _write_pid(pid_dir):
+    with open(os.path.join(pid_dir, 'rank{}.pid'.format(distributed.get_rank())), 'w') as f:
+        f.write(str(os.getpid()))
+
+
+def _rank0_raises_while_rank1_waits(pid_dir):
+    _write_pid(pid_dir)
+    if distributed.get_rank() == 0:
+        time.sleep(0.5)  # rank 1 is inside the barrier by now
+        raise ValueError('boom from the test')
+    distributed.synchronize()
+
+
+def _rank1_is_killed_while_rank0_waits(pid_dir):
+    _write_pid(pid_dir)
+    if distributed.get_rank() == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    distributed.synchronize()
+
+
+def _rank1_raises_user_error():
+    if distributed.get_rank() == 1:
+        raise DatasetError("dataset 'my_set' is not registered; register it in every worker")
+    distributed.synchronize()
+
+
+class _ToyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3)
+        self.fc = torch.nn.Linear(2 * 3 * 3, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _toy_data():
+    generator = torch.Generator().manual_seed(123)
+    return torch.randn(2, 1, 5, 5, generator=generator), torch.randn(2, 3, generator=generator)
+
+
+def _sgd_steps(model, inputs, targets, steps=5):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+
+
+def _ddp_one_sample_per_rank():
+    rank = distributed.get_rank()
+    torch.manual_seed(rank)  # different init per rank: DDP must broadcast rank 0's parameters
+    model = _ToyNet()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    inputs, targets = _toy_data()
+    _sgd_steps(ddp, inputs[rank:rank + 1], targets[rank:rank + 1])
+    return distributed.all_gather_object([p.detach().clone() for p in model.parameters()])
+
+
+# ----------------------------------------------------------------------------------------------
+# tests
+
+@pytest.fixture(scope='module')
+def two_gloo_workers():
+    """One 2-process gloo job for the tests below (each spawn costs seconds)."""
+    return distributed.launch(_collectives_and_ddp, 2, args=('hello',), device='cpu')
+
+
+def test_two_gloo_workers_see_ranks_and_collectives(two_gloo_workers):
+    result = two_gloo_workers[0]
+    assert result['identity'] == [(0, 2, 0, '0', 'hello'), (1, 2, 1, '1', 'hello')]
+    assert result['sum'] == 3.0  # 1 + 2
+    assert (result['mean_a'], result['mean_b'], result['sum_a']) == (1.5, 3.0, 3.0)
+    assert result['broadcast'] == ['from rank 0', 'from rank 0']
+    assert result['seeds'][0] == result['seeds'][1]
+
+
+def _world_of_one():
+    distributed.synchronize()  # a no-op: there is no process group
+    return (distributed.get_world_size(), distributed.get_rank(), distributed.is_main_process(),
+            distributed.all_gather_object(7), distributed.broadcast_object('x'),
+            distributed.reduce_dict({'x': torch.tensor(2.5)})['x'].item(), dist.is_initialized(), os.getpid())
+
+
+def test_single_process_runs_in_process_without_process_group():
+    result = distributed.launch(_world_of_one, 1, device='cpu')
+    assert result == (1, 0, True, [7], 'x', 2.5, False, os.getpid())
+
+
+def test_ddp_two_processes_one_sample_each_equal_one_process_two_samples(two_gloo_workers):
+    per_rank = two_gloo_workers[1]
+    torch.manual_seed(0)
+    reference = _ToyNet()
+    inputs, targets = _toy_data()
+    _sgd_steps(reference, inputs, targets)  # mean loss over the 2 samples
+    for params in per_rank:
+        for got, want in zip(params, reference.parameters()):
+            torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-6)
+
+
+def test_more_gpus_than_visible_is_a_launch_error_before_any_process_starts(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '0,1')
+    for name in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'SLURM_NTASKS'):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(LaunchError, match=r'NUM_GPUS 4 needs 4 GPUs but only 2 are visible '
+                                          r'\(CUDA_VISIBLE_DEVICES=0,1\)'):
+        distributed.launch(pytest.fail, 4)
+
+
+def test_cuda_asked_without_gpus_is_a_launch_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 0)
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    with pytest.raises(LaunchError, match='NUM_GPUS 1 needs 1 GPU but only 0 are visible'):
+        distributed.launch(pytest.fail, 1, device='cuda')
+
+
+def _assert_gone(pid_dir, rank):
+    with open(os.path.join(pid_dir, 'rank{}.pid'.format(rank))) as f:
+        pid = int(f.read())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_worker_exception_stops_the_job_and_names_rank_and_error(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(distributed.WorkerError) as info:
+        distributed.launch(_rank0_raises_while_rank1_waits, 2, args=(str(tmp_path),), device='cpu')
+    assert time.monotonic() - start < 60
+    message = str(info.value)
+    assert message.startswith('worker rank 0 of 2 failed with ValueError: boom from the test')
+    assert 'raise ValueError' in message  # the worker's traceback travels with it
+    _assert_gone(tmp_path, 1)
+
+
+def test_worker_killed_by_sigkill_stops_the_job(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(distributed.WorkerError,
+                       match='worker rank 1 of 2 was killed by SIGKILL') as info:
+        distributed.launch(_rank1_is_killed_while_rank0_waits, 2, args=(str(tmp_path),), device='cpu')
+    assert time.monotonic() - start < 60
+    assert 'out-of-memory' in str(info.value)
+    _assert_gone(tmp_path, 0)
+
+
+def test_user_error_in_a_worker_keeps_its_type_and_one_line_message():
+    with pytest.raises(DatasetError) as info:
+        distributed.launch(_rank1_raises_user_error, 2, device='cpu')
+    assert str(info.value) == "rank 1: dataset 'my_set' is not registered; register it in every worker"
+
+
+# ----------------------------------------------------------------------------------------------
+# jobs started by a launcher
+
+LAUNCHED_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import torch, torch.distributed as dist
+    from detectron.utils import distributed
+
+    def main():
+        total = torch.tensor([float(distributed.get_rank() + 1)])
+        dist.all_reduce(total)
+        return {'rank': distributed.get_rank(), 'world_size': distributed.get_world_size(),
+                'local_rank': distributed.get_local_rank(), 'sum': total.item(),
+                'source': distributed.job_from_environment().source}
+
+    if __name__ == '__main__':
+        print('RESULT ' + json.dumps(distributed.launch(main, int(sys.argv[1]), device='cpu')), flush=True)
+''')
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+           and not k.startswith('SLURM_')}
+    env.update(PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS='1', **extra)
+    return env
+
+
+def _results(output):
+    return sorted((json.loads(line[len('RESULT '):]) for line in output.splitlines()
+                   if line.startswith('RESULT ')), key=lambda r: r['rank'])
+
+
+def test_torchrun_job_is_joined_not_respawned(tmp_path):
+    script = tmp_path / 'job.py'
+    script.write_text(LAUNCHED_SCRIPT)
+    done = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                           '--nproc-per-node', '2', str(script), '3'],
+                          env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert _results(done.stdout) == [
+        {'rank': r, 'world_size': 2, 'local_rank': r, 'sum': 3.0, 'source': 'torchrun'} for r in (0, 1)]
+    assert 'NUM_GPUS is 3 but torchrun started 2 processes' in done.stderr + done.stdout
+
+
+def test_slurm_tasks_form_one_job(tmp_path):
+    script = tmp_path / 'job.py'
+    script.write_text(LAUNCHED_SCRIPT)
+    port = str(distributed._free_local_port())
+    tasks = [subprocess.Popen([sys.executable, str(script), '2'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_clean_env(SLURM_PROCID=str(r), SLURM_NTASKS='2',
+                                                        SLURM_LOCALID=str(r), MASTER_ADDR='127.0.0.1',
+                                                        MASTER_PORT=port))
+             for r in (0, 1)]
+    outputs = [task.communicate(timeout=120) for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    assert _results(''.join(out for out, _ in outputs)) == [
+        {'rank': r, 'world_size': 2, 'local_rank': r, 'sum': 3.0, 'source': 'SLURM'} for r in (0, 1)]
+
+
+def test_job_from_environment_rules():
+    assert distributed.job_from_environment({}) is None
+    assert distributed.job_from_environment({'SLURM_NTASKS': '1', 'SLURM_PROCID': '0'}) is None
+    torchrun = {'RANK': '5', 'WORLD_SIZE': '8', 'LOCAL_RANK': '1', 'MASTER_ADDR': 'h', 'MASTER_PORT': '1'}
+    assert distributed.job_from_environment(torchrun) == distributed.JobSpec(5, 8, 1, 'torchrun')
+    slurm = {'SLURM_PROCID': '3', 'SLURM_NTASKS': '4', 'SLURM_LOCALID': '1', 'MASTER_ADDR': 'h',
+             'MASTER_PORT': '1'}
+    assert distributed.job_from_environment(slurm) == distributed.JobSpec(3, 4, 1, 'SLURM')
+    with pytest.raises(LaunchError, match='torchrun-style distributed job but lacks LOCAL_RANK, MASTER_PORT'):
+        distributed.job_from_environment({'RANK': '0', 'WORLD_SIZE': '2', 'MASTER_ADDR': 'h'})
+    with pytest.raises(LaunchError, match='SLURM distributed job but lacks MASTER_ADDR, MASTER_PORT'):
+        distributed.job_from_environment({'SLURM_PROCID': '0', 'SLURM_NTASKS': '2', 'SLURM_LOCALID': '0'})
+
+
+def test_unwrap_model_returns_the_inner_module():
+    inner = torch.nn.Linear(2, 2)
+    assert distributed.unwrap_model(torch.nn.DataParallel(inner)) is inner
+    assert distributed.unwrap_model(inner) is inner
