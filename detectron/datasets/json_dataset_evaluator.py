@@ -31,13 +31,13 @@ def evaluate_boxes(json_dataset, all_boxes, output_dir, use_salt=True, cleanup=F
     if use_salt:
         res_file += '_{}'.format(uuid.uuid4())
     res_file += '.json'
-    _write_coco_bbox_results_file(json_dataset, all_boxes, res_file)
+    num_results = _write_coco_bbox_results_file(json_dataset, all_boxes, res_file)
     if 'test' in json_dataset.name:
         logger.warning('Bbox eval ignored as annotations are undisclosed on test: {} ignored'
                        .format(json_dataset.name))
         coco_eval = None
     else:
-        coco_eval = _do_detection_eval(json_dataset, res_file, output_dir)
+        coco_eval = _do_detection_eval(json_dataset, res_file, num_results, output_dir)
     if cleanup:
         os.remove(res_file)
     return coco_eval
@@ -49,6 +49,7 @@ def ap_at_iou(coco_eval, iou):
 
 
 def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file):
+    """Write the results json; returns the number of detections written."""
     image_ids = json_dataset.get_image_ids()
     results = []
     for cls_ind in range(1, min(len(all_boxes), json_dataset.num_classes)):
@@ -60,6 +61,7 @@ def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file):
     logger.info('Writing bbox results json to: {}'.format(os.path.abspath(res_file)))
     with open(res_file, 'w') as f:
         json.dump(results, f)
+    return len(results)
 
 
 def _coco_bbox_results_one_category(boxes, image_ids, category_id):
@@ -76,8 +78,10 @@ def _coco_bbox_results_one_category(boxes, image_ids, category_id):
     return results
 
 
-def _do_detection_eval(json_dataset, res_file, output_dir):
-    coco_eval = COCOeval(json_dataset.COCO, _load_results(json_dataset.COCO, res_file), 'bbox')
+def _do_detection_eval(json_dataset, res_file, num_results, output_dir):
+    coco_gt = json_dataset.COCO
+    coco_dt = coco_gt.loadRes(res_file) if num_results else _empty_results(coco_gt)
+    coco_eval = COCOeval(coco_gt, coco_dt, 'bbox')
     coco_eval.evaluate()
     coco_eval.accumulate()
     _log_detection_eval_metrics(json_dataset, coco_eval)
@@ -87,11 +91,8 @@ def _do_detection_eval(json_dataset, res_file, output_dir):
     return coco_eval
 
 
-def _load_results(coco_gt, res_file):
-    """COCO object of the results; pycocotools' loadRes cannot read an empty result list."""
-    with open(res_file) as f:
-        if json.load(f):
-            return coco_gt.loadRes(res_file)
+def _empty_results(coco_gt):
+    """A COCO object without detections (pycocotools' loadRes fails on an empty list)."""
     coco_dt = COCO()
     coco_dt.dataset = {'images': list(coco_gt.dataset['images']),
                        'categories': list(coco_gt.dataset['categories']),
