@@ -119,7 +119,8 @@ def _keep_min_size_and_center_inside(boxes, box_im_info, min_size):
 def _top_n_per_group(scores, groups, n):
     """Indices of the n best scores of every group, ordered by group then by descending score.
 
-    n <= 0 keeps everything (Detectron's GenerateProposals skips the cap for post_nms_top_n <= 0).
+    n <= 0 keeps everything (Detectron's GenerateProposals skips its cap for post_nms_top_n <= 0;
+    its collect step would instead keep no RoI for 0, which no config wants).
     """
     by_score = scores.argsort(descending=True, stable=True)
     order = by_score[groups[by_score].argsort(stable=True)]
@@ -144,6 +145,7 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     post_nms_top_n of the whole batch when collect_across_batch (Detectron's training behaviour,
     its issue 459), otherwise of each image (test).
 
+    nms_thresh <= 0 skips NMS and the per-level cap, as Detectron; post_nms_top_n <= 0 means no cap.
     NMS is torchvision's, which suppresses IoU > thresh where Detectron's suppresses IoU >= thresh;
     the two differ only for an IoU exactly equal to the threshold. Equal scores may be visited in
     another order than numpy's argsort.
