@@ -118,14 +118,16 @@ def box_results_with_nms_and_limit(scores, boxes, confs=None):
     """
     scores, boxes = torch.as_tensor(scores), torch.as_tensor(boxes)
     num_classes = scores.shape[1]
-    all_dets, classes = _candidate_detections_t(scores, boxes, cfg.TEST.SCORE_THRESH)
+    roi_idx, classes = _candidates_t(scores, cfg.TEST.SCORE_THRESH)
+    # float32 like Detectron's dets_j = hstack((boxes_j, scores_j)).astype(np.float32)
+    all_dets = torch.cat([_class_columns_t(boxes, roi_idx, classes),
+                          scores[roi_idx, classes][:, None]], dim=1).float()
     if cfg.STD_NMS:
         if confs is None:
             raise ConfigValueError(
                 'STD_NMS True needs the per-box sigmas (confs) of a PRED_STD model')
-        confs = torch.as_tensor(confs, device=scores.device)
-        sigmas = _candidate_sigmas_t(confs, scores, cfg.TEST.SCORE_THRESH)
-        dets, det_classes, all_dets = _kl_soft_nms_t(all_dets, classes, sigmas, num_classes)
+        sigmas = _class_columns_t(torch.as_tensor(confs, device=scores.device), roi_idx, classes)
+        dets, det_classes, all_dets = _kl_soft_nms_t(all_dets, classes, sigmas.float(), num_classes)
     elif cfg.TEST.SOFT_NMS.ENABLED:
         dets, det_classes = _detectron_soft_nms(all_dets, classes, num_classes)
     else:
@@ -142,23 +144,16 @@ def box_results_with_nms_and_limit(scores, boxes, confs=None):
     return dets[:, 4], dets[:, :4], cls_boxes
 
 
-def _candidate_detections_t(scores, boxes, score_thresh):
-    """float32 (A, 5) detections above score_thresh and their classes (A,), grouped by class
-    (ascending), each class in RoI order, as Detectron's per-class `np.where`."""
-    num_rois, num_classes = scores.shape
-    above = scores[:, 1:].T > score_thresh
-    class_idx, roi_idx = torch.nonzero(above, as_tuple=True)
-    classes = class_idx + 1
-    class_boxes = boxes.reshape(num_rois, num_classes, 4)[roi_idx, classes]
-    dets = torch.cat([class_boxes, scores[roi_idx, classes][:, None]], dim=1).float()
-    return dets, classes
-
-
-def _candidate_sigmas_t(confs, scores, score_thresh):
-    """The sigmas of the candidates of `_candidate_detections_t`, in the same order."""
-    num_rois, num_classes = scores.shape
+def _candidates_t(scores, score_thresh):
+    """RoI and class (>= 1) of every score above score_thresh, grouped by ascending class and in
+    RoI order within a class, as Detectron's per-class `np.where`."""
     class_idx, roi_idx = torch.nonzero(scores[:, 1:].T > score_thresh, as_tuple=True)
-    return confs.reshape(num_rois, num_classes, 4)[roi_idx, class_idx + 1].float()
+    return roi_idx, class_idx + 1
+
+
+def _class_columns_t(per_class, roi_idx, classes):
+    """The 4 columns of each candidate's class in an (R, 4K) array."""
+    return per_class.reshape(per_class.shape[0], -1, 4)[roi_idx, classes]
 
 
 def _limit_detections_t(dets, classes, max_per_image):
@@ -210,46 +205,51 @@ def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes):
     """KL-Loss's `soft` on every class at once, configured from cfg like KL-Loss.
 
     Returns the kept detections (voted boxes, decayed scores, each class in selection order),
-    their classes, and every candidate after `soft` (kept rows first, then the dropped ones with
-    their decayed scores), which is what KL-Loss's TEST.BBOX_VOTE votes with since `soft` works
-    in place on the class's detections.
+    their classes, and every candidate as `soft` leaves it (kept rows first, then the dropped ones
+    with their decayed scores), which is what KL-Loss's TEST.BBOX_VOTE votes with since `soft`
+    works in place on the class's detections.
     """
+    sigmas = sigmas[:, _SIGMA_COLUMNS_FOR_BOX_COLUMNS[cfg.STD.SIGMA_COLUMN_ORDER]]
+    counts = torch.bincount(classes - 1, minlength=num_classes - 1)
+    width = int(counts.max())
+    padded_dets = _pad_by_class(all_dets, classes, counts, width, fill=0.0)
+    # Padding sigmas of 1 keep the (zero-weighted) vote terms of padded rows finite.
+    padded_sigmas = _pad_by_class(sigmas, classes, counts, width, fill=1.0)
+    order, num_kept, voted_boxes, final_scores = soft_nms_with_variance_voting_t(
+        padded_dets[..., :4], padded_dets[..., 4], padded_sigmas, counts, **_kl_soft_settings())
+
+    positions = torch.arange(width, device=classes.device)
+    kept = positions < num_kept[:, None]
+    kept_dets = torch.cat([voted_boxes, final_scores.gather(1, order)[..., None]], dim=2)
+    # Positions beyond num_kept may repeat rows, so only kept positions mark their row.
+    selected = kept.new_zeros((kept.shape[0], width + 1))
+    selected.scatter_(1, torch.where(kept, order, width), True)
+    dropped = (positions < counts[:, None]) & ~selected[:, :width]
+    dropped_dets = torch.cat([padded_dets[..., :4], final_scores[..., None]], dim=2)
+    set_classes = torch.arange(1, num_classes, device=classes.device)[:, None].expand(-1, width)
+    after_soft = torch.cat([kept_dets[kept], dropped_dets[dropped]])
+    regroup = torch.sort(torch.cat([set_classes[kept], set_classes[dropped]]), stable=True).indices
+    return kept_dets[kept], set_classes[kept], after_soft[regroup]
+
+
+def _kl_soft_settings():
     vote = cfg.STD.METHOD == 'stdiou'
     vote_thresh = cfg.STD_TH
     if vote and vote_thresh > 0.1:
         # KL-Loss's py_cpu_nms.soft overrides STD_TH this way; the effective default is 0.01.
         vote_thresh = 0.01
-    hard_nms_thresh = cfg.TEST.NMS if cfg.STD.SOFT == 'hard' else None
-    sigmas = sigmas[:, _SIGMA_COLUMNS_FOR_BOX_COLUMNS[cfg.STD.SIGMA_COLUMN_ORDER]]
+    return dict(vote=vote, vote_thresh=vote_thresh, iou_sigma=cfg.STD.IOU_SIGMA,
+                hard_nms_thresh=cfg.TEST.NMS if cfg.STD.SOFT == 'hard' else None)
 
+
+def _pad_by_class(values, classes, counts, width, fill):
+    """(A, D) rows grouped by class 1..C -> (C, width, D), each class's rows first, then fill."""
     class_rows = classes - 1
-    counts = torch.bincount(class_rows, minlength=num_classes - 1)
-    slots = torch.arange(classes.shape[0], device=classes.device) - (counts.cumsum(0) - counts)[class_rows]
-    width = int(counts.max()) if classes.numel() else 0
-    padded = all_dets.new_zeros((num_classes - 1, width, 5))
-    padded[class_rows, slots] = all_dets
-    padded_sigmas = sigmas.new_ones((num_classes - 1, width, 4))
-    padded_sigmas[class_rows, slots] = sigmas
-
-    order, num_kept, voted_boxes, final_scores = soft_nms_with_variance_voting_t(
-        padded[..., :4], padded[..., 4], padded_sigmas, counts, vote_thresh=vote_thresh,
-        iou_sigma=cfg.STD.IOU_SIGMA, vote=vote, hard_nms_thresh=hard_nms_thresh)
-
-    rows = torch.arange(num_classes - 1, device=classes.device)[:, None]
-    positions = torch.arange(width, device=classes.device)
-    kept = positions < num_kept[:, None]
-    kept_scores = final_scores.gather(1, order)
-    dets = torch.cat([voted_boxes, kept_scores[..., None]], dim=2)[kept]
-    det_classes = rows.expand(-1, width)[kept] + 1
-    # Positions beyond num_kept may repeat rows, so only kept positions mark their row.
-    selected = kept.new_zeros((num_classes - 1, width + 1))
-    selected.scatter_(1, torch.where(kept, order, width), True)
-    dropped = (positions < counts[:, None]) & ~selected[:, :width]
-    dropped_dets = torch.cat([padded[..., :4], final_scores[..., None]], dim=2)[dropped]
-    after_soft = torch.cat([dets, dropped_dets])
-    after_soft_classes = torch.cat([det_classes, rows.expand(-1, width)[dropped] + 1])
-    regroup = torch.sort(after_soft_classes, stable=True).indices
-    return dets, det_classes, after_soft[regroup]
+    first_of_class = counts.cumsum(0) - counts
+    slots = torch.arange(classes.shape[0], device=classes.device) - first_of_class[class_rows]
+    padded = values.new_full((counts.shape[0], width, values.shape[1]), fill)
+    padded[class_rows, slots] = values
+    return padded
 
 
 def soft_nms_with_variance_voting_t(boxes, scores, sigmas, counts, vote_thresh, iou_sigma,

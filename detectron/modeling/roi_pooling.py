@@ -4,6 +4,8 @@ import math
 import torch
 from torchvision.ops import roi_align
 
+from detectron.utils.boxes import boxes_area_t
+
 
 def map_rois_to_fpn_levels(boxes, k_min=2, k_max=5, canonical_scale=224, canonical_level=4):
     """FPN level of each box (R, 4), Detectron's `map_rois_to_fpn_levels` (FPN paper eq. 1).
@@ -12,9 +14,7 @@ def map_rois_to_fpn_levels(boxes, k_min=2, k_max=5, canonical_scale=224, canonic
     [k_min, k_max]; area uses +1 widths and, as KL-Loss's boxes_area, its absolute value.
     Boxes are in network-input (scaled) coordinates. Returns int64 (R,).
     """
-    widths = boxes[:, 2] - boxes[:, 0] + 1
-    heights = boxes[:, 3] - boxes[:, 1] + 1
-    scales = torch.sqrt((widths * heights).abs())
+    scales = torch.sqrt(boxes_area_t(boxes).abs())
     levels = torch.floor(canonical_level + torch.log2(scales / canonical_scale + 1e-6))
     return levels.clamp(k_min, k_max).to(torch.int64)
 
@@ -24,18 +24,21 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
     """RoIAlign each RoI on its FPN level; returns (R, C, output_size, output_size) in `rois` order.
 
     `features` are the levels in `spatial_scales` order (P2..P5 by default; level k has scale
-    2^-k); `rois` (R, 5) are (batch index, x1, y1, x2, y2) in network-input coordinates. RoIAlign uses aligned=False, the
-    Caffe2 convention (no half-pixel offset, RoI sides at least 1 bin).
+    2^-k); `rois` (R, 5) are (batch index, x1, y1, x2, y2) in network-input coordinates.
+    RoIAlign uses aligned=False, the Caffe2 convention (no half-pixel offset, RoI sides at least
+    1 bin). canonical_scale / canonical_level are FPN.ROI_CANONICAL_SCALE / _LEVEL.
     """
     k_min = round(-math.log2(spatial_scales[0]))
     levels = map_rois_to_fpn_levels(rois[:, 1:5], k_min, k_min + len(features) - 1,
                                     canonical_scale, canonical_level)
     first = features[0]
-    rois = rois.to(first.dtype)
+    # Pool in at least float32: half-precision RoI coordinates would be off by up to a pixel.
+    compute_dtype = torch.promote_types(first.dtype, torch.float32)
+    rois = rois.to(compute_dtype)
     pooled = first.new_zeros((rois.shape[0], first.shape[1], output_size, output_size))
     for offset, (feature, scale) in enumerate(zip(features, spatial_scales)):
         idx = torch.nonzero(levels == k_min + offset).squeeze(1)
-        level_pooled = roi_align(feature, rois[idx], output_size, spatial_scale=scale,
-                                 sampling_ratio=sampling_ratio, aligned=False)
-        pooled = pooled.index_copy(0, idx, level_pooled)
+        level_pooled = roi_align(feature.to(compute_dtype), rois[idx], output_size,
+                                 spatial_scale=scale, sampling_ratio=sampling_ratio, aligned=False)
+        pooled = pooled.index_copy(0, idx, level_pooled.to(first.dtype))
     return pooled

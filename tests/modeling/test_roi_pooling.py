@@ -88,3 +88,13 @@ def test_roi_feature_transform_level_boundary(side, level):
     rois = torch.tensor([[0] + _square(side)], dtype=torch.float32)
     expected = roi_align(features[level - 2], rois, 7, 2.0 ** -level, 2, False)
     torch.testing.assert_close(roi_feature_transform(features, rois), expected, rtol=0, atol=0)
+
+
+def test_roi_feature_transform_half_features_pool_with_float32_rois():
+    # 1100.75 is not a float16 number (spacing 1 above 1024): RoIs must keep float32 precision.
+    features = [f.half() for f in _pyramid(4, batch=1, size=512)]
+    rois = torch.tensor([[0, 1001.5, 3.25, 1100.75, 90.5]], dtype=torch.float32)
+    pooled = roi_feature_transform(features, rois)
+    assert pooled.dtype == torch.float16
+    expected = roi_align(features[0].float(), rois, 7, 1 / 4, 2, False)
+    torch.testing.assert_close(pooled.float(), expected.half().float(), rtol=0, atol=0)
