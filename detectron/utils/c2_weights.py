@@ -226,7 +226,7 @@ def _blob_to_tensor(blob, name):
                            .format(name, type(blob).__name__))
     # Detectron loads every parameter as float32; integer state (BatchNorm counters) stays integer.
     dtype = np.float32 if blob.dtype.kind == 'f' else blob.dtype
-    return torch.from_numpy(np.ascontiguousarray(blob, dtype=dtype))
+    return torch.from_numpy(np.require(blob, dtype=dtype, requirements=['C', 'W']))
 
 
 def state_dict_to_detectron_blobs(state_dict):
@@ -362,7 +362,7 @@ def torchvision_resnet_to_body_state_dict(tv_state_dict, fold_batch_norm=True):
     for ours, params in modules.items():
         if ours == 'conv1':
             params = {'weight': _conv1_for_bgr_input(params['weight'])}
-        elif fold_batch_norm:
+        elif fold_batch_norm and ours.endswith('_bn'):
             params = _fold_batch_norm(params)
         state_dict.update(('{}.{}'.format(ours, p), v) for p, v in params.items())
     return state_dict, unused
