@@ -1,0 +1,209 @@
+"""Checkpoints: atomic writes, finding the newest, round trips, resume (also on another world size)."""
+import logging
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from detectron.roi_data.samplers import GroupedDistributedBatchSampler
+from detectron.utils import checkpoint, distributed
+from detectron.utils.errors import WeightsError
+
+
+class _ToyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3)
+        self.fc = torch.nn.Linear(2 * 2 * 2, 2)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _trained_model_and_optimizer(seed=0):
+    torch.manual_seed(seed)
+    model = _ToyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(3, 1, 4, 4)).square().mean().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _draws():
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def test_round_trip_model_optimizer_iteration_extra_and_rng(tmp_path):
+    model, optimizer = _trained_model_and_optimizer()
+    path = str(tmp_path / checkpoint.checkpoint_name(41))
+    checkpoint.save_checkpoint(path, model, optimizer, 41, extra={'cfg': 'NUM_GPUS: 1\n'},
+                               sampler_state={'seed': 3, 'global_batch_size': 4})
+    after_save = _draws()
+    other_model, other_optimizer = _trained_model_and_optimizer(seed=1)
+    loaded = checkpoint.load_checkpoint(path, torch.nn.parallel.DataParallel(other_model), other_optimizer)
+    assert _draws() == after_save  # the generators continue where the saving process was
+    assert (loaded['iteration'], loaded['world_size'], loaded['extra'], loaded['sampler']) == \
+        (41, 1, {'cfg': 'NUM_GPUS: 1\n'}, {'seed': 3, 'global_batch_size': 4})
+    for key, value in model.state_dict().items():
+        assert torch.equal(other_model.state_dict()[key], value)
+    for param, other in zip(model.parameters(), other_model.parameters()):
+        assert torch.equal(other_optimizer.state[other]['momentum_buffer'], optimizer.state[param]['momentum_buffer'])
+    # Plain data only: the file loads without running pickled code.
+    assert torch.load(path, map_location='cpu', weights_only=True)['iteration'] == 41
+
+
+def test_failed_save_leaves_the_old_file_and_no_partial_file(tmp_path, monkeypatch):
+    model, optimizer = _trained_model_and_optimizer()
+    path = str(tmp_path / 'model_iter9.pth')
+    checkpoint.save_checkpoint(path, model, optimizer, 9)
+
+    def write_half_then_fail(obj, f):
+        f.write(b'PK\x03\x04 half a zip file')
+        raise OSError('No space left on device')
+    monkeypatch.setattr(torch, 'save', write_half_then_fail)
+    with pytest.raises(OSError, match='No space left'):
+        checkpoint.save_checkpoint(path, model, optimizer, 19)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ['model_iter9.pth']
+    assert checkpoint.load_checkpoint(path, _ToyNet())['iteration'] == 9
+
+
+def test_extra_must_be_plain_data(tmp_path):
+    class CfgLike(dict):
+        pass
+    model, optimizer = _trained_model_and_optimizer()
+    with pytest.raises(TypeError, match=r"extra\['cfg'\] is a CfgLike"):
+        checkpoint.save_checkpoint(str(tmp_path / 'x.pth'), model, optimizer, 0, extra={'cfg': CfgLike()})
+    assert os.listdir(tmp_path) == []
+
+
+def test_find_last_checkpoint_by_number_then_final(tmp_path):
+    assert checkpoint.find_last_checkpoint(str(tmp_path / 'missing')) is None
+    assert checkpoint.find_last_checkpoint(str(tmp_path)) is None
+    for name in ('model_iter9.pth', 'model_iter19.pth', 'model_iter100.pth', 'model_iter5000.pth.tmp.3f2a',
+                 'model_iter7000.pkl', 'notes.txt'):
+        (tmp_path / name).write_bytes(b'')
+    assert checkpoint.find_last_checkpoint(str(tmp_path)) == str(tmp_path / 'model_iter100.pth')
+    (tmp_path / 'model_final.pth').write_bytes(b'')
+    assert checkpoint.find_last_checkpoint(str(tmp_path)) == str(tmp_path / 'model_final.pth')
+
+
+def test_load_errors_name_the_file_and_the_fix(tmp_path):
+    with pytest.raises(WeightsError, match='does not exist'):
+        checkpoint.load_checkpoint(str(tmp_path / 'nope.pth'), _ToyNet())
+    weights_only = str(tmp_path / 'weights.pth')
+    torch.save({'model': _ToyNet().state_dict()}, weights_only)
+    with pytest.raises(WeightsError, match=r'lacks iteration, optimizer, rng_states, world_size\); to start '
+                                           'from its weights use TRAIN.WEIGHTS'):
+        checkpoint.load_checkpoint(weights_only, _ToyNet())
+    model, optimizer = _trained_model_and_optimizer()
+    path = str(tmp_path / 'model_iter1.pth')
+    checkpoint.save_checkpoint(path, model, optimizer, 1)
+    with pytest.raises(WeightsError, match=r"missing \['extra.weight'\], unexpected \[\]"):
+        checkpoint.load_checkpoint(path, _ToyNetWithExtraLayer())
+
+
+class _ToyNetWithExtraLayer(_ToyNet):
+    def __init__(self):
+        super().__init__()
+        self.extra = torch.nn.Linear(2, 2, bias=False)
+
+
+def test_rng_is_kept_when_the_world_size_changed(tmp_path, caplog):
+    model, optimizer = _trained_model_and_optimizer()
+    path = str(tmp_path / 'model_iter3.pth')
+    saved = checkpoint.capture_rng_state()
+    checkpoint.save_checkpoint(path, model, optimizer, 3, rng_states={0: saved, 1: saved})
+    content = torch.load(path, weights_only=True)
+    content['world_size'] = 2  # as if two processes had saved it
+    torch.save(content, path)
+    after_save = _draws()
+    target = _ToyNet()
+    torch.manual_seed(5)
+    expected = torch.rand(3).tolist()
+    torch.manual_seed(5)
+    with caplog.at_level(logging.INFO):
+        checkpoint.load_checkpoint(path, target)
+    assert torch.rand(3).tolist() == expected  # untouched by the load
+    assert _draws() != after_save
+    assert 'checkpoint saved by 2 processes' in caplog.text
+
+
+def test_resume_from_starts_after_the_saved_iteration_and_checks_the_sampler(tmp_path, caplog):
+    model, optimizer = _trained_model_and_optimizer()
+    path = str(tmp_path / 'model_iter19.pth')
+    checkpoint.save_checkpoint(path, model, optimizer, 19, sampler_state={'seed': 3, 'global_batch_size': 16})
+    assert checkpoint.resume_from(path, _ToyNet(), torch.optim.SGD(_ToyNet().parameters(), lr=0.1)) == 20
+    assert 'does not continue' not in caplog.text
+    fresh = _ToyNet()
+    with caplog.at_level(logging.WARNING):
+        checkpoint.resume_from(path, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1),
+                               sampler_state={'seed': 3, 'global_batch_size': 8})
+    assert 'the data order does not continue the interrupted run' in caplog.text
+
+
+# ----------------------------------------------------------------------------------------------
+# toy training, interrupted and resumed (module level: spawned workers import it)
+
+GLOBAL_BATCH = 4
+DATA_SEED = 5
+# 12 entries, two orientation groups of 6: 2 global batches per epoch, so 10 iterations cross epochs.
+TOY_GROUPS = [True, False] * 6
+
+
+def _toy_dataset():
+    generator = torch.Generator().manual_seed(11)
+    return torch.randn(12, 1, 4, 4, generator=generator), torch.randn(12, 2, generator=generator)
+
+
+def _toy_lr(iteration):
+    return 0.05 if iteration < 6 else 0.005  # recomputed from the iteration, as Detectron does
+
+
+def _train_toy(output_dir, last_iter):
+    """Train until last_iter (inclusive), resuming from output_dir's newest checkpoint; save there."""
+    world_size, rank = distributed.get_world_size(), distributed.get_rank()
+    torch.manual_seed(0)
+    model = _ToyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=_toy_lr(0), momentum=0.9)
+    sampler_state = {'seed': DATA_SEED, 'global_batch_size': GLOBAL_BATCH}
+    last = checkpoint.find_last_checkpoint(output_dir)
+    start_iter = checkpoint.resume_from(last, model, optimizer, sampler_state) if last else 0
+    trained = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    batches = GroupedDistributedBatchSampler(TOY_GROUPS, GLOBAL_BATCH // world_size, DATA_SEED, rank,
+                                             world_size, start_iter=start_iter)
+    inputs, targets = _toy_dataset()
+    for iteration, batch in zip(range(start_iter, last_iter + 1), batches):
+        for group in optimizer.param_groups:
+            group['lr'] = _toy_lr(iteration)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(trained(inputs[batch]), targets[batch]).backward()
+        optimizer.step()
+    rng_states = checkpoint.gather_rng_states()
+    if distributed.is_main_process():
+        checkpoint.save_checkpoint(os.path.join(output_dir, checkpoint.checkpoint_name(last_iter)), model,
+                                   optimizer, last_iter, rng_states=rng_states, sampler_state=sampler_state)
+    distributed.synchronize()
+    return start_iter, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_resumed_training_ends_where_the_uninterrupted_one_does(tmp_path):
+    for directory in ('a', 'b', 'c'):
+        os.makedirs(tmp_path / directory)
+    _, uninterrupted = distributed.launch(_train_toy, 1, args=(str(tmp_path / 'a'), 9), device='cpu')
+    # Stopped after iteration 3, resumed on 1 process: bit-identical.
+    distributed.launch(_train_toy, 1, args=(str(tmp_path / 'b'), 3), device='cpu')
+    start_iter, same_world = distributed.launch(_train_toy, 1, args=(str(tmp_path / 'b'), 9), device='cpu')
+    assert start_iter == 4
+    for key, value in uninterrupted.items():
+        assert torch.equal(same_world[key], value), key
+    # Stopped on 1 process, resumed on 2 gloo processes with the same global batch.
+    distributed.launch(_train_toy, 1, args=(str(tmp_path / 'c'), 3), device='cpu')
+    start_iter, two_workers = distributed.launch(_train_toy, 2, args=(str(tmp_path / 'c'), 9), device='cpu')
+    assert start_iter == 4
+    for key, value in uninterrupted.items():
+        torch.testing.assert_close(two_workers[key], value, rtol=0, atol=1e-6)
+    assert sorted(os.listdir(tmp_path / 'c')) == ['model_iter3.pth', 'model_iter9.pth']
+    assert sorted(torch.load(tmp_path / 'c' / 'model_iter9.pth', weights_only=True)['rng_states']) == [0, 1]
