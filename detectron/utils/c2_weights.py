@@ -93,7 +93,7 @@ _AFFINE_SUFFIX = {'weight': '_bn_s', 'bias': '_bn_b'}
 _COARSEST_STAGE = 5  # its FPN 1x1 seeds the top-down path and carries no `_lateral` suffix
 _BODY = r'^(?:conv_body\.)?(?:body\.)?'
 _KEY_RULES = [
-    (re.compile(_BODY + r'(conv1)\.(weight)$'), lambda m, _: 'conv1_w'),
+    (re.compile(_BODY + r'conv1\.weight$'), lambda m, _: 'conv1_w'),
     (re.compile(_BODY + r'res_conv1_bn\.(weight|bias)$'),
      lambda m, _: 'res_conv1' + _AFFINE_SUFFIX[m.group(1)]),
     (re.compile(_BODY + r'res(\d)\.(\d+)\.(branch1|branch2[abc])(_bn)?\.(weight|bias)$'),

@@ -9,8 +9,8 @@ import torch
 import torchvision
 from torch import nn
 
-from detectron.modeling.FPN import add_fpn_ResNet18_conv5_body, add_fpn_ResNet50_conv5_body, \
-    add_fpn_ResNet101_conv5_body
+from detectron.modeling.FPN import (
+    add_fpn_ResNet18_conv5_body, add_fpn_ResNet50_conv5_body, add_fpn_ResNet101_conv5_body)
 from detectron.modeling.ResNet import ResNet
 from detectron.utils.c2_weights import (
     TORCHVISION_PIXEL_MEANS_BGR, TORCHVISION_RGB_MEAN, TORCHVISION_RGB_STD,
