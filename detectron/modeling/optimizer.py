@@ -24,7 +24,7 @@ class DetectronSGD(torch.optim.Optimizer):
                  scale_momentum_threshold=1.1, log_lr_change_threshold=1.1):
         defaults = dict(lr=lr, lr_mult=1.0, momentum=momentum, weight_decay=0.0)
         super().__init__(param_groups, defaults)
-        self.base_lr = lr
+        self.base_lr = float(lr)
         self.scale_momentum = scale_momentum
         self.scale_momentum_threshold = scale_momentum_threshold
         self.log_lr_change_threshold = log_lr_change_threshold
@@ -36,6 +36,7 @@ class DetectronSGD(torch.optim.Optimizer):
     def set_lr(self, new_lr, cur_iter=None):
         """Move to new_lr, rescaling momentum histories as Detectron's UpdateWorkspaceLr does."""
         old_lr = self.base_lr
+        new_lr = float(new_lr)  # lr_policy returns np.float32; checkpoints hold plain floats
         if new_lr == old_lr:
             return
         ratio = max(new_lr / old_lr, old_lr / new_lr) if old_lr > 0 and new_lr > 0 else float('inf')
