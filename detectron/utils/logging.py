@@ -1,12 +1,9 @@
-"""Detectron's log format, its `json_stats:` training lines and the smoothed values behind them."""
+"""Detectron's log format and its `json_stats:` training lines."""
 
 import json
 import logging
 import sys
-from collections import deque
 from numbers import Integral, Real
-
-import numpy as np
 
 _FORMAT = '%(levelname)s %(filename)s:%(lineno)4d: %(message)s'
 
@@ -42,25 +39,3 @@ def _json_value(value):
         return '{:.6f}'.format(value)
     return value
 
-
-class SmoothedValue:
-    """A series of values with its median and mean over a recent window and over all time."""
-
-    def __init__(self, window_size):
-        self.deque = deque(maxlen=window_size)
-        self.total = 0.0
-        self.count = 0
-
-    def AddValue(self, value):
-        self.deque.append(value)
-        self.count += 1
-        self.total += value
-
-    def GetMedianValue(self):
-        return np.median(self.deque)
-
-    def GetAverageValue(self):
-        return np.mean(self.deque)
-
-    def GetGlobalAverageValue(self):
-        return self.total / self.count
