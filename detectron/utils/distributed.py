@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from detectron.utils.errors import DetectronError, LaunchError
+from detectron.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,6 @@ TERMINATE_GRACE_S = 10.0
 
 TORCHRUN_VARIABLES = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_LOCALID', 'MASTER_ADDR', 'MASTER_PORT')
-
-_LOG_FORMAT = '%(levelname)s %(filename)s:%(lineno)4d: %(message)s'  # Detectron's
-
 
 class WorkerError(RuntimeError):
     """A worker of a launched job failed; the message names its rank and carries its traceback."""
@@ -86,6 +84,8 @@ def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout
     Under torchrun/SLURM each process returns its own result. Spawned workers need main_fn and args
     picklable (a module-level function) and send back rank 0's result by pickle.
     """
+    if num_processes < 1:
+        raise LaunchError('NUM_GPUS must be at least 1, got {}'.format(num_processes))
     device_type = _resolve_device_type(device)
     backend = backend or ('nccl' if device_type == 'cuda' else 'gloo')
     if backend == 'nccl' and device_type != 'cuda':
@@ -170,12 +170,12 @@ def _free_local_port():
 def _run_worker(main_fn, args, job, options):
     """Bind the device, join the process group, seed, log, then run main_fn."""
     _bind_device(options.device_type, job.local_rank)
-    _configure_worker_logging(job.rank)
+    _configure_worker_logging()
     # Under torchrun one process may launch twice (train, then test): the group of the first stays.
     if job.source != 'single process' and not _in_process_group():
         _init_process_group(job, options)
     _log_identity(job, options)
-    if job.rank != 0:
+    if job.rank != 0:  # the other ranks would repeat rank 0's messages
         logging.getLogger().setLevel(logging.WARNING)
     if options.seed is not None:
         seed_all_rngs(options.seed + job.rank)
@@ -192,16 +192,11 @@ def _bind_device(device_type, local_rank):
         _state['device'] = torch.device('cpu')
 
 
-def _configure_worker_logging(rank):
-    root = logging.getLogger()
-    if root.handlers:  # the tool's own set-up (in-process and torchrun runs) stays
-        return
-    # A freshly spawned worker: Detectron's format on stdout, ranks other than 0 marked.
-    handler = logging.StreamHandler(sys.stdout)
-    prefix = '[rank {}] '.format(rank) if rank else ''
-    handler.setFormatter(logging.Formatter(prefix + _LOG_FORMAT))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
+def _configure_worker_logging():
+    # A freshly spawned worker has no handlers; a tool's own process (in-process and torchrun runs)
+    # keeps its set-up. Every rank starts at INFO so that its identity line shows.
+    if not logging.getLogger().handlers:
+        setup_logging(__name__)
 
 
 def _init_process_group(job, options):
@@ -240,6 +235,8 @@ def seed_all_rngs(seed):
 # spawned workers and their watcher
 
 def _spawn_and_watch(main_fn, args, num_processes, options, port):
+    logger.info('Starting %d worker processes on 127.0.0.1:%d (backend %s, device %s)', num_processes, port,
+                options.backend, options.device_type)
     context = torch.multiprocessing.get_context('spawn')
     with tempfile.TemporaryDirectory(prefix='detectron_launch_') as report_dir:
         workers = [context.Process(target=_spawned_worker, name='rank{}'.format(rank),
@@ -352,7 +349,8 @@ def _describe_exit(rank, world_size, exitcode):
         name = signal.Signals(-exitcode).name
         hint = ' (often the out-of-memory killer; see dmesg)' if name == 'SIGKILL' else ''
         return 'worker rank {} of {} was killed by {}{}'.format(rank, world_size, name, hint)
-    return 'worker rank {} of {} exited with code {} without a Python error'.format(rank, world_size, exitcode)
+    return 'worker rank {} of {} exited with code {} without a Python error'.format(
+        rank, world_size, exitcode)
 
 
 # ----------------------------------------------------------------------------------------------

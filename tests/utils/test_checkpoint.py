@@ -49,7 +49,8 @@ def test_round_trip_model_optimizer_iteration_extra_and_rng(tmp_path):
     for key, value in model.state_dict().items():
         assert torch.equal(other_model.state_dict()[key], value)
     for param, other in zip(model.parameters(), other_model.parameters()):
-        assert torch.equal(other_optimizer.state[other]['momentum_buffer'], optimizer.state[param]['momentum_buffer'])
+        assert torch.equal(other_optimizer.state[other]['momentum_buffer'],
+                           optimizer.state[param]['momentum_buffer'])
     # Plain data only: the file loads without running pickled code.
     assert torch.load(path, map_location='cpu', weights_only=True)['iteration'] == 41
 

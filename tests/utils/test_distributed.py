@@ -152,6 +152,11 @@ def test_more_gpus_than_visible_is_a_launch_error_before_any_process_starts(monk
         distributed.launch(pytest.fail, 4)
 
 
+def test_zero_processes_is_a_launch_error():
+    with pytest.raises(LaunchError, match='NUM_GPUS must be at least 1, got 0'):
+        distributed.launch(pytest.fail, 0, device='cpu')
+
+
 def test_cuda_asked_without_gpus_is_a_launch_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 0)
     monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
@@ -242,10 +247,10 @@ def test_slurm_tasks_form_one_job(tmp_path):
     script = tmp_path / 'job.py'
     script.write_text(LAUNCHED_SCRIPT)
     port = str(distributed._free_local_port())
-    tasks = [subprocess.Popen([sys.executable, str(script), '2'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_clean_env(SLURM_PROCID=str(r), SLURM_NTASKS='2',
-                                                        SLURM_LOCALID=str(r), MASTER_ADDR='127.0.0.1',
-                                                        MASTER_PORT=port))
+    tasks = [subprocess.Popen([sys.executable, str(script), '2'], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=_clean_env(SLURM_PROCID=str(r), SLURM_NTASKS='2', SLURM_LOCALID=str(r),
+                                             MASTER_ADDR='127.0.0.1', MASTER_PORT=port))
              for r in (0, 1)]
     outputs = [task.communicate(timeout=120) for task in tasks]
     assert [task.returncode for task in tasks] == [0, 0], outputs
