@@ -17,20 +17,21 @@ import torch
 from detectron.core import test as test_lib
 from detectron.core.config import cfg, get_output_dir
 from detectron.core.train_engine import adopt_cfg, worker_device
-from detectron.datasets import dataset_catalog, task_evaluation
+from detectron.datasets import task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
 from detectron.utils.c2_weights import load_weights
-from detectron.utils.io import cache_url, load_object, save_object
+from detectron.utils.io import cache_url, save_object
 
 logger = logging.getLogger(__name__)
 
 
 def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
     """Test weights_file on every TEST.DATASETS entry in turn; returns {dataset: {'box': metrics}}."""
+    adopt_cfg(cfg)
     if ind_range is not None:
         if len(cfg.TEST.DATASETS) != 1:
             raise ValueError('--range needs exactly one TEST.DATASETS entry, got {}'.format(cfg.TEST.DATASETS))
@@ -42,32 +43,42 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
         logger.info('Wrote detections of range %s to %s', ind_range, path)
         return {}
     results = collections.OrderedDict()
+    parallel = _parallel_testing(multi_gpu_testing)
     for name in cfg.TEST.DATASETS:
         output_dir = get_output_dir((name,), training=False)
-        if multi_gpu_testing and cfg.NUM_GPUS > 1:
-            distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name, output_dir),
-                               device='cuda' if torch.cuda.is_available() else 'cpu')
-            if not distributed.is_main_process():
-                continue
-            all_boxes = _load_detections(output_dir)
+        if parallel:
+            all_boxes = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
+                                           device='cuda' if torch.cuda.is_available() else 'cpu')
         else:
             all_boxes = test_net(weights_file, name, output_dir)[1]
-            _write_detections(all_boxes, output_dir)
+        if all_boxes is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
+            continue
+        _write_detections(all_boxes, output_dir)
         results.update(task_evaluation.evaluate_all(JsonDataset(name), all_boxes, output_dir))
     if results:
         task_evaluation.log_copy_paste_friendly_results(results)
     return results
 
 
-def _test_worker(cfg_snapshot, weights_file, name, output_dir):
+def _parallel_testing(multi_gpu_testing):
+    """Test on all ranks when asked, or whenever a launcher (torchrun/SLURM) started several processes."""
+    job = distributed.job_from_environment()
+    if job is not None and job.world_size > 1:
+        if not multi_gpu_testing:
+            logger.info('%d processes were started by %s: testing on all of them', job.world_size, job.source)
+        return True
+    return multi_gpu_testing and cfg.NUM_GPUS > 1
+
+
+def _test_worker(cfg_snapshot, weights_file, name):
+    """One rank's contiguous range; returns the merged all_boxes on rank 0 and None elsewhere."""
     adopt_cfg(cfg_snapshot)
-    num_images = len(JsonDataset(name).get_roidb())
+    output_dir = get_output_dir((name,), training=False)
+    num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]
     _, all_boxes = test_net(weights_file, name, output_dir, (start, end))
     gathered = distributed.all_gather_object(all_boxes)
-    if distributed.is_main_process():
-        _write_detections(merge_ranges(gathered), output_dir)
-    distributed.synchronize()
+    return merge_ranges(gathered) if distributed.is_main_process() else None
 
 
 def merge_ranges(per_range_boxes):
@@ -82,13 +93,7 @@ def _write_detections(all_boxes, output_dir):
     logger.info('Wrote detections to: %s', os.path.abspath(path))
 
 
-def _load_detections(output_dir):
-    return load_object(os.path.join(output_dir, 'detections.pkl'))['all_boxes']
-
-
 def load_test_model(weights_file, device):
-    if cfg.DATASET_CATALOG:
-        dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     model = model_builder.create(cfg)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
     load_weights(model, path)

@@ -42,6 +42,7 @@ class NonFiniteLossError(DetectronError, FloatingPointError):
 
 def train_model():
     """Train the model described by cfg; returns {'final': path of model_final.pth}."""
+    adopt_cfg(cfg)
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     final_path = os.path.join(output_dir, 'model_final.pth')
     if cfg.TRAIN.AUTO_RESUME and os.path.exists(final_path):
@@ -56,12 +57,14 @@ def _device_kind():
 
 
 def adopt_cfg(snapshot):
-    """Make the global cfg equal to the snapshot a spawned worker received."""
-    if snapshot is cfg:
-        return
-    cfg.defrost()
-    cfg.merge_from_other_cfg(snapshot)
-    cfg.freeze()
+    """Make this process's global cfg equal to `snapshot` (what a spawned worker received) and
+    register the config's custom dataset catalog, so every worker resolves the same dataset names."""
+    if snapshot is not cfg:
+        cfg.defrost()
+        cfg.merge_from_other_cfg(snapshot)
+        cfg.freeze()
+    if cfg.DATASET_CATALOG:
+        dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
 
 
 def worker_device():
@@ -72,8 +75,6 @@ def worker_device():
 
 def train_worker(cfg_snapshot):
     adopt_cfg(cfg_snapshot)
-    if cfg.DATASET_CATALOG:
-        dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     device = worker_device()
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
