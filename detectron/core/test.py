@@ -280,9 +280,9 @@ def soft_nms_with_variance_voting_t(boxes, scores, sigmas, counts, vote_thresh, 
     pending = positions < counts[:, None]
     scores = scores.clone()
     voted = boxes.clone()
-    inv_var = 1.0 / sigmas ** 2
+    # KL-Loss's vote terms, box / sigma^2 and 1 / sigma^2, are float32; its weights are float64.
     weighted_boxes = (boxes / sigmas ** 2).double()
-    inv_var = inv_var.double()
+    inv_var = (1.0 / sigmas ** 2).double()
     pairwise_iou = torch.func.vmap(box_utils.box_iou_t)
     step = 0
     while num_sets and step < int(num_live.max()):
@@ -318,10 +318,9 @@ def _first_best_live_position(scores, order, step, num_live):
 
 
 def _swap_columns(order, step, other):
-    at_step = order[:, step].clone()
-    at_other = order.gather(1, other[:, None])[:, 0]
-    order[:, step] = at_other
-    return order.scatter(1, other[:, None], at_step[:, None])
+    swapped = order.scatter(1, other[:, None], order[:, step:step + 1])
+    swapped[:, step] = order.gather(1, other[:, None])[:, 0]
+    return swapped
 
 
 def _decayed_scores(scores, iou, hard_nms_thresh):
