@@ -15,6 +15,10 @@ from detectron.modeling.generate_anchors import generate_anchors
 from detectron.roi_data.rpn import RPN_BBOX_REG_WEIGHTS
 from detectron.utils import boxes as box_utils
 
+# Level of the first feature map the RPN sees (Detectron's FPN.RPN_MIN_LEVEL): losses are named
+# after their level, loss_rpn_cls_fpn2 ... loss_rpn_cls_fpn6.
+FIRST_RPN_LEVEL = 2
+
 # SmoothL1 transition point of the RPN box loss (FPN.add_fpn_rpn_losses).
 RPN_SMOOTH_L1_BETA = 1.0 / 9.0
 
@@ -85,14 +89,16 @@ def _decoded_top_proposals(logits, deltas, anchors, pre_nms_top_n, xyxy):
 
     Returns boxes (B, k, 4) in network-input coordinates (unclipped) and scores (B, k), best first.
     """
-    scores = _scores_in_anchor_order(logits)
+    # float32 whatever the head ran in (e.g. autocast): box decoding needs the precision.
+    scores = _scores_in_anchor_order(logits.float())
     num_anchors = scores.shape[1]
     k = num_anchors if pre_nms_top_n <= 0 else min(pre_nms_top_n, num_anchors)
     top_scores, top_idx = scores.topk(k, dim=1, sorted=True)
     top_deltas = torch.gather(
-        _deltas_in_anchor_order(deltas), 1, top_idx.unsqueeze(-1).expand(-1, -1, 4))
-    boxes = box_utils.bbox_transform_t(
-        anchors.reshape(-1, 4)[top_idx].reshape(-1, 4), top_deltas.reshape(-1, 4), RPN_BBOX_REG_WEIGHTS, xyxy=xyxy)
+        _deltas_in_anchor_order(deltas.float()), 1, top_idx.unsqueeze(-1).expand(-1, -1, 4))
+    top_anchors = anchors.reshape(-1, 4)[top_idx]
+    boxes = box_utils.bbox_transform_t(top_anchors.reshape(-1, 4), top_deltas.reshape(-1, 4),
+                                       RPN_BBOX_REG_WEIGHTS, xyxy=xyxy)
     return boxes.reshape(top_deltas.shape), top_scores
 
 
@@ -211,9 +217,9 @@ def rpn_losses(logits, deltas, rpn_targets, ims_per_batch, batch_size_per_im=256
     levels = zip(logits, deltas, rpn_targets.labels, rpn_targets.bbox_targets,
                  rpn_targets.bbox_inside_weights, rpn_targets.bbox_outside_weights)
     for i, (lvl_logits, lvl_deltas, labels, targets, inside_w, outside_w) in enumerate(levels):
-        level = i + 2
-        losses['loss_rpn_cls_fpn{}'.format(level)] = _sigmoid_cross_entropy_sum(
+        level = FIRST_RPN_LEVEL + i
+        losses[f'loss_rpn_cls_fpn{level}'] = _sigmoid_cross_entropy_sum(
             lvl_logits, labels) / (batch_size_per_im * ims_per_batch)
-        losses['loss_rpn_bbox_fpn{}'.format(level)] = _weighted_smooth_l1_sum(
+        losses[f'loss_rpn_bbox_fpn{level}'] = _weighted_smooth_l1_sum(
             lvl_deltas, targets, inside_w, outside_w, RPN_SMOOTH_L1_BETA) / lvl_deltas.shape[0]
     return losses

@@ -184,4 +184,5 @@ def _expand_bbox_targets(regression_class, targets, num_reg_classes):
     on_class[:, 0] = False
     on_class = on_class.unsqueeze(2).expand(-1, -1, 4)
     expanded = torch.where(on_class, targets.unsqueeze(1), torch.zeros_like(targets).unsqueeze(1))
-    return expanded.reshape(len(targets), -1), on_class.to(targets.dtype).reshape(len(targets), -1)
+    shape = (len(targets), 4 * num_reg_classes)
+    return expanded.reshape(shape), on_class.to(targets.dtype).reshape(shape)

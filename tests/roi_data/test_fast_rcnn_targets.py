@@ -231,3 +231,16 @@ def test_sampling_is_reproducible_with_a_seeded_generator():
                         generator=torch.Generator().manual_seed(seed)) for seed in (5, 5, 6)]
     assert torch.equal(runs[0].rois, runs[1].rois)
     assert not torch.equal(runs[0].rois, runs[2].rois)
+
+
+def test_images_without_gt_or_proposals_give_bg_or_nothing():
+    out = sample_rois(torch.tensor([[1., 2., 2., 20., 20.]]), torch.tensor([1., 2.]),
+                      [torch.zeros(0, 4)] * 2, [torch.zeros(0, dtype=torch.long)] * 2,
+                      [torch.zeros(0, dtype=torch.bool)] * 2, num_classes=3, batch_size_per_im=8)
+    assert out.rois.tolist() == [[1., 2., 2., 20., 20.]]
+    assert out.labels.tolist() == [0]
+    assert out.bbox_targets.tolist() == [[0.] * 12]
+    empty = sample_rois(torch.zeros(0, 5), torch.tensor([1.]), [torch.zeros(0, 4)],
+                        [torch.zeros(0, dtype=torch.long)], [torch.zeros(0, dtype=torch.bool)],
+                        num_classes=3, batch_size_per_im=8)
+    assert empty.rois.shape == (0, 5) and empty.bbox_targets.shape == (0, 12)
