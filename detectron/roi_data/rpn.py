@@ -4,6 +4,8 @@ Mirrors Detectron's `roi_data/rpn.py` (_get_rpn_blobs), computed batched on the 
 instead of in the data loader. Detectron labels a square "field of anchors" and narrows it to the
 feature map; with the default straddle threshold (0) every anchor outside the feature map is
 also outside the image and ignored, so labelling the feature map's anchors directly is the same.
+(With straddle_thresh < 0, Detectron would also draw background among field anchors that the
+narrowing then drops; here only the feature map's anchors exist.)
 """
 
 from typing import List, NamedTuple
