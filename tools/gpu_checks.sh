@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU runs recorded in BENCHMARKS.md, as run on the lent H200 machine (see that file).
+# Needs: .whl/ (yacs, pycocotools, Cython wheels for the machine's Python) and .data/coco_tiny
+# (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
+#   bash tools/gpu_checks.sh setup bench kl_scaling multi_gpu_test coco_tiny_ap
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
+ROOT=$(pwd)
+CATALOG=$OUT/catalog.json
+KL_CFG=configs/e2e_faster_rcnn_R-50-FPN_2x.yaml
+KL=(DATASET_CATALOG "$CATALOG" TRAIN.WEIGHTS "''"
+    TRAIN.DATASETS "('coco_tiny_train',)" TEST.DATASETS "('coco_tiny_val',)" SOLVER.BASE_LR 0.002
+    SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6)
+
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  PATH=/tmp/site/bin:$PATH python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  cat > "$CATALOG" <<JSON
+{"coco_tiny_train": {"image_directory": "$ROOT/.data/coco_tiny/train2017",
+  "annotation_file": "$ROOT/.data/coco_tiny/annotations/instances_train2017.json"},
+ "coco_tiny_val": {"image_directory": "$ROOT/.data/coco_tiny/val2017",
+  "annotation_file": "$ROOT/.data/coco_tiny/annotations/instances_val2017.json"}}
+JSON
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpus.txt"
+  python3 -c "import torch, torchvision; print(torch.__version__, torchvision.__version__)" | tee -a "$OUT/gpus.txt"
+  git rev-parse HEAD 2>/dev/null | tee -a "$OUT/gpus.txt"
+}
+
+bench() {
+  python3 tools/benchmark.py --precision bf16 --mode train test --iters 20 --warmup 5 2>&1 | tee "$OUT/bench_bf16.log"
+}
+
+kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 then 2 (NCCL)
+  for n in 1 2; do
+    python3 tools/train_net.py -c $KL_CFG --skip-test "${KL[@]}" NUM_GPUS $n SOLVER.MAX_ITER 100 \
+      OUTPUT_DIR /tmp/kl_gpus$n > "$OUT/kl_train_gpus$n.log" 2>&1
+    echo "NUM_GPUS $n exit $?"; grep json_stats "$OUT/kl_train_gpus$n.log" | tail -2
+  done
+}
+
+multi_gpu_test() {  # the 2-GPU model tested on 1 GPU and on 2 GPUs: detections must be equal
+  W=/tmp/kl_gpus2/train/coco_tiny_train/generalized_rcnn/model_final.pth
+  python3 tools/test_net.py -c $KL_CFG "${KL[@]}" TEST.WEIGHTS $W NUM_GPUS 1 OUTPUT_DIR /tmp/t1 > "$OUT/test_1gpu.log" 2>&1
+  echo "1-GPU test exit $?"
+  python3 tools/test_net.py -c $KL_CFG --multi-gpu-testing "${KL[@]}" TEST.WEIGHTS $W NUM_GPUS 2 OUTPUT_DIR /tmp/t2 > "$OUT/test_2gpu.log" 2>&1
+  echo "2-GPU test exit $?"
+  python3 - <<'PY' | tee "$OUT/test_equal.txt"
+import numpy as np
+from detectron.utils.io import load_object
+a = load_object('/tmp/t1/test/coco_tiny_val/generalized_rcnn/detections.pkl')['all_boxes']
+b = load_object('/tmp/t2/test/coco_tiny_val/generalized_rcnn/detections.pkl')['all_boxes']
+n = sum(len(d) for c in a for d in c)
+diff = max((np.abs(np.asarray(x) - np.asarray(y)).max() if len(x) else 0.0)
+           for ca, cb in zip(a, b) for x, y in zip(ca, cb))
+same_shape = all(np.shape(x) == np.shape(y) for ca, cb in zip(a, b) for x, y in zip(ca, cb))
+print('detections', n, 'same per-class/per-image counts', same_shape, 'max abs difference', diff)
+PY
+}
+
+coco_tiny_ap() {  # a small GN body trained from scratch on coco_tiny train, tested on the same images
+  python3 tools/train_net.py -c configs/getting_started/shapes_demo_R-18-FPN.yaml --multi-gpu-testing \
+    DATASET_CATALOG $CATALOG NUM_GPUS 2 TRAIN.DATASETS "('coco_tiny_train',)" TEST.DATASETS "('coco_tiny_train',)" \
+    MODEL.NUM_CLASSES 81 FPN.RPN_ANCHOR_START_SIZE 32 FPN.DIM 256 FAST_RCNN.MLP_HEAD_DIM 1024 \
+    TRAIN.SCALES "(512,)" TRAIN.MAX_SIZE 853 TEST.SCALE 512 TEST.MAX_SIZE 853 TRAIN.IMS_PER_BATCH 4 \
+    SOLVER.MAX_ITER 1500 SOLVER.STEPS "[0, 1000, 1300]" SOLVER.BASE_LR 0.02 \
+    TRAIN.RPN_PRE_NMS_TOP_N 2000 TRAIN.RPN_POST_NMS_TOP_N 1000 TEST.RPN_PRE_NMS_TOP_N 1000 TEST.RPN_POST_NMS_TOP_N 1000 \
+    SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 TRAIN.SNAPSHOT_ITERS 100000 \
+    OUTPUT_DIR /tmp/coco_tiny_ap > "$OUT/coco_tiny_ap.log" 2>&1
+  echo "coco_tiny exit $?"; grep -E "json_stats" "$OUT/coco_tiny_ap.log" | tail -1; grep copypaste "$OUT/coco_tiny_ap.log"
+}
+
+for step in "$@"; do "$step"; done
