@@ -91,11 +91,7 @@ def train_worker(cfg_snapshot):
     start_iter = _resume_or_initialise(model, optimizer, output_dir)
     loop = TrainLoop(model, optimizer, device, output_dir, start_iter)
     loop.run()
-    if distributed.is_main_process():
-        checkpoint.save_checkpoint(os.path.join(output_dir, 'model_final.pth'), loop.model_without_ddp,
-                                   optimizer, cfg.SOLVER.MAX_ITER - 1, extra={'cfg': cfg.dump()})
-        logger.info('Wrote final model to %s', os.path.join(output_dir, 'model_final.pth'))
-    distributed.synchronize()
+    loop.save('model_final.pth', cfg.SOLVER.MAX_ITER - 1)
 
 
 def _resume_or_initialise(model, optimizer, output_dir):
@@ -103,8 +99,8 @@ def _resume_or_initialise(model, optimizer, output_dir):
     last = checkpoint.find_last_checkpoint(output_dir) if cfg.TRAIN.AUTO_RESUME else None
     if last:
         logger.info('========> Resuming from checkpoint %s', last)
-        state = checkpoint.load_checkpoint(last, model, optimizer)
-        return state['iteration'] + 1
+        return checkpoint.resume_from(last, model, optimizer, sampler_state={
+            'seed': cfg.RNG_SEED, 'global_batch_size': images_per_step()})
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         missing, unused = load_weights(model, path)
@@ -214,15 +210,19 @@ class TrainLoop:
             self._record(cur_iter, lr, total, outputs, time.time() - tic)
             tic = time.time()
             if (cur_iter + 1) % period == 0 and cur_iter > self.start_iter:
-                self._save(cur_iter)
+                self.save(checkpoint.checkpoint_name(cur_iter), cur_iter)
         if self.events is not None:
             self.events.close()
 
-    def _save(self, cur_iter):
+    def save(self, name, iteration):
+        """Checkpoint on rank 0 with every rank's RNG state (a collective: all ranks call it)."""
+        rng_states = checkpoint.gather_rng_states()
         if distributed.is_main_process():
-            path = os.path.join(self.output_dir, 'model_iter{}.pth'.format(cur_iter))
-            checkpoint.save_checkpoint(path, self.model_without_ddp, self.optimizer, cur_iter,
-                                       extra={'cfg': cfg.dump()})
+            path = os.path.join(self.output_dir, name)
+            sampler_state = {'seed': cfg.RNG_SEED, 'global_batch_size': images_per_step()}
+            checkpoint.save_checkpoint(path, self.model_without_ddp, self.optimizer, iteration,
+                                       extra={'cfg': cfg.dump()}, rng_states=rng_states,
+                                       sampler_state=sampler_state)
             logger.info('Wrote checkpoint %s', path)
             if self.history:
                 write_training_curves(os.path.join(self.output_dir, 'training_curves.png'), self.history)
@@ -254,6 +254,11 @@ class TrainLoop:
                  'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
         stats.update({k: float(v) for k, v in medians.items()})
         return stats
+
+
+def images_per_step():
+    """Images of one optimizer step over all processes (the sampler's global batch per micro-step)."""
+    return cfg.TRAIN.IMS_PER_BATCH * distributed.get_world_size()
 
 
 def checkpoint_period():
