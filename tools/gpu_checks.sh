@@ -11,7 +11,11 @@ CATALOG=$OUT/catalog.json
 KL_CFG=configs/e2e_faster_rcnn_R-50-FPN_2x.yaml
 KL=(DATASET_CATALOG "$CATALOG" TRAIN.WEIGHTS "''"
     TRAIN.DATASETS "('coco_tiny_train',)" TEST.DATASETS "('coco_tiny_val',)" SOLVER.BASE_LR 0.002
-    SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6)
+    SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6
+    # No ImageNet weights can be fetched on the GPU machine: a frozen-affine R-50 from random init
+    # diverges (NaN by iteration 12), so these runs use Detectron's GN-from-scratch body variant.
+    RESNETS.STEM_FUNC basic_gn_stem RESNETS.TRANS_FUNC bottleneck_gn_transformation
+    RESNETS.SHORTCUT_FUNC basic_gn_shortcut FPN.USE_GN True TRAIN.FREEZE_AT 0)
 
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1

@@ -190,7 +190,7 @@ class TrainLoop:
     def _check_finite(self, total, cur_iter, outputs):
         if torch.isfinite(total).item():
             return
-        parts = ', '.join('{}={:.4g}'.format(k, float(v)) for k, v in outputs.items() if k.startswith('loss'))
+        parts = ', '.join('{}={:.4g}'.format(k, float(v.detach())) for k, v in outputs.items() if k.startswith('loss'))
         raise NonFiniteLossError(
             'Loss is {} at iteration {} ({}). The last good checkpoint in {} is intact; lower '
             'SOLVER.BASE_LR or check the data.'.format(float(total), cur_iter, parts, self.output_dir))
