@@ -2,7 +2,7 @@
 # The GPU runs recorded in BENCHMARKS.md, as run on the lent H200 machine (see that file).
 # Needs: .whl/ (yacs, pycocotools, Cython wheels for the machine's Python) and .data/coco_tiny
 # (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
-#   bash tools/gpu_checks.sh setup bench kl_scaling multi_gpu_test coco_tiny_ap
+#   bash tools/gpu_checks.sh setup bench kl_scaling multi_gpu_test coco_tiny_ap noisy_kl
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
@@ -73,6 +73,21 @@ coco_tiny_ap() {  # a small GN body trained from scratch on coco_tiny train, tes
     SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 TRAIN.SNAPSHOT_ITERS 100000 \
     OUTPUT_DIR /tmp/coco_tiny_ap > "$OUT/coco_tiny_ap.log" 2>&1
   echo "coco_tiny exit $?"; grep -E "json_stats" "$OUT/coco_tiny_ap.log" | tail -1; grep copypaste "$OUT/coco_tiny_ap.log"
+}
+
+noisy_kl() {  # KL-Loss vs smooth-L1 on shapes_noisy_train, same schedule, tested on clean shapes_val
+  for seed in 3 4; do
+    python3 tools/train_net.py -c configs/getting_started/shapes_demo_R-18-FPN_noisy_baseline.yaml \
+      RNG_SEED $seed DATA_LOADER.NUM_THREADS 4 OUTPUT_DIR /tmp/noisy_base_$seed > "$OUT/noisy_base_$seed.log" 2>&1
+    python3 tools/train_net.py -c configs/getting_started/shapes_demo_R-18-FPN_kl.yaml \
+      RNG_SEED $seed DATA_LOADER.NUM_THREADS 4 OUTPUT_DIR /tmp/noisy_kl_$seed > "$OUT/noisy_kl_$seed.log" 2>&1
+    python3 tools/test_net.py -c configs/getting_started/shapes_demo_R-18-FPN_kl.yaml STD_NMS False \
+      TEST.WEIGHTS /tmp/noisy_kl_$seed/train/shapes_noisy_train/generalized_rcnn/model_final.pth \
+      OUTPUT_DIR /tmp/noisy_kl_novote_$seed > "$OUT/noisy_kl_novote_$seed.log" 2>&1
+    for run in base kl kl_novote; do
+      echo "seed $seed $run $(grep 'copypaste: [0-9]' "$OUT/noisy_${run}_$seed.log" | tail -1)"
+    done
+  done
 }
 
 for step in "$@"; do "$step"; done
