@@ -8,6 +8,7 @@ handed; rank 0 alone writes checkpoints, logs, TensorBoard events and the traini
 import collections
 import contextlib
 import datetime
+import itertools
 import logging
 import math
 import os
@@ -154,7 +155,13 @@ class TrainLoop:
             pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE,
             num_workers=cfg.DATA_LOADER.NUM_THREADS, seed=cfg.RNG_SEED,
             start_iter=self.start_iter * cfg.SOLVER.ITER_SIZE)
-        return iter(loader)
+        batches = iter(loader)
+        # Starting a DataLoader draws its workers' base seed from torch's global generator. A resumed
+        # run starts it after restoring the RNG states, so that draw is isolated (with the first batch)
+        # to keep the random stream of RoI sampling identical to the uninterrupted run's.
+        with torch.random.fork_rng(devices=[]):
+            first = next(batches)
+        return itertools.chain([first], batches)
 
     def _to_device(self, batch):
         images, im_info, targets = batch
