@@ -200,7 +200,7 @@ class TrainLoop:
         parts = ', '.join('{}={:.4g}'.format(k, float(v.detach())) for k, v in outputs.items() if k.startswith('loss'))
         raise NonFiniteLossError(
             'Loss is {} at iteration {} ({}). The last good checkpoint in {} is intact; lower '
-            'SOLVER.BASE_LR or check the data.'.format(float(total), cur_iter, parts, self.output_dir))
+            'SOLVER.BASE_LR or check the data.'.format(float(total.detach()), cur_iter, parts, self.output_dir))
 
     def run(self):
         self.model.train()
