@@ -1,0 +1,301 @@
+"""train_model end to end on a tiny COCO-format dataset (CPU): Detectron's output layout, json_stats,
+TensorBoard events, the curves PNG, AUTO_RESUME (exact continuation), skipping a finished run and the
+non-finite-loss stop.
+
+The tiny dataset and config helpers here are also used by tests/core/test_test_engine.py.
+"""
+import glob
+import itertools
+import json
+import logging
+import os
+import re
+import shutil
+import struct
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detectron.core import train_engine
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.datasets import dataset_catalog
+from detectron.modeling import fast_rcnn_heads, model_builder
+from detectron.utils import checkpoint, lr_policy
+from detectron.utils.c2_weights import load_weights
+from detectron.utils.errors import DetectronError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHAPES_CFG = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml')
+
+# Two classes with non-contiguous json ids, so the contiguous <-> json id mapping matters.
+TINY_CATEGORIES = [{'id': 7, 'name': 'red'}, {'id': 3, 'name': 'blue'}]
+_CATEGORY_COLORS = {7: (40, 40, 220), 3: (220, 60, 40)}  # BGR
+TINY_IMAGE_SIZES = [(64, 96)] * 6 + [(96, 64)] * 2  # (height, width): landscape and portrait groups
+
+# The shapes demo shrunk to run an iteration in well under a second on one CPU core.
+TINY_OVERRIDES = [
+    'TRAIN.DATASETS', "('tiny_train',)", 'TEST.DATASETS', "('tiny_val',)", 'MODEL.NUM_CLASSES', '3',
+    'FPN.DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '64', 'GROUP_NORM.NUM_GROUPS', '32',
+    'TRAIN.SCALES', '(64,)', 'TRAIN.MAX_SIZE', '96', 'TEST.SCALE', '64', 'TEST.MAX_SIZE', '96',
+    'TRAIN.RPN_PRE_NMS_TOP_N', '200', 'TRAIN.RPN_POST_NMS_TOP_N', '64',
+    'TEST.RPN_PRE_NMS_TOP_N', '100', 'TEST.RPN_POST_NMS_TOP_N', '50',
+    'TRAIN.BATCH_SIZE_PER_IM', '32', 'TRAIN.IMS_PER_BATCH', '2', 'DATA_LOADER.NUM_THREADS', '0',
+    'SOLVER.MAX_ITER', '4', 'TRAIN.SNAPSHOT_ITERS', '2', 'SOLVER.WARM_UP_ITERS', '2',
+]
+TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'generalized_rcnn')
+
+
+def _draw_image(rng, height, width, categories):
+    """A noisy grey image with one filled rectangle per category; returns (image, COCO bboxes)."""
+    image = rng.randint(150, 200, size=(height, width, 3)).astype(np.uint8)
+    boxes = []
+    for category in categories:
+        w, h = rng.randint(14, 30), rng.randint(14, 30)
+        x, y = rng.randint(0, width - w), rng.randint(0, height - h)
+        image[y:y + h, x:x + w] = _CATEGORY_COLORS[category]
+        boxes.append([x, y, w, h])
+    return image, boxes
+
+
+def write_tiny_datasets(root):
+    """Write 8 images and the catalog of 'tiny_train', 'tiny_val' (all 8) and 'tiny_val_small'
+    (images 3..5) into root; returns the catalog path (for the DATASET_CATALOG key)."""
+    rng = np.random.RandomState(0)
+    (root / 'images').mkdir()
+    images, annotations = [], []
+    for i, (height, width) in enumerate(TINY_IMAGE_SIZES):
+        categories = [7, 3][:1 + i % 2] if i % 3 else [3]
+        image, boxes = _draw_image(rng, height, width, categories)
+        name = 'im{}.png'.format(i)
+        cv2.imwrite(str(root / 'images' / name), image)
+        images.append({'id': 100 + i, 'file_name': name, 'width': width, 'height': height})
+        annotations += [{'id': len(annotations) + 1, 'image_id': 100 + i, 'category_id': c, 'bbox': b,
+                         'area': b[2] * b[3], 'iscrowd': 0} for c, b in zip(categories, boxes)]
+    write_coco(root / 'all.json', images, annotations)
+    small = images[3:6]
+    write_coco(root / 'small.json', small, [a for a in annotations if 103 <= a['image_id'] <= 105])
+    catalog = {name: {'image_directory': 'images', 'annotation_file': ann}
+               for name, ann in (('tiny_train', 'all.json'), ('tiny_val', 'all.json'),
+                                 ('tiny_val_small', 'small.json'))}
+    path = root / 'catalog.json'
+    path.write_text(json.dumps(catalog))
+    return path
+
+
+def write_coco(path, images, annotations):
+    path.write_text(json.dumps({'images': images, 'annotations': annotations, 'categories': TINY_CATEGORIES}))
+
+
+def use_tiny_config(catalog, output_dir, *overrides):
+    """Set the global cfg to the tiny model on the tiny datasets (tests/conftest.py restores it)."""
+    cfg.defrost()
+    merge_cfg_from_file(SHAPES_CFG)
+    merge_cfg_from_list(TINY_OVERRIDES + ['DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir)]
+                        + list(overrides))
+    assert_and_infer_cfg()
+
+
+@pytest.fixture(autouse=True)
+def private_dataset_registrations(monkeypatch):
+    # The engines register DATASET_CATALOG in this process; keep that out of other tests.
+    monkeypatch.setattr(dataset_catalog, '_registered', {})
+
+
+@pytest.fixture(scope='module')
+def tiny_catalog(tmp_path_factory):
+    return write_tiny_datasets(tmp_path_factory.mktemp('tiny'))
+
+
+@pytest.fixture(scope='module')
+def finished_runs():
+    return {}
+
+
+@pytest.fixture
+def uninterrupted_run(tiny_catalog, finished_runs, capsys):
+    """cfg of the 4-iteration run; the run itself happens once per module.
+    Returns {'train_dir', 'result' (train_model's), 'stdout'}."""
+    output_dir = tiny_catalog.parent / 'uninterrupted'
+    use_tiny_config(tiny_catalog, output_dir)
+    if not finished_runs:
+        capsys.readouterr()
+        result = train_engine.train_model()
+        finished_runs.update(train_dir=str(output_dir / TRAIN_SUBDIR), result=result,
+                             stdout=capsys.readouterr().out)
+    return finished_runs
+
+
+def json_stats(stdout):
+    """The raw json_stats lines' text and their parsed dicts."""
+    lines = [line[len('json_stats: '):] for line in stdout.splitlines() if line.startswith('json_stats: ')]
+    return lines, [json.loads(line) for line in lines]
+
+
+def test_checkpoints_in_detectron_layout(uninterrupted_run):
+    train_dir = uninterrupted_run['train_dir']
+    assert uninterrupted_run['result'] == {'final': os.path.join(train_dir, 'model_final.pth')}
+    # Detectron's rule with period SNAPSHOT_ITERS / NUM_GPUS = 2, starting at iteration 0.
+    expected = ['model_iter{}.pth'.format(i) for i in range(4) if (i + 1) % 2 == 0 and i > 0]
+    assert expected == ['model_iter1.pth', 'model_iter3.pth']
+    assert sorted(os.listdir(train_dir)) == sorted(expected + ['model_final.pth', 'tensorboard',
+                                                                'training_curves.png'])
+    saved = {name: torch.load(os.path.join(train_dir, name), weights_only=True)
+             for name in expected + ['model_final.pth']}
+    assert [saved[name]['iteration'] for name in expected + ['model_final.pth']] == [1, 3, 3]
+    assert saved['model_final.pth']['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 2}
+    for key, value in saved['model_iter3.pth']['model'].items():
+        assert torch.equal(saved['model_final.pth']['model'][key], value), key
+    assert any(not torch.equal(saved['model_iter1.pth']['model'][k], v)
+               for k, v in saved['model_iter3.pth']['model'].items())
+
+
+def test_model_final_loads_as_weights(uninterrupted_run):
+    model = model_builder.create(cfg)
+    missing, unused = load_weights(model, uninterrupted_run['result']['final'])
+    assert (list(missing), list(unused)) == ([], [])
+    final = torch.load(uninterrupted_run['result']['final'], weights_only=True)['model']
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, final[key]), key
+
+
+def test_json_stats_lines_follow_detectron(uninterrupted_run):
+    raw, stats = json_stats(uninterrupted_run['stdout'])
+    # Logged every 20 iterations and at the last one.
+    assert [s['iter'] for s in stats] == [0, 3]
+    loss_keys = ['loss_cls', 'loss_bbox'] + ['loss_rpn_{}_fpn{}'.format(kind, level)
+                                             for kind in ('cls', 'bbox') for level in range(2, 7)]
+    expected_keys = sorted(['iter', 'lr', 'time', 'eta', 'mb_qsize', 'mem', 'loss', 'accuracy_cls'] + loss_keys)
+    for line, entry in zip(raw, stats):
+        assert re.findall(r'"(\w+)": ', line) == expected_keys  # sorted, as json.dumps(sort_keys=True)
+        floats = [k for k in expected_keys if k not in ('iter', 'eta', 'mb_qsize', 'mem')]
+        for key in floats:
+            assert re.fullmatch(r'-?\d+\.\d{6}', entry[key]), (key, entry[key])
+        assert isinstance(entry['iter'], int) and entry['mem'] == 0 and entry['mb_qsize'] == 0
+        assert re.fullmatch(r'\d+:\d\d:\d\d', entry['eta'])
+        assert entry['lr'] == '{:.6f}'.format(lr_policy.get_lr_at_iter(entry['iter']))
+        assert 0.0 <= float(entry['accuracy_cls']) <= 1.0
+    # Warm-up over 2 iterations from 1/3 of BASE_LR 0.02 (Detectron's linear warm-up).
+    assert [s['lr'] for s in stats] == ['0.006667', '0.020000']
+    # At iteration 0 each median is over one value, so the total is the sum of the parts.
+    first = stats[0]
+    assert float(first['loss']) == pytest.approx(sum(float(first[k]) for k in loss_keys), abs=2e-5)
+
+
+def _read_varint(buf, pos):
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        value |= (byte & 0x7F) << shift
+        shift, pos = shift + 7, pos + 1
+        if not byte & 0x80:
+            return value, pos
+
+
+def _proto_fields(buf):
+    """{field number: [values]} of a protobuf message: varints as ints, the rest as bytes."""
+    fields, pos = {}, 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        wire = key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        else:
+            size, pos = (8, pos) if wire == 1 else (4, pos) if wire == 5 else _read_varint(buf, pos)
+            value, pos = buf[pos:pos + size], pos + size
+        fields.setdefault(key >> 3, []).append(value)
+    return fields
+
+
+def _tensorboard_scalars(path):
+    """{step: {tag: value}} from a TFRecord event file (CRCs are test_tensorboard.py's business)."""
+    data, pos, scalars = open(path, 'rb').read(), 0, {}
+    while pos < len(data):
+        (length,) = struct.unpack('<Q', data[pos:pos + 8])
+        event = _proto_fields(data[pos + 12:pos + 12 + length])
+        pos += 16 + length
+        for summary in event.get(5, []):
+            for value in _proto_fields(summary)[1]:
+                fields = _proto_fields(value)
+                tag = fields[1][0].decode()
+                scalars.setdefault(event[2][0], {})[tag] = struct.unpack('<f', fields[2][0])[0]
+    return scalars
+
+
+def test_tensorboard_events_hold_the_logged_iterations(uninterrupted_run):
+    (path,) = glob.glob(os.path.join(uninterrupted_run['train_dir'], 'tensorboard', 'events.out.tfevents.*'))
+    scalars = _tensorboard_scalars(path)
+    _, stats = json_stats(uninterrupted_run['stdout'])
+    assert sorted(scalars) == [0, 3]
+    for entry in stats:
+        logged = scalars[entry['iter']]
+        assert 'eta' not in logged and 'iter' not in logged  # strings and the step are not scalars
+        for tag in ('loss', 'lr', 'loss_cls', 'loss_bbox', 'accuracy_cls', 'time'):
+            assert logged[tag] == pytest.approx(float(entry[tag]), abs=1e-6), tag
+
+
+def test_training_curves_png_is_written(uninterrupted_run):
+    image = cv2.imread(os.path.join(uninterrupted_run['train_dir'], 'training_curves.png'))
+    assert image is not None and image.shape == (1000, 800, 3)  # loss panel over lr panel
+    assert (image != 255).any(axis=2).sum() > 1000
+
+
+def test_finished_run_is_not_trained_again(uninterrupted_run, caplog):
+    train_dir = uninterrupted_run['train_dir']
+    before = {name: os.stat(os.path.join(train_dir, name)).st_mtime_ns for name in os.listdir(train_dir)}
+    with caplog.at_level(logging.INFO):
+        result = train_engine.train_model()
+    assert result == {'final': os.path.join(train_dir, 'model_final.pth')}
+    assert 'model_final.pth exists; no need to train!' in caplog.text
+    assert {name: os.stat(os.path.join(train_dir, name)).st_mtime_ns for name in os.listdir(train_dir)} == before
+
+
+def test_auto_resume_continues_the_interrupted_run_exactly(uninterrupted_run, tiny_catalog, caplog, capsys):
+    output_dir = tiny_catalog.parent / 'resumed'
+    use_tiny_config(tiny_catalog, output_dir)
+    train_dir = output_dir / TRAIN_SUBDIR
+    train_dir.mkdir(parents=True)
+    # What a run stopped after iteration 1's checkpoint leaves behind.
+    shutil.copy(os.path.join(uninterrupted_run['train_dir'], 'model_iter1.pth'), train_dir)
+    with caplog.at_level(logging.INFO):
+        train_engine.train_model()
+    assert 'Resuming from checkpoint {}'.format(train_dir / 'model_iter1.pth') in caplog.text
+    assert sorted(os.listdir(train_dir)) == ['model_final.pth', 'model_iter1.pth', 'model_iter3.pth', 'tensorboard',
+                                             'training_curves.png']
+    _, stats = json_stats(capsys.readouterr().out)
+    assert [s['iter'] for s in stats] == [3]
+    resumed = torch.load(train_dir / 'model_final.pth', weights_only=True)
+    uninterrupted = torch.load(uninterrupted_run['result']['final'], weights_only=True)
+    for key, value in uninterrupted['model'].items():
+        assert torch.equal(resumed['model'][key], value), key
+    for param_id, state in uninterrupted['optimizer']['state'].items():
+        assert torch.equal(resumed['optimizer']['state'][param_id]['momentum_buffer'], state['momentum_buffer'])
+    assert resumed['optimizer']['base_lr'] == uninterrupted['optimizer']['base_lr']
+
+
+def test_non_finite_loss_stops_with_the_iteration_and_keeps_the_checkpoint(tiny_catalog, monkeypatch):
+    output_dir = tiny_catalog.parent / 'nan'
+    use_tiny_config(tiny_catalog, output_dir)
+    real_losses = fast_rcnn_heads.fast_rcnn_losses
+    calls = itertools.count()
+
+    def nan_from_iteration_2(*args, **kwargs):
+        losses = real_losses(*args, **kwargs)
+        if next(calls) >= 2:  # one forward per iteration
+            losses['loss_cls'] = losses['loss_cls'] * float('nan')
+        return losses
+
+    monkeypatch.setattr(fast_rcnn_heads, 'fast_rcnn_losses', nan_from_iteration_2)
+    with pytest.raises(train_engine.NonFiniteLossError) as err:
+        train_engine.train_model()
+    assert isinstance(err.value, DetectronError)
+    message = str(err.value)
+    assert message.startswith('Loss is nan at iteration 2 (')
+    assert 'loss_cls=nan' in message and 'loss_rpn_cls_fpn2=nan' not in message
+    train_dir = output_dir / TRAIN_SUBDIR
+    assert str(train_dir) in message
+    assert sorted(os.listdir(train_dir)) == ['model_iter1.pth', 'tensorboard', 'training_curves.png']
+    model = model_builder.create(cfg)
+    assert checkpoint.load_checkpoint(str(train_dir / 'model_iter1.pth'), model)['iteration'] == 1
+    assert all(torch.isfinite(p).all() for p in model.parameters())
