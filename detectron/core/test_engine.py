@@ -24,6 +24,7 @@ from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
 from detectron.utils.c2_weights import load_weights
+from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url, save_object
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
     adopt_cfg(cfg)
     if ind_range is not None:
         if len(cfg.TEST.DATASETS) != 1:
-            raise ValueError('--range needs exactly one TEST.DATASETS entry, got {}'.format(cfg.TEST.DATASETS))
+            raise ConfigValueError('--range needs exactly one TEST.DATASETS entry, got {}; set TEST.DATASETS to '
+                                   'the one dataset to slice'.format(cfg.TEST.DATASETS))
         name = cfg.TEST.DATASETS[0]
         output_dir = get_output_dir((name,), training=False)
         all_boxes = test_net(weights_file, name, output_dir, ind_range)[1]
