@@ -1,0 +1,154 @@
+"""run_inference on the tiny datasets (CPU): Detectron's detections.pkl, COCO metrics checked with an
+independent pycocotools evaluation, 2-process gloo testing equal to one process, --range slices,
+several TEST.DATASETS, and tools/train_net.py from the command line."""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from detectron.core import test as test_lib
+from detectron.core import test_engine
+from detectron.core.config import cfg
+from detectron.modeling import model_builder
+from detectron.roi_data.minibatch import read_image
+from detectron.utils.errors import ConfigValueError
+from test_train_engine import (REPO, SHAPES_CFG, TINY_OVERRIDES, json_stats,  # noqa: F401 (fixtures)
+                               private_dataset_registrations, tiny_catalog, use_tiny_config)
+
+METRICS = ['AP', 'AP50', 'AP75', 'APs', 'APm', 'APl', 'AP60', 'AP70', 'AP80', 'AP85', 'AP90', 'AP95']
+
+
+@pytest.fixture(scope='module')
+def random_weights(tiny_catalog):
+    """A randomly initialised tiny model saved as {'model': state_dict}: its many low-confidence boxes
+    make a good detection test."""
+    use_tiny_config(tiny_catalog, tiny_catalog.parent / 'unused')
+    torch.manual_seed(0)
+    path = tiny_catalog.parent / 'random_init.pth'
+    torch.save({'model': model_builder.create(cfg).state_dict()}, path)
+    return str(path)
+
+
+def _test_dir(output_dir, name):
+    return os.path.join(str(output_dir), 'test', name, 'generalized_rcnn')
+
+
+def _load(path):
+    with open(path, 'rb') as f:
+        return pickle.load(f)
+
+
+def _images(coco):
+    return [coco.imgs[i] for i in sorted(coco.getImgIds())]
+
+
+def coco_metrics(ann_file, all_boxes):
+    """The 12 box metrics of all_boxes, evaluated here from scratch with pycocotools."""
+    coco = COCO(ann_file)
+    json_ids = [c['id'] for c in coco.dataset['categories']]  # contiguous class j is categories[j - 1]
+    results = [{'image_id': image['id'], 'category_id': json_ids[j - 1], 'score': float(score),
+                'bbox': [float(x1), float(y1), float(x2 - x1 + 1), float(y2 - y1 + 1)]}
+               for j in range(1, len(all_boxes)) for image, dets in zip(_images(coco), all_boxes[j])
+               for x1, y1, x2, y2, score in np.asarray(dets, np.float64).reshape(-1, 5)]
+    evaluation = COCOeval(coco, coco.loadRes(results), 'bbox')
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+    precision = evaluation.eval['precision'][:, :, :, 0, 2]  # area 'all', 100 detections
+    single_iou = [precision[int(round((iou - 0.5) / 0.05))] for iou in (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)]
+    values = list(evaluation.stats[:6]) + [p[p > -1].mean() if (p > -1).any() else -1.0 for p in single_iou]
+    return dict(zip(METRICS, map(float, values)))
+
+
+def _detect_directly(weights, ann_file, image_dir):
+    """all_boxes built image by image with core/test.im_detect_all, the per-image function."""
+    model = test_engine.load_test_model(weights, torch.device('cpu'))
+    per_image = [test_lib.im_detect_all(model, read_image(os.path.join(image_dir, image['file_name'])))
+                 for image in _images(COCO(ann_file))]
+    return [[[] for _ in per_image]] + [[boxes[j] for boxes in per_image] for j in range(1, cfg.MODEL.NUM_CLASSES)]
+
+
+def _assert_same_boxes(actual, expected):
+    assert len(actual) == len(expected)
+    for j, (actual_j, expected_j) in enumerate(zip(actual, expected)):
+        assert len(actual_j) == len(expected_j), j
+        for a, e in zip(actual_j, expected_j):
+            assert np.array_equal(np.asarray(a), np.asarray(e)), j
+
+
+def test_single_process_writes_detections_and_metrics_of_each_dataset(tiny_catalog, random_weights):
+    output_dir = tiny_catalog.parent / 'single'
+    use_tiny_config(tiny_catalog, output_dir, 'TEST.DATASETS', "('tiny_val', 'tiny_val_small')")
+    results = test_engine.run_inference(random_weights)
+    assert list(results) == ['tiny_val', 'tiny_val_small']
+    for name, ann_file, num_images in (('tiny_val', 'all.json', 8), ('tiny_val_small', 'small.json', 3)):
+        content = _load(os.path.join(_test_dir(output_dir, name), 'detections.pkl'))
+        all_boxes = content['all_boxes']
+        # Detectron's layout: all_boxes[class][image], background class 0 empty.
+        assert len(all_boxes) == 3 and all(len(per_class) == num_images for per_class in all_boxes)
+        assert all(isinstance(b, list) and b == [] for b in all_boxes[0])
+        for dets in all_boxes[1] + all_boxes[2]:
+            assert dets.dtype == np.float32 and dets.ndim == 2 and dets.shape[1] == 5
+            assert (dets[:, 4] >= cfg.TEST.SCORE_THRESH).all()
+        assert sum(len(d) for d in all_boxes[1] + all_boxes[2]) >= 10 * num_images
+        _assert_same_boxes(all_boxes, _detect_directly(random_weights, str(tiny_catalog.parent / ann_file),
+                                                       str(tiny_catalog.parent / 'images')))
+        assert 'DATASET_CATALOG' in content['cfg']
+        assert list(results[name]) == ['box'] and list(results[name]['box']) == METRICS
+        expected = coco_metrics(str(tiny_catalog.parent / ann_file), all_boxes)
+        assert results[name]['box'] == pytest.approx(expected, abs=1e-12)
+    assert results['tiny_val']['box']['AP50'] > 0  # random boxes hit some of the 11 objects
+
+
+def test_two_gloo_processes_give_the_single_process_detections(tiny_catalog, random_weights):
+    single_dir, multi_dir = tiny_catalog.parent / 'single_1', tiny_catalog.parent / 'multi'
+    use_tiny_config(tiny_catalog, single_dir)
+    single = test_engine.run_inference(random_weights)
+    use_tiny_config(tiny_catalog, multi_dir, 'NUM_GPUS', '2')
+    multi = test_engine.run_inference(random_weights, multi_gpu_testing=True)
+    expected = _load(os.path.join(_test_dir(single_dir, 'tiny_val'), 'detections.pkl'))['all_boxes']
+    _assert_same_boxes(_load(os.path.join(_test_dir(multi_dir, 'tiny_val'), 'detections.pkl'))['all_boxes'],
+                       expected)
+    assert multi == single
+
+
+def test_range_writes_exactly_its_slice(tiny_catalog, random_weights):
+    output_dir = tiny_catalog.parent / 'range'
+    use_tiny_config(tiny_catalog, output_dir)
+    assert test_engine.run_inference(random_weights, ind_range=(2, 5)) == {}
+    test_dir = _test_dir(output_dir, 'tiny_val')
+    assert sorted(os.listdir(test_dir)) == ['detection_range_2_5.pkl']
+    expected = _detect_directly(random_weights, str(tiny_catalog.parent / 'all.json'),
+                                str(tiny_catalog.parent / 'images'))
+    _assert_same_boxes(_load(os.path.join(test_dir, 'detection_range_2_5.pkl'))['all_boxes'],
+                       [per_class[2:5] for per_class in expected])
+
+
+def test_range_needs_exactly_one_dataset(tiny_catalog, random_weights):
+    use_tiny_config(tiny_catalog, tiny_catalog.parent / 'range2', 'TEST.DATASETS', "('tiny_val', 'tiny_val_small')")
+    with pytest.raises(ConfigValueError, match=r"--range needs exactly one TEST.DATASETS entry"):
+        test_engine.run_inference(random_weights, ind_range=(0, 2))
+
+
+def test_train_net_command_line_trains_then_tests(tiny_catalog):
+    output_dir = tiny_catalog.parent / 'command_line'
+    overrides = TINY_OVERRIDES + ['DATASET_CATALOG', str(tiny_catalog), 'OUTPUT_DIR', str(output_dir),
+                                  'SOLVER.MAX_ITER', '2']
+    result = subprocess.run([sys.executable, 'tools/train_net.py', '--cfg', SHAPES_CFG] + overrides, cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [entry['iter'] for entry in json_stats(result.stdout)[1]] == [0, 1]
+    train_dir = os.path.join(str(output_dir), 'train', 'tiny_train', 'generalized_rcnn')
+    assert sorted(os.listdir(train_dir)) == ['model_final.pth', 'model_iter1.pth', 'tensorboard',
+                                             'training_curves.png']
+    copypaste = [line.split('copypaste: ', 1)[1] for line in result.stdout.splitlines() if 'copypaste: ' in line]
+    assert copypaste[:3] == ['Dataset: tiny_val', 'Task: box', ','.join(METRICS)]
+    all_boxes = _load(os.path.join(_test_dir(output_dir, 'tiny_val'), 'detections.pkl'))['all_boxes']
+    expected = coco_metrics(str(tiny_catalog.parent / 'all.json'), all_boxes)
+    assert copypaste[3] == ','.join('{:.4f}'.format(expected[name]) for name in METRICS)
