@@ -18,6 +18,7 @@ import torch
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
 from detectron.core.test import im_detect_all
 from detectron.core.test_engine import load_test_model
+from detectron.datasets import dataset_catalog
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.errors import DetectronError
@@ -54,6 +55,7 @@ def main(argv):
     merge_cfg_from_file(args.cfg_file)
     merge_cfg_from_list(args.opts)
     assert_and_infer_cfg()
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     name = args.class_names_from or (cfg.TEST.DATASETS[0] if cfg.TEST.DATASETS else '')
     class_names = JsonDataset(name).classes if name else None
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
