@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Detect objects in an image or a folder of images and write visualised copies (Detectron's demo).
+r"""Detect objects in an image or a folder of images and write visualised copies (Detectron's demo).
 
 Example:
     python tools/infer_simple.py --cfg configs/getting_started/shapes_demo_R-18-FPN.yaml \
