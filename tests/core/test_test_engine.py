@@ -24,14 +24,16 @@ from test_train_engine import (REPO, SHAPES_CFG, TINY_OVERRIDES, json_stats,  # 
 METRICS = ['AP', 'AP50', 'AP75', 'APs', 'APm', 'APl', 'AP60', 'AP70', 'AP80', 'AP85', 'AP90', 'AP95']
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture
 def random_weights(tiny_catalog):
-    """A randomly initialised tiny model saved as {'model': state_dict}: its many low-confidence boxes
-    make a good detection test."""
-    use_tiny_config(tiny_catalog, tiny_catalog.parent / 'unused')
-    torch.manual_seed(0)
+    """A randomly initialised tiny model saved as {'model': state_dict} (once per module): its many
+    low-confidence boxes make a good detection test. Function scope, so that the cfg it sets is
+    restored after the test."""
     path = tiny_catalog.parent / 'random_init.pth'
-    torch.save({'model': model_builder.create(cfg).state_dict()}, path)
+    if not path.exists():
+        use_tiny_config(tiny_catalog, tiny_catalog.parent / 'unused')
+        torch.manual_seed(0)
+        torch.save({'model': model_builder.create(cfg).state_dict()}, path)
     return str(path)
 
 
