@@ -299,3 +299,18 @@ def test_non_finite_loss_stops_with_the_iteration_and_keeps_the_checkpoint(tiny_
     model = model_builder.create(cfg)
     assert checkpoint.load_checkpoint(str(train_dir / 'model_iter1.pth'), model)['iteration'] == 1
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_two_gloo_workers_train_with_detectron_checkpoint_period(tiny_catalog, capfd):
+    output_dir = tiny_catalog.parent / 'two_workers'
+    use_tiny_config(tiny_catalog, output_dir, 'NUM_GPUS', '2', 'TRAIN.IMS_PER_BATCH', '1', 'SOLVER.MAX_ITER', '3')
+    train_engine.train_model()
+    train_dir = output_dir / TRAIN_SUBDIR
+    # Period int(SNAPSHOT_ITERS / NUM_GPUS) = 1; iteration 0 (the start) is never checkpointed.
+    assert sorted(os.listdir(train_dir)) == ['model_final.pth', 'model_iter1.pth', 'model_iter2.pth', 'tensorboard',
+                                             'training_curves.png']
+    final = torch.load(train_dir / 'model_final.pth', weights_only=True)
+    assert (final['iteration'], final['world_size'], sorted(final['rng_states'])) == (2, 2, [0, 1])
+    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 2}
+    _, stats = json_stats(capfd.readouterr().out)  # printed by rank 0 alone
+    assert [s['iter'] for s in stats] == [0, 2]
