@@ -70,7 +70,7 @@ def coco_metrics(ann_file, all_boxes):
 
 def _detect_directly(weights, ann_file, image_dir):
     """all_boxes built image by image with core/test.im_detect_all, the per-image function."""
-    model = test_engine.load_test_model(weights, torch.device('cpu'))
+    model = test_engine.load_test_model(weights, torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
     per_image = [test_lib.im_detect_all(model, read_image(os.path.join(image_dir, image['file_name'])))
                  for image in _images(COCO(ann_file))]
     return [[[] for _ in per_image]] + [[boxes[j] for boxes in per_image] for j in range(1, cfg.MODEL.NUM_CLASSES)]
