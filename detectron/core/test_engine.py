@@ -12,6 +12,7 @@ import logging
 import os
 import time
 
+import cv2
 import torch
 
 from detectron.core import test as test_lib
@@ -20,12 +21,13 @@ from detectron.core.train_engine import adopt_cfg, worker_device
 from detectron.datasets import task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
-from detectron.roi_data.minibatch import read_image
+from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
 from detectron.utils.c2_weights import load_weights
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url, save_object
+from detectron.utils.vis import vis_one_image
 
 logger = logging.getLogger(__name__)
 
@@ -103,24 +105,36 @@ def load_test_model(weights_file, device):
 
 
 def test_net(weights_file, name, output_dir, ind_range=None):
-    """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes)."""
-    roidb = JsonDataset(name).get_roidb()
+    """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes).
+
+    Images are decoded by DATA_LOADER.NUM_THREADS loader workers while the model runs; with cfg.VIS
+    the detections scoring at least VIS_TH are drawn into <output_dir>/vis.
+    """
+    dataset = JsonDataset(name)
+    roidb = dataset.get_roidb()
     total = len(roidb)
     start, end = ind_range if ind_range is not None else (0, total)
-    roidb = roidb[start:end]
-    device = worker_device()
-    model = load_test_model(weights_file, device)
+    model = load_test_model(weights_file, worker_device())
     num_classes = cfg.MODEL.NUM_CLASSES
-    all_boxes = [[[] for _ in roidb] for _ in range(num_classes)]
+    all_boxes = [[[] for _ in range(start, end)] for _ in range(num_classes)]
+    images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS)
     tic = time.time()
-    for i, entry in enumerate(roidb):
-        cls_boxes = test_lib.im_detect_all(model, read_image(entry['image']))
+    for i, (im, index) in enumerate(images):
+        cls_boxes = test_lib.im_detect_all(model, im)
         for j in range(1, num_classes):
             all_boxes[j][i] = cls_boxes[j]
-        if i % 10 == 0 or i == len(roidb) - 1:
+        if cfg.VIS:
+            _write_vis(output_dir, roidb[index]['image'], im, cls_boxes, dataset.classes)
+        if i % 10 == 0 or i == end - start - 1:
             per_image = (time.time() - tic) / (i + 1)
-            eta = datetime.timedelta(seconds=int(per_image * (len(roidb) - i - 1)))
+            eta = datetime.timedelta(seconds=int(per_image * (end - start - i - 1)))
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs (eta: %s)',
-                        start + 1, end, total, i + 1, len(roidb),
-                        per_image, eta)
-    return roidb, all_boxes
+                        start + 1, end, total, i + 1, end - start, per_image, eta)
+    return roidb[start:end], all_boxes
+
+
+def _write_vis(output_dir, image_path, im, cls_boxes, class_names):
+    vis_dir = os.path.join(output_dir, 'vis')
+    os.makedirs(vis_dir, exist_ok=True)
+    name = os.path.splitext(os.path.basename(image_path))[0] + '.png'
+    cv2.imwrite(os.path.join(vis_dir, name), vis_one_image(im, cls_boxes, class_names, cfg.VIS_TH))
