@@ -11,7 +11,7 @@ import sys
 import torch
 
 from detectron.utils.c2_weights import convert_detectron_blobs, read_detectron_pickle
-from detectron.utils.errors import DetectronError
+from detectron.utils.errors import run_tool
 
 
 def parse_args(argv):
@@ -38,8 +38,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    try:
-        main(sys.argv[1:])
-    except DetectronError as err:
-        print('error: {}'.format(err), file=sys.stderr)
-        sys.exit(2)
+    run_tool(main, sys.argv[1:])

@@ -21,7 +21,7 @@ from detectron.core.test_engine import load_test_model
 from detectron.datasets import dataset_catalog
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.roi_data.minibatch import read_image
-from detectron.utils.errors import DetectronError
+from detectron.utils.errors import run_tool
 from detectron.utils.logging import setup_logging
 from detectron.utils.vis import vis_one_image
 
@@ -71,8 +71,4 @@ def main(argv):
 
 if __name__ == '__main__':
     logging.basicConfig(level=logging.INFO)
-    try:
-        main(sys.argv[1:])
-    except DetectronError as err:
-        print('error: {}'.format(err), file=sys.stderr)
-        sys.exit(2)
+    run_tool(main, sys.argv[1:])

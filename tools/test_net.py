@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
-from detectron.utils.errors import ConfigValueError, DetectronError
+from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import setup_logging
 
 
@@ -55,8 +55,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    try:
-        main(sys.argv[1:])
-    except DetectronError as err:
-        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
-        sys.exit(2)
+    run_tool(main, sys.argv[1:])

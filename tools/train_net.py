@@ -13,7 +13,7 @@ import sys
 
 from detectron.core.config import (assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_file,
                                    merge_cfg_from_list, scale_schedule_to_global_batch)
-from detectron.utils.errors import DetectronError
+from detectron.utils.errors import run_tool
 from detectron.utils.logging import setup_logging
 from detectron.utils.lr_policy import describe_schedule
 
@@ -56,8 +56,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    try:
-        main(sys.argv[1:])
-    except DetectronError as err:
-        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
-        sys.exit(2)
+    run_tool(main, sys.argv[1:])

@@ -125,6 +125,7 @@ class TrainLoop:
         self.scaler = self._make_scaler()
         self.batches = self._build_batches()
         self.history = []
+        self.first_nonfinite = torch.tensor(-1, device=device)
         self.window = collections.defaultdict(lambda: collections.deque(maxlen=LOG_PERIOD))
         self.events = EventWriter(os.path.join(output_dir, 'tensorboard')) \
             if distributed.is_main_process() else None
@@ -194,13 +195,21 @@ class TrainLoop:
             torch._foreach_mul_(grads, 1.0 / cfg.SOLVER.AMP.LOSS_SCALE)
         self.optimizer.step()
 
-    def _check_finite(self, total, cur_iter, outputs):
-        if torch.isfinite(total).item():
+    def _note_nonfinite(self, total, cur_iter):
+        """Remember, on the device and without a host sync, the first iteration whose loss is not finite."""
+        bad = ~torch.isfinite(total.detach())
+        self.first_nonfinite.masked_fill_(bad & (self.first_nonfinite < 0), cur_iter)
+
+    def _raise_if_nonfinite(self, outputs):
+        """Checked before every log line and checkpoint, so a non-finite run never overwrites one."""
+        first = int(self.first_nonfinite)
+        if first < 0:
             return
-        parts = ', '.join('{}={:.4g}'.format(k, float(v.detach())) for k, v in outputs.items() if k.startswith('loss'))
+        parts = ', '.join('{}={:.4g}'.format(k, float(v.detach())) for k, v in outputs.items()
+                          if k.startswith('loss'))
         raise NonFiniteLossError(
-            'Loss is {} at iteration {} ({}). The last good checkpoint in {} is intact; lower '
-            'SOLVER.BASE_LR or check the data.'.format(float(total.detach()), cur_iter, parts, self.output_dir))
+            'Loss is not finite since iteration {} (now: {}). The last good checkpoint in {} is intact; '
+            'lower SOLVER.BASE_LR or check the data.'.format(first, parts, self.output_dir))
 
     def run(self):
         self.model.train()
@@ -212,11 +221,15 @@ class TrainLoop:
             self.optimizer.zero_grad(set_to_none=True)
             for micro in range(cfg.SOLVER.ITER_SIZE):
                 total, outputs = self._micro_step(next(self.batches), sync=micro == cfg.SOLVER.ITER_SIZE - 1)
-                self._check_finite(total, cur_iter, outputs)
+                self._note_nonfinite(total, cur_iter)
             self._optimizer_step()
+            checkpoint_now = (cur_iter + 1) % period == 0 and cur_iter > self.start_iter
+            last = cur_iter == cfg.SOLVER.MAX_ITER - 1
+            if cur_iter % LOG_PERIOD == 0 or checkpoint_now or last:
+                self._raise_if_nonfinite(outputs)
             self._record(cur_iter, lr, total, outputs, time.time() - tic)
             tic = time.time()
-            if (cur_iter + 1) % period == 0 and cur_iter > self.start_iter:
+            if checkpoint_now:
                 self.save(checkpoint.checkpoint_name(cur_iter), cur_iter)
         if self.events is not None:
             self.events.close()

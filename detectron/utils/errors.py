@@ -4,6 +4,7 @@ The command-line tools print these as one line and exit non-zero instead of show
 they are about what the user typed, not about a bug. Each subclasses the builtin exception that
 Detectron raised in the same situation, so code and tests written for Detectron still catch them.
 """
+import sys
 
 
 class DetectronError(Exception):
@@ -32,3 +33,13 @@ class WeightsError(DetectronError, ValueError):
 
 class LaunchError(DetectronError, RuntimeError):
     """Bad multi-process / multi-GPU launch settings (e.g. more GPUs asked than exist)."""
+
+
+def run_tool(main, argv):
+    """Run a command-line tool's main(argv), reporting a DetectronError as one `error:` line on
+    stderr with exit status 2 (a bad config, dataset or weights file needs no traceback)."""
+    try:
+        main(argv)
+    except DetectronError as err:
+        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
+        sys.exit(2)
