@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -15,9 +16,12 @@ from pycocotools.cocoeval import COCOeval
 from detectron.core import test as test_lib
 from detectron.core import test_engine
 from detectron.core.config import cfg
+from detectron.datasets import dataset_catalog
+from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.errors import ConfigValueError
+from detectron.utils.vis import vis_one_image
 from test_train_engine import (REPO, SHAPES_CFG, TINY_OVERRIDES, json_stats,  # noqa: F401 (fixtures)
                                private_dataset_registrations, tiny_catalog, use_tiny_config)
 
@@ -155,3 +159,21 @@ def test_train_net_command_line_trains_then_tests(tiny_catalog):
     all_boxes = _load(os.path.join(_test_dir(output_dir, 'tiny_val'), 'detections.pkl'))['all_boxes']
     expected = coco_metrics(str(tiny_catalog.parent / 'all.json'), all_boxes)
     assert copypaste[3] == ','.join('{:.4f}'.format(expected[name]) for name in METRICS)
+
+
+
+def test_vis_draws_each_tested_image_with_its_detections(tiny_catalog, random_weights):
+    output_dir = tiny_catalog.parent / 'vis'
+    use_tiny_config(tiny_catalog, output_dir, 'VIS', 'True', 'VIS_TH', '0.0')
+    test_engine.run_inference(random_weights)
+    test_dir = _test_dir(output_dir, 'tiny_val')
+    images = _images(COCO(dataset_catalog.get_ann_fn('tiny_val')))
+    names = [os.path.splitext(image['file_name'])[0] + '.png' for image in images]
+    assert sorted(os.listdir(os.path.join(test_dir, 'vis'))) == sorted(names)
+    all_boxes = _load(os.path.join(test_dir, 'detections.pkl'))['all_boxes']
+    cls_boxes = [[]] + [all_boxes[j][0] for j in range(1, len(all_boxes))]
+    assert sum(len(b) for b in cls_boxes) > 0
+    original = read_image(os.path.join(dataset_catalog.get_im_dir('tiny_val'), images[0]['file_name']))
+    expected = vis_one_image(original, cls_boxes, JsonDataset('tiny_val').classes, 0.0)
+    drawn = cv2.imread(os.path.join(test_dir, 'vis', names[0]))
+    assert np.array_equal(drawn, expected) and not np.array_equal(drawn, original)
