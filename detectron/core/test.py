@@ -61,11 +61,11 @@ def _model_device(model):
 def _im_detect_bbox_t(model, im, target_scale, target_max_size):
     if model.training:
         raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
-    blob, im_scale, im_info = blob_utils.get_image_blob(
-        im, target_scale, target_max_size, np.array(cfg.PIXEL_MEANS), cfg.FPN.COARSEST_STRIDE)
-    device = _model_device(model)
+    # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
+    blob, im_scale, im_info = blob_utils.get_image_blob_t(
+        im, target_scale, target_max_size, cfg.PIXEL_MEANS, cfg.FPN.COARSEST_STRIDE, _model_device(model))
     with torch.no_grad():
-        out = model(torch.from_numpy(blob).to(device), torch.from_numpy(im_info).to(device))
+        out = model(blob, im_info)
     scores = out['cls_prob']
     num_classes = scores.shape[1]
     # Back to original image coordinates (float32 division, as Detectron's numpy).

@@ -2,7 +2,7 @@ import cv2
 import numpy as np
 import pytest
 
-from detectron.utils.blob import (get_image_blob, im_list_to_blob, padded_size, prep_im_for_blob,
+from detectron.utils.blob import (get_image_blob, get_image_blob_t, im_list_to_blob, padded_size, prep_im_for_blob,
                                   resize_scale)
 
 PIXEL_MEANS = np.array([[[102.9801, 115.9465, 122.7717]]])
@@ -118,3 +118,25 @@ def test_get_image_blob_uses_padded_size_in_im_info():
     np.testing.assert_allclose(blob[0, :, :600, :], np.broadcast_to(
         -PIXEL_MEANS.reshape(3, 1, 1), (3, 600, 800)), atol=1e-4)
     assert not blob[0, :, 600:, :].any()
+
+
+@pytest.mark.parametrize('height, width, target, max_size', [
+    (480, 640, 800, 1333),   # upscale 5/3
+    (600, 800, 600, 1000),   # scale 1: an exact copy
+    (1000, 700, 500, 833),   # downscale
+    (801, 1334, 800, 1333),  # capped by max_size, output near 1333 px wide
+    (97, 131, 160, 224),
+])
+def test_device_blob_matches_cv2_blob(height, width, target, max_size):
+    """get_image_blob_t (torch) against get_image_blob (cv2.resize): same size, im_info and scale,
+    values equal to float32 rounding of 0..255-range numbers."""
+    means = ((102.9801, 115.9465, 122.7717),)
+    im = np.random.RandomState(height).randint(0, 256, (height, width, 3)).astype(np.uint8)
+    blob, scale, im_info = get_image_blob(im, target, max_size, means, 32)
+    blob_t, scale_t, im_info_t = get_image_blob_t(im, target, max_size, means, 32, 'cpu')
+    assert scale_t == scale
+    assert tuple(blob_t.shape) == blob.shape
+    np.testing.assert_array_equal(im_info_t.numpy(), im_info)
+    np.testing.assert_allclose(blob_t.numpy(), blob, rtol=0, atol=1e-4)
+    if scale == 1.0:
+        np.testing.assert_array_equal(blob_t.numpy(), blob)
