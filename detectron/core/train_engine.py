@@ -79,8 +79,10 @@ def train_worker(cfg_snapshot):
     device = worker_device()
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
-    np.random.seed(cfg.RNG_SEED + distributed.get_rank())
     model = model_builder.create(cfg).to(device)
+    # Anchor and RoI sampling draw from torch's generator: give every rank its own stream.
+    torch.manual_seed(cfg.RNG_SEED + distributed.get_rank())
+    np.random.seed(cfg.RNG_SEED + distributed.get_rank())
     if cfg.MODEL.SYNC_BN and distributed.get_world_size() > 1:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     optimizer = build_optimizer(
