@@ -1,0 +1,89 @@
+"""The training loop's options on CPU: SOLVER.ITER_SIZE against a hand-computed SGD step, AMP (bfloat16,
+float16 with a fixed and a dynamic loss scale), MODEL.SYNC_BN and TRAIN.RANK_IMS_PER_BATCH (2 gloo
+workers). Uses the tiny dataset and config of test_train_engine.py."""
+import numpy as np
+import pytest
+import torch
+
+from detectron.core import train_engine
+from detectron.core.config import cfg
+from detectron.datasets.roidb import combined_roidb_for_training
+from detectron.modeling import model_builder
+from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
+from detectron.roi_data.samplers import GroupedDistributedBatchSampler
+from test_train_engine import (TRAIN_SUBDIR, json_stats,  # noqa: F401 (fixtures)
+                               private_dataset_registrations, tiny_catalog, use_tiny_config)
+
+# One plain SGD step at a constant LR: no momentum, no weight decay, no warm-up ramp.
+PLAIN_SGD = ['SOLVER.MOMENTUM', '0.0', 'SOLVER.WEIGHT_DECAY', '0.0', 'SOLVER.WEIGHT_DECAY_GN', '0.0',
+             'SOLVER.WARM_UP_FACTOR', '1.0']
+
+
+def _train(output_dir):
+    """train_model with the current cfg; returns the state_dict of model_final.pth."""
+    train_engine.train_model()
+    return torch.load(output_dir / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)['model']
+
+
+def _initial_model():
+    """The model train_worker builds on rank 0 of a fresh run, with torch's generator where it leaves it."""
+    torch.manual_seed(cfg.RNG_SEED)
+    model = model_builder.create(cfg)
+    torch.manual_seed(cfg.RNG_SEED)  # rank 0's stream for anchor and RoI sampling
+    return model
+
+
+def _first_batches(count):
+    """The first `count` single-process batches, from a sampler and loader built as the engine does."""
+    roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
+    sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), cfg.TRAIN.IMS_PER_BATCH,
+                                             seed=cfg.RNG_SEED, rank=0, world_size=1)
+    loader = build_train_loader(roidb, sampler, scales=cfg.TRAIN.SCALES, max_size=cfg.TRAIN.MAX_SIZE,
+                                pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE, num_workers=0,
+                                seed=cfg.RNG_SEED)
+    batches = iter(loader)
+    return [next(batches) for _ in range(count)]
+
+
+def _hand_sgd_step(model, lr):
+    """Caffe2's update without momentum or decay: p -= lr * g, twice the LR for biases (Detectron's
+    optimizer.py); GroupNorm affines are norm parameters and take the base LR."""
+    norm_params = {id(p) for m in model.modules() if isinstance(m, torch.nn.GroupNorm) for p in m.parameters()}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.grad is None:
+                continue
+            lr_mult = 2.0 if name.endswith('bias') and id(p) not in norm_params else 1.0
+            p -= lr * lr_mult * p.grad
+
+
+def _changed_count(state, initial):
+    return sum(not torch.equal(value, initial[key]) for key, value in state.items())
+
+
+def test_iter_size_2_is_one_sgd_step_on_the_mean_of_two_micro_batch_losses(tiny_catalog, tmp_path):
+    use_tiny_config(tiny_catalog, tmp_path, 'SOLVER.ITER_SIZE', '2', 'TRAIN.IMS_PER_BATCH', '1',
+                    'SOLVER.MAX_ITER', '1', *PLAIN_SGD)
+    trained = _train(tmp_path)
+
+    micro_batches = _first_batches(2)
+    images = [batch[0] for batch in micro_batches]
+    assert [im.shape[0] for im in images] == [1, 1]
+    assert images[0].shape != images[1].shape or not torch.equal(images[0], images[1])
+    model = _initial_model()
+    initial = {key: value.clone() for key, value in model.state_dict().items()}
+    model.train()
+    # In this order: anchor and RoI sampling draw from torch's generator, forward after forward.
+    for batch in micro_batches:
+        losses = model(*batch)
+        (sum(v for k, v in losses.items() if k.startswith('loss')) / 2).backward()
+    # Detectron's LR is a float32 blob: BASE_LR 0.02 of the shapes config, no warm-up factor.
+    _hand_sgd_step(model, float(np.float32(0.02)))
+
+    expected = model.state_dict()
+    assert sorted(trained) == sorted(expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(trained[key], value, rtol=0, atol=1e-6, msg=key)
+    # Updates are up to ~1e-2; only the P4/P5 FPN output convs (no sampled anchor or RoI reaches them in
+    # these tiny images) keep zero gradients.
+    assert _changed_count(expected, initial) > 0.9 * len(expected)
