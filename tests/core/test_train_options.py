@@ -1,12 +1,15 @@
 """The training loop's options on CPU: SOLVER.ITER_SIZE against a hand-computed SGD step, AMP (bfloat16,
 float16 with a fixed and a dynamic loss scale), MODEL.SYNC_BN and TRAIN.RANK_IMS_PER_BATCH (2 gloo
 workers). Uses the tiny dataset and config of test_train_engine.py."""
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from detectron.core import train_engine
 from detectron.core.config import cfg
+from detectron.datasets import dataset_catalog
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import model_builder
 from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
@@ -17,6 +20,7 @@ from test_train_engine import (TRAIN_SUBDIR, json_stats,  # noqa: F401 (fixtures
 # One plain SGD step at a constant LR: no momentum, no weight decay, no warm-up ramp.
 PLAIN_SGD = ['SOLVER.MOMENTUM', '0.0', 'SOLVER.WEIGHT_DECAY', '0.0', 'SOLVER.WEIGHT_DECAY_GN', '0.0',
              'SOLVER.WARM_UP_FACTOR', '1.0']
+STEM_CONV = 'conv_body.body.conv1.weight'
 
 
 def _train(output_dir):
@@ -35,6 +39,7 @@ def _initial_model():
 
 def _first_batches(count):
     """The first `count` single-process batches, from a sampler and loader built as the engine does."""
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
     sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), cfg.TRAIN.IMS_PER_BATCH,
                                              seed=cfg.RNG_SEED, rank=0, world_size=1)
@@ -87,3 +92,65 @@ def test_iter_size_2_is_one_sgd_step_on_the_mean_of_two_micro_batch_losses(tiny_
     # Updates are up to ~1e-2; only the P4/P5 FPN output convs (no sampled anchor or RoI reaches them in
     # these tiny images) keep zero gradients.
     assert _changed_count(expected, initial) > 0.9 * len(expected)
+
+
+def _first_iteration_loss(amp_dtype):
+    """Total loss of iteration 0 computed here, under autocast to amp_dtype (None: float32)."""
+    batch = _first_batches(1)[0]
+    model = _initial_model()
+    model.train()
+    autocast = torch.autocast('cpu', dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None)
+    with torch.no_grad(), autocast:
+        losses = model(*batch)
+    return float(sum(v for k, v in losses.items() if k.startswith('loss')))
+
+
+def _assert_finite_losses(stats):
+    for entry in stats:
+        for key, value in entry.items():
+            if key.startswith('loss'):
+                assert math.isfinite(float(value)), (entry['iter'], key, value)
+
+
+def test_bfloat16_autocast_runs_the_forward_in_bfloat16_and_trains(tiny_catalog, tmp_path, capsys):
+    use_tiny_config(tiny_catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16',
+                    'SOLVER.MAX_ITER', '3')
+    capsys.readouterr()
+    trained = _train(tmp_path)
+    _, stats = json_stats(capsys.readouterr().out)
+    assert [s['iter'] for s in stats] == [0, 2]
+    _assert_finite_losses(stats)
+    bfloat16_loss = _first_iteration_loss(torch.bfloat16)
+    # json_stats rounds to 6 decimals; bfloat16 moves the loss by far more than that.
+    assert float(stats[0]['loss']) == pytest.approx(bfloat16_loss, abs=1e-6)
+    assert abs(bfloat16_loss - _first_iteration_loss(None)) > 1e-4
+    initial = _initial_model().state_dict()
+    assert all(torch.isfinite(value).all() for value in trained.values())
+    assert _changed_count(trained, initial) > 0.9 * len(initial)
+
+
+def test_float16_fixed_loss_scale_unscales_like_dynamic_scaling(tiny_catalog, tmp_path, capsys):
+    trained, first_losses = {}, []
+    for loss_scale in ('128.0', '0.0', '1.0'):  # fixed, dynamic (GradScaler('cpu')), no scaling
+        output_dir = tmp_path / loss_scale
+        use_tiny_config(tiny_catalog, output_dir, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'float16',
+                        'SOLVER.AMP.LOSS_SCALE', loss_scale, 'SOLVER.MAX_ITER', '1', *PLAIN_SGD)
+        capsys.readouterr()
+        trained[loss_scale] = _train(output_dir)
+        _, stats = json_stats(capsys.readouterr().out)
+        first_losses.append(float(stats[0]['loss']))
+    assert first_losses == pytest.approx([_first_iteration_loss(torch.float16)] * 3, abs=1e-6)
+    fixed, dynamic, unscaled = trained['128.0'], trained['0.0'], trained['1.0']
+    initial = _initial_model().state_dict()
+    # GradScaler skips a step whose gradients overflowed; its first scale 2**16 did not overflow here.
+    assert _changed_count(dynamic, initial) > 0.9 * len(initial)
+    assert max((fixed[key] - initial[key]).abs().max() for key in initial) > 5e-3
+    for key in initial:
+        # Powers of two scale exactly: what differs is float16 underflow of the smallest gradients.
+        torch.testing.assert_close(fixed[key], dynamic[key], rtol=0, atol=1e-6, msg=key)
+        if key != STEM_CONV:
+            torch.testing.assert_close(fixed[key], unscaled[key], rtol=0, atol=2e-6, msg=key)
+    # The stem conv's weight gradient multiplies raw pixels by the network's smallest output gradients,
+    # which underflow in float16 unless the loss is scaled (by 128 or by 2**16 alike).
+    stem_unscaled_error = (fixed[STEM_CONV] - unscaled[STEM_CONV]).abs().max()
+    assert stem_unscaled_error > 10 * (fixed[STEM_CONV] - dynamic[STEM_CONV]).abs().max()
