@@ -26,7 +26,7 @@ from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed, lr_policy
 from detectron.utils.c2_weights import load_weights
-from detectron.utils.errors import DetectronError
+from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
 from detectron.utils.logging import log_json_stats
 from detectron.utils.tensorboard import EventWriter
@@ -83,8 +83,7 @@ def train_worker(cfg_snapshot):
     # Anchor and RoI sampling draw from torch's generator: give every rank its own stream.
     torch.manual_seed(cfg.RNG_SEED + distributed.get_rank())
     np.random.seed(cfg.RNG_SEED + distributed.get_rank())
-    if cfg.MODEL.SYNC_BN and distributed.get_world_size() > 1:
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = with_sync_batchnorm(model, device)
     optimizer = build_optimizer(
         model, base_lr=lr_policy.get_lr_at_iter(0), momentum=cfg.SOLVER.MOMENTUM,
         weight_decay=cfg.SOLVER.WEIGHT_DECAY, weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_GN,
@@ -95,6 +94,17 @@ def train_worker(cfg_snapshot):
     loop = TrainLoop(model, optimizer, device, output_dir, start_iter)
     loop.run()
     loop.save('model_final.pth', cfg.SOLVER.MAX_ITER - 1)
+
+
+def with_sync_batchnorm(model, device):
+    """MODEL.SYNC_BN: the model's BatchNorm layers normalise with statistics over all ranks' images."""
+    if not cfg.MODEL.SYNC_BN or distributed.get_world_size() == 1:
+        return model
+    if device.type != 'cuda':
+        # torch's SyncBatchNorm refuses CPU tensors; fail before DDP does with a traceback.
+        raise ConfigValueError("MODEL.SYNC_BN True needs CUDA GPUs: torch's SyncBatchNorm does not run on the "
+                               "{}; set MODEL.SYNC_BN False for this run".format(device.type))
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def _resume_or_initialise(model, optimizer, output_dir):

@@ -1,6 +1,7 @@
 """The training loop's options on CPU: SOLVER.ITER_SIZE against a hand-computed SGD step, AMP (bfloat16,
 float16 with a fixed and a dynamic loss scale), MODEL.SYNC_BN and TRAIN.RANK_IMS_PER_BATCH (2 gloo
 workers). Uses the tiny dataset and config of test_train_engine.py."""
+import collections
 import math
 
 import numpy as np
@@ -14,6 +15,8 @@ from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import model_builder
 from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
+from detectron.utils import distributed
+from detectron.utils.errors import ConfigValueError
 from test_train_engine import (TRAIN_SUBDIR, json_stats,  # noqa: F401 (fixtures)
                                private_dataset_registrations, tiny_catalog, use_tiny_config)
 
@@ -154,3 +157,39 @@ def test_float16_fixed_loss_scale_unscales_like_dynamic_scaling(tiny_catalog, tm
     # which underflow in float16 unless the loss is scaled (by 128 or by 2**16 alike).
     stem_unscaled_error = (fixed[STEM_CONV] - unscaled[STEM_CONV]).abs().max()
     assert stem_unscaled_error > 10 * (fixed[STEM_CONV] - dynamic[STEM_CONV]).abs().max()
+
+
+TRAINABLE_BN_BODY = ['RESNETS.TRANS_FUNC', 'basic_bn_transformation', 'RESNETS.STEM_FUNC', 'basic_bn_stem',
+                     'RESNETS.SHORTCUT_FUNC', 'basic_bn_shortcut']
+
+
+def _module_types(model):
+    return collections.Counter(type(module).__name__ for module in model.modules())
+
+
+def test_sync_bn_converts_every_batchnorm_keeping_names_and_values(tiny_catalog, tmp_path, monkeypatch):
+    use_tiny_config(tiny_catalog, tmp_path, 'MODEL.SYNC_BN', 'True', *TRAINABLE_BN_BODY)
+    model = model_builder.create(cfg)
+    state = {key: value.clone() for key, value in model.state_dict().items()}
+    # R-18: stem 1 + 8 basic blocks x 2 + projections of res3, res4, res5 (res2 keeps 64 channels) = 20.
+    assert _module_types(model)['BatchNorm2d'] == 20
+    gpu = torch.device('cuda', 0)
+    assert train_engine.with_sync_batchnorm(model, gpu) is model  # one process: nothing to synchronise
+    assert _module_types(model)['SyncBatchNorm'] == 0
+    monkeypatch.setattr(distributed, 'get_world_size', lambda: 2)
+    converted = train_engine.with_sync_batchnorm(model, gpu)  # conversion itself needs no GPU
+    types = _module_types(converted)
+    assert (types['SyncBatchNorm'], types['BatchNorm2d']) == (20, 0)
+    assert types['GroupNorm'] == _module_types(model_builder.create(cfg))['GroupNorm'] > 0  # FPN keeps GN
+    converted_state = converted.state_dict()
+    assert sorted(converted_state) == sorted(state)
+    for key, value in state.items():
+        assert torch.equal(converted_state[key], value), key
+
+
+def test_sync_bn_on_cpu_workers_is_a_config_error(tiny_catalog, tmp_path):
+    use_tiny_config(tiny_catalog, tmp_path, 'MODEL.SYNC_BN', 'True', 'NUM_GPUS', '2', 'TRAIN.IMS_PER_BATCH', '1',
+                    *TRAINABLE_BN_BODY)
+    with pytest.raises(ConfigValueError, match=r"^rank \d: MODEL.SYNC_BN True needs CUDA GPUs: torch's "
+                                               r"SyncBatchNorm does not run on the cpu; set MODEL.SYNC_BN False"):
+        train_engine.train_model()
