@@ -50,6 +50,9 @@ __C.TRAIN.DATASETS = ()  # dataset catalog names; training uses their union
 __C.TRAIN.SCALES = (600,)  # shorter-side sizes; one is drawn per image
 __C.TRAIN.MAX_SIZE = 1000
 __C.TRAIN.IMS_PER_BATCH = 2  # images per GPU
+# port: images per process, one entry per process in rank order (e.g. CenterNet's chunk sizes);
+# () = TRAIN.IMS_PER_BATCH on every process
+__C.TRAIN.RANK_IMS_PER_BATCH = ()
 __C.TRAIN.BATCH_SIZE_PER_IM = 64  # RoIs per image for the box head
 __C.TRAIN.FG_FRACTION = 0.25
 __C.TRAIN.FG_THRESH = 0.5
@@ -525,7 +528,8 @@ def load_cfg(cfg_to_load):
 
 def images_per_iter():
     """Images consumed by one training iteration (one optimizer step) over all GPUs."""
-    return __C.NUM_GPUS * __C.TRAIN.IMS_PER_BATCH * __C.SOLVER.ITER_SIZE
+    per_micro_batch = sum(__C.TRAIN.RANK_IMS_PER_BATCH) or __C.NUM_GPUS * __C.TRAIN.IMS_PER_BATCH
+    return per_micro_batch * __C.SOLVER.ITER_SIZE
 
 
 def scale_schedule_to_global_batch(global_batch):
@@ -675,6 +679,8 @@ def _decode_value(value):
 def _coerce_value(value, default, full_key, source):
     if full_key == 'PIXEL_MEANS':
         return _as_pixel_means(value, default, source)
+    if full_key == 'TRAIN.RANK_IMS_PER_BATCH':
+        return _as_image_counts(value, full_key, source)
     if full_key in _NAME_TUPLE_KEYS:
         return _as_name_tuple(value, default, full_key, source)
     if type(value) is type(default):
@@ -711,6 +717,19 @@ def _split_names(text):
     return tuple(name for name in names if name)
 
 
+def _as_image_counts(value, full_key, source):
+    if isinstance(value, (tuple, list)) and all(_is_int(v) and v >= 1 for v in value):
+        return tuple(int(v) for v in value)
+    raise ConfigValueError(
+        'Config key {} expects a tuple of integers >= 1, one per process (default: ()), but got {} {!r} '
+        '(from {})'.format(full_key, type(value).__name__, value, source)
+    )
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def _as_pixel_means(value, default, source):
     try:
         means = np.asarray(value, dtype=np.float64)
@@ -745,6 +764,7 @@ def _type_error(value, default, full_key, source):
 # ---------------------------------------------------------------------------------------------
 def _check_cfg():
     _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER'))
+    _check_rank_ims_per_batch()
     _check_choice('SOLVER.AMP.DTYPE', ('float16', 'bfloat16'))
     _check_choice('STD.SIGMA_COLUMN_ORDER', ('reference', 'corrected'))
     _check_choice('TRAIN.FREEZE_AT', (0, 2, 3, 4, 5))
@@ -761,6 +781,15 @@ def _check_positive(full_keys):
         node, leaf = _find_node(full_key, 'assert_and_infer_cfg')
         if node[leaf] < 1:
             raise ConfigValueError('{} must be at least 1, got {}'.format(full_key, node[leaf]))
+
+
+def _check_rank_ims_per_batch():
+    sizes = __C.TRAIN.RANK_IMS_PER_BATCH
+    if sizes and len(sizes) != __C.NUM_GPUS:
+        raise ConfigValueError(
+            'TRAIN.RANK_IMS_PER_BATCH {} needs one entry per process but NUM_GPUS is {}; give {} entries, '
+            'or () for TRAIN.IMS_PER_BATCH on every process'.format(tuple(sizes), __C.NUM_GPUS, __C.NUM_GPUS)
+        )
 
 
 def _check_choice(full_key, choices):

@@ -161,7 +161,7 @@ class TrainLoop:
         groups = aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
         sampler = GroupedDistributedBatchSampler(
             groups, cfg.TRAIN.IMS_PER_BATCH, seed=cfg.RNG_SEED, rank=distributed.get_rank(),
-            world_size=distributed.get_world_size(),
+            world_size=distributed.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
             start_iter=self.start_iter * cfg.SOLVER.ITER_SIZE)
         loader = build_train_loader(
             roidb, sampler, scales=cfg.TRAIN.SCALES, max_size=cfg.TRAIN.MAX_SIZE,
@@ -288,9 +288,17 @@ class TrainLoop:
         return stats
 
 
+def rank_batch_sizes():
+    """Images per micro-batch of every rank, in rank order: TRAIN.RANK_IMS_PER_BATCH, or
+    TRAIN.IMS_PER_BATCH on every rank. Each rank's loss weighs the same in DDP's gradient average,
+    whatever its batch (as CenterNet's mean of per-GPU losses)."""
+    return list(cfg.TRAIN.RANK_IMS_PER_BATCH) or [cfg.TRAIN.IMS_PER_BATCH] * distributed.get_world_size()
+
+
 def images_per_step():
-    """Images of one optimizer step over all processes (the sampler's global batch per micro-step)."""
-    return cfg.TRAIN.IMS_PER_BATCH * distributed.get_world_size()
+    """Images of one micro-step over all processes (the sampler's global batch); an optimizer step
+    takes SOLVER.ITER_SIZE of them."""
+    return sum(rank_batch_sizes())
 
 
 def checkpoint_period():

@@ -2,17 +2,20 @@
 float16 with a fixed and a dynamic loss scale), MODEL.SYNC_BN and TRAIN.RANK_IMS_PER_BATCH (2 gloo
 workers). Uses the tiny dataset and config of test_train_engine.py."""
 import collections
+import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
 import torch
 
 from detectron.core import train_engine
-from detectron.core.config import cfg
+from detectron.core.config import cfg, images_per_iter, merge_cfg_from_list
 from detectron.datasets import dataset_catalog
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import model_builder
+from detectron.modeling.generalized_rcnn import GeneralizedRCNN
 from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import distributed
@@ -193,3 +196,61 @@ def test_sync_bn_on_cpu_workers_is_a_config_error(tiny_catalog, tmp_path):
     with pytest.raises(ConfigValueError, match=r"^rank \d: MODEL.SYNC_BN True needs CUDA GPUs: torch's "
                                                r"SyncBatchNorm does not run on the cpu; set MODEL.SYNC_BN False"):
         train_engine.train_model()
+
+
+def test_rank_ims_per_batch_sets_the_global_batch(tiny_catalog, tmp_path):
+    use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)',
+                    'SOLVER.ITER_SIZE', '2')
+    assert cfg.TRAIN.RANK_IMS_PER_BATCH == (2, 1)
+    assert images_per_iter() == (2 + 1) * 2
+
+
+@pytest.mark.parametrize('value', ['(2, 0)', '(2, 1.0)', '(True, 1)', '2', "('2', '1')"])
+def test_rank_ims_per_batch_takes_integers_of_at_least_one(value):
+    with pytest.raises(ConfigValueError, match=r'^Config key TRAIN.RANK_IMS_PER_BATCH expects a tuple of '
+                                               r'integers >= 1, one per process \(default: \(\)\), but got '):
+        merge_cfg_from_list(['TRAIN.RANK_IMS_PER_BATCH', value])
+
+
+def test_rank_ims_per_batch_needs_one_entry_per_process(tiny_catalog, tmp_path):
+    with pytest.raises(ConfigValueError, match=r'^TRAIN.RANK_IMS_PER_BATCH \(2, 1, 1\) needs one entry per '
+                                               r'process but NUM_GPUS is 2; give 2 entries, or \(\) for '):
+        use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1, 1)')
+
+
+@pytest.mark.parametrize('overrides, sizes', [([], [2, 2]), (['TRAIN.RANK_IMS_PER_BATCH', '(3, 1)'], [3, 1])])
+def test_engine_gives_the_sampler_one_batch_size_per_rank(tiny_catalog, tmp_path, monkeypatch, overrides, sizes):
+    use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', *overrides)  # TRAIN.IMS_PER_BATCH 2
+    monkeypatch.setattr(distributed, 'get_world_size', lambda: 2)
+    assert train_engine.rank_batch_sizes() == sizes
+    assert train_engine.images_per_step() == sum(sizes)
+
+
+def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
+    """train_engine.train_worker, writing the images of every training forward to record_dir/rank<r>.json.
+    Module-level: spawned workers import it by name."""
+    seen = []
+    forward = GeneralizedRCNN.forward
+
+    def recording_forward(self, images, im_info, targets=None):
+        seen.append([images.shape[0], im_info.shape[0], len(targets)])
+        return forward(self, images, im_info, targets)
+
+    GeneralizedRCNN.forward = recording_forward
+    try:
+        train_engine.train_worker(cfg_snapshot)
+    finally:
+        GeneralizedRCNN.forward = forward
+    (pathlib.Path(record_dir) / 'rank{}.json'.format(distributed.get_rank())).write_text(json.dumps(seen))
+
+
+def test_two_gloo_workers_train_with_unequal_rank_batches(tiny_catalog, tmp_path):
+    use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)',
+                    'SOLVER.ITER_SIZE', '2', 'SOLVER.MAX_ITER', '2')
+    distributed.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device='cpu')
+    # Two iterations of two micro-batches each: rank 0 always forwards 2 images, rank 1 one.
+    assert json.loads((tmp_path / 'rank0.json').read_text()) == [[2, 2, 2]] * 4
+    assert json.loads((tmp_path / 'rank1.json').read_text()) == [[1, 1, 1]] * 4
+    final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
+    assert (final['iteration'], final['world_size']) == (1, 2)
+    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 3}
