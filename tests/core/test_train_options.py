@@ -1,7 +1,9 @@
 """The training loop's options on CPU: SOLVER.ITER_SIZE against a hand-computed SGD step, AMP (bfloat16,
-float16 with a fixed and a dynamic loss scale), MODEL.SYNC_BN and TRAIN.RANK_IMS_PER_BATCH (2 gloo
-workers). Uses the tiny dataset and config of test_train_engine.py."""
+float16 with a fixed and a dynamic loss scale), MODEL.SYNC_BN, and TRAIN.RANK_IMS_PER_BATCH with
+ITER_SIZE on 2 gloo workers against a hand-computed DDP step. Uses the tiny dataset and config of
+test_train_engine.py."""
 import collections
+import itertools
 import json
 import math
 import pathlib
@@ -26,6 +28,8 @@ from test_train_engine import (TRAIN_SUBDIR, json_stats,  # noqa: F401 (fixtures
 # One plain SGD step at a constant LR: no momentum, no weight decay, no warm-up ramp.
 PLAIN_SGD = ['SOLVER.MOMENTUM', '0.0', 'SOLVER.WEIGHT_DECAY', '0.0', 'SOLVER.WEIGHT_DECAY_GN', '0.0',
              'SOLVER.WARM_UP_FACTOR', '1.0']
+# Detectron's LR is a float32 blob: BASE_LR 0.02 of the shapes config, no warm-up factor.
+SHAPES_LR = float(np.float32(0.02))
 STEM_CONV = 'conv_body.body.conv1.weight'
 
 
@@ -35,25 +39,36 @@ def _train(output_dir):
     return torch.load(output_dir / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)['model']
 
 
-def _initial_model():
-    """The model train_worker builds on rank 0 of a fresh run, with torch's generator where it leaves it."""
+def _initial_model(rank=0):
+    """The model train_worker builds on `rank` of a fresh run, with torch's generator where it leaves it."""
     torch.manual_seed(cfg.RNG_SEED)
     model = model_builder.create(cfg)
-    torch.manual_seed(cfg.RNG_SEED)  # rank 0's stream for anchor and RoI sampling
+    torch.manual_seed(cfg.RNG_SEED + rank)  # the rank's stream for anchor and RoI sampling
     return model
 
 
-def _first_batches(count):
-    """The first `count` single-process batches, from a sampler and loader built as the engine does."""
+def _first_batches(count, rank=0, rank_sizes=None):
+    """The first `count` batches of `rank` (rank_sizes: every rank's batch size; None: one process of
+    TRAIN.IMS_PER_BATCH), from a sampler and loader built as the engine does."""
+    rank_sizes = rank_sizes or [cfg.TRAIN.IMS_PER_BATCH]
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
-    sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), cfg.TRAIN.IMS_PER_BATCH,
-                                             seed=cfg.RNG_SEED, rank=0, world_size=1)
+    sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), None, seed=cfg.RNG_SEED, rank=rank,
+                                             world_size=len(rank_sizes), rank_batch_sizes=rank_sizes)
     loader = build_train_loader(roidb, sampler, scales=cfg.TRAIN.SCALES, max_size=cfg.TRAIN.MAX_SIZE,
                                 pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE, num_workers=0,
                                 seed=cfg.RNG_SEED)
-    batches = iter(loader)
-    return [next(batches) for _ in range(count)]
+    with torch.random.fork_rng(devices=[]):  # the engine keeps the DataLoader's seed draw out of torch's stream
+        return list(itertools.islice(loader, count))
+
+
+def _accumulate_gradients(model, micro_batches):
+    """Backward of the mean of the micro-batch losses, forward after forward: anchor and RoI sampling
+    draw from torch's generator in this order."""
+    model.train()
+    for batch in micro_batches:
+        losses = model(*batch)
+        (sum(v for k, v in losses.items() if k.startswith('loss')) / len(micro_batches)).backward()
 
 
 def _hand_sgd_step(model, lr):
@@ -83,13 +98,8 @@ def test_iter_size_2_is_one_sgd_step_on_the_mean_of_two_micro_batch_losses(tiny_
     assert images[0].shape != images[1].shape or not torch.equal(images[0], images[1])
     model = _initial_model()
     initial = {key: value.clone() for key, value in model.state_dict().items()}
-    model.train()
-    # In this order: anchor and RoI sampling draw from torch's generator, forward after forward.
-    for batch in micro_batches:
-        losses = model(*batch)
-        (sum(v for k, v in losses.items() if k.startswith('loss')) / 2).backward()
-    # Detectron's LR is a float32 blob: BASE_LR 0.02 of the shapes config, no warm-up factor.
-    _hand_sgd_step(model, float(np.float32(0.02)))
+    _accumulate_gradients(model, micro_batches)
+    _hand_sgd_step(model, SHAPES_LR)
 
     expected = model.state_dict()
     assert sorted(trained) == sorted(expected)
@@ -244,13 +254,31 @@ def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
     (pathlib.Path(record_dir) / 'rank{}.json'.format(distributed.get_rank())).write_text(json.dumps(seen))
 
 
-def test_two_gloo_workers_train_with_unequal_rank_batches(tiny_catalog, tmp_path):
+def test_two_gloo_workers_with_unequal_batches_and_iter_size_take_the_hand_ddp_step(tiny_catalog, tmp_path):
     use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)',
-                    'SOLVER.ITER_SIZE', '2', 'SOLVER.MAX_ITER', '2')
+                    'SOLVER.ITER_SIZE', '2', 'SOLVER.MAX_ITER', '1', *PLAIN_SGD)
     distributed.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device='cpu')
-    # Two iterations of two micro-batches each: rank 0 always forwards 2 images, rank 1 one.
-    assert json.loads((tmp_path / 'rank0.json').read_text()) == [[2, 2, 2]] * 4
-    assert json.loads((tmp_path / 'rank1.json').read_text()) == [[1, 1, 1]] * 4
+    # Two micro-batches: rank 0 forwards 2 images each time, rank 1 one.
+    assert json.loads((tmp_path / 'rank0.json').read_text()) == [[2, 2, 2]] * 2
+    assert json.loads((tmp_path / 'rank1.json').read_text()) == [[1, 1, 1]] * 2
     final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
-    assert (final['iteration'], final['world_size']) == (1, 2)
+    assert (final['iteration'], final['world_size']) == (0, 2)
     assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 3}
+
+    models = []
+    for rank in range(2):
+        models.append(_initial_model(rank))
+        _accumulate_gradients(models[-1], _first_batches(2, rank, [2, 1]))
+    # DDP averages the ranks' accumulated gradients: each rank's loss weighs the same whatever its batch.
+    for mine, other in zip(models[0].parameters(), models[1].parameters()):
+        if mine.grad is not None:
+            mine.grad = (mine.grad + other.grad) / 2
+    _hand_sgd_step(models[0], SHAPES_LR)
+    expected = models[0].state_dict()
+    for key, value in expected.items():
+        torch.testing.assert_close(final['model'][key], value, rtol=0, atol=1e-6, msg=key)
+    # Without the average (rank 0's gradients alone) the step is measurably different.
+    rank0_alone = _initial_model()
+    _accumulate_gradients(rank0_alone, _first_batches(2, 0, [2, 1]))
+    _hand_sgd_step(rank0_alone, SHAPES_LR)
+    assert max((final['model'][k] - v).abs().max() for k, v in rank0_alone.state_dict().items()) > 1e-4
