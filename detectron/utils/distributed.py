@@ -265,6 +265,9 @@ def _spawned_worker(rank, world_size, port, main_fn, args, options, report_dir):
     except BaseException as err:  # Ctrl-C and SystemExit end this rank too: report them
         _write_report(report_dir, rank, _failure_report(err))
         _exit_now(1)
+    # The work is done and reported: skip interpreter teardown, where a process group or loader
+    # thread of a finished rank can still fail and turn a completed job into a failed one.
+    _exit_now(0)
 
 
 def _failure_report(err):
@@ -332,10 +335,10 @@ def _raise_worker_failure(failed, workers, report_dir):
     reports = {rank: _read_report(report_dir, rank) for rank in failed}
     # A worker killed by a signal leaves no report and is the cause (the OOM killer, a user's kill);
     # among Python errors the earliest is the cause, later ones are peers losing their connection.
-    killed = [rank for rank in failed if reports[rank] is None]
+    killed = [rank for rank in failed if reports[rank] is None or 'error' not in reports[rank]]
     rank = killed[0] if killed else min(failed, key=lambda r: reports[r]['time'])
     report, exitcode, world_size = reports[rank], workers[rank].exitcode, len(workers)
-    if report is None:
+    if report is None or 'error' not in report:
         raise WorkerError(_describe_exit(rank, world_size, exitcode))
     if report['user_error'] is not None:
         user_error = pickle.loads(report['user_error'])

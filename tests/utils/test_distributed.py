@@ -214,7 +214,9 @@ LAUNCHED_SCRIPT = textwrap.dedent('''
                 'source': distributed.job_from_environment().source}
 
     if __name__ == '__main__':
-        print('RESULT ' + json.dumps(distributed.launch(main, int(sys.argv[1]), device='cpu')), flush=True)
+        # One write per line: the ranks share stdout, and print() writes the newline separately.
+        sys.stdout.write('RESULT ' + json.dumps(distributed.launch(main, int(sys.argv[1]), device='cpu')) + '\\n')
+        sys.stdout.flush()
 ''')
 
 
