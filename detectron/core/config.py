@@ -554,7 +554,7 @@ def scale_schedule_to_global_batch(global_batch):
         )
     factor = global_batch / reference
     solver = __C.SOLVER
-    snapshot_scale = __C.NUM_GPUS * __C.TRAIN.IMS_PER_BATCH / global_batch
+    snapshot_scale = images_per_iter() / __C.SOLVER.ITER_SIZE / global_batch
     new_values = {
         'SOLVER.BASE_LR': solver.BASE_LR * factor,
         'SOLVER.LRS': [lr * factor for lr in solver.LRS],

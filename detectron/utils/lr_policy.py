@@ -115,6 +115,12 @@ def lr_change_iters():
 _MAX_LISTED_STEPS = 10
 
 
+def _describe_micro_batch():
+    if cfg.TRAIN.RANK_IMS_PER_BATCH:
+        return 'TRAIN.RANK_IMS_PER_BATCH {}'.format(tuple(cfg.TRAIN.RANK_IMS_PER_BATCH))
+    return 'NUM_GPUS {} x TRAIN.IMS_PER_BATCH {}'.format(cfg.NUM_GPUS, cfg.TRAIN.IMS_PER_BATCH)
+
+
 def describe_schedule(num_images=None):
     """Lines that say what a training run will do, for a user about to spend GPU hours.
 
@@ -123,8 +129,8 @@ def describe_schedule(num_images=None):
     solver = cfg.SOLVER
     batch = images_per_iter()
     lines = [
-        'images per iteration: {} (NUM_GPUS {} x TRAIN.IMS_PER_BATCH {} x SOLVER.ITER_SIZE {})'
-        .format(batch, cfg.NUM_GPUS, cfg.TRAIN.IMS_PER_BATCH, solver.ITER_SIZE),
+        'images per iteration: {} ({} x SOLVER.ITER_SIZE {})'.format(
+            batch, _describe_micro_batch(), solver.ITER_SIZE),
         'LR policy: {}, base LR {:g}'.format(solver.LR_POLICY, solver.BASE_LR),
         _describe_warm_up(),
     ]
