@@ -160,13 +160,59 @@ def nms_t(boxes, scores, thresh):
     return torchvision.ops.nms(_plus_one_corners_t(boxes), scores, thresh)
 
 
+# Above this many box pairs per call the matrix NMS would hold too much memory: torchvision's kernel.
+MATRIX_NMS_MAX_PAIRS = 2 ** 26
+
+
 def batched_nms_t(boxes, scores, idxs, thresh):
-    """nms_t run separately for each value of idxs (e.g. class or image), via
-    torchvision.ops.batched_nms; kept indices in descending score order.
+    """nms_t run separately for each value of idxs (e.g. class or image); kept indices in
+    descending score order.
 
     Same tie rule as nms_t: suppression at IoU > thresh, where Detectron uses IoU >= thresh.
+    On CUDA, `matrix_batched_nms_t` gives the same result without torchvision's per-group host
+    round trips (its kernel scans the suppression mask on the CPU, once per group), as long as the
+    padded pair matrix stays under MATRIX_NMS_MAX_PAIRS.
     """
+    if boxes.is_cuda and boxes.numel():
+        counts = torch.unique(idxs, return_counts=True)[1]
+        if counts.numel() * int(counts.max()) ** 2 <= MATRIX_NMS_MAX_PAIRS:
+            return matrix_batched_nms_t(boxes, scores, idxs, thresh)
     return torchvision.ops.batched_nms(_plus_one_corners_t(boxes), scores, idxs, thresh)
+
+
+def matrix_batched_nms_t(boxes, scores, idxs, thresh):
+    """Greedy NMS per group as tensor operations: the same kept set as torchvision's batched_nms
+    (IoU > thresh with +1 areas), in descending score order.
+
+    Boxes are grouped and sorted by score into a padded (groups, M) layout; S[g, j, i] says that box
+    j, earlier in score order, would suppress box i. Greedy NMS keeps i iff no KEPT earlier box
+    suppresses it, a recursion over positions; iterating keep <- not any_j(S[j, i] and keep[j]) from
+    "all kept" fixes one more position per round, so it reaches the greedy result in at most
+    (longest suppression chain) rounds, each one batched matrix reduction.
+    """
+    order = scores.argsort(descending=True, stable=True)
+    order = order[idxs[order].argsort(stable=True)]
+    _, group, counts = torch.unique_consecutive(idxs[order], return_inverse=True, return_counts=True)
+    rank = torch.arange(order.numel(), device=order.device) - (counts.cumsum(0) - counts)[group]
+    slots = torch.full((counts.numel(), int(counts.max())), -1, dtype=torch.long, device=order.device)
+    slots[group, rank] = order
+    valid = slots >= 0
+    grouped = boxes[slots.clamp(min=0)]
+    lo = torch.maximum(grouped[:, :, None, :2], grouped[:, None, :, :2])
+    hi = torch.minimum(grouped[:, :, None, 2:4], grouped[:, None, :, 2:4])
+    inter = (hi - lo + 1).clamp(min=0).prod(dim=3)
+    area = boxes_area_t(grouped.reshape(-1, 4)).reshape(valid.shape)
+    iou = inter / (area[:, :, None] + area[:, None, :] - inter)
+    earlier = torch.ones(valid.shape[1], valid.shape[1], dtype=torch.bool, device=order.device).triu(1)
+    suppresses = (iou > thresh) & earlier & valid[:, :, None]
+    keep = valid
+    while True:
+        new_keep = valid & ~(suppresses & keep[:, :, None]).any(dim=1)
+        if torch.equal(new_keep, keep):
+            break
+        keep = new_keep
+    kept = slots[keep]
+    return kept[scores[kept].argsort(descending=True, stable=True)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torchvision
 from pycocotools import mask as coco_mask
 
 from detectron.core.config import cfg
@@ -318,3 +319,27 @@ def test_box_voting_matches_loop_transcription(method):
 def test_box_voting_rejects_unknown_method():
     with pytest.raises(ValueError, match='QUASI_SUM'):
         box_utils.box_voting(VOTE_TOP, VOTE_ALL, 0.5, scoring_method='MEDIAN')
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_matrix_batched_nms_equals_torchvision_batched_nms(seed):
+    """The tensor-only greedy NMS (used on CUDA) keeps exactly torchvision's boxes, in its order."""
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 700, (), generator=gen))
+    xy = torch.rand(n, 2, generator=gen) * 300
+    boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 120], dim=1)
+    scores = torch.randperm(n, generator=gen).float() / n  # distinct: no tie-order ambiguity
+    idxs = torch.randint(0, int(torch.randint(1, 12, (), generator=gen)), (n,), generator=gen)
+    for thresh in (0.3, 0.5, 0.7):
+        expected = torchvision.ops.batched_nms(
+            torch.cat([boxes[:, :2], boxes[:, 2:] + 1], dim=1), scores, idxs, thresh)
+        assert torch.equal(box_utils.matrix_batched_nms_t(boxes, scores, idxs, thresh), expected)
+
+
+def test_matrix_batched_nms_follows_suppression_chains():
+    # a suppresses b, b would suppress c but is gone, so c stays; d is alone in its group.
+    boxes = torch.tensor([[0, 0, 9, 9], [2, 0, 11, 9], [4, 0, 13, 9], [0, 0, 9, 9]], dtype=torch.float32)
+    scores = torch.tensor([0.9, 0.8, 0.7, 0.1])
+    idxs = torch.tensor([0, 0, 0, 1])
+    # IoU(a, b) = 80/120, IoU(b, c) = 80/120, IoU(a, c) = 60/140
+    assert box_utils.matrix_batched_nms_t(boxes, scores, idxs, 0.5).tolist() == [0, 2, 3]
