@@ -2,7 +2,7 @@
 # The GPU runs recorded in BENCHMARKS.md, as run on the lent H200 machine (see that file).
 # Needs: .whl/ (yacs, pycocotools, Cython wheels for the machine's Python) and .data/coco_tiny
 # (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
-#   bash tools/gpu_checks.sh setup bench kl_scaling multi_gpu_test coco_tiny_ap noisy_kl
+#   bash tools/gpu_checks.sh setup bench kl_scaling multi_gpu_test coco_tiny_ap noisy_kl nms_speed
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
@@ -73,6 +73,31 @@ coco_tiny_ap() {  # a small GN body trained from scratch on coco_tiny train, tes
     SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 TRAIN.SNAPSHOT_ITERS 100000 \
     OUTPUT_DIR /tmp/coco_tiny_ap > "$OUT/coco_tiny_ap.log" 2>&1
   echo "coco_tiny exit $?"; grep -E "json_stats" "$OUT/coco_tiny_ap.log" | tail -1; grep copypaste "$OUT/coco_tiny_ap.log"
+}
+
+nms_speed() {  # matrix batched NMS vs torchvision's batched_nms on RPN-like boxes (equality + time)
+  python3 - <<'PY' 2>&1 | tee "$OUT/nms_speed.txt"
+import time, torch, torchvision
+from detectron.utils import boxes as B
+torch.manual_seed(0)
+dev = 'cuda'
+# RPN-like: 2 images x 5 levels, 2000 proposals each, clustered around objects
+n = 20000
+centers = torch.rand(40, 2, device=dev) * 1000
+xy = centers[torch.randint(0, 40, (n,), device=dev)] + torch.randn(n, 2, device=dev) * 30
+boxes = torch.cat([xy, xy + 20 + torch.rand(n, 2, device=dev) * 150], 1)
+scores = torch.randperm(n, device=dev).float() / n
+idxs = torch.randint(0, 10, (n,), device=dev)
+ref = torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, 0.7)
+got = B.matrix_batched_nms_t(boxes, scores, idxs, 0.7)
+print('equal on CUDA:', torch.equal(ref, got), ref.numel())
+for name, fn in [('torchvision', lambda: torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, 0.7)),
+                 ('matrix', lambda: B.matrix_batched_nms_t(boxes, scores, idxs, 0.7))]:
+    for _ in range(3): fn()
+    torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(20): fn()
+    torch.cuda.synchronize(); print(name, 'ms', round((time.perf_counter() - t) / 20 * 1000, 2))
+PY
 }
 
 noisy_kl() {  # KL-Loss vs smooth-L1 on shapes_noisy_train, same schedule, tested on clean shapes_val
