@@ -19,9 +19,10 @@ from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
 from detectron.core.test import im_detect_all
 from detectron.core.test_engine import load_test_model
 from detectron.datasets import dataset_catalog
+from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.roi_data.minibatch import read_image
-from detectron.utils.errors import run_tool
+from detectron.utils.errors import DatasetError, run_tool
 from detectron.utils.logging import setup_logging
 from detectron.utils.vis import vis_one_image
 
@@ -34,7 +35,8 @@ def parse_args(argv):
     parser.add_argument('--image-ext', default='jpg', help='image extension to look for in a folder')
     parser.add_argument('--thresh', type=float, default=0.7, help='score threshold for drawing')
     parser.add_argument('--class-names-from', default='',
-                        help='dataset name whose class names label the boxes (default: TEST.DATASETS[0])')
+                        help='dataset name whose class names label the boxes (default: TEST.DATASETS[0], '
+                             'or the COCO names for an 81-class model when that dataset is absent)')
     parser.add_argument('im_or_folder', help='an image or a folder of images')
     parser.add_argument('opts', nargs=argparse.REMAINDER, help='config overrides: KEY VALUE ...')
     if len(argv) == 0:
@@ -49,6 +51,18 @@ def _image_paths(im_or_folder, ext):
     return [im_or_folder]
 
 
+def _class_names(dataset_name):
+    """Names from the dataset (--class-names-from, else TEST.DATASETS[0]); like Detectron's demo, a
+    81-class model falls back to the COCO names when that dataset is not on this machine."""
+    name = dataset_name or (cfg.TEST.DATASETS[0] if cfg.TEST.DATASETS else '')
+    try:
+        return JsonDataset(name).classes if name else None
+    except DatasetError:
+        if dataset_name or cfg.MODEL.NUM_CLASSES != len(dummy_datasets.COCO_CLASSES):
+            raise
+        return dummy_datasets.get_coco_dataset()
+
+
 def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
@@ -56,8 +70,7 @@ def main(argv):
     merge_cfg_from_list(args.opts)
     assert_and_infer_cfg()
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
-    name = args.class_names_from or (cfg.TEST.DATASETS[0] if cfg.TEST.DATASETS else '')
-    class_names = JsonDataset(name).classes if name else None
+    class_names = _class_names(args.class_names_from)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     model = load_test_model(args.wts, device)
     os.makedirs(args.output_dir, exist_ok=True)

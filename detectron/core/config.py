@@ -224,7 +224,7 @@ __C.SOLVER.ITER_SIZE = 1
 __C.SOLVER.REFERENCE_WORLD_BATCH = 0
 __C.SOLVER.AMP = CfgNode()
 __C.SOLVER.AMP.ENABLED = False
-__C.SOLVER.AMP.DTYPE = 'float16'  # 'float16' | 'bfloat16'
+__C.SOLVER.AMP.DTYPE = 'float16'  # 'float16' (or 'fp16') | 'bfloat16' (or 'bf16')
 __C.SOLVER.AMP.LOSS_SCALE = 0.0  # 0 = dynamic loss scaling
 
 # ---------------------------------------------------------------------------------------------
@@ -765,6 +765,9 @@ def _type_error(value, default, full_key, source):
 def _check_cfg():
     _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER'))
     _check_rank_ims_per_batch()
+    # The short spellings users type from mixed-precision guides.
+    __C.SOLVER.AMP.DTYPE = {'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}.get(
+        __C.SOLVER.AMP.DTYPE, __C.SOLVER.AMP.DTYPE)
     _check_choice('SOLVER.AMP.DTYPE', ('float16', 'bfloat16'))
     _check_choice('STD.SIGMA_COLUMN_ORDER', ('reference', 'corrected'))
     _check_choice('TRAIN.FREEZE_AT', (0, 2, 3, 4, 5))

@@ -72,6 +72,7 @@ _BUILTIN = {
     'keypoints_coco_2015_test-dev':
         ('coco/coco_test2015', 'coco/annotations/image_info_test-dev2015.json'),
     'voc_2007_train': ('VOC2007/JPEGImages', 'VOC2007/annotations/voc_2007_train.json'),
+    'voc_2007_trainval': ('VOC2007/JPEGImages', 'VOC2007/annotations/voc_2007_trainval.json'),
     'voc_2007_val': ('VOC2007/JPEGImages', 'VOC2007/annotations/voc_2007_val.json'),
     'voc_2007_test': ('VOC2007/JPEGImages', 'VOC2007/annotations/voc_2007_test.json'),
     'voc_2012_train': ('VOC2012/JPEGImages', 'VOC2012/annotations/voc_2012_train.json'),

@@ -14,8 +14,23 @@ _CONV_BODIES = {
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head',)
 
 
+# Detectron features this port does not build: refused loudly rather than silently ignored.
+_UNSUPPORTED = {
+    'MODEL.MASK_ON': 'Mask R-CNN heads', 'MODEL.KEYPOINTS_ON': 'keypoint heads',
+    'RETINANET.RETINANET_ON': 'RetinaNet', 'MODEL.RPN_ONLY': 'RPN-only models',
+    'TEST.BBOX_AUG.ENABLED': 'test-time box augmentation',
+}
+
+
 def create(cfg):
     """Build the model named by MODEL.TYPE from cfg."""
+    for key, feature in _UNSUPPORTED.items():
+        node = cfg
+        for name in key.split('.'):
+            node = node[name]
+        if node:
+            raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
+                                   .format(key, feature))
     if cfg.MODEL.TYPE != 'generalized_rcnn':
         raise ConfigValueError("MODEL.TYPE '{}' is not supported; use 'generalized_rcnn'".format(cfg.MODEL.TYPE))
     if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):

@@ -8,9 +8,10 @@ import cv2
 import numpy as np
 import torch
 
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
 from detectron.core.test import im_detect_all
 from detectron.core.test_engine import load_test_model
+from detectron.datasets.dummy_datasets import get_coco_dataset
 from detectron.modeling import model_builder
 from detectron.utils.vis import vis_one_image
 
@@ -72,3 +73,30 @@ def test_without_arguments_prints_usage_and_exits_1():
     result = _run()
     assert result.returncode == 1
     assert result.stdout.startswith('usage: infer_simple.py')
+
+
+def test_coco_model_without_coco_on_disk_is_labelled_with_coco_names(tmp_path):
+    """An 81-class model whose TEST.DATASETS (coco_2017_val) is absent still labels its boxes, with
+    the COCO names, as Detectron's demo does; detections are the same as drawn with those names."""
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    image = np.random.RandomState(1).randint(0, 255, size=(64, 96, 3)).astype(np.uint8)
+    cv2.imwrite(str(folder / 'one.jpg'), image)
+    # A random 81-class head scores every class near 1/81: no score threshold, so boxes get drawn.
+    overrides = ['MODEL.NUM_CLASSES', '81', 'TEST.DATASETS', "('coco_2017_val',)", 'TEST.SCORE_THRESH', '0.0']
+    merge_cfg_from_file(SHAPES_CFG)
+    merge_cfg_from_list(overrides)
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    weights = tmp_path / 'coco_like.pth'
+    torch.save({'model': model_builder.create(cfg).state_dict()}, weights)
+    result = _run('--cfg', SHAPES_CFG, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
+                  '--thresh', '0.0', str(folder), *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    image = cv2.imread(str(folder / 'one.jpg'))
+    cls_boxes = im_detect_all(model, image)
+    assert sum(len(boxes) for boxes in cls_boxes[1:]) > 0
+    written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
+    assert np.array_equal(written, vis_one_image(image, cls_boxes, get_coco_dataset(), 0.0))
+    assert not np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0))  # names are drawn

@@ -1,0 +1,71 @@
+"""The configs we ship hold the reference values (KL-Loss's 2x file, CenterNet's experiment lines),
+and settings this port cannot honour are refused instead of silently ignored."""
+import os
+
+import pytest
+
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.datasets import dataset_catalog
+from detectron.modeling import model_builder
+from detectron.utils.errors import ConfigValueError
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'configs')
+
+
+def _load(relative_path, *opts):
+    merge_cfg_from_file(os.path.join(CONFIGS, relative_path))
+    merge_cfg_from_list(list(opts))
+    assert_and_infer_cfg()
+
+
+def test_kl_loss_2x_config_has_the_released_model_settings():
+    # ethanhe42/KL-Loss configs/e2e_faster_rcnn_R-50-FPN_2x.yaml (see shared/reference/kl_loss.md 3)
+    _load('e2e_faster_rcnn_R-50-FPN_2x.yaml')
+    assert (cfg.XYXY, cfg.PRED_STD, cfg.PRED_STD_LOG, cfg.STD_NMS) == (True, True, True, False)
+    assert (cfg.NUM_GPUS, cfg.SOLVER.BASE_LR, cfg.SOLVER.MAX_ITER) == (8, 0.02, 180000)
+    assert list(cfg.SOLVER.STEPS) == [0, 120000, 160000]
+    assert cfg.SOLVER.WEIGHT_DECAY == 0.0001
+    assert (tuple(cfg.TRAIN.SCALES), cfg.TRAIN.MAX_SIZE, cfg.TRAIN.BATCH_SIZE_PER_IM) == ((800,), 1333, 512)
+    assert cfg.TRAIN.RPN_PRE_NMS_TOP_N == 2000
+    assert (cfg.TEST.SCALE, cfg.TEST.MAX_SIZE, cfg.TEST.NMS) == (800, 1333, 0.5)
+    assert (cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N) == (1000, 1000)
+    assert (tuple(cfg.TRAIN.DATASETS), tuple(cfg.TEST.DATASETS)) == (('coco_2017_train',), ('coco_2017_val',))
+    assert (cfg.FAST_RCNN.ROI_XFORM_METHOD, cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
+            cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO) == ('RoIAlign', 7, 2)
+    assert cfg.TEST.WEIGHTS.endswith('faster2x_log.pkl')
+
+
+@pytest.mark.parametrize('name, arch, gpus, batch, master, lr', [
+    ('ctdet_coco_resdcn18.yaml', 'resdcn_18', 4, 114, 18, 5e-4),   # experiments/ctdet_coco_resdcn18.sh
+    ('ctdet_coco_dla_1x.yaml', 'dla_34', 8, 128, 9, 5e-4),         # experiments/ctdet_coco_dla_1x.sh
+])
+def test_centernet_configs_hold_the_experiment_lines(name, arch, gpus, batch, master, lr):
+    _load(os.path.join('centernet', name))
+    c = cfg.CENTERNET
+    assert (cfg.MODEL.TYPE, c.ARCH, cfg.NUM_GPUS) == ('centernet', arch, gpus)
+    assert (c.BATCH_SIZE, c.MASTER_BATCH_SIZE, c.LR) == (batch, master, lr)
+    assert (c.NUM_EPOCHS, tuple(c.LR_STEP), c.INPUT_RES, c.DOWN_RATIO) == (140, (90, 120), 512, 4)
+
+
+@pytest.mark.parametrize('spelling, dtype', [('fp16', 'float16'), ('half', 'float16'), ('bf16', 'bfloat16'),
+                                             ('bfloat16', 'bfloat16')])
+def test_amp_dtype_short_spellings(spelling, dtype):
+    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'SOLVER.AMP.DTYPE', spelling)
+    assert cfg.SOLVER.AMP.DTYPE == dtype
+
+
+def test_amp_dtype_unknown_spelling_is_refused():
+    with pytest.raises(ConfigValueError, match="SOLVER.AMP.DTYPE must be one of 'float16', 'bfloat16'"):
+        _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'SOLVER.AMP.DTYPE', 'int8')
+
+
+@pytest.mark.parametrize('key', ['MODEL.MASK_ON', 'MODEL.KEYPOINTS_ON', 'TEST.BBOX_AUG.ENABLED'])
+def test_unsupported_detectron_features_are_refused_by_the_builder(key):
+    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), key, 'True')
+    with pytest.raises(ConfigValueError, match='{} True asks for'.format(key)):
+        model_builder.create(cfg)
+
+
+def test_voc_2007_trainval_is_a_catalog_name():
+    assert dataset_catalog.contains('voc_2007_trainval')
+    assert dataset_catalog.get_ann_fn('voc_2007_trainval').endswith('VOC2007/annotations/voc_2007_trainval.json')
