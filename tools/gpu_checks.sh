@@ -2,7 +2,7 @@
 # The GPU runs recorded in BENCHMARKS.md, as run on the lent H200 machine (see that file).
 # Needs: .whl/ (yacs, pycocotools, Cython wheels for the machine's Python) and .data/coco_tiny
 # (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
-#   bash tools/gpu_checks.sh setup bench kl_scaling multi_gpu_test coco_tiny_ap noisy_kl nms_speed
+#   bash tools/gpu_checks.sh setup bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
@@ -44,11 +44,16 @@ kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 th
   done
 }
 
-multi_gpu_test() {  # the 2-GPU model tested on 1 GPU and on 2 GPUs: detections must be equal
-  W=/tmp/kl_gpus2/train/coco_tiny_train/generalized_rcnn/model_final.pth
-  python3 tools/test_net.py -c $KL_CFG "${KL[@]}" TEST.WEIGHTS $W NUM_GPUS 1 OUTPUT_DIR /tmp/t1 > "$OUT/test_1gpu.log" 2>&1
+multi_gpu_test() {  # run after coco_tiny_ap: its model tested on 1 GPU and on 2 GPUs must give equal detections
+  W=/tmp/coco_tiny_ap/train/coco_tiny_train/generalized_rcnn/model_final.pth
+  T=(DATASET_CATALOG "$CATALOG" TEST.DATASETS "('coco_tiny_val',)" MODEL.NUM_CLASSES 81 FPN.RPN_ANCHOR_START_SIZE 32
+     FPN.DIM 256 FAST_RCNN.MLP_HEAD_DIM 1024 TEST.SCALE 512 TEST.MAX_SIZE 853 TEST.RPN_PRE_NMS_TOP_N 1000
+     TEST.RPN_POST_NMS_TOP_N 1000 TEST.WEIGHTS $W)
+  python3 tools/test_net.py -c configs/getting_started/shapes_demo_R-18-FPN.yaml "${T[@]}" NUM_GPUS 1 \
+    OUTPUT_DIR /tmp/t1 > "$OUT/test_1gpu.log" 2>&1
   echo "1-GPU test exit $?"
-  python3 tools/test_net.py -c $KL_CFG --multi-gpu-testing "${KL[@]}" TEST.WEIGHTS $W NUM_GPUS 2 OUTPUT_DIR /tmp/t2 > "$OUT/test_2gpu.log" 2>&1
+  python3 tools/test_net.py -c configs/getting_started/shapes_demo_R-18-FPN.yaml --multi-gpu-testing "${T[@]}" \
+    NUM_GPUS 2 OUTPUT_DIR /tmp/t2 > "$OUT/test_2gpu.log" 2>&1
   echo "2-GPU test exit $?"
   python3 - <<'PY' | tee "$OUT/test_equal.txt"
 import numpy as np
@@ -56,10 +61,10 @@ from detectron.utils.io import load_object
 a = load_object('/tmp/t1/test/coco_tiny_val/generalized_rcnn/detections.pkl')['all_boxes']
 b = load_object('/tmp/t2/test/coco_tiny_val/generalized_rcnn/detections.pkl')['all_boxes']
 n = sum(len(d) for c in a for d in c)
-diff = max((np.abs(np.asarray(x) - np.asarray(y)).max() if len(x) else 0.0)
+same = all(np.shape(x) == np.shape(y) for ca, cb in zip(a, b) for x, y in zip(ca, cb))
+diff = max((float(np.abs(np.asarray(x) - np.asarray(y)).max()) if len(x) else 0.0)
            for ca, cb in zip(a, b) for x, y in zip(ca, cb))
-same_shape = all(np.shape(x) == np.shape(y) for ca, cb in zip(a, b) for x, y in zip(ca, cb))
-print('detections', n, 'same per-class/per-image counts', same_shape, 'max abs difference', diff)
+print('detections', n, 'same counts', same, 'max abs difference', diff, 'identical', same and diff == 0.0)
 PY
 }
 
