@@ -25,6 +25,7 @@ from detectron.modeling import fast_rcnn_heads, model_builder
 from detectron.utils import checkpoint, lr_policy
 from detectron.utils.c2_weights import load_weights
 from detectron.utils.errors import DetectronError
+from protobuf_reader import proto_fields
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES_CFG = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml')
@@ -183,41 +184,16 @@ def test_json_stats_lines_follow_detectron(uninterrupted_run):
     assert float(first['loss']) == pytest.approx(sum(float(first[k]) for k in loss_keys), abs=2e-5)
 
 
-def _read_varint(buf, pos):
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        value |= (byte & 0x7F) << shift
-        shift, pos = shift + 7, pos + 1
-        if not byte & 0x80:
-            return value, pos
-
-
-def _proto_fields(buf):
-    """{field number: [values]} of a protobuf message: varints as ints, the rest as bytes."""
-    fields, pos = {}, 0
-    while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        wire = key & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-        else:
-            size, pos = (8, pos) if wire == 1 else (4, pos) if wire == 5 else _read_varint(buf, pos)
-            value, pos = buf[pos:pos + size], pos + size
-        fields.setdefault(key >> 3, []).append(value)
-    return fields
-
-
 def _tensorboard_scalars(path):
     """{step: {tag: value}} from a TFRecord event file (CRCs are test_tensorboard.py's business)."""
     data, pos, scalars = open(path, 'rb').read(), 0, {}
     while pos < len(data):
         (length,) = struct.unpack('<Q', data[pos:pos + 8])
-        event = _proto_fields(data[pos + 12:pos + 12 + length])
+        event = proto_fields(data[pos + 12:pos + 12 + length])
         pos += 16 + length
         for summary in event.get(5, []):
-            for value in _proto_fields(summary)[1]:
-                fields = _proto_fields(value)
+            for value in proto_fields(summary)[1]:
+                fields = proto_fields(value)
                 tag = fields[1][0].decode()
                 scalars.setdefault(event[2][0], {})[tag] = struct.unpack('<f', fields[2][0])[0]
     return scalars
