@@ -13,11 +13,10 @@ import os
 import time
 
 import cv2
-import torch
 
 from detectron.core import test as test_lib
 from detectron.core.config import cfg, get_output_dir
-from detectron.core.train_engine import adopt_cfg, worker_device
+from detectron.core.train_engine import adopt_cfg
 from detectron.datasets import task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
@@ -51,8 +50,7 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
     for name in cfg.TEST.DATASETS:
         output_dir = get_output_dir((name,), training=False)
         if parallel:
-            all_boxes = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
-                                           device='cuda' if torch.cuda.is_available() else 'cpu')
+            all_boxes = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name))
         else:
             all_boxes = test_net(weights_file, name, output_dir)[1]
         if all_boxes is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
@@ -115,7 +113,7 @@ def test_net(weights_file, name, output_dir, ind_range=None):
     roidb = dataset.get_roidb()
     total = len(roidb)
     start, end = ind_range if ind_range is not None else (0, total)
-    model = load_test_model(weights_file, worker_device())
+    model = load_test_model(weights_file, distributed.get_device())
     num_classes = cfg.MODEL.NUM_CLASSES
     all_boxes = [[[] for _ in range(start, end)] for _ in range(num_classes)]
     images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS)

@@ -49,12 +49,8 @@ def train_model():
     if cfg.TRAIN.AUTO_RESUME and os.path.exists(final_path):
         logger.info('model_final.pth exists; no need to train!')
         return {'final': final_path}
-    distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), device=_device_kind())
+    distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),))
     return {'final': final_path}
-
-
-def _device_kind():
-    return 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
 def adopt_cfg(snapshot):
@@ -68,15 +64,9 @@ def adopt_cfg(snapshot):
         dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
 
 
-def worker_device():
-    if torch.cuda.is_available():
-        return torch.device('cuda', distributed.get_local_rank())
-    return torch.device('cpu')
-
-
 def train_worker(cfg_snapshot):
     adopt_cfg(cfg_snapshot)
-    device = worker_device()
+    device = distributed.get_device()
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
     model = model_builder.create(cfg).to(device)

@@ -120,7 +120,7 @@ class GeneralizedRCNN(nn.Module):
     def _inference(self, features, logits, deltas, anchors, im_info):
         rois = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals, training=False)
         out = self._box_outputs(features, rois)
-        result = {'rois': rois, 'cls_prob': torch.softmax(out['cls_score'].float(), dim=1),
+        result = {'rois': rois, 'cls_prob': out['cls_prob'].float(),
                   'bbox_pred': out['bbox_pred'].float()}
         if 'bbox_pred_std' in out:
             result['bbox_pred_std'] = out['bbox_pred_std'].float()
