@@ -105,19 +105,52 @@ for name, fn in [('torchvision', lambda: torchvision.ops.batched_nms(B._plus_one
 PY
 }
 
-noisy_kl() {  # KL-Loss vs smooth-L1 on shapes_noisy_train, same schedule, tested on clean shapes_val
-  for seed in 3 4; do
-    python3 tools/train_net.py -c configs/getting_started/shapes_demo_R-18-FPN_noisy_baseline.yaml \
-      RNG_SEED $seed DATA_LOADER.NUM_THREADS 4 OUTPUT_DIR /tmp/noisy_base_$seed > "$OUT/noisy_base_$seed.log" 2>&1
-    python3 tools/train_net.py -c configs/getting_started/shapes_demo_R-18-FPN_kl.yaml \
-      RNG_SEED $seed DATA_LOADER.NUM_THREADS 4 OUTPUT_DIR /tmp/noisy_kl_$seed > "$OUT/noisy_kl_$seed.log" 2>&1
-    python3 tools/test_net.py -c configs/getting_started/shapes_demo_R-18-FPN_kl.yaml STD_NMS False \
-      TEST.WEIGHTS /tmp/noisy_kl_$seed/train/shapes_noisy_train/generalized_rcnn/model_final.pth \
-      OUTPUT_DIR /tmp/noisy_kl_novote_$seed > "$OUT/noisy_kl_novote_$seed.log" 2>&1
-    for run in base kl kl_novote; do
-      echo "seed $seed $run $(grep 'copypaste: [0-9]' "$OUT/noisy_${run}_$seed.log" | tail -1)"
-    done
-  done
+noisy_kl_run() {  # one training on shapes_noisy_train (method base|xyxy|kl, seed), tested on clean shapes_val
+  local method=$1 seed=$2 cfg=configs/getting_started/shapes_demo_R-18-FPN_noisy_baseline.yaml extra=()
+  [ "$method" = kl ] && cfg=configs/getting_started/shapes_demo_R-18-FPN_kl.yaml
+  [ "$method" = xyxy ] && extra=(XYXY True)  # smooth-L1 with the KL model's edge coding
+  local dir=/tmp/noisy_${method}_$seed log=$OUT/noisy/${method}_$seed.log
+  OMP_NUM_THREADS=1 python3 tools/train_net.py -c $cfg RNG_SEED $seed DATA_LOADER.NUM_THREADS 1 \
+    OUTPUT_DIR $dir "${extra[@]}" $NOISY_OPTS > $log 2>&1
+  echo "$method $seed $(grep 'copypaste: [0-9]' $log | tail -1 | awk '{print $NF}')" >> $OUT/noisy/results.txt
+  if [ "$method" = kl ]; then  # the same KL model without variance voting
+    OMP_NUM_THREADS=1 python3 tools/test_net.py -c $cfg STD_NMS False DATA_LOADER.NUM_THREADS 1 \
+      TEST.WEIGHTS $dir/train/shapes_noisy_train/generalized_rcnn/model_final.pth OUTPUT_DIR ${dir}_novote \
+      > $OUT/noisy/kl_novote_$seed.log 2>&1
+    echo "kl_novote $seed $(grep 'copypaste: [0-9]' $OUT/noisy/kl_novote_$seed.log | tail -1 | awk '{print $NF}')" \
+      >> $OUT/noisy/results.txt
+  fi
+}
+
+# KL-Loss + variance voting vs smooth-L1 (Detectron's coding, and XYXY as the KL model) on shapes_noisy_train:
+# the same schedule per seed, NOISY_PARALLEL trainings at once (each small enough to share the GPU);
+# NOISY_OPTS adds config overrides to every training (e.g. "SOLVER.MAX_ITER 2400 SOLVER.STEPS [0,1600,2100]").
+noisy_kl() {
+  mkdir -p $OUT/noisy; : > $OUT/noisy/results.txt
+  python3 -c "from detectron.datasets.shapes import ensure_shapes_dataset as e; e()"
+  export -f noisy_kl_run; export OUT NOISY_OPTS=${NOISY_OPTS:-}
+  for seed in ${NOISY_SEEDS:-1 2 3 4 5 6}; do for method in kl base xyxy; do echo $method $seed; done; done |
+    xargs -P ${NOISY_PARALLEL:-9} -L 1 bash -c 'noisy_kl_run "$@"' _
+  python3 - $OUT/noisy/results.txt <<'PY' | tee $OUT/noisy/summary.txt
+import sys, collections
+import numpy as np
+names = 'AP AP50 AP75 APs APm APl AP60 AP70 AP80 AP85 AP90 AP95'.split()
+runs = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    method, seed, values = (line.split() + [''])[:3]
+    runs[method][int(seed)] = [float(v) for v in values.split(',')] if values else None
+shown = ['AP', 'AP50', 'AP75', 'AP85', 'AP90']
+print('method      seeds ' + ' '.join('{:>7}'.format(n) for n in shown) + '   (means)')
+for method in ('base', 'xyxy', 'kl', 'kl_novote'):
+    got = {s: v for s, v in runs[method].items() if v}
+    mean = np.mean(list(got.values()), axis=0)
+    print('{:<11} {:>5} '.format(method, len(got)) + ' '.join('{:7.4f}'.format(mean[names.index(n)]) for n in shown))
+for other in ('base', 'xyxy', 'kl_novote'):
+    seeds = sorted(s for s in runs['kl'] if runs['kl'][s] and runs[other].get(s))
+    d = [runs['kl'][s][2] - runs[other][s][2] for s in seeds]
+    print('AP75 kl - {}: per seed {} mean {:+.4f}, kl ahead in {} of {}'.format(
+        other, ' '.join('{:+.4f}'.format(x) for x in d), np.mean(d), sum(x > 0 for x in d), len(d)))
+PY
 }
 
 for step in "$@"; do "$step"; done
