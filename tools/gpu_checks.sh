@@ -124,14 +124,14 @@ noisy_kl_run() {  # one training on shapes_noisy_train (method base|xyxy|kl, see
 
 # KL-Loss + variance voting vs smooth-L1 (Detectron's coding, and XYXY as the KL model) on shapes_noisy_train:
 # the same schedule per seed, NOISY_PARALLEL trainings at once (each small enough to share the GPU);
-# NOISY_OPTS adds config overrides to every training (e.g. "SOLVER.MAX_ITER 2400 SOLVER.STEPS [0,1600,2100]").
+# NOISY_SEEDS and NOISY_METHODS pick the runs; NOISY_OPTS adds config overrides to every training (e.g. "SOLVER.MAX_ITER 2400 SOLVER.STEPS [0,1600,2100]").
 noisy_kl() {
   mkdir -p $OUT/noisy; : > $OUT/noisy/results.txt
   python3 -c "from detectron.datasets.shapes import ensure_shapes_dataset as e; e()"
   export -f noisy_kl_run; export OUT NOISY_OPTS=${NOISY_OPTS:-}
-  for seed in ${NOISY_SEEDS:-1 2 3 4 5 6}; do for method in kl base xyxy; do echo $method $seed; done; done |
+  for seed in ${NOISY_SEEDS:-1 2 3 4 5 6}; do for method in ${NOISY_METHODS:-kl base xyxy}; do echo $method $seed; done; done |
     xargs -P ${NOISY_PARALLEL:-9} -L 1 bash -c 'noisy_kl_run "$@"' _
-  python3 - $OUT/noisy/results.txt <<'PY' | tee $OUT/noisy/summary.txt
+  python3 - $OUT/noisy/results.txt <<'PY' | tee $OUT/noisy_summary.txt
 import sys, collections
 import numpy as np
 names = 'AP AP50 AP75 APs APm APl AP60 AP70 AP80 AP85 AP90 AP95'.split()
@@ -143,14 +143,21 @@ shown = ['AP', 'AP50', 'AP75', 'AP85', 'AP90']
 print('method      seeds ' + ' '.join('{:>7}'.format(n) for n in shown) + '   (means)')
 for method in ('base', 'xyxy', 'kl', 'kl_novote'):
     got = {s: v for s, v in runs[method].items() if v}
+    if not got:
+        continue
     mean = np.mean(list(got.values()), axis=0)
     print('{:<11} {:>5} '.format(method, len(got)) + ' '.join('{:7.4f}'.format(mean[names.index(n)]) for n in shown))
 for other in ('base', 'xyxy', 'kl_novote'):
     seeds = sorted(s for s in runs['kl'] if runs['kl'][s] and runs[other].get(s))
     d = [runs['kl'][s][2] - runs[other][s][2] for s in seeds]
-    print('AP75 kl - {}: per seed {} mean {:+.4f}, kl ahead in {} of {}'.format(
-        other, ' '.join('{:+.4f}'.format(x) for x in d), np.mean(d), sum(x > 0 for x in d), len(d)))
+    if d:
+        print('AP75 kl - {}: per seed {} mean {:+.4f}, kl ahead in {} of {}'.format(
+            other, ' '.join('{:+.4f}'.format(x) for x in d), np.mean(d), sum(x > 0 for x in d), len(d)))
+for method in sorted(runs):
+    for seed, values in sorted(runs[method].items()):
+        print(method, seed, ' '.join('{}={:.4f}'.format(n, v) for n, v in zip(names, values or [])))
 PY
+  tar czf $OUT/noisy_logs.tar.gz -C $OUT noisy && rm -r $OUT/noisy  # $OUT returns only a few files
 }
 
 for step in "$@"; do "$step"; done
