@@ -34,11 +34,13 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
     first = features[0]
     # Pool in at least float32: half-precision RoI coordinates would be off by up to a pixel.
     compute_dtype = torch.promote_types(first.dtype, torch.float32)
-    rois = rois.to(compute_dtype)
-    pooled = first.new_zeros((rois.shape[0], first.shape[1], output_size, output_size))
-    for offset, (feature, scale) in enumerate(zip(features, spatial_scales)):
-        idx = torch.nonzero(levels == k_min + offset).squeeze(1)
-        level_pooled = roi_align(feature.to(compute_dtype), rois[idx], output_size,
-                                 spatial_scale=scale, sampling_ratio=sampling_ratio, aligned=False)
-        pooled = pooled.index_copy(0, idx, level_pooled.to(first.dtype))
-    return pooled
+    # RoIs grouped by level (index order kept within a level); the counts are the one host sync.
+    order = levels.argsort(stable=True)
+    counts = torch.bincount(levels - k_min, minlength=len(features)).tolist()
+    level_rois = rois.to(compute_dtype)[order].split(counts)
+    pooled = torch.cat([
+        roi_align(feature.to(compute_dtype), level_rois[k], output_size, spatial_scale=scale,
+                  sampling_ratio=sampling_ratio, aligned=False)
+        for k, (feature, scale) in enumerate(zip(features, spatial_scales))
+    ]).to(first.dtype)
+    return torch.empty_like(pooled).index_copy(0, order, pooled)
