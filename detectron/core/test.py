@@ -113,8 +113,8 @@ def box_results_with_nms_and_limit(scores, boxes, confs=None):
     more). Returns numpy (scores (M,), boxes (M, 4), cls_boxes) with cls_boxes[j] (N_j, 5) float32,
     cls_boxes[0] empty.
 
-    Greedy NMS is torchvision's (via box_utils.batched_nms_t): it differs from Detectron's kernel
-    only when an IoU equals TEST.NMS exactly (Detectron suppresses it) or equal scores tie.
+    Greedy NMS (box_utils.batched_nms_t) suppresses at IoU >= TEST.NMS as Detectron's kernel; it
+    can differ from it only when equal scores tie.
     """
     scores, boxes = torch.as_tensor(scores), torch.as_tensor(boxes)
     num_classes = scores.shape[1]

@@ -152,9 +152,8 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     its issue 459), otherwise of each image (test).
 
     nms_thresh <= 0 skips NMS and the per-level cap, as Detectron; post_nms_top_n <= 0 means no cap.
-    NMS is torchvision's, which suppresses IoU > thresh where Detectron's suppresses IoU >= thresh;
-    the two differ only for an IoU exactly equal to the threshold. Equal scores may be visited in
-    another order than numpy's argsort.
+    NMS suppresses at IoU >= thresh as Detectron's (box_utils.batched_nms_t); equal scores may be
+    visited in another order than numpy's argsort.
 
     Returns rois (R, 5) float32 = (batch index, x1, y1, x2, y2) in network-input coordinates and
     their scores (R,): with collect_across_batch sorted by descending score over the batch,

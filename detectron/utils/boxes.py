@@ -154,10 +154,17 @@ def nms_t(boxes, scores, thresh):
     """Greedy NMS of (N, 4) boxes with Detectron's +1 areas, via torchvision.ops.nms.
 
     Returns kept indices in descending score order (Detectron's nms returns ascending indices).
-    torchvision suppresses a box when IoU > thresh, Detectron when IoU >= thresh: the kept sets
-    differ only when an IoU equals thresh exactly.
+    Suppresses at IoU >= thresh like Detectron's kernel (see torchvision_nms_thresh).
     """
-    return torchvision.ops.nms(_plus_one_corners_t(boxes), scores, thresh)
+    return torchvision.ops.nms(_plus_one_corners_t(boxes), scores, torchvision_nms_thresh(thresh))
+
+
+def torchvision_nms_thresh(thresh):
+    """The threshold t for which torchvision's rule (suppress IoU > t) suppresses exactly what
+    Detectron's kernel suppresses (float32 IoU >= thresh rounded to float32): the float32 just
+    below float32(thresh). Without it, an IoU equal to the threshold (common with integer boxes:
+    [0,0,9,9] and [0,0,9,19] at 0.5) would survive."""
+    return float(np.nextafter(np.float32(thresh), np.float32(-np.inf)))
 
 
 # Above this many box pairs per call the matrix NMS would hold too much memory: torchvision's kernel.
@@ -166,13 +173,13 @@ MATRIX_NMS_MAX_PAIRS = 2 ** 26
 
 def batched_nms_t(boxes, scores, idxs, thresh):
     """nms_t run separately for each value of idxs (e.g. class or image); kept indices in
-    descending score order.
+    descending score order. Suppresses at IoU >= thresh, as nms_t.
 
-    Same tie rule as nms_t: suppression at IoU > thresh, where Detectron uses IoU >= thresh.
     On CUDA, `matrix_batched_nms_t` gives the same result without torchvision's per-group host
     round trips (its kernel scans the suppression mask on the CPU, once per group), as long as the
     padded pair matrix stays under MATRIX_NMS_MAX_PAIRS.
     """
+    thresh = torchvision_nms_thresh(thresh)
     if boxes.is_cuda and boxes.numel():
         counts = torch.unique(idxs, return_counts=True)[1]
         if counts.numel() * int(counts.max()) ** 2 <= MATRIX_NMS_MAX_PAIRS:

@@ -120,12 +120,48 @@ def test_nms_t_matches_cython_nms_without_ties():
             np.testing.assert_array_equal(np.sort(keep_t.numpy()), box_utils.nms(dets, thresh))
 
 
-def test_nms_t_keeps_box_at_exactly_thresh_where_detectron_suppresses():
-    dets = np.array([[0, 0, 9, 9, 0.9], [1, 1, 10, 10, 0.8]], dtype=F32)
-    thresh = float(F32(IOU_9x9_SHIFTED_BY_1))
+@pytest.mark.parametrize('second_box, thresh', [
+    ([1, 1, 10, 10], float(F32(IOU_9x9_SHIFTED_BY_1))),
+    ([0, 0, 9, 19], 0.5),  # 100 / 200
+    ([0, 0, 9, 2], 0.3),   # 30 / 100
+    ([0, 0, 9, 6], 0.7),   # 70 / 100: float32 0.7 is below 0.7, like the float32 threshold
+])
+def test_nms_t_suppresses_at_exactly_thresh_like_detectron(second_box, thresh):
+    dets = np.array([[0, 0, 9, 9, 0.9], second_box + [0.8]], dtype=F32)
     keep_t = box_utils.nms_t(torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4]), thresh)
-    assert keep_t.tolist() == [0, 1]  # torchvision: IoU > thresh
-    np.testing.assert_array_equal(box_utils.nms(dets, thresh), [0])  # Detectron: IoU >= thresh
+    assert keep_t.tolist() == [0]
+    assert box_utils.nms(dets, thresh).tolist() == [0]
+
+
+def test_torchvision_nms_thresh_is_the_float32_below_the_threshold():
+    # Detectron's kernel takes thresh as float32 and compares float32 IoUs with >=.
+    for thresh in (0.3, 0.5, 0.7):
+        below = box_utils.torchvision_nms_thresh(thresh)
+        assert below < float(F32(thresh)) and F32(below) == np.nextafter(F32(thresh), F32(0))
+
+
+@pytest.mark.parametrize('thresh', [0.3, 0.5, 0.7])
+def test_nms_t_equals_cython_nms_with_integer_iou_ties(thresh):
+    # Boxes 10 px wide at x 0..9 with integer rows: IoUs are ratios of row counts, often exactly
+    # 3/10, 1/2 or 7/10.
+    rng = np.random.default_rng(5)
+    ties = 0
+    for _ in range(30):
+        y1 = rng.integers(0, 6, 30)
+        y2 = y1 + rng.integers(0, 20, 30)
+        dets = np.stack([np.zeros(30), y1, np.full(30, 9), y2, rng.permutation(30) / 30.0], 1).astype(F32)
+        overlaps = box_utils.bbox_overlaps(dets[:, :4].astype(np.float64), dets[:, :4].astype(np.float64))
+        ties += int(np.sum(overlaps == thresh))
+        boxes, scores = torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4])
+        expected = box_utils.nms(dets, thresh)
+        np.testing.assert_array_equal(np.sort(box_utils.nms_t(boxes, scores, thresh).numpy()), expected)
+        one_group = torch.zeros(30, dtype=torch.long)
+        np.testing.assert_array_equal(
+            np.sort(box_utils.batched_nms_t(boxes, scores, one_group, thresh).numpy()), expected)
+        matrix = box_utils.matrix_batched_nms_t(boxes, scores, one_group,
+                                                box_utils.torchvision_nms_thresh(thresh))
+        np.testing.assert_array_equal(np.sort(matrix.numpy()), expected)
+    assert ties > 0, 'the boxes must produce IoUs equal to the threshold'
 
 
 def test_batched_nms_t_equals_per_class_cython_nms():
