@@ -22,7 +22,9 @@ import numpy as np
 import yaml
 from yacs.config import CfgNode as _YacsCfgNode
 
-from detectron.utils.errors import ConfigKeyError, ConfigValueError
+from detectron.utils.errors import (
+    ConfigKeyError, ConfigValueError, OverridesFormatError, OverridesKeyError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -472,7 +474,7 @@ def merge_cfg_from_cfg(cfg_other):
 def merge_cfg_from_list(cfg_list):
     """Merge command-line pairs, e.g. ['TEST.NMS', '0.5', 'NUM_GPUS', '2'], into the global cfg."""
     if len(cfg_list) % 2 != 0:
-        raise ConfigValueError(
+        raise OverridesFormatError(
             'Config overrides must come in KEY VALUE pairs; got an odd number of items: {}'
             .format(' '.join(str(item) for item in cfg_list))
         )
@@ -630,11 +632,14 @@ def _key_exists(full_key):
 def _find_node(full_key, source):
     """(parent node, leaf name) of an existing leaf key, else ConfigKeyError with a suggestion."""
     if not _key_exists(full_key):
-        closest = difflib.get_close_matches(full_key, _all_leaf_keys(__C, ''), n=1, cutoff=0.0)
-        raise ConfigKeyError(
-            'Non-existent config key: {} (from {}); closest valid key: {}'
-            .format(full_key, source, closest[0])
-        )
+        # Detectron's wording: "Non-existent key" for overrides, "Non-existent config key" for files.
+        from_overrides = source == _COMMAND_LINE
+        message = 'Non-existent {}key: {} (from {})'.format(
+            '' if from_overrides else 'config ', full_key, source)
+        closest = difflib.get_close_matches(full_key, _all_leaf_keys(__C, ''), n=1)
+        if closest:
+            message += '; closest valid key: {}'.format(closest[0])
+        raise (OverridesKeyError if from_overrides else ConfigKeyError)(message)
     *parents, leaf = full_key.split('.')
     node = __C
     for subkey in parents:

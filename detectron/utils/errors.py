@@ -19,8 +19,20 @@ class ConfigKeyError(DetectronError, KeyError):
         return str(self.args[0]) if self.args else ''
 
 
+class OverridesKeyError(ConfigKeyError, AssertionError):
+    """Unknown key in command-line overrides, where Detectron asserted ("Non-existent key: K")."""
+
+
 class ConfigValueError(DetectronError, ValueError):
     """A config value of the wrong type or out of range."""
+
+
+class OverridesFormatError(ConfigValueError, AssertionError):
+    """Command-line overrides that are not KEY VALUE pairs, where Detectron asserted."""
+
+
+class UnknownPolicyError(ConfigValueError, NotImplementedError):
+    """SOLVER.LR_POLICY names no policy (Detectron raised NotImplementedError)."""
 
 
 class DatasetError(DetectronError, FileNotFoundError):

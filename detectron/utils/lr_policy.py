@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from detectron.core.config import cfg, images_per_iter
-from detectron.utils.errors import ConfigKeyError, ConfigValueError
+from detectron.utils.errors import ConfigKeyError, ConfigValueError, UnknownPolicyError
 
 
 def get_lr_at_iter(it):
@@ -95,7 +95,7 @@ def get_step_index(cur_iter):
 def get_lr_func():
     policy = cfg.SOLVER.LR_POLICY
     if policy not in _POLICIES:
-        raise ConfigValueError(
+        raise UnknownPolicyError(
             'Unknown LR policy: {}; SOLVER.LR_POLICY must be one of {}'
             .format(policy, ', '.join(sorted(_POLICIES)))
         )

@@ -82,7 +82,7 @@ def test_test_net_print_config_with_vis():
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 @pytest.mark.parametrize('args, message', [
     (['SOLVER.BASE_LRR', '0.1'],
-     'error: Non-existent config key: SOLVER.BASE_LRR (from command line); closest valid key: SOLVER.BASE_LR'),
+     'error: Non-existent key: SOLVER.BASE_LRR (from command line); closest valid key: SOLVER.BASE_LR'),
     (['TEST.SCALE', '800.0'],
      'error: Config key TEST.SCALE expects an integer (default: 600) but got float 800.0 (from command line)'),
     (['--cfg', 'configs/no_such_file.yaml'], 'error: Cannot read config file configs/no_such_file.yaml: No such file'),

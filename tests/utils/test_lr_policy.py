@@ -86,8 +86,9 @@ def test_detectron_steps_with_lrs_example():
 
 def test_unknown_policy_names_the_allowed_ones():
     _solver(LR_POLICY='poly')
-    with pytest.raises(ConfigValueError) as err:
+    with pytest.raises(NotImplementedError) as err:  # Detectron's exception type
         get_lr_at_iter(0)
+    assert isinstance(err.value, ConfigValueError)
     assert str(err.value) == ('Unknown LR policy: poly; SOLVER.LR_POLICY must be one of '
                               'cosine_decay, exp_decay, step, steps_with_decay, steps_with_lrs')
 
