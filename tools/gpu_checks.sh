@@ -3,6 +3,7 @@
 # Needs: .whl/ (yacs, pycocotools, Cython wheels for the machine's Python) and .data/coco_tiny
 # (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
 #   bash tools/gpu_checks.sh setup bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed
+#   bash tools/gpu_checks.sh setup nms_speed shapes_multi_gpu_test   (quick, 2 GPUs)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
@@ -44,28 +45,41 @@ kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 th
   done
 }
 
-multi_gpu_test() {  # run after coco_tiny_ap: its model tested on 1 GPU and on 2 GPUs must give equal detections
-  W=/tmp/coco_tiny_ap/train/coco_tiny_train/generalized_rcnn/model_final.pth
-  T=(DATASET_CATALOG "$CATALOG" TEST.DATASETS "('coco_tiny_val',)" MODEL.NUM_CLASSES 81 FPN.RPN_ANCHOR_START_SIZE 32
-     FPN.DIM 256 FAST_RCNN.MLP_HEAD_DIM 1024 TEST.SCALE 512 TEST.MAX_SIZE 853 TEST.RPN_PRE_NMS_TOP_N 1000
-     TEST.RPN_POST_NMS_TOP_N 1000 TEST.WEIGHTS $W)
-  python3 tools/test_net.py -c configs/getting_started/shapes_demo_R-18-FPN.yaml "${T[@]}" NUM_GPUS 1 \
-    OUTPUT_DIR /tmp/t1 > "$OUT/test_1gpu.log" 2>&1
+test_1_vs_2_gpus() {  # <config> <dataset> <overrides...>: 1-GPU and 2-GPU testing must give equal detections
+  local cfg=$1 dataset=$2; shift 2
+  python3 tools/test_net.py -c $cfg "$@" NUM_GPUS 1 OUTPUT_DIR /tmp/t1 > "$OUT/test_1gpu.log" 2>&1
   echo "1-GPU test exit $?"
-  python3 tools/test_net.py -c configs/getting_started/shapes_demo_R-18-FPN.yaml --multi-gpu-testing "${T[@]}" \
-    NUM_GPUS 2 OUTPUT_DIR /tmp/t2 > "$OUT/test_2gpu.log" 2>&1
+  python3 tools/test_net.py -c $cfg --multi-gpu-testing "$@" NUM_GPUS 2 OUTPUT_DIR /tmp/t2 > "$OUT/test_2gpu.log" 2>&1
   echo "2-GPU test exit $?"
-  python3 - <<'PY' | tee "$OUT/test_equal.txt"
+  DATASET=$dataset python3 - <<'PY' | tee "$OUT/test_equal.txt"
+import os
 import numpy as np
 from detectron.utils.io import load_object
-a = load_object('/tmp/t1/test/coco_tiny_val/generalized_rcnn/detections.pkl')['all_boxes']
-b = load_object('/tmp/t2/test/coco_tiny_val/generalized_rcnn/detections.pkl')['all_boxes']
+path = '/tmp/t{}/test/' + os.environ['DATASET'] + '/generalized_rcnn/detections.pkl'
+a, b = (load_object(path.format(n))['all_boxes'] for n in (1, 2))
 n = sum(len(d) for c in a for d in c)
 same = all(np.shape(x) == np.shape(y) for ca, cb in zip(a, b) for x, y in zip(ca, cb))
 diff = max((float(np.abs(np.asarray(x) - np.asarray(y)).max()) if len(x) else 0.0)
            for ca, cb in zip(a, b) for x, y in zip(ca, cb))
 print('detections', n, 'same counts', same, 'max abs difference', diff, 'identical', same and diff == 0.0)
 PY
+}
+
+multi_gpu_test() {  # run after coco_tiny_ap: its model tested on 1 GPU and on 2 GPUs
+  test_1_vs_2_gpus configs/getting_started/shapes_demo_R-18-FPN.yaml coco_tiny_val \
+    DATASET_CATALOG "$CATALOG" TEST.DATASETS "('coco_tiny_val',)" MODEL.NUM_CLASSES 81 FPN.RPN_ANCHOR_START_SIZE 32 \
+    FPN.DIM 256 FAST_RCNN.MLP_HEAD_DIM 1024 TEST.SCALE 512 TEST.MAX_SIZE 853 TEST.RPN_PRE_NMS_TOP_N 1000 \
+    TEST.RPN_POST_NMS_TOP_N 1000 TEST.WEIGHTS /tmp/coco_tiny_ap/train/coco_tiny_train/generalized_rcnn/model_final.pth
+}
+
+shapes_multi_gpu_test() {  # quick: the KL shapes model trained 300 iterations on 2 GPUs, tested on 1 and 2 GPUs
+  local cfg=configs/getting_started/shapes_demo_R-18-FPN_kl.yaml
+  python3 tools/train_net.py -c $cfg --skip-test NUM_GPUS 2 SOLVER.MAX_ITER 300 SOLVER.STEPS "[0, 200, 260]" \
+    DATA_LOADER.NUM_THREADS 4 OUTPUT_DIR /tmp/shapes2 > "$OUT/shapes_train_2gpu.log" 2>&1
+  echo "2-GPU training exit $?"; grep json_stats "$OUT/shapes_train_2gpu.log" | tail -1
+  test_1_vs_2_gpus $cfg shapes_val DATA_LOADER.NUM_THREADS 4 \
+    TEST.WEIGHTS /tmp/shapes2/train/shapes_noisy_train/generalized_rcnn/model_final.pth
+  grep 'copypaste: [0-9]' "$OUT/test_1gpu.log" "$OUT/test_2gpu.log"
 }
 
 coco_tiny_ap() {  # a small GN body trained from scratch on coco_tiny train, tested on the same images
@@ -96,6 +110,9 @@ idxs = torch.randint(0, 10, (n,), device=dev)
 ref = torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, 0.7)
 got = B.matrix_batched_nms_t(boxes, scores, idxs, 0.7)
 print('equal on CUDA:', torch.equal(ref, got), ref.numel())
+# The production path: Detectron's IoU >= 0.7 rule through torchvision's threshold
+ref_ge = torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, B.torchvision_nms_thresh(0.7))
+print('batched_nms_t equal on CUDA:', torch.equal(ref_ge, B.batched_nms_t(boxes, scores, idxs, 0.7)), ref_ge.numel())
 for name, fn in [('torchvision', lambda: torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, 0.7)),
                  ('matrix', lambda: B.matrix_batched_nms_t(boxes, scores, idxs, 0.7))]:
     for _ in range(3): fn()
