@@ -20,12 +20,16 @@ from detectron.utils.logging import setup_logging
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--cfg', '-c', dest='cfg_file', default=None, help='config file (YAML)')
-    parser.add_argument('--multi-gpu-testing', action='store_true',
-                        help='split the images over NUM_GPUS GPUs and merge the detections')
+    testing = parser.add_mutually_exclusive_group()
+    testing.add_argument('--multi-gpu-testing', action='store_true',
+                         help='split the images over NUM_GPUS GPUs and merge the detections')
+    testing.add_argument('--single-gpu-testing', dest='multi_gpu_testing', action='store_false',
+                         help="KL-Loss's flag: test in one process (the default here, as in Detectron)")
     parser.add_argument('--range', type=int, nargs=2, metavar=('START', 'END'), default=None,
                         help='test only images START (inclusive) to END (exclusive) of the one TEST.DATASETS '
                              'entry and write detection_range_START_END.pkl')
     parser.add_argument('--vis', action='store_true', help='also draw the detections (sets VIS True)')
+    parser.add_argument('--wait', default=True, help="Detectron's flag, accepted and ignored")
     parser.add_argument('--print-config', action='store_true', help='print the merged config, then exit')
     parser.add_argument('opts', nargs=argparse.REMAINDER,
                         help='config overrides as KEY VALUE pairs, e.g. TEST.WEIGHTS model.pkl TEST.NMS 0.5')

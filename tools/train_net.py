@@ -22,8 +22,11 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--cfg', '-c', dest='cfg_file', default=None,
                         help='config file (YAML) for training and, unless --skip-test, testing')
-    parser.add_argument('--multi-gpu-testing', action='store_true',
-                        help='test the final model on NUM_GPUS GPUs at once instead of one')
+    testing = parser.add_mutually_exclusive_group()
+    testing.add_argument('--multi-gpu-testing', action='store_true',
+                         help='test the final model on NUM_GPUS GPUs at once instead of one')
+    testing.add_argument('--single-gpu-testing', dest='multi_gpu_testing', action='store_false',
+                         help="KL-Loss's flag: test in one process (the default here, as in Detectron)")
     parser.add_argument('--skip-test', action='store_true', help='do not test the final model')
     parser.add_argument('--print-config', action='store_true',
                         help='print the merged config and the training schedule, then exit')

@@ -70,6 +70,9 @@ def _parallel_testing(multi_gpu_testing):
         if not multi_gpu_testing:
             logger.info('%d processes were started by %s: testing on all of them', job.world_size, job.source)
         return True
+    if not multi_gpu_testing and cfg.NUM_GPUS > 1:
+        logger.info('Testing in one process although NUM_GPUS is %d: pass --multi-gpu-testing to split '
+                    'the images over the GPUs', cfg.NUM_GPUS)
     return multi_gpu_testing and cfg.NUM_GPUS > 1
 
 

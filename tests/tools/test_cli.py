@@ -132,3 +132,25 @@ def test_train_net_flags():
     args = _load_tool('train_net.py').parse_args(['-c', 'a.yaml', '--skip-test', '--multi-gpu-testing', 'NUM_GPUS', '8'])
     assert (args.cfg_file, args.skip_test, args.multi_gpu_testing, args.print_config) == ('a.yaml', True, True, False)
     assert args.opts == ['NUM_GPUS', '8']
+
+
+@pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
+@pytest.mark.parametrize('flags, multi_gpu_testing', [
+    ([], False), (['--multi-gpu-testing'], True), (['--single-gpu-testing'], False)])
+def test_testing_flags_of_detectron_and_kl_loss(tool, flags, multi_gpu_testing):
+    args = _load_tool(tool).parse_args(['-c', 'a.yaml'] + flags + ['NUM_GPUS', '8'])
+    assert args.multi_gpu_testing is multi_gpu_testing
+    assert args.opts == ['NUM_GPUS', '8']
+
+
+@pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
+def test_single_and_multi_gpu_testing_exclude_each_other(tool, capsys):
+    with pytest.raises(SystemExit) as err:
+        _load_tool(tool).parse_args(['--multi-gpu-testing', '--single-gpu-testing'])
+    assert err.value.code == 2
+    assert 'not allowed with argument' in capsys.readouterr().err
+
+
+def test_test_net_accepts_detectrons_wait_flag():
+    args = _load_tool('test_net.py').parse_args(['-c', 'a.yaml', '--wait', 'False', 'TEST.NMS', '0.5'])
+    assert args.opts == ['TEST.NMS', '0.5']
