@@ -55,6 +55,8 @@ def main(argv):
     if not cfg.TEST.WEIGHTS:
         raise ConfigValueError('TEST.WEIGHTS is empty: name the model to test, e.g. TEST.WEIGHTS model_final.pth')
     from detectron.core import test_engine
+    from detectron.modeling import model_builder
+    model_builder.check_supported(cfg)  # once, before any process starts
     test_engine.run_inference(cfg.TEST.WEIGHTS, ind_range=args.range, multi_gpu_testing=args.multi_gpu_testing)
 
 

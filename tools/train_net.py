@@ -50,9 +50,11 @@ def main(argv):
         print(cfg.dump())
         print('\n'.join(describe_schedule()))
         return
+    from detectron.core import test_engine, train_engine
+    from detectron.modeling import model_builder
+    model_builder.check_supported(cfg)  # once, before any process starts
     for line in describe_schedule():
         logger.info(line)
-    from detectron.core import test_engine, train_engine
     checkpoints = train_engine.train_model()
     if not args.skip_test:
         test_engine.run_inference(checkpoints['final'], multi_gpu_testing=args.multi_gpu_testing)

@@ -24,24 +24,7 @@ _UNSUPPORTED = {
 
 def create(cfg):
     """Build the model named by MODEL.TYPE from cfg."""
-    for key, feature in _UNSUPPORTED.items():
-        node = cfg
-        for name in key.split('.'):
-            node = node[name]
-        if node:
-            raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
-                                   .format(key, feature))
-    if cfg.MODEL.TYPE != 'generalized_rcnn':
-        raise ConfigValueError("MODEL.TYPE '{}' is not supported; use 'generalized_rcnn'".format(cfg.MODEL.TYPE))
-    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
-        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
-                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
-    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
-        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
-            cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
-    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
-        raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
-            cfg.FAST_RCNN.ROI_XFORM_METHOD))
+    check_supported(cfg)
     conv_body = build_conv_body(cfg)
     num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
     rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS))
@@ -54,6 +37,32 @@ def create(cfg):
     return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, params)
 
 
+def check_supported(cfg):
+    """ConfigValueError unless cfg asks for a model this port builds; tools call it before they
+    start any process, so a wrong MODEL.TYPE is one message, not one per rank."""
+    for key, feature in _UNSUPPORTED.items():
+        node = cfg
+        for name in key.split('.'):
+            node = node[name]
+        if node:
+            raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
+                                   .format(key, feature))
+    if cfg.MODEL.TYPE != 'generalized_rcnn':
+        raise ConfigValueError("MODEL.TYPE '{}' is not supported; use 'generalized_rcnn'".format(cfg.MODEL.TYPE))
+    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
+        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
+                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
+    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
+        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
+            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
+        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
+            cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
+    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
+        raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
+            cfg.FAST_RCNN.ROI_XFORM_METHOD))
+
+
 def _norm_kind(cfg):
     funcs = (cfg.RESNETS.TRANS_FUNC, cfg.RESNETS.STEM_FUNC)
     if any('_gn_' in f or f.endswith('_gn_stem') for f in funcs):
@@ -64,12 +73,7 @@ def _norm_kind(cfg):
 
 
 def build_conv_body(cfg):
-    try:
-        make_body = _CONV_BODIES[cfg.MODEL.CONV_BODY]
-    except KeyError:
-        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
-            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES))) from None
-    return make_body(
+    return _CONV_BODIES[cfg.MODEL.CONV_BODY](
         fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
         gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
         gn_eps=cfg.GROUP_NORM.EPSILON, coarsest_stride=cfg.FPN.COARSEST_STRIDE,

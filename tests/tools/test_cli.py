@@ -154,3 +154,11 @@ def test_single_and_multi_gpu_testing_exclude_each_other(tool, capsys):
 def test_test_net_accepts_detectrons_wait_flag():
     args = _load_tool('test_net.py').parse_args(['-c', 'a.yaml', '--wait', 'False', 'TEST.NMS', '0.5'])
     assert args.opts == ['TEST.NMS', '0.5']
+
+
+@pytest.mark.parametrize('tool, extra', [('train_net.py', []), ('test_net.py', ['TEST.WEIGHTS', 'x.pth'])])
+def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
+    # The CenterNet config asks for NUM_GPUS 4: the error must come once, from the tool itself.
+    result = _run(tool, '--cfg', 'configs/centernet/ctdet_coco_resdcn18.yaml', *extra)
+    assert result.returncode == 2
+    assert result.stderr == "error: MODEL.TYPE 'centernet' is not supported; use 'generalized_rcnn'\n"
