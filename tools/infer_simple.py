@@ -12,7 +12,6 @@ import logging
 import os
 import sys
 
-import cv2
 import torch
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
@@ -24,7 +23,7 @@ from detectron.datasets.json_dataset import JsonDataset
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.errors import DatasetError, run_tool
 from detectron.utils.logging import setup_logging
-from detectron.utils.vis import vis_one_image
+from detectron.utils.vis import write_vis_image
 
 
 def parse_args(argv):
@@ -77,8 +76,7 @@ def main(argv):
     for path in _image_paths(args.im_or_folder, args.image_ext):
         im = read_image(path)
         cls_boxes = im_detect_all(model, im)
-        out_path = os.path.join(args.output_dir, os.path.splitext(os.path.basename(path))[0] + '.png')
-        cv2.imwrite(out_path, vis_one_image(im, cls_boxes, class_names, args.thresh))
+        out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh)
         logger.info('%s -> %s', path, out_path)
 
 

@@ -12,8 +12,6 @@ import logging
 import os
 import time
 
-import cv2
-
 from detectron.core import test as test_lib
 from detectron.core.config import cfg, get_output_dir
 from detectron.core.train_engine import adopt_cfg
@@ -26,7 +24,7 @@ from detectron.utils import distributed
 from detectron.utils.c2_weights import load_weights
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url, save_object
-from detectron.utils.vis import vis_one_image
+from detectron.utils.vis import write_vis_image
 
 logger = logging.getLogger(__name__)
 
@@ -138,5 +136,4 @@ def test_net(weights_file, name, output_dir, ind_range=None):
 def _write_vis(output_dir, image_path, im, cls_boxes, class_names):
     vis_dir = os.path.join(output_dir, 'vis')
     os.makedirs(vis_dir, exist_ok=True)
-    name = os.path.splitext(os.path.basename(image_path))[0] + '.png'
-    cv2.imwrite(os.path.join(vis_dir, name), vis_one_image(im, cls_boxes, class_names, cfg.VIS_TH))
+    write_vis_image(vis_dir, image_path, im, cls_boxes, class_names, cfg.VIS_TH)

@@ -1,4 +1,6 @@
 """Draw detections on images (Detectron's vis_one_image, with OpenCV instead of matplotlib)."""
+import os
+
 import cv2
 import numpy as np
 
@@ -35,3 +37,10 @@ def vis_one_image(im, cls_boxes, class_names, thresh=0.5):
         cv2.putText(out, text, (p1[0] + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, 0.35, _TEXT_COLOR, 1,
                     cv2.LINE_AA)
     return out
+
+
+def write_vis_image(output_dir, image_path, im, cls_boxes, class_names, thresh):
+    """Write vis_one_image's drawing as <output_dir>/<image name>.png; returns that path."""
+    out_path = os.path.join(output_dir, os.path.splitext(os.path.basename(image_path))[0] + '.png')
+    cv2.imwrite(out_path, vis_one_image(im, cls_boxes, class_names, thresh))
+    return out_path
