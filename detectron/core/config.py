@@ -530,8 +530,11 @@ def load_cfg(cfg_to_load):
 
 def images_per_iter():
     """Images consumed by one training iteration (one optimizer step) over all GPUs."""
-    per_micro_batch = sum(__C.TRAIN.RANK_IMS_PER_BATCH) or __C.NUM_GPUS * __C.TRAIN.IMS_PER_BATCH
-    return per_micro_batch * __C.SOLVER.ITER_SIZE
+    return _images_per_micro_batch() * __C.SOLVER.ITER_SIZE
+
+
+def _images_per_micro_batch():
+    return sum(__C.TRAIN.RANK_IMS_PER_BATCH) or __C.NUM_GPUS * __C.TRAIN.IMS_PER_BATCH
 
 
 def scale_schedule_to_global_batch(global_batch):
@@ -556,7 +559,7 @@ def scale_schedule_to_global_batch(global_batch):
         )
     factor = global_batch / reference
     solver = __C.SOLVER
-    snapshot_scale = images_per_iter() / __C.SOLVER.ITER_SIZE / global_batch
+    snapshot_scale = _images_per_micro_batch() / global_batch
     new_values = {
         'SOLVER.BASE_LR': solver.BASE_LR * factor,
         'SOLVER.LRS': [lr * factor for lr in solver.LRS],
