@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.utils import distributed
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import setup_logging
 
@@ -48,6 +49,7 @@ def main(argv):
     if args.cfg_file is not None:
         merge_cfg_from_file(args.cfg_file)
     merge_cfg_from_list(args.opts + (['VIS', 'True'] if args.vis else []))
+    cfg.NUM_GPUS = distributed.resolve_num_gpus(cfg.NUM_GPUS, explicit='NUM_GPUS' in args.opts[0::2])
     assert_and_infer_cfg()
     if args.print_config:
         print(cfg.dump())

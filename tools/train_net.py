@@ -13,9 +13,9 @@ import sys
 
 from detectron.core.config import (assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_file,
                                    merge_cfg_from_list, scale_schedule_to_global_batch)
+from detectron.utils import distributed
 from detectron.utils.errors import run_tool
 from detectron.utils.logging import setup_logging
-from detectron.utils.lr_policy import describe_schedule
 
 
 def parse_args(argv):
@@ -44,16 +44,21 @@ def main(argv):
     if args.cfg_file is not None:
         merge_cfg_from_file(args.cfg_file)
     merge_cfg_from_list(args.opts)
-    scale_schedule_to_global_batch(images_per_iter())
-    assert_and_infer_cfg()
-    if args.print_config:
-        print(cfg.dump())
-        print('\n'.join(describe_schedule()))
-        return
+    cfg.NUM_GPUS = distributed.resolve_num_gpus(cfg.NUM_GPUS, explicit='NUM_GPUS' in args.opts[0::2])
     from detectron.core import test_engine, train_engine
+    from detectron.datasets import dataset_catalog
     from detectron.modeling import model_builder
     model_builder.check_supported(cfg)  # once, before any process starts
-    for line in describe_schedule():
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    derived = model_builder.get_model_type(cfg).derive_training_cfg(cfg)
+    scale_schedule_to_global_batch(images_per_iter())
+    assert_and_infer_cfg()
+    schedule = derived + train_engine.describe_schedule()
+    if args.print_config:
+        print(cfg.dump())
+        print('\n'.join(schedule))
+        return
+    for line in schedule:
         logger.info(line)
     checkpoints = train_engine.train_model()
     if not args.skip_test:

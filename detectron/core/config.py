@@ -203,6 +203,7 @@ __C.RETINANET.INFERENCE_TH = 0.05
 # Solver
 # ---------------------------------------------------------------------------------------------
 __C.SOLVER = CfgNode()
+__C.SOLVER.OPTIMIZER = 'sgd'  # port: 'sgd' (Detectron's momentum SGD) or 'adam' (CenterNet's)
 __C.SOLVER.BASE_LR = 0.001
 __C.SOLVER.LR_POLICY = 'step'  # step | steps_with_decay | steps_with_lrs | cosine_decay | exp_decay
 __C.SOLVER.GAMMA = 0.1
@@ -496,6 +497,15 @@ def assert_and_infer_cfg(make_immutable=True):
         __C.immutable(True)
 
 
+def adopt_cfg(snapshot):
+    """Make the global cfg equal to `snapshot` (the cfg a spawned worker received), frozen."""
+    if snapshot is __C:
+        return
+    __C.defrost()
+    __C.merge_from_other_cfg(snapshot)
+    __C.freeze()
+
+
 def get_output_dir(datasets, training=True):
     """OUTPUT_DIR/{train|test}/<dataset names joined by ':'>/<MODEL.TYPE>, created if missing."""
     if isinstance(datasets, str):
@@ -777,6 +787,7 @@ def _check_cfg():
     __C.SOLVER.AMP.DTYPE = {'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}.get(
         __C.SOLVER.AMP.DTYPE, __C.SOLVER.AMP.DTYPE)
     _check_choice('SOLVER.AMP.DTYPE', ('float16', 'bfloat16'))
+    _check_choice('SOLVER.OPTIMIZER', ('sgd', 'adam'))
     _check_choice('STD.SIGMA_COLUMN_ORDER', ('reference', 'corrected'))
     _check_choice('TRAIN.FREEZE_AT', (0, 2, 3, 4, 5))
     if __C.STD_NMS:

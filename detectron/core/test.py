@@ -1,41 +1,24 @@
-"""Inference on one image: the box head's raw outputs -> per-class detections (Detectron's
-core/test.py for Faster R-CNN, with KL-Loss's variance voting).
+"""Inference on one image, configured from cfg (Detectron's core/test.py API).
 
-`im_detect_bbox` runs the model and decodes its boxes; `box_results_with_nms_and_limit` thresholds,
-suppresses (NMS, Detectron's soft-NMS, or KL-Loss's soft-NMS with variance voting when
-cfg.STD_NMS), optionally votes (TEST.BBOX_VOTE) and caps the detections per image. Both mirror
-Detectron functions and read cfg like them. Tensors stay on the model's device until the final
-per-class arrays are handed back as numpy.
+`im_detect_all` runs whichever model cfg.MODEL.TYPE names and returns Detectron's `cls_boxes`.
+`im_detect_bbox` and `box_results_with_nms_and_limit` are Detectron's Faster R-CNN functions of those
+names (with KL-Loss's variance voting when cfg.STD_NMS): they read cfg like Detectron's and call
+the plain-argument implementations in detectron/modeling/rcnn_inference.py.
 """
-import numpy as np
-import torch
-
 from detectron.core.config import cfg
-from detectron.utils import blob as blob_utils
-from detectron.utils import boxes as box_utils
+from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
 from detectron.utils.errors import ConfigValueError
-
-# KL-Loss's py_cpu_nms.soft constants: Gaussian decay exp(-IoU^2 / 0.5) and the score below which
-# a decayed box is dropped (Detectron's own soft-NMS uses 0.0001 at test time).
-_KL_SOFT_NMS_SIGMA = 0.5
-_KL_DROP_SCORE = 0.001
-_DETECTRON_SOFT_NMS_SCORE_THRESH = 0.0001
-# 'corrected' sigma order: the head's (x1, x2, y1, y2) sigma columns rearranged to (x1, y1, x2, y2).
-_SIGMA_COLUMNS_FOR_BOX_COLUMNS = {'reference': [0, 1, 2, 3], 'corrected': [0, 2, 1, 3]}
 
 
 def im_detect_all(model, im):
-    """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3).
-
-    `cls_boxes[j]` is a float32 (N_j, 5) array (x1, y1, x2, y2, score) for class j >= 1; class 0 is
-    empty. Post-processing runs on the model's device.
-    """
-    scores, boxes, confs, _ = _im_detect_bbox_t(model, im, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)
-    return box_results_with_nms_and_limit(scores, boxes, confs)[2]
+    """`cls_boxes` of one BGR image (H, W, 3): cls_boxes[j] is a float32 (N_j, 5) array
+    (x1, y1, x2, y2, score) for class j >= 1; class 0 is empty."""
+    model_type = model_builder.get_model_type(cfg)
+    return model_type.detector(cfg)(model, model_type.test_inputs(cfg)(im))
 
 
 def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
-    """Detectron's `im_detect_bbox`: run `model` on one BGR image at one scale.
+    """Detectron's `im_detect_bbox`: run a Faster R-CNN on one BGR image at one scale.
 
     Returns numpy `scores` (R, K), `pred_boxes` (R, 4K) decoded and clipped to the original image,
     `confs` (R, 4K) float32 sigmas = exp(alpha / 2) in the head's delta layout when cfg.STD_NMS
@@ -46,308 +29,15 @@ def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
         raise ConfigValueError(
             'im_detect_bbox got precomputed proposals, but only Faster R-CNN (RPN proposals) is '
             'supported: call it without boxes')
-    scores, pred_boxes, confs, im_scale = _im_detect_bbox_t(model, im, target_scale, target_max_size)
+    image_params = rcnn_inference.ImageParams(scale=target_scale, max_size=target_max_size,
+                                              pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE)
+    scores, pred_boxes, confs, im_scale = rcnn_inference.detect_boxes(
+        model, im, image_params, rcnn_builder.decode_params(cfg))
     confs = None if confs is None else confs.cpu().numpy()
     return scores.cpu().numpy(), pred_boxes.cpu().numpy(), confs, im_scale
 
 
-def _model_device(model):
-    tensor = next(model.parameters(), None)
-    if tensor is None:
-        tensor = next(model.buffers(), None)
-    return tensor.device if tensor is not None else torch.device('cpu')
-
-
-def _im_detect_bbox_t(model, im, target_scale, target_max_size):
-    if model.training:
-        raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
-    # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
-    blob, im_scale, im_info = blob_utils.get_image_blob_t(
-        im, target_scale, target_max_size, cfg.PIXEL_MEANS, cfg.FPN.COARSEST_STRIDE, _model_device(model))
-    with torch.no_grad():
-        out = model(blob, im_info)
-    scores = out['cls_prob']
-    num_classes = scores.shape[1]
-    # Back to original image coordinates (float32 division, as Detectron's numpy).
-    rois = out['rois'][:, 1:5] / im_scale
-    pred_boxes = _decode_boxes_t(rois, out['bbox_pred'], num_classes, im.shape[:2])
-    confs = None
-    if cfg.STD_NMS:
-        if 'bbox_pred_std' not in out:
-            raise ConfigValueError(
-                'STD_NMS True needs a model with the bbox_pred_std head: set PRED_STD True')
-        # alpha = log(sigma^2) -> sigma, still in normalized-delta units and layout.
-        confs = _per_class_columns(torch.exp(out['bbox_pred_std'] / 2.0), num_classes)
-    return scores, pred_boxes, confs, im_scale
-
-
-def _per_class_columns(per_reg_class, num_classes):
-    # A class-agnostic head has (bg, fg) columns; like Detectron, every class uses the fg ones.
-    if cfg.MODEL.CLS_AGNOSTIC_BBOX_REG:
-        return per_reg_class[:, -4:].repeat(1, num_classes)
-    return per_reg_class
-
-
-def _decode_boxes_t(rois, bbox_pred, num_classes, im_hw):
-    if not cfg.TEST.BBOX_REG:
-        return rois.repeat(1, num_classes)
-    deltas = bbox_pred[:, -4:] if cfg.MODEL.CLS_AGNOSTIC_BBOX_REG else bbox_pred
-    pred_boxes = box_utils.bbox_transform_t(
-        rois, deltas, cfg.MODEL.BBOX_REG_WEIGHTS, xyxy=cfg.XYXY, clip=cfg.BBOX_XFORM_CLIP,
-        clip_xyxy=cfg.BBOX_XFORM_CLIPe)
-    pred_boxes = box_utils.clip_tiled_boxes_t(pred_boxes, im_hw[0], im_hw[1])
-    return _per_class_columns(pred_boxes, num_classes)
-
-
-# ---------------------------------------------------------------------------------------------
-# Post-processing
-# ---------------------------------------------------------------------------------------------
-
 def box_results_with_nms_and_limit(scores, boxes, confs=None):
-    """Detectron's `box_results_with_nms_and_limit` (KL-Loss version), for numpy arrays or tensors.
-
-    For each class j >= 1: detections with score > TEST.SCORE_THRESH, then KL-Loss's soft-NMS with
-    variance voting (cfg.STD_NMS, sigmas `confs` (R, 4K)), or else Detectron's soft-NMS
-    (TEST.SOFT_NMS) or greedy NMS at TEST.NMS, then optional TEST.BBOX_VOTE. Over all classes only
-    detections scoring at least the TEST.DETECTIONS_PER_IM-th best score are kept (ties may keep
-    more). Returns numpy (scores (M,), boxes (M, 4), cls_boxes) with cls_boxes[j] (N_j, 5) float32,
-    cls_boxes[0] empty.
-
-    Greedy NMS (box_utils.batched_nms_t) suppresses at IoU >= TEST.NMS as Detectron's kernel; it
-    can differ from it only when equal scores tie.
-    """
-    scores, boxes = torch.as_tensor(scores), torch.as_tensor(boxes)
-    num_classes = scores.shape[1]
-    roi_idx, classes = _candidates_t(scores, cfg.TEST.SCORE_THRESH)
-    # float32 like Detectron's dets_j = hstack((boxes_j, scores_j)).astype(np.float32)
-    all_dets = torch.cat([_class_columns_t(boxes, roi_idx, classes),
-                          scores[roi_idx, classes][:, None]], dim=1).float()
-    if cfg.STD_NMS:
-        if confs is None:
-            raise ConfigValueError(
-                'STD_NMS True needs the per-box sigmas (confs) of a PRED_STD model')
-        sigmas = _class_columns_t(torch.as_tensor(confs, device=scores.device), roi_idx, classes)
-        dets, det_classes, all_dets = _kl_soft_nms_t(all_dets, classes, sigmas.float(), num_classes)
-    elif cfg.TEST.SOFT_NMS.ENABLED:
-        dets, det_classes = _detectron_soft_nms(all_dets, classes, num_classes)
-    else:
-        keep = box_utils.batched_nms_t(all_dets[:, :4], all_dets[:, 4], classes, cfg.TEST.NMS)
-        # Detectron's NMS lists the survivors of a class in RoI order, i.e. candidate order.
-        keep = keep.sort().values
-        dets, det_classes = all_dets[keep], classes[keep]
-    if cfg.TEST.BBOX_VOTE.ENABLED:
-        # all_dets keeps its per-class row counts through every branch, so `classes` still labels it.
-        dets = _box_voting(dets, det_classes, all_dets, classes, num_classes)
-    dets, det_classes = _limit_detections_t(dets, det_classes, cfg.TEST.DETECTIONS_PER_IM)
-    dets = dets.cpu().numpy()
-    cls_boxes = _split_by_class(dets, det_classes.cpu().numpy(), num_classes)
-    return dets[:, 4], dets[:, :4], cls_boxes
-
-
-def _candidates_t(scores, score_thresh):
-    """RoI and class (>= 1) of every score above score_thresh, grouped by ascending class and in
-    RoI order within a class, as Detectron's per-class `np.where`."""
-    class_idx, roi_idx = torch.nonzero(scores[:, 1:].T > score_thresh, as_tuple=True)
-    return roi_idx, class_idx + 1
-
-
-def _class_columns_t(per_class, roi_idx, classes):
-    """The 4 columns of each candidate's class in an (R, 4K) array."""
-    return per_class.reshape(per_class.shape[0], -1, 4)[roi_idx, classes]
-
-
-def _limit_detections_t(dets, classes, max_per_image):
-    if max_per_image <= 0 or dets.shape[0] <= max_per_image:
-        return dets, classes
-    image_thresh = torch.topk(dets[:, 4], max_per_image).values[-1]
-    keep = dets[:, 4] >= image_thresh
-    return dets[keep], classes[keep]
-
-
-def _split_by_class(dets, classes, num_classes):
-    """cls_boxes list from detections grouped by ascending class."""
-    counts = np.bincount(classes, minlength=num_classes)
-    return np.split(dets, np.cumsum(counts)[:-1])
-
-
-def _per_class_numpy(dets, classes, num_classes):
-    dets_np, classes_np = dets.cpu().numpy(), classes.cpu().numpy()
-    return _split_by_class(dets_np, classes_np, num_classes)
-
-
-def _detectron_soft_nms(all_dets, classes, num_classes):
-    """Detectron's soft-NMS (compiled kernel, host side) for each class."""
-    kept = [box_utils.soft_nms(class_dets, sigma=cfg.TEST.SOFT_NMS.SIGMA,
-                               overlap_thresh=cfg.TEST.NMS,
-                               score_thresh=_DETECTRON_SOFT_NMS_SCORE_THRESH,
-                               method=cfg.TEST.SOFT_NMS.METHOD)[0]
-            for class_dets in _per_class_numpy(all_dets, classes, num_classes)]
-    return _concat_per_class(kept, all_dets.device)
-
-
-def _box_voting(dets, det_classes, all_dets, classes, num_classes):
-    """Detectron's box voting (host side) of each class's kept detections with its candidates."""
-    voted = [box_utils.box_voting(top, pool, cfg.TEST.BBOX_VOTE.VOTE_TH,
-                                  scoring_method=cfg.TEST.BBOX_VOTE.SCORING_METHOD)
-             for top, pool in zip(_per_class_numpy(dets, det_classes, num_classes),
-                                  _per_class_numpy(all_dets, classes, num_classes))]
-    return torch.from_numpy(np.concatenate(voted)).to(dets.device)
-
-
-def _concat_per_class(per_class_dets, device):
-    counts = torch.tensor([len(d) for d in per_class_dets], device=device)
-    classes = torch.repeat_interleave(torch.arange(len(per_class_dets), device=device), counts)
-    dets = torch.from_numpy(np.concatenate(per_class_dets).astype(np.float32, copy=False))
-    return dets.to(device), classes
-
-
-def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes):
-    """KL-Loss's `soft` on every class at once, configured from cfg like KL-Loss.
-
-    Returns the kept detections (voted boxes, decayed scores, each class in selection order),
-    their classes, and every candidate as `soft` leaves it (kept rows first, then the dropped ones
-    with their decayed scores), which is what KL-Loss's TEST.BBOX_VOTE votes with since `soft`
-    works in place on the class's detections.
-    """
-    sigmas = sigmas[:, _SIGMA_COLUMNS_FOR_BOX_COLUMNS[cfg.STD.SIGMA_COLUMN_ORDER]]
-    counts = torch.bincount(classes - 1, minlength=num_classes - 1)
-    width = int(counts.max())
-    padded_dets = _pad_by_class(all_dets, classes, counts, width, fill=0.0)
-    # Padding sigmas of 1 keep the (zero-weighted) vote terms of padded rows finite.
-    padded_sigmas = _pad_by_class(sigmas, classes, counts, width, fill=1.0)
-    order, num_kept, voted_boxes, final_scores = soft_nms_with_variance_voting_t(
-        padded_dets[..., :4], padded_dets[..., 4], padded_sigmas, counts, **_kl_soft_settings())
-
-    positions = torch.arange(width, device=classes.device)
-    kept = positions < num_kept[:, None]
-    kept_dets = torch.cat([voted_boxes, final_scores.gather(1, order)[..., None]], dim=2)
-    # Positions beyond num_kept may repeat rows, so only kept positions mark their row.
-    selected = kept.new_zeros((kept.shape[0], width + 1))
-    selected.scatter_(1, torch.where(kept, order, width), True)
-    dropped = (positions < counts[:, None]) & ~selected[:, :width]
-    dropped_dets = torch.cat([padded_dets[..., :4], final_scores[..., None]], dim=2)
-    set_classes = torch.arange(1, num_classes, device=classes.device)[:, None].expand(-1, width)
-    after_soft = torch.cat([kept_dets[kept], dropped_dets[dropped]])
-    regroup = torch.sort(torch.cat([set_classes[kept], set_classes[dropped]]), stable=True).indices
-    return kept_dets[kept], set_classes[kept], after_soft[regroup]
-
-
-def _kl_soft_settings():
-    vote = cfg.STD.METHOD == 'stdiou'
-    vote_thresh = cfg.STD_TH
-    if vote and vote_thresh > 0.1:
-        # KL-Loss's py_cpu_nms.soft overrides STD_TH this way; the effective default is 0.01.
-        vote_thresh = 0.01
-    return dict(vote=vote, vote_thresh=vote_thresh, iou_sigma=cfg.STD.IOU_SIGMA,
-                hard_nms_thresh=cfg.TEST.NMS if cfg.STD.SOFT == 'hard' else None)
-
-
-def _pad_by_class(values, classes, counts, width, fill):
-    """(A, D) rows grouped by class 1..C -> (C, width, D), each class's rows first, then fill."""
-    class_rows = classes - 1
-    first_of_class = counts.cumsum(0) - counts
-    slots = torch.arange(classes.shape[0], device=classes.device) - first_of_class[class_rows]
-    padded = values.new_full((counts.shape[0], width, values.shape[1]), fill)
-    padded[class_rows, slots] = values
-    return padded
-
-
-def soft_nms_with_variance_voting_t(boxes, scores, sigmas, counts, vote_thresh, iou_sigma,
-                                    vote=True, hard_nms_thresh=None):
-    """KL-Loss's `py_cpu_nms.soft` (variance voting + soft-NMS) on C independent box sets at once.
-
-    boxes (C, N, 4) float32 (x1, y1, x2, y2), scores (C, N), sigmas (C, N, 4) matched to the box
-    columns, counts (C,): set c uses its first counts[c] rows. Follows `soft` step by step:
-    position i takes the first highest score among the live positions i.. (swapping); with `vote`
-    its box becomes the average of the live boxes with IoU > vote_thresh (itself included),
-    weighted per column by exp(-(1 - IoU)^2 / iou_sigma) / sigma^2; every later live box with
-    IoU > 0 is then rescored (exp(-IoU^2 / 0.5), or 0 if IoU > hard_nms_thresh when given) and
-    dropped below 0.001 by swapping it with the last live position. IoUs are those of the
-    original boxes (KL-Loss computes their matrix once), in the same float32 arithmetic; weights
-    and decays are float64 like KL-Loss's numpy.
-
-    Each step is a few tensor ops over all sets; the loop runs once per position.
-    Returns order (C, N) (input row at each output position), num_kept (C,), voted boxes (C, N, 4)
-    by output position, and the final scores (C, N) by input row.
-    """
-    num_sets, width = scores.shape
-    device = scores.device
-    rows = torch.arange(num_sets, device=device)
-    positions = torch.arange(width, device=device)
-    # One spare column absorbs the scatters of positions that do not move.
-    order = torch.arange(width + 1, device=device).repeat(num_sets, 1)
-    num_live = counts.clone()
-    pending = positions < counts[:, None]
-    scores = scores.clone()
-    voted = boxes.clone()
-    # KL-Loss's vote terms, box / sigma^2 and 1 / sigma^2, are float32; its weights are float64.
-    weighted_boxes = (boxes / sigmas ** 2).double()
-    inv_var = (1.0 / sigmas ** 2).double()
-    pairwise_iou = torch.func.vmap(box_utils.box_iou_t)
-    step = 0
-    while num_sets and step < int(num_live.max()):
-        active = num_live > step
-        best = _first_best_live_position(scores, order[:, :width], step, num_live)
-        order = _swap_columns(order, step, torch.where(active, best, step))
-        chosen = order[:, step]
-        iou = pairwise_iou(boxes[rows, chosen][:, None], boxes)[:, 0].double()
-        if vote:
-            near = pending & (iou > vote_thresh)
-            weights = torch.where(near, torch.exp(-(1.0 - iou) ** 2 / iou_sigma), 0.0)[..., None]
-            chosen_box = ((weights * weighted_boxes).sum(1) / (weights * inv_var).sum(1)).float()
-        else:
-            chosen_box = boxes[rows, chosen]
-        voted[:, step] = torch.where(active[:, None], chosen_box, voted[:, step])
-        pending[rows, chosen] &= ~active
-        touched = pending & (iou > 0)
-        scores = torch.where(touched, _decayed_scores(scores, iou, hard_nms_thresh), scores)
-        dropped = touched & (scores < _KL_DROP_SCORE)
-        pending &= ~dropped
-        order, num_live = _drop_to_tail(order, num_live, dropped, step)
-        step += 1
-    return order[:, :width], num_live, voted, scores
-
-
-def _first_best_live_position(scores, order, step, num_live):
-    # numpy's argmax: the first of equal maxima among positions step .. num_live - 1.
-    positions = torch.arange(order.shape[1], device=order.device)
-    live = (positions >= step) & (positions < num_live[:, None])
-    at_position = scores.gather(1, order).masked_fill(~live, float('-inf'))
-    is_best = at_position == at_position.amax(dim=1, keepdim=True)
-    return torch.where(is_best, positions, order.shape[1]).amin(dim=1)
-
-
-def _swap_columns(order, step, other):
-    swapped = order.scatter(1, other[:, None], order[:, step:step + 1])
-    swapped[:, step] = order.gather(1, other[:, None])[:, 0]
-    return swapped
-
-
-def _decayed_scores(scores, iou, hard_nms_thresh):
-    if hard_nms_thresh is not None:
-        return torch.where(iou > hard_nms_thresh, 0.0, scores)
-    # float32 score times a float64 weight, stored as float32, as numpy does in KL-Loss.
-    return (scores.double() * torch.exp(-(iou * iou) / _KL_SOFT_NMS_SIGMA)).float()
-
-
-def _drop_to_tail(order, num_live, dropped, step):
-    """KL-Loss's removal of dropped boxes after position `step`: scanning forward, a dropped box
-    is swapped with the last live one (re-examined in its place) and the live count shrinks.
-
-    Net effect: kept boxes before the new live count stay; the holes left by dropped ones are
-    filled, in increasing position, by the kept boxes beyond the new count in decreasing position.
-    """
-    width = order.shape[1] - 1
-    positions = torch.arange(width, device=order.device)
-    examined = (positions > step) & (positions < num_live[:, None])
-    dropped_at = dropped.gather(1, order[:, :width]) & examined
-    new_live = num_live - dropped_at.sum(1)
-    holes = dropped_at & (positions < new_live[:, None])
-    movers = examined & ~dropped_at & (positions >= new_live[:, None])
-    hole_rank = holes.cumsum(1) - 1
-    mover_rank = movers.flip(1).cumsum(1).flip(1) - 1
-    hole_by_rank = torch.full_like(order, width)
-    hole_by_rank.scatter_(1, torch.where(holes, hole_rank, width), positions.expand_as(holes))
-    destination = torch.where(movers, hole_by_rank.gather(1, torch.where(movers, mover_rank, width)),
-                              width)
-    return order.scatter(1, destination, order[:, :width]), new_live
+    """Detectron's `box_results_with_nms_and_limit` (KL-Loss version) with cfg.TEST's settings;
+    see rcnn_inference.box_results_with_nms_and_limit. Returns (scores, boxes, cls_boxes)."""
+    return rcnn_inference.box_results_with_nms_and_limit(scores, boxes, confs, rcnn_builder.nms_params(cfg))

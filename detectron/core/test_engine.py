@@ -1,5 +1,9 @@
 """Test a model on TEST.DATASETS: detections per image, Detectron's detections.pkl, COCO evaluation.
 
+Any model: the model type that cfg.MODEL.TYPE names prepares each image (in the loader workers)
+and turns the model's outputs into Detectron's per-class `cls_boxes`; this engine only shards,
+collects and evaluates.
+
 Single-process testing runs in this process. `--multi-gpu-testing` starts NUM_GPUS workers through
 torch.distributed (or joins a torchrun job); each worker takes one contiguous range of images
 (Detectron's np.array_split ranges, no padding, no duplicates), rank 0 merges the per-image results
@@ -12,17 +16,14 @@ import logging
 import os
 import time
 
-from detectron.core import test as test_lib
-from detectron.core.config import cfg, get_output_dir
-from detectron.core.train_engine import adopt_cfg
-from detectron.datasets import task_evaluation
+from detectron.core.config import adopt_cfg, cfg, get_output_dir
+from detectron.datasets import dataset_catalog, task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
-from detectron.utils.c2_weights import load_weights
-from detectron.utils.errors import ConfigValueError
+from detectron.utils.errors import ConfigValueError, DatasetError
 from detectron.utils.io import cache_url, save_object
 from detectron.utils.vis import write_vis_image
 
@@ -31,12 +32,13 @@ logger = logging.getLogger(__name__)
 
 def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
     """Test weights_file on every TEST.DATASETS entry in turn; returns {dataset: {'box': metrics}}."""
-    adopt_cfg(cfg)
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     if ind_range is not None:
         if len(cfg.TEST.DATASETS) != 1:
             raise ConfigValueError('--range needs exactly one TEST.DATASETS entry, got {}; set TEST.DATASETS to '
                                    'the one dataset to slice'.format(cfg.TEST.DATASETS))
         name = cfg.TEST.DATASETS[0]
+        check_range(ind_range, name)
         output_dir = get_output_dir((name,), training=False)
         all_boxes = test_net(weights_file, name, output_dir, ind_range)[1]
         path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
@@ -77,6 +79,7 @@ def _parallel_testing(multi_gpu_testing):
 def _test_worker(cfg_snapshot, weights_file, name):
     """One rank's contiguous range; returns the merged all_boxes on rank 0 and None elsewhere."""
     adopt_cfg(cfg_snapshot)
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     output_dir = get_output_dir((name,), training=False)
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]
@@ -98,39 +101,61 @@ def _write_detections(all_boxes, output_dir):
 
 
 def load_test_model(weights_file, device):
+    """The model of cfg.MODEL.TYPE with weights_file loaded, on device, in eval mode."""
     model = model_builder.create(cfg)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
-    load_weights(model, path)
+    model_builder.get_model_type(cfg).load_weights(model, path)
     return model.to(device).eval()
 
 
 def test_net(weights_file, name, output_dir, ind_range=None):
     """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes).
 
-    Images are decoded by DATA_LOADER.NUM_THREADS loader workers while the model runs; with cfg.VIS
-    the detections scoring at least VIS_TH are drawn into <output_dir>/vis.
+    Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs;
+    with cfg.VIS the detections scoring at least VIS_TH are drawn into <output_dir>/vis.
     """
+    model_type = model_builder.get_model_type(cfg)
     dataset = JsonDataset(name)
+    check_model_classes(model_type.output_classes(cfg), dataset)
     roidb = dataset.get_roidb()
     total = len(roidb)
     start, end = ind_range if ind_range is not None else (0, total)
     model = load_test_model(weights_file, distributed.get_device())
-    num_classes = cfg.MODEL.NUM_CLASSES
-    all_boxes = [[[] for _ in range(start, end)] for _ in range(num_classes)]
-    images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS)
+    detect = model_type.detector(cfg)
+    all_boxes = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
+    images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS, model_type.test_inputs(cfg))
     tic = time.time()
-    for i, (im, index) in enumerate(images):
-        cls_boxes = test_lib.im_detect_all(model, im)
-        for j in range(1, num_classes):
+    for i, (sample, index) in enumerate(images):
+        cls_boxes = detect(model, sample)
+        for j in range(1, dataset.num_classes):
             all_boxes[j][i] = cls_boxes[j]
         if cfg.VIS:
-            _write_vis(output_dir, roidb[index]['image'], im, cls_boxes, dataset.classes)
+            _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, dataset.classes)
         if i % 10 == 0 or i == end - start - 1:
             per_image = (time.time() - tic) / (i + 1)
             eta = datetime.timedelta(seconds=int(per_image * (end - start - i - 1)))
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs (eta: %s)',
                         start + 1, end, total, i + 1, end - start, per_image, eta)
     return roidb[start:end], all_boxes
+
+
+def check_model_classes(model_classes, dataset):
+    """A model whose class count differs from the dataset's would be scored against the wrong categories."""
+    if model_classes != dataset.num_classes:
+        raise DatasetError(
+            'the model has {} classes (background included) but dataset {} has {} categories + background = '
+            '{}; test on the dataset the model was trained for, or set the class count of the config '
+            '(MODEL.NUM_CLASSES, or CENTERNET.NUM_CLASSES without background) to match it'.format(
+                model_classes, dataset.name, dataset.num_classes - 1, dataset.num_classes))
+
+
+def check_range(ind_range, name):
+    """--range START END must lie inside the dataset (else test_net would index past its images)."""
+    start, end = ind_range
+    total = len(JsonDataset(name).get_image_ids())
+    if not 0 <= start < end <= total:
+        raise ConfigValueError('--range {} {} does not fit dataset {} of {} images; use 0 <= START < END <= {}'
+                               .format(start, end, name, total, total))
 
 
 def _write_vis(output_dir, image_path, im, cls_boxes, class_names):

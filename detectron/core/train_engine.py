@@ -1,9 +1,11 @@
-"""The training loop: one process per GPU (or CPU worker), DDP, Detectron's schedule and outputs.
+"""Training: one process per GPU (or CPU worker), DDP, Detectron's schedule and outputs, any model.
 
 `train_model()` is what tools/train_net.py calls. It starts cfg.NUM_GPUS workers itself, or joins the
 job that torchrun / a cluster launcher started (see detectron/utils/distributed.py), and returns the
-path of the final model. Every worker builds its own model, data and optimizer from the cfg it is
-handed; rank 0 alone writes checkpoints, logs, TensorBoard events and the training-curve PNG.
+path of the final model. `train_worker` builds, from the cfg it is handed and the model type that
+cfg.MODEL.TYPE names, the model, optimizer, LR schedule and batch source, and hands them to
+`TrainLoop`, which knows nothing about the model (detectron2's SimpleTrainer shape). Rank 0 alone
+writes checkpoints, logs, TensorBoard events and the training-curve PNG.
 """
 import collections
 import contextlib
@@ -13,22 +15,22 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from detectron.core.config import cfg, get_output_dir
+from detectron.core.config import adopt_cfg, cfg, get_output_dir, images_per_iter
 from detectron.datasets import dataset_catalog
-from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import model_builder
-from detectron.modeling.optimizer import build_optimizer
-from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
+from detectron.modeling.optimizer import build_optimizer, set_lr
+from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import checkpoint, distributed, lr_policy
-from detectron.utils.c2_weights import load_weights
+from detectron.utils import checkpoint, distributed
 from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
 from detectron.utils.logging import log_json_stats
+from detectron.utils.lr_policy import LRSchedule
 from detectron.utils.tensorboard import EventWriter
 from detectron.utils.training_curves import write_training_curves
 
@@ -43,7 +45,7 @@ class NonFiniteLossError(DetectronError, FloatingPointError):
 
 def train_model():
     """Train the model described by cfg; returns {'final': path of model_final.pth}."""
-    adopt_cfg(cfg)
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     final_path = os.path.join(output_dir, 'model_final.pth')
     if cfg.TRAIN.AUTO_RESUME and os.path.exists(final_path):
@@ -53,19 +55,12 @@ def train_model():
     return {'final': final_path}
 
 
-def adopt_cfg(snapshot):
-    """Make this process's global cfg equal to `snapshot` (what a spawned worker received) and
-    register the config's custom dataset catalog, so every worker resolves the same dataset names."""
-    if snapshot is not cfg:
-        cfg.defrost()
-        cfg.merge_from_other_cfg(snapshot)
-        cfg.freeze()
-    if cfg.DATASET_CATALOG:
-        dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
-
-
 def train_worker(cfg_snapshot):
+    """One rank of a training job: everything model-specific comes from the model type's entry."""
     adopt_cfg(cfg_snapshot)
+    # Every worker registers the config's dataset catalog, so all resolve the same dataset names.
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    model_type = model_builder.get_model_type(cfg)
     device = distributed.get_device()
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
@@ -74,16 +69,35 @@ def train_worker(cfg_snapshot):
     torch.manual_seed(cfg.RNG_SEED + distributed.get_rank())
     np.random.seed(cfg.RNG_SEED + distributed.get_rank())
     model = with_sync_batchnorm(model, device)
+    schedule = lr_schedule()
     optimizer = build_optimizer(
-        model, base_lr=lr_policy.get_lr_at_iter(0), momentum=cfg.SOLVER.MOMENTUM,
-        weight_decay=cfg.SOLVER.WEIGHT_DECAY, weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_GN,
-        scale_momentum=cfg.SOLVER.SCALE_MOMENTUM,
-        scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD,
-        log_lr_change_threshold=cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD)
-    start_iter = _resume_or_initialise(model, optimizer, output_dir)
-    loop = TrainLoop(model, optimizer, device, output_dir, start_iter)
+        model, base_lr=schedule.lr_at(0), momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY,
+        weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_GN, scale_momentum=cfg.SOLVER.SCALE_MOMENTUM,
+        scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD, name=cfg.SOLVER.OPTIMIZER)
+    start_iter, saved_progress = _resume_or_initialise(model_type, model, optimizer, output_dir)
+    batches = training_batches(model_type, start_iter)
+    loop = TrainLoop(model, optimizer, schedule.lr_at, batches, device, output_dir, start_iter,
+                     train_options(), progress=saved_progress)
     loop.run()
     loop.save('model_final.pth', cfg.SOLVER.MAX_ITER - 1)
+
+
+def lr_schedule():
+    """cfg.SOLVER's learning-rate schedule."""
+    s = cfg.SOLVER
+    return LRSchedule(policy=s.LR_POLICY, base_lr=s.BASE_LR, max_iter=s.MAX_ITER, gamma=s.GAMMA,
+                      step_size=s.STEP_SIZE, steps=tuple(s.STEPS), lrs=tuple(s.LRS),
+                      warm_up_iters=s.WARM_UP_ITERS, warm_up_factor=s.WARM_UP_FACTOR,
+                      warm_up_method=s.WARM_UP_METHOD)
+
+
+def train_options():
+    return TrainOptions(
+        max_iter=cfg.SOLVER.MAX_ITER, iter_size=cfg.SOLVER.ITER_SIZE, amp=cfg.SOLVER.AMP.ENABLED,
+        amp_dtype=cfg.SOLVER.AMP.DTYPE, loss_scale=cfg.SOLVER.AMP.LOSS_SCALE,
+        checkpoint_period=checkpoint_period(),
+        log_lr_change_threshold=cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD,
+        checkpoint_extra={'cfg': cfg.dump()}, sampler_state=_sampler_state())
 
 
 def with_sync_batchnorm(model, device):
@@ -97,38 +111,155 @@ def with_sync_batchnorm(model, device):
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def _resume_or_initialise(model, optimizer, output_dir):
-    """Resume from the newest checkpoint (Detectron's AUTO_RESUME) or initialise from TRAIN.WEIGHTS."""
+def _sampler_state():
+    return {'seed': cfg.RNG_SEED, 'global_batch_size': images_per_step()}
+
+
+def _resume_or_initialise(model_type, model, optimizer, output_dir):
+    """Resume from the newest checkpoint (Detectron's AUTO_RESUME) or initialise from TRAIN.WEIGHTS.
+    Returns (start iteration, the saved run's logging progress or None)."""
     last = checkpoint.find_last_checkpoint(output_dir) if cfg.TRAIN.AUTO_RESUME else None
     if last:
         logger.info('========> Resuming from checkpoint %s', last)
-        return checkpoint.resume_from(last, model, optimizer, sampler_state={
-            'seed': cfg.RNG_SEED, 'global_batch_size': images_per_step()})
+        start_iter, extra = checkpoint.resume_state(last, model, optimizer, sampler_state=_sampler_state())
+        return start_iter, extra.get('progress')
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
-        missing, unused = load_weights(model, path)
+        missing, unused = model_type.load_weights(distributed.unwrap_model(model), path)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
-    return 0
+    return 0, None
+
+
+def training_batches(model_type, start_iter):
+    """This rank's iterator over training batches, positioned at start_iter (a resume)."""
+    roidb = model_type.training_roidb(cfg)
+    logger.info('%d roidb entries for training', len(roidb))
+    sampler = GroupedDistributedBatchSampler(
+        model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED, rank=distributed.get_rank(),
+        world_size=distributed.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
+        start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
+    loader = build_train_loader(
+        model_type.training_dataset(cfg, roidb), sampler, model_type.collate(cfg),
+        num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
+    batches = iter(loader)
+    # Starting a DataLoader draws its workers' base seed from torch's global generator. A resumed
+    # run starts it after restoring the RNG states, so that draw is isolated (with the first batch)
+    # to keep the random stream of the model's own sampling identical to the uninterrupted run's.
+    with torch.random.fork_rng(devices=[]):
+        first = next(batches)
+    return itertools.chain([first], batches)
+
+
+def rank_batch_sizes():
+    """Images per micro-batch of every rank of the launched job, in rank order:
+    TRAIN.RANK_IMS_PER_BATCH, or TRAIN.IMS_PER_BATCH on every rank. Each rank's loss weighs the
+    same in DDP's gradient average, whatever its batch (as CenterNet's mean of per-GPU losses)."""
+    return list(cfg.TRAIN.RANK_IMS_PER_BATCH) or [cfg.TRAIN.IMS_PER_BATCH] * distributed.get_world_size()
+
+
+def images_per_step():
+    """Images of one micro-step over all processes (the sampler's global batch); an optimizer step
+    takes SOLVER.ITER_SIZE of them."""
+    return sum(rank_batch_sizes())
+
+
+def checkpoint_period(world_size=None):
+    """Detectron's rule: a checkpoint every int(SNAPSHOT_ITERS / NUM_GPUS) iterations, with the
+    launched world size as NUM_GPUS."""
+    world_size = distributed.get_world_size() if world_size is None else world_size
+    return max(1, int(cfg.TRAIN.SNAPSHOT_ITERS / world_size))
+
+
+_MAX_LISTED_STEPS = 10
+
+
+def describe_schedule(num_images=None):
+    """Lines that say what a training run will do, for a user about to spend GPU hours. Called
+    before launch, where NUM_GPUS already is the world size the job will have (the tools reconcile
+    it with a launcher's). num_images: size of the training set, to express the run in epochs."""
+    schedule = lr_schedule()
+    batch = images_per_iter()
+    lines = [
+        'images per iteration: {} ({} x SOLVER.ITER_SIZE {})'.format(
+            batch, _describe_micro_batch(), cfg.SOLVER.ITER_SIZE),
+        _describe_optimizer(schedule),
+        _describe_warm_up(schedule),
+    ]
+    change_iters = schedule.change_iters()
+    for it in change_iters[:_MAX_LISTED_STEPS]:
+        lines.append('LR step: iteration {} -> LR {:.6g}'.format(it, schedule.lr_at(it)))
+    if len(change_iters) > _MAX_LISTED_STEPS:
+        lines.append('... {} more LR steps'.format(len(change_iters) - _MAX_LISTED_STEPS))
+    lines += [
+        'final LR: {:.6g} (iteration {})'.format(schedule.lr_at(schedule.max_iter - 1), schedule.max_iter - 1),
+        'MAX_ITER: {} iterations = {} images'.format(schedule.max_iter, schedule.max_iter * batch),
+    ]
+    if num_images:
+        lines.append('epochs: {:.2f} over {} training images'.format(schedule.max_iter * batch / num_images,
+                                                                   num_images))
+    lines.append('checkpoint every {} iterations (int(TRAIN.SNAPSHOT_ITERS {} / NUM_GPUS {}))'.format(
+        checkpoint_period(cfg.NUM_GPUS), cfg.TRAIN.SNAPSHOT_ITERS, cfg.NUM_GPUS))
+    return lines
+
+
+def _describe_optimizer(schedule):
+    policy = 'LR policy: {}, base LR {:g}'.format(schedule.policy, schedule.base_lr)
+    # Detectron's SGD is the default and goes unnamed, as in Detectron's own print-out.
+    return policy if cfg.SOLVER.OPTIMIZER == 'sgd' else 'optimizer: {}, {}'.format(cfg.SOLVER.OPTIMIZER, policy)
+
+
+def _describe_micro_batch():
+    if cfg.TRAIN.RANK_IMS_PER_BATCH:
+        return 'TRAIN.RANK_IMS_PER_BATCH {}'.format(tuple(cfg.TRAIN.RANK_IMS_PER_BATCH))
+    return 'NUM_GPUS {} x TRAIN.IMS_PER_BATCH {}'.format(cfg.NUM_GPUS, cfg.TRAIN.IMS_PER_BATCH)
+
+
+def _describe_warm_up(schedule):
+    if schedule.warm_up_iters <= 0:
+        return 'warm-up: none'
+    return 'warm-up: {} iterations, {} from factor {:g} (LR {:.6g} at iteration 0)'.format(
+        schedule.warm_up_iters, schedule.warm_up_method, schedule.warm_up_factor, schedule.lr_at(0))
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The loop's settings as plain values (cfg.SOLVER and the checkpoint rule, read by train_worker)."""
+    max_iter: int
+    iter_size: int = 1
+    amp: bool = False
+    amp_dtype: str = 'float16'
+    loss_scale: float = 0.0  # 0: dynamic loss scaling with float16
+    checkpoint_period: int = 20000
+    log_lr_change_threshold: float = 1.1
+    checkpoint_extra: dict = field(default_factory=dict)  # plain data saved with every checkpoint
+    sampler_state: dict = None  # compared on resume
 
 
 class TrainLoop:
-    """Iterations from start_iter to MAX_ITER with gradient accumulation, AMP, logging, checkpoints."""
+    """Iterations from start_iter to max_iter with gradient accumulation, AMP, logging, checkpoints.
 
-    def __init__(self, model, optimizer, device, output_dir, start_iter):
+    Given its model, optimizer, lr_at_iter function and batch iterator; `model(*batch)` returns a
+    dict of scalar tensors whose keys starting with 'loss' are summed into the objective.
+    """
+
+    def __init__(self, model, optimizer, lr_at_iter, batches, device, output_dir, start_iter, options,
+                 progress=None):
         self.device = device
         self.optimizer = optimizer
+        self.lr_at_iter = lr_at_iter
+        self.batches = batches
         self.output_dir = output_dir
         self.start_iter = start_iter
+        self.options = options
         self.model_without_ddp = model
         self.model = self._wrap_ddp(model)
-        self.amp_dtype = {'float16': torch.float16, 'bfloat16': torch.bfloat16}[cfg.SOLVER.AMP.DTYPE]
-        self.amp = cfg.SOLVER.AMP.ENABLED
+        self.amp_dtype = {'float16': torch.float16, 'bfloat16': torch.bfloat16}[options.amp_dtype]
         self.scaler = self._make_scaler()
-        self.batches = self._build_batches()
-        self.history = []
         self.first_nonfinite = torch.tensor(-1, device=device)
+        self.history = []
         self.window = collections.defaultdict(lambda: collections.deque(maxlen=LOG_PERIOD))
+        self._restore_progress(progress)
         self.events = EventWriter(os.path.join(output_dir, 'tensorboard')) \
             if distributed.is_main_process() else None
 
@@ -140,50 +271,33 @@ class TrainLoop:
                                                          broadcast_buffers=False)
 
     def _make_scaler(self):
-        fp16 = self.amp and self.amp_dtype == torch.float16
-        if not fp16 or cfg.SOLVER.AMP.LOSS_SCALE > 0:
+        fp16 = self.options.amp and self.amp_dtype == torch.float16
+        if not fp16 or self.options.loss_scale > 0:
             return None
         return torch.amp.GradScaler(self.device.type)
 
-    def _build_batches(self):
-        roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
-        logger.info('%d roidb entries for training', len(roidb))
-        groups = aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
-        sampler = GroupedDistributedBatchSampler(
-            groups, cfg.TRAIN.IMS_PER_BATCH, seed=cfg.RNG_SEED, rank=distributed.get_rank(),
-            world_size=distributed.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
-            start_iter=self.start_iter * cfg.SOLVER.ITER_SIZE)
-        loader = build_train_loader(
-            roidb, sampler, scales=cfg.TRAIN.SCALES, max_size=cfg.TRAIN.MAX_SIZE,
-            pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE,
-            num_workers=cfg.DATA_LOADER.NUM_THREADS, seed=cfg.RNG_SEED,
-            start_iter=self.start_iter * cfg.SOLVER.ITER_SIZE)
-        batches = iter(loader)
-        # Starting a DataLoader draws its workers' base seed from torch's global generator. A resumed
-        # run starts it after restoring the RNG states, so that draw is isolated (with the first batch)
-        # to keep the random stream of RoI sampling identical to the uninterrupted run's.
-        with torch.random.fork_rng(devices=[]):
-            first = next(batches)
-        return itertools.chain([first], batches)
-
-    def _to_device(self, batch):
-        images, im_info, targets = batch
-        move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-        return move(images), move(im_info), [{k: move(v) for k, v in t.items()} for t in targets]
+    def _to_device(self, data):
+        if isinstance(data, torch.Tensor):
+            return data.to(self.device, non_blocking=True)
+        if isinstance(data, dict):
+            return {k: self._to_device(v) for k, v in data.items()}
+        if isinstance(data, (list, tuple)):
+            return type(data)(self._to_device(v) for v in data)
+        return data
 
     def _micro_step(self, batch, sync):
-        images, im_info, targets = self._to_device(batch)
+        batch = self._to_device(batch)
         no_sync = getattr(self.model, 'no_sync', None)
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         with context:
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
-                outputs = self.model(images, im_info, targets)
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.options.amp):
+                outputs = self.model(*batch)
             total = sum(v for k, v in outputs.items() if k.startswith('loss'))
-            scaled = total / cfg.SOLVER.ITER_SIZE
+            scaled = total / self.options.iter_size
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
-            elif cfg.SOLVER.AMP.LOSS_SCALE > 0 and self.amp:
-                scaled = scaled * cfg.SOLVER.AMP.LOSS_SCALE
+            elif self.options.loss_scale > 0 and self.options.amp:
+                scaled = scaled * self.options.loss_scale
             scaled.backward()
         return total, outputs
 
@@ -192,10 +306,17 @@ class TrainLoop:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             return
-        if self.amp and cfg.SOLVER.AMP.LOSS_SCALE > 0:
+        if self.options.amp and self.options.loss_scale > 0:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, 1.0 / cfg.SOLVER.AMP.LOSS_SCALE)
+            torch._foreach_mul_(grads, 1.0 / self.options.loss_scale)
         self.optimizer.step()
+
+    def _set_lr(self, lr, cur_iter, previous_lr):
+        if previous_lr is not None and lr != previous_lr:
+            ratio = max(lr / previous_lr, previous_lr / lr) if lr > 0 and previous_lr > 0 else float('inf')
+            if ratio > self.options.log_lr_change_threshold:
+                logger.info('Changing learning rate %.6f -> %.6f at iter %d', previous_lr, lr, cur_iter)
+        set_lr(self.optimizer, lr)
 
     def _note_nonfinite(self, total, cur_iter):
         """Remember, on the device and without a host sync, the first iteration whose loss is not finite."""
@@ -215,18 +336,19 @@ class TrainLoop:
 
     def run(self):
         self.model.train()
-        period = checkpoint_period()
+        options = self.options
         tic = time.time()
-        for cur_iter in range(self.start_iter, cfg.SOLVER.MAX_ITER):
-            lr = lr_policy.get_lr_at_iter(cur_iter)
-            self.optimizer.set_lr(lr, cur_iter)
+        lr = self.lr_at_iter(self.start_iter - 1) if self.start_iter > 0 else None
+        for cur_iter in range(self.start_iter, options.max_iter):
+            lr, previous_lr = self.lr_at_iter(cur_iter), lr
+            self._set_lr(lr, cur_iter, previous_lr)
             self.optimizer.zero_grad(set_to_none=True)
-            for micro in range(cfg.SOLVER.ITER_SIZE):
-                total, outputs = self._micro_step(next(self.batches), sync=micro == cfg.SOLVER.ITER_SIZE - 1)
+            for micro in range(options.iter_size):
+                total, outputs = self._micro_step(next(self.batches), sync=micro == options.iter_size - 1)
                 self._note_nonfinite(total, cur_iter)
             self._optimizer_step()
-            checkpoint_now = (cur_iter + 1) % period == 0 and cur_iter > self.start_iter
-            last = cur_iter == cfg.SOLVER.MAX_ITER - 1
+            checkpoint_now = (cur_iter + 1) % options.checkpoint_period == 0 and cur_iter > self.start_iter
+            last = cur_iter == options.max_iter - 1
             if cur_iter % LOG_PERIOD == 0 or checkpoint_now or last:
                 self._raise_if_nonfinite(outputs)
             self._record(cur_iter, lr, total, outputs, time.time() - tic)
@@ -241,21 +363,35 @@ class TrainLoop:
         rng_states = checkpoint.gather_rng_states()
         if distributed.is_main_process():
             path = os.path.join(self.output_dir, name)
-            sampler_state = {'seed': cfg.RNG_SEED, 'global_batch_size': images_per_step()}
+            extra = dict(self.options.checkpoint_extra, progress=self._progress())
             checkpoint.save_checkpoint(path, self.model_without_ddp, self.optimizer, iteration,
-                                       extra={'cfg': cfg.dump()}, rng_states=rng_states,
-                                       sampler_state=sampler_state)
+                                       extra=extra, rng_states=rng_states,
+                                       sampler_state=self.options.sampler_state)
             logger.info('Wrote checkpoint %s', path)
             if self.history:
                 write_training_curves(os.path.join(self.output_dir, 'training_curves.png'), self.history)
         distributed.synchronize()
+
+    def _progress(self):
+        """What a resumed run needs to log and plot as the uninterrupted one: the logged history and
+        the smoothing windows (plain numbers, so checkpoints stay weights_only-loadable)."""
+        windows = {k: [float(v) for v in q] for k, q in self.window.items()}
+        return {'history': list(self.history), 'windows': windows}
+
+    def _restore_progress(self, progress):
+        if not progress:
+            return
+        self.history = list(progress['history'])
+        for k, values in progress['windows'].items():
+            as_tensor = (lambda v: v) if k == 'time' else (lambda v: torch.tensor(v, device=self.device))
+            self.window[k].extend(as_tensor(v) for v in values)
 
     def _record(self, cur_iter, lr, total, outputs, iter_time):
         self.window['time'].append(iter_time)
         self.window['loss'].append(total.detach().float())
         for k, v in outputs.items():
             self.window[k].append(v.detach().float())
-        if cur_iter % LOG_PERIOD and cur_iter != cfg.SOLVER.MAX_ITER - 1:
+        if cur_iter % LOG_PERIOD and cur_iter != self.options.max_iter - 1:
             return
         # Detectron logs the median of the last 20 values, averaged over GPUs.
         medians = {k: torch.stack(list(q)).median() for k, q in self.window.items() if k != 'time'}
@@ -266,34 +402,17 @@ class TrainLoop:
         log_json_stats(stats)
         self.history.append(stats)
         self.events.add_scalars({k: v for k, v in stats.items() if isinstance(v, float)}, cur_iter)
-        logger.info('[%d/%d %5.1f%%] loss %.4f lr %.6f eta %s', cur_iter + 1, cfg.SOLVER.MAX_ITER,
-                    100.0 * (cur_iter + 1) / cfg.SOLVER.MAX_ITER, stats['loss'], lr, stats['eta'])
+        max_iter = self.options.max_iter
+        logger.info('[%d/%d %5.1f%%] loss %.4f lr %.6f eta %s', cur_iter + 1, max_iter,
+                    100.0 * (cur_iter + 1) / max_iter, stats['loss'], lr, stats['eta'])
 
     def _json_stats(self, cur_iter, lr, medians):
         mean_time = float(np.mean(self.window['time']))
-        eta = datetime.timedelta(seconds=int(mean_time * (cfg.SOLVER.MAX_ITER - cur_iter)))
+        eta = datetime.timedelta(seconds=int(mean_time * (self.options.max_iter - cur_iter)))
         stats = {'iter': cur_iter, 'lr': float(lr), 'time': mean_time, 'eta': str(eta),
                  'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
         stats.update({k: float(v) for k, v in medians.items()})
         return stats
-
-
-def rank_batch_sizes():
-    """Images per micro-batch of every rank, in rank order: TRAIN.RANK_IMS_PER_BATCH, or
-    TRAIN.IMS_PER_BATCH on every rank. Each rank's loss weighs the same in DDP's gradient average,
-    whatever its batch (as CenterNet's mean of per-GPU losses)."""
-    return list(cfg.TRAIN.RANK_IMS_PER_BATCH) or [cfg.TRAIN.IMS_PER_BATCH] * distributed.get_world_size()
-
-
-def images_per_step():
-    """Images of one micro-step over all processes (the sampler's global batch); an optimizer step
-    takes SOLVER.ITER_SIZE of them."""
-    return sum(rank_batch_sizes())
-
-
-def checkpoint_period():
-    """Detectron's rule: a checkpoint every int(SNAPSHOT_ITERS / NUM_GPUS) iterations."""
-    return max(1, int(cfg.TRAIN.SNAPSHOT_ITERS / cfg.NUM_GPUS))
 
 
 def _max_memory_mib(device):

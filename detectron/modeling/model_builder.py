@@ -1,117 +1,35 @@
-"""cfg -> model. The only place in modeling/ that reads the config."""
-from detectron.modeling import FPN
-from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead
-from detectron.modeling.generalized_rcnn import GeneralizedRCNN, ProposalParams, RCNNParams
-from detectron.modeling.rpn_heads import FPNRPNHead
+"""cfg -> model: the one table of model types, keyed by MODEL.TYPE.
+
+Each entry is a `ModelType` (modeling/model_type.py): it builds the model and brings what only
+that model knows (how its training batches are made, how a test image is prepared, how raw outputs
+become per-image detections, how weight files map onto it). The engines, checkpoints, launcher, evaluator and tools
+go through this table and never ask which model they run (docs/DESIGN.md, "The model contract").
+"""
+from detectron.modeling import centernet_builder, rcnn_builder
 from detectron.utils.errors import ConfigValueError
 
-_CONV_BODIES = {
-    'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
-    'FPN.add_fpn_ResNet101_conv5_body': FPN.add_fpn_ResNet101_conv5_body,
-    'FPN.add_fpn_ResNet18_conv5_body': FPN.add_fpn_ResNet18_conv5_body,
-    'FPN.add_fpn_ResNet34_conv5_body': FPN.add_fpn_ResNet34_conv5_body,
-}
-_BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head',)
-
-
-# Detectron features this port does not build: refused loudly rather than silently ignored.
-_UNSUPPORTED = {
-    'MODEL.MASK_ON': 'Mask R-CNN heads', 'MODEL.KEYPOINTS_ON': 'keypoint heads',
-    'RETINANET.RETINANET_ON': 'RetinaNet', 'MODEL.RPN_ONLY': 'RPN-only models',
-    'TEST.BBOX_AUG.ENABLED': 'test-time box augmentation',
+MODEL_TYPES = {
+    'generalized_rcnn': rcnn_builder.GeneralizedRCNNType(),
+    'centernet': centernet_builder.CenterNetType(),
 }
 
 
-def create(cfg):
-    """Build the model named by MODEL.TYPE from cfg."""
-    check_supported(cfg)
-    conv_body = build_conv_body(cfg)
-    num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
-    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS))
-    box_head = Roi2MLPHead(conv_body.out_channels, roi_size=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
-                           hidden_dim=cfg.FAST_RCNN.MLP_HEAD_DIM)
-    box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
-                               cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
-                               pred_std=cfg.PRED_STD)
-    params = rcnn_params(cfg, num_rpn_levels)
-    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, params)
+def get_model_type(cfg):
+    model_type = MODEL_TYPES.get(cfg.MODEL.TYPE)
+    if model_type is None:
+        raise ConfigValueError("MODEL.TYPE '{}' is not supported; use one of {}".format(
+            cfg.MODEL.TYPE, ', '.join(repr(name) for name in sorted(MODEL_TYPES))))
+    return model_type
 
 
 def check_supported(cfg):
     """ConfigValueError unless cfg asks for a model this port builds; tools call it before they
-    start any process, so a wrong MODEL.TYPE is one message, not one per rank."""
-    for key, feature in _UNSUPPORTED.items():
-        node = cfg
-        for name in key.split('.'):
-            node = node[name]
-        if node:
-            raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
-                                   .format(key, feature))
-    if cfg.MODEL.TYPE != 'generalized_rcnn':
-        raise ConfigValueError("MODEL.TYPE '{}' is not supported; use 'generalized_rcnn'".format(cfg.MODEL.TYPE))
-    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
-        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
-                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
-    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
-        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
-            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
-    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
-        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
-            cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
-    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
-        raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
-            cfg.FAST_RCNN.ROI_XFORM_METHOD))
+    start any process, so a wrong setting is one message, not one per rank."""
+    get_model_type(cfg).check(cfg)
 
 
-def _norm_kind(cfg):
-    funcs = (cfg.RESNETS.TRANS_FUNC, cfg.RESNETS.STEM_FUNC)
-    if any('_gn_' in f or f.endswith('_gn_stem') for f in funcs):
-        return 'gn'
-    if any(f.startswith(('bottleneck_bn_', 'basic_bn_transformation')) for f in funcs):
-        return 'bn'
-    return 'affine'
-
-
-def build_conv_body(cfg):
-    return _CONV_BODIES[cfg.MODEL.CONV_BODY](
-        fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
-        gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
-        gn_eps=cfg.GROUP_NORM.EPSILON, coarsest_stride=cfg.FPN.COARSEST_STRIDE,
-        stride_1x1=cfg.RESNETS.STRIDE_1X1, freeze_at=cfg.TRAIN.FREEZE_AT, norm=_norm_kind(cfg),
-        num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP,
-        checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
-
-
-def rcnn_params(cfg, num_rpn_levels):
-    rpn_levels = range(cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL + 1)
-    roi_levels = range(cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL + 1)
-    start = cfg.FPN.RPN_ANCHOR_START_SIZE
-    return RCNNParams(
-        num_classes=cfg.MODEL.NUM_CLASSES,
-        anchor_strides=tuple(2 ** lvl for lvl in rpn_levels),
-        anchor_sizes=tuple(start * 2 ** i for i in range(num_rpn_levels)),
-        aspect_ratios=tuple(cfg.FPN.RPN_ASPECT_RATIOS),
-        train_proposals=ProposalParams(cfg.TRAIN.RPN_PRE_NMS_TOP_N, cfg.TRAIN.RPN_POST_NMS_TOP_N,
-                                       cfg.TRAIN.RPN_NMS_THRESH, cfg.TRAIN.RPN_MIN_SIZE),
-        test_proposals=ProposalParams(cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N,
-                                      cfg.TEST.RPN_NMS_THRESH, cfg.TEST.RPN_MIN_SIZE),
-        rpn_positive_overlap=cfg.TRAIN.RPN_POSITIVE_OVERLAP,
-        rpn_negative_overlap=cfg.TRAIN.RPN_NEGATIVE_OVERLAP,
-        rpn_fg_fraction=cfg.TRAIN.RPN_FG_FRACTION,
-        rpn_batch_size_per_im=cfg.TRAIN.RPN_BATCH_SIZE_PER_IM,
-        rpn_straddle_thresh=cfg.TRAIN.RPN_STRADDLE_THRESH,
-        batch_size_per_im=cfg.TRAIN.BATCH_SIZE_PER_IM,
-        fg_fraction=cfg.TRAIN.FG_FRACTION,
-        fg_thresh=cfg.TRAIN.FG_THRESH,
-        bg_thresh_hi=cfg.TRAIN.BG_THRESH_HI,
-        bg_thresh_lo=cfg.TRAIN.BG_THRESH_LO,
-        bbox_reg_weights=tuple(cfg.MODEL.BBOX_REG_WEIGHTS),
-        cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
-        xyxy=cfg.XYXY,
-        pred_std=cfg.PRED_STD,
-        roi_resolution=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
-        roi_sampling_ratio=cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO,
-        roi_spatial_scales=tuple(1.0 / 2 ** lvl for lvl in roi_levels),
-        roi_canonical_scale=cfg.FPN.ROI_CANONICAL_SCALE,
-        roi_canonical_level=cfg.FPN.ROI_CANONICAL_LEVEL,
-    )
+def create(cfg):
+    """Build the model named by MODEL.TYPE from cfg."""
+    model_type = get_model_type(cfg)
+    model_type.check(cfg)
+    return model_type.build(cfg)

@@ -1,4 +1,5 @@
-"""Detectron's SGD: Caffe2 MomentumSGDUpdate with Detectron's parameter groups.
+"""Optimizers of SOLVER.OPTIMIZER: Detectron's SGD (Caffe2 MomentumSGDUpdate with Detectron's
+parameter groups) and CenterNet's Adam; the training loop sets their LR through param_groups.
 
 Caffe2 folds the learning rate into the momentum history (v <- mu*v + lr*g; p <- p - v), unlike
 torch.optim.SGD (v <- mu*v + g; p <- p - lr*v). The two agree while the LR is constant; when it changes,
@@ -10,38 +11,35 @@ Groups: biases get 2x LR and no weight decay (Detectron's optimizer.py); other t
 the base LR and WEIGHT_DECAY; norm parameters of trainable GN/BN bodies are treated like Detectron's GN
 parameters (WEIGHT_DECAY_GN).
 """
-import logging
-
 import torch
 
-logger = logging.getLogger(__name__)
+from detectron.utils.errors import ConfigValueError
 
 
 class DetectronSGD(torch.optim.Optimizer):
-    """Momentum SGD in Caffe2's form; call set_lr() every iteration with the policy's LR."""
+    """Momentum SGD in Caffe2's form. The learning rate is set through param_groups (set_lr below);
+    each group's lr is base LR x its lr_mult."""
 
-    def __init__(self, param_groups, lr, momentum=0.9, scale_momentum=True,
-                 scale_momentum_threshold=1.1, log_lr_change_threshold=1.1):
+    def __init__(self, param_groups, lr, momentum=0.9, scale_momentum=True, scale_momentum_threshold=1.1):
         defaults = dict(lr=lr, lr_mult=1.0, momentum=momentum, weight_decay=0.0)
         super().__init__(param_groups, defaults)
+        for group in self.param_groups:
+            group['lr'] = lr * group['lr_mult']
+        # The base LR of the last step: a change is detected (and the momentum rescaled) at the next step.
         self.base_lr = float(lr)
         self.scale_momentum = scale_momentum
         self.scale_momentum_threshold = scale_momentum_threshold
-        self.log_lr_change_threshold = log_lr_change_threshold
 
     @property
     def current_lr(self):
         return self.base_lr
 
-    def set_lr(self, new_lr, cur_iter=None):
-        """Move to new_lr, rescaling momentum histories as Detectron's UpdateWorkspaceLr does."""
+    def _rescale_momentum_on_lr_change(self, new_lr):
+        """Detectron's UpdateWorkspaceLr: momentum histories x new/old when the change is large."""
         old_lr = self.base_lr
-        new_lr = float(new_lr)  # lr_policy returns np.float32; checkpoints hold plain floats
         if new_lr == old_lr:
             return
         ratio = max(new_lr / old_lr, old_lr / new_lr) if old_lr > 0 and new_lr > 0 else float('inf')
-        if ratio > self.log_lr_change_threshold:
-            logger.info('Changing learning rate %.6f -> %.6f at iter %s', old_lr, new_lr, cur_iter)
         if self.scale_momentum and old_lr > 1e-7 and ratio > self.scale_momentum_threshold:
             for group in self.param_groups:
                 for p in group['params']:
@@ -53,6 +51,8 @@ class DetectronSGD(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        first = self.param_groups[0]
+        self._rescale_momentum_on_lr_change(float(first['lr']) / first['lr_mult'])
         for group in self.param_groups:
             params = [p for p in group['params'] if p.grad is not None]
             if not params:
@@ -69,7 +69,6 @@ class DetectronSGD(torch.optim.Optimizer):
             torch._foreach_mul_(bufs, group['momentum'])
             torch._foreach_add_(bufs, grads, alpha=self.base_lr * group['lr_mult'])
             torch._foreach_sub_(params, bufs)
-            group['lr'] = self.base_lr * group['lr_mult']
         return loss
 
     def state_dict(self):
@@ -81,6 +80,12 @@ class DetectronSGD(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         self.base_lr = state_dict.pop('base_lr', self.base_lr)
         super().load_state_dict(state_dict)
+
+
+def set_lr(optimizer, lr):
+    """Set every param group's learning rate to lr x its lr_mult (1 for groups without one)."""
+    for group in optimizer.param_groups:
+        group['lr'] = float(lr) * group.get('lr_mult', 1.0)
 
 
 _NORM_TYPES = (torch.nn.GroupNorm, torch.nn.BatchNorm2d, torch.nn.SyncBatchNorm)
@@ -110,9 +115,16 @@ def detectron_param_groups(model, weight_decay, weight_decay_norm=0.0, bias_lr_f
     return [g for g in groups if g['params']]
 
 
-def build_optimizer(model, base_lr, momentum, weight_decay, weight_decay_norm=0.0,
-                    scale_momentum=True, scale_momentum_threshold=1.1, log_lr_change_threshold=1.1):
-    groups = detectron_param_groups(model, weight_decay, weight_decay_norm)
-    return DetectronSGD(groups, lr=base_lr, momentum=momentum, scale_momentum=scale_momentum,
-                        scale_momentum_threshold=scale_momentum_threshold,
-                        log_lr_change_threshold=log_lr_change_threshold)
+def build_optimizer(model, base_lr, momentum=0.9, weight_decay=0.0, weight_decay_norm=0.0,
+                    scale_momentum=True, scale_momentum_threshold=1.1, name='sgd'):
+    """SOLVER.OPTIMIZER `name`: 'sgd' is Detectron's SGD with its parameter groups; 'adam' is
+    CenterNet's torch.optim.Adam over all trainable parameters (one group, weight_decay as given;
+    CenterNet uses none)."""
+    if name == 'sgd':
+        groups = detectron_param_groups(model, weight_decay, weight_decay_norm)
+        return DetectronSGD(groups, lr=base_lr, momentum=momentum, scale_momentum=scale_momentum,
+                            scale_momentum_threshold=scale_momentum_threshold)
+    if name == 'adam':
+        params = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.Adam(params, lr=float(base_lr), weight_decay=weight_decay)
+    raise ConfigValueError("SOLVER.OPTIMIZER must be 'sgd' or 'adam', got {!r}".format(name))

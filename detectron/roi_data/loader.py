@@ -1,11 +1,13 @@
-"""Training and test data loaders over a roidb (torch DataLoader based).
+"""Training and test data loaders over a roidb (torch DataLoader based), for any model.
 
 Detectron fed GPUs from Python threads and queues; here DataLoader worker processes prepare
-images and a batch sampler (roi_data/samplers.py) decides which images form each batch.
+samples and a batch sampler (roi_data/samplers.py) decides which entries form each batch. What a
+sample is (R-CNN's scaled image and gt, CenterNet's affine crop and heatmaps) is the model's: the
+model builder hands in a `prepare` function and a `collate` function.
 
-Reproducibility: the training scale of an image is drawn from a RandomState seeded by
+Reproducibility: a training sample's random draws come from a RandomState seeded by
 (seed, iteration, roidb index), so batches do not depend on the number of workers or on which
-worker built them, and a resumed run draws the same scales as an uninterrupted one.
+worker built them, and a resumed run draws the same as an uninterrupted one.
 
 Unreadable images: a worker returns the DatasetError instead of raising it, and the loader raises
 it in the main process. Raised in a worker, DataLoader would re-raise it with the worker's whole
@@ -20,12 +22,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from detectron.roi_data.minibatch import collate_minibatch, prepare_training_image, read_image
+from detectron.roi_data.minibatch import read_image
 from detectron.utils.errors import DatasetError
-
-# The only roidb fields a training worker needs; the rest (gt_overlaps, segms, ...) stays behind.
-_TRAINING_KEYS = ('image', 'flipped', 'boxes', 'gt_classes', 'is_crowd')
-
 
 class PackedList:
     """Read-only list stored as one pickled byte buffer.
@@ -58,17 +56,17 @@ def scale_rng(seed, iteration, index):
     return np.random.RandomState(np.random.SeedSequence((seed, iteration, index)).generate_state(4))
 
 
-class TrainingImageDataset(Dataset):
-    """Prepared training images, addressed by (iteration, roidb index) keys.
+class TrainingDataset(Dataset):
+    """Prepared training samples, addressed by (iteration, roidb index) keys.
 
-    The iteration is part of the key so an image seen at two iterations gets independent scale draws.
+    prepare(entry, rng) -> sample; the iteration is part of the key so an entry seen at two
+    iterations gets independent draws. keys: the entry fields to keep (None: all).
     """
 
-    def __init__(self, roidb, scales, max_size, pixel_means, seed):
-        self._entries = PackedList({key: entry[key] for key in _TRAINING_KEYS} for entry in roidb)
-        self._scales = tuple(scales)
-        self._max_size = max_size
-        self._pixel_means = np.asarray(pixel_means, dtype=np.float32).reshape(3)
+    def __init__(self, roidb, prepare, seed, keys=None):
+        self._entries = PackedList(entry if keys is None else {key: entry[key] for key in keys}
+                                   for entry in roidb)
+        self._prepare = prepare
         self._seed = seed
 
     def __len__(self):
@@ -76,17 +74,15 @@ class TrainingImageDataset(Dataset):
 
     def __getitem__(self, key):
         iteration, index = key
-        target_size = self._scales[scale_rng(self._seed, iteration, index).randint(len(self._scales))]
         try:
-            return prepare_training_image(self._entries[index], target_size, self._max_size,
-                                          self._pixel_means)
+            return self._prepare(self._entries[index], scale_rng(self._seed, iteration, index))
         except DatasetError as err:
             return err
 
 
-def _collate_or_error(items, stride):
+def _collate_or_error(items, collate):
     errors = [item for item in items if isinstance(item, DatasetError)]
-    return errors[0] if errors else collate_minibatch(items, stride)
+    return errors[0] if errors else collate(items)
 
 
 class IterationTaggedBatches:
@@ -120,18 +116,16 @@ def _limit_worker_threads(worker_id):
     cv2.setNumThreads(1)
 
 
-def build_train_loader(roidb, batch_sampler, scales, max_size, pixel_means, stride, num_workers, seed,
-                       start_iter=0):
-    """Iterable of (images, im_info, targets) training batches (docs/DESIGN.md contract).
+def build_train_loader(dataset, batch_sampler, collate, num_workers, start_iter=0):
+    """Iterable of training batches: collate(list of dataset samples) for each sampler batch.
 
     batch_sampler: iterable of roidb index lists for this process (GroupedDistributedBatchSampler),
-    started at start_iter; start_iter must match so resumed runs draw the same scales.
+    started at start_iter; start_iter must match so resumed runs draw the same samples.
     """
-    dataset = TrainingImageDataset(roidb, scales, max_size, pixel_means, seed)
     return RaisingLoader(DataLoader(
         dataset,
         batch_sampler=IterationTaggedBatches(batch_sampler, start_iter),
-        collate_fn=functools.partial(_collate_or_error, stride=stride),
+        collate_fn=functools.partial(_collate_or_error, collate=collate),
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
@@ -140,30 +134,36 @@ def build_train_loader(roidb, batch_sampler, scales, max_size, pixel_means, stri
 
 
 class InferenceImageDataset(Dataset):
-    """Original BGR uint8 images with their roidb index; the test engine does its own resizing."""
+    """prepare(original BGR uint8 image) with its roidb index; prepare returns a dict holding the
+    image under 'image' plus whatever the model's test-time preprocessing adds."""
 
-    def __init__(self, roidb):
+    def __init__(self, roidb, prepare):
         self._paths = PackedList(entry['image'] for entry in roidb)
+        self._prepare = prepare
 
     def __len__(self):
         return len(self._paths)
 
     def __getitem__(self, index):
         try:
-            return read_image(self._paths[index]), index
+            return self._prepare(read_image(self._paths[index])), index
         except DatasetError as err:
             return err
 
 
 def _unchanged(sample):
-    # DataLoader's default would turn the numpy image into a tensor; the test engine wants numpy.
+    # DataLoader's default would turn the numpy arrays into tensors; the detector takes them as prepared.
     return sample
 
 
-def build_test_loader(roidb, indices, num_workers):
-    """Iterable of (BGR uint8 HxWx3 image, roidb index) for `indices`, in their order."""
+def _image_only(im):
+    return {'image': im}
+
+
+def build_test_loader(roidb, indices, num_workers, prepare=_image_only):
+    """Iterable of (prepare(BGR uint8 HxWx3 image), roidb index) for `indices`, in their order."""
     return RaisingLoader(DataLoader(
-        InferenceImageDataset(roidb),
+        InferenceImageDataset(roidb, prepare),
         sampler=list(indices),
         batch_size=None,
         collate_fn=_unchanged,

@@ -23,6 +23,10 @@ def read_image(path):
     return im
 
 
+# The only roidb fields a training worker needs; the rest (gt_overlaps, segms, ...) stays behind.
+TRAINING_KEYS = ('image', 'flipped', 'boxes', 'gt_classes', 'is_crowd')
+
+
 def gt_targets(entry):
     """Ground-truth rows (gt_classes > 0) of a roidb entry as the model's target dict."""
     is_gt = np.asarray(entry['gt_classes']) > 0
@@ -44,6 +48,13 @@ def prepare_training_image(entry, target_size, max_size, pixel_means):
     im_info = np.array([np.round(im.shape[0] * scale), np.round(im.shape[1] * scale), scale],
                        dtype=np.float32)
     return ims[0], im_info, gt_targets(entry)
+
+
+def prepare_training_entry(entry, rng, scales, max_size, pixel_means):
+    """One entry at a training scale drawn from `scales` with rng (a RandomState owned by this
+    (iteration, entry) draw, see loader.TrainingDataset)."""
+    target_size = scales[rng.randint(len(scales))]
+    return prepare_training_image(entry, target_size, max_size, pixel_means)
 
 
 def collate_minibatch(items, stride):

@@ -100,7 +100,12 @@ def load_checkpoint(path, model, optimizer=None):
 
 
 def resume_from(path, model, optimizer, sampler_state=None):
-    """Continue the run saved at path; returns the iteration to start at (saved iteration + 1).
+    """Continue the run saved at path; returns the iteration to start at (saved iteration + 1)."""
+    return resume_state(path, model, optimizer, sampler_state)[0]
+
+
+def resume_state(path, model, optimizer, sampler_state=None):
+    """resume_from that also returns the checkpoint's `extra` data: (start iteration, extra).
 
     sampler_state: this run's, compared with the saved one: a different seed or global batch means
     the data order no longer continues the interrupted run (a warning, not an error: changing the
@@ -111,7 +116,7 @@ def resume_from(path, model, optimizer, sampler_state=None):
     if sampler_state is not None and saved is not None and saved != sampler_state:
         logger.warning('Resuming %s with sampler state %s, but it was saved with %s: the data order '
                        'does not continue the interrupted run', path, sampler_state, saved)
-    return checkpoint['iteration'] + 1
+    return checkpoint['iteration'] + 1, checkpoint['extra']
 
 
 def _read(path):

@@ -93,9 +93,7 @@ def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout
                           "'gloo' for CPU runs".format(device_type))
     job = job_from_environment()
     if job is not None:
-        if num_processes != job.world_size:
-            logger.warning('NUM_GPUS is %d but %s started %d processes; using world size %d',
-                           num_processes, job.source, job.world_size, job.world_size)
+        resolve_num_gpus(num_processes, explicit=True, job=job)
         _check_visible_gpus(device_type, job.local_rank + 1,
                             'LOCAL_RANK {} (from {})'.format(job.local_rank, job.source))
         options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed)
@@ -107,6 +105,22 @@ def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout
     port = _free_local_port()
     options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed)
     return _spawn_and_watch(main_fn, args, num_processes, options, port)
+
+
+def resolve_num_gpus(num_gpus, explicit, job=None):
+    """The one world size of the job: a launcher's (torchrun/SLURM) when it started the processes,
+    else num_gpus. A launcher's world size that differs from a NUM_GPUS the user typed on the
+    command line (explicit) is a LaunchError; one from a config file or the default gives way, with
+    a log line, so that a config written for 8 GPUs runs under `torchrun --nproc-per-node 4`."""
+    job = job or job_from_environment()
+    if job is None or job.world_size == num_gpus:
+        return num_gpus
+    if explicit:
+        raise LaunchError('NUM_GPUS is {} but {} started {} processes; give NUM_GPUS {} or start {} processes'
+                          .format(num_gpus, job.source, job.world_size, job.world_size, num_gpus))
+    logger.info('NUM_GPUS %d of the config replaced by the world size %d of the job %s started',
+                num_gpus, job.world_size, job.source)
+    return job.world_size
 
 
 def job_from_environment(environ=None):

@@ -22,7 +22,7 @@ from detectron.core import train_engine
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
 from detectron.datasets import dataset_catalog
 from detectron.modeling import fast_rcnn_heads, model_builder
-from detectron.utils import checkpoint, lr_policy
+from detectron.utils import checkpoint
 from detectron.utils.c2_weights import load_weights
 from detectron.utils.errors import DetectronError
 from protobuf_reader import proto_fields
@@ -175,7 +175,7 @@ def test_json_stats_lines_follow_detectron(uninterrupted_run):
             assert re.fullmatch(r'-?\d+\.\d{6}', entry[key]), (key, entry[key])
         assert isinstance(entry['iter'], int) and entry['mem'] == 0 and entry['mb_qsize'] == 0
         assert re.fullmatch(r'\d+:\d\d:\d\d', entry['eta'])
-        assert entry['lr'] == '{:.6f}'.format(lr_policy.get_lr_at_iter(entry['iter']))
+        assert entry['lr'] == '{:.6f}'.format(train_engine.lr_schedule().lr_at(entry['iter']))
         assert 0.0 <= float(entry['accuracy_cls']) <= 1.0
     # Warm-up over 2 iterations from 1/3 of BASE_LR 0.02 (Detectron's linear warm-up).
     assert [s['lr'] for s in stats] == ['0.006667', '0.020000']

@@ -55,9 +55,9 @@ def _first_batches(count, rank=0, rank_sizes=None):
     roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
     sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), None, seed=cfg.RNG_SEED, rank=rank,
                                              world_size=len(rank_sizes), rank_batch_sizes=rank_sizes)
-    loader = build_train_loader(roidb, sampler, scales=cfg.TRAIN.SCALES, max_size=cfg.TRAIN.MAX_SIZE,
-                                pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE, num_workers=0,
-                                seed=cfg.RNG_SEED)
+    model_type = model_builder.get_model_type(cfg)
+    loader = build_train_loader(model_type.training_dataset(cfg, roidb), sampler, model_type.collate(cfg),
+                                num_workers=0)
     with torch.random.fork_rng(devices=[]):  # the engine keeps the DataLoader's seed draw out of torch's stream
         return list(itertools.islice(loader, count))
 

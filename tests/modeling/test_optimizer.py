@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from detectron.modeling.optimizer import build_optimizer
+from detectron.modeling.optimizer import build_optimizer, set_lr
 
 
 def _caffe2_reference(w, b, grads_w, grads_b, lrs, mu, wd, threshold=1.1):
@@ -30,7 +30,7 @@ def test_detectron_sgd_matches_caffe2_update_with_momentum_rescaling():
     gbs = [rng.randn(2).astype(np.float32) for _ in lrs]
     opt = build_optimizer(lin, base_lr=lrs[0], momentum=0.9, weight_decay=1e-2)
     for it, (lr, gw, gb) in enumerate(zip(lrs, gws, gbs)):
-        opt.set_lr(lr, it)
+        set_lr(opt, lr)  # the training loop sets the LR through param_groups
         lin.weight.grad = torch.from_numpy(gw)
         lin.bias.grad = torch.from_numpy(gb)
         opt.step()
@@ -46,11 +46,14 @@ def test_frozen_parameters_are_left_out_and_state_round_trips():
     assert [len(g['params']) for g in opt.param_groups] == [1]
     lin.weight.grad = torch.ones(2, 2)
     opt.step()
-    opt.set_lr(0.25)
+    set_lr(opt, 0.25)
+    lin.weight.grad = torch.zeros(2, 2)
+    opt.step()  # the momentum history is rescaled when a step sees the new LR
     state = opt.state_dict()
     opt2 = build_optimizer(lin, base_lr=1.0, momentum=0.9, weight_decay=0.0)
     opt2.load_state_dict(state)
     assert opt2.current_lr == 0.25
     buf = opt2.state[lin.weight]['momentum_buffer']
-    # one step at lr 0.5 with unit gradient gives history 0.5, then halved by the 0.5 -> 0.25 change
-    assert torch.allclose(buf, torch.full((2, 2), 0.25))
+    # one step at lr 0.5 with unit gradient gives history 0.5, halved by the 0.5 -> 0.25 change,
+    # then x momentum 0.9 by the step with zero gradient
+    assert torch.allclose(buf, torch.full((2, 2), 0.5 * 0.5 * 0.9))

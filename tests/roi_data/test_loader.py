@@ -1,3 +1,4 @@
+import functools
 import itertools
 
 import cv2
@@ -5,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.loader import (PackedList, aspect_ratio_groups, build_test_loader,
+from detectron.roi_data.loader import (PackedList, TrainingDataset, aspect_ratio_groups, build_test_loader,
                                        build_train_loader)
-from detectron.roi_data.minibatch import get_minibatch
+from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
 
@@ -39,8 +40,11 @@ SCALES = (16, 24, 32, 40)
 
 
 def _train_loader(roidb, batches=BATCHES, num_workers=0, seed=3, start_iter=0, scales=SCALES):
-    return build_train_loader(roidb, batches, scales=scales, max_size=1000, pixel_means=PIXEL_MEANS,
-                              stride=32, num_workers=num_workers, seed=seed, start_iter=start_iter)
+    """R-CNN's training loader, assembled as rcnn_builder does from cfg."""
+    prepare = functools.partial(prepare_training_entry, scales=scales, max_size=1000, pixel_means=PIXEL_MEANS)
+    dataset = TrainingDataset(roidb, prepare, seed=seed, keys=TRAINING_KEYS)
+    return build_train_loader(dataset, batches, functools.partial(collate_minibatch, stride=32),
+                              num_workers=num_workers, start_iter=start_iter)
 
 
 def _assert_batches_equal(first, second):
@@ -141,7 +145,8 @@ def test_missing_test_image_raises_one_line_dataset_error_naming_it(roidb):
 def test_test_loader_yields_original_bgr_images_in_order(roidb):
     loaded = list(build_test_loader(roidb, [2, 0, 3], num_workers=1))
     assert [index for _, index in loaded] == [2, 0, 3]
-    for image, index in loaded:
+    for sample, index in loaded:
+        image = sample['image']
         assert isinstance(image, np.ndarray) and image.dtype == np.uint8
         np.testing.assert_array_equal(image, cv2.imread(roidb[index]['image']))
 

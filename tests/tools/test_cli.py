@@ -159,6 +159,7 @@ def test_test_net_accepts_detectrons_wait_flag():
 @pytest.mark.parametrize('tool, extra', [('train_net.py', []), ('test_net.py', ['TEST.WEIGHTS', 'x.pth'])])
 def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
     # The CenterNet config asks for NUM_GPUS 4: the error must come once, from the tool itself.
-    result = _run(tool, '--cfg', 'configs/centernet/ctdet_coco_resdcn18.yaml', *extra)
+    result = _run(tool, '--cfg', 'configs/centernet/ctdet_coco_resdcn18.yaml', *extra, 'MODEL.TYPE', 'yolo')
     assert result.returncode == 2
-    assert result.stderr == "error: MODEL.TYPE 'centernet' is not supported; use 'generalized_rcnn'\n"
+    assert result.stderr == ("error: MODEL.TYPE 'yolo' is not supported; use one of 'centernet', "
+                             "'generalized_rcnn'\n")

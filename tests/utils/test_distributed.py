@@ -237,12 +237,29 @@ def test_torchrun_job_is_joined_not_respawned(tmp_path):
     script = tmp_path / 'job.py'
     script.write_text(LAUNCHED_SCRIPT)
     done = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                           '--nproc-per-node', '2', str(script), '3'],
+                           '--nproc-per-node', '2', str(script), '2'],
                           env=_clean_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert _results(done.stdout) == [
         {'rank': r, 'world_size': 2, 'local_rank': r, 'sum': 3.0, 'source': 'torchrun'} for r in (0, 1)]
-    assert 'NUM_GPUS is 3 but torchrun started 2 processes' in done.stderr + done.stdout
+
+
+def test_one_world_size_launcher_wins_over_a_config_value_and_refuses_a_typed_one(caplog):
+    job = distributed.JobSpec(0, 2, 0, 'torchrun')
+    assert distributed.resolve_num_gpus(2, explicit=True, job=job) == 2
+    with caplog.at_level('INFO'):
+        assert distributed.resolve_num_gpus(8, explicit=False, job=job) == 2  # e.g. NUM_GPUS 8 from a YAML
+    assert 'NUM_GPUS 8 of the config replaced by the world size 2' in caplog.text
+    with pytest.raises(LaunchError, match=r'^NUM_GPUS is 3 but torchrun started 2 processes; give NUM_GPUS 2'):
+        distributed.resolve_num_gpus(3, explicit=True, job=job)
+
+    monkey_env = {'RANK': '0', 'WORLD_SIZE': '2', 'LOCAL_RANK': '0', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '1'}
+    # launch() treats any mismatch as typed: the tools have already reconciled a config file's value.
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in monkey_env.items():
+            mp.setenv(name, value)
+        with pytest.raises(LaunchError, match='NUM_GPUS is 3 but torchrun started 2'):
+            distributed.launch(print, 3, device='cpu')
 
 
 def test_slurm_tasks_form_one_job(tmp_path):

@@ -6,8 +6,26 @@ import numpy as np
 import pytest
 
 from detectron.core.config import cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.train_engine import describe_schedule, lr_schedule
 from detectron.utils.errors import ConfigKeyError, ConfigValueError
-from detectron.utils.lr_policy import describe_schedule, get_lr_at_iter, lr_change_iters
+from detectron.utils.lr_policy import LRSchedule
+
+
+def get_lr_at_iter(it):
+    """The LR of cfg.SOLVER's schedule at `it` (the schedule is built from cfg by the engine)."""
+    return lr_schedule().lr_at(it)
+
+
+def lr_change_iters():
+    return lr_schedule().change_iters()
+
+
+def test_schedule_from_plain_numbers_needs_no_cfg():
+    schedule = LRSchedule(policy='steps_with_decay', base_lr=0.02, max_iter=7500, gamma=0.1,
+                          steps=(0, 3750, 5000), warm_up_iters=500, warm_up_factor=1 / 3, warm_up_method='linear')
+    assert [schedule.lr_at(it) for it in (0, 500, 3750, 5000)] == pytest.approx(
+        [0.02 / 3, 0.02, 0.002, 0.0002], rel=1e-6)
+    assert schedule.change_iters() == [3750, 5000]
 
 TUTORIAL = 'configs/getting_started/tutorial_{}gpu_e2e_faster_rcnn_R-50-FPN.yaml'
 

@@ -1,0 +1,54 @@
+"""The contract between one kind of detector and the model-agnostic engines (a MODEL.TYPE entry
+of model_builder's table). Subclasses read cfg: they are the builders of their model."""
+
+
+class ModelType:
+    """The contract between one kind of detector and the model-agnostic engines.
+
+    Training: `build(cfg)` is called with the model in training mode as `model(*batch)` on batches
+    made by `collate(cfg)` from `training_dataset(cfg, roidb)` samples and returns a dict of scalar
+    tensors (keys starting with 'loss' are summed into the objective, others are logged metrics).
+    Testing: `test_inputs(cfg)` prepares one BGR image in a loader worker (a picklable callable
+    returning a dict that holds the original image under 'image'), and `detector(cfg)(model, sample)`
+    returns Detectron's `cls_boxes`: `output_classes(cfg)` float32 (N, 5) arrays (x1, y1, x2, y2,
+    score), index 0 (background) empty, index j the dataset's contiguous category j.
+    """
+
+    name = ''
+
+    def check(self, cfg):
+        """ConfigValueError (one line) for settings this model cannot run."""
+
+    def derive_training_cfg(self, cfg):
+        """Fill training keys that this model derives from others (before the cfg is frozen);
+        returns 'KEY: old -> new' lines for --print-config and the log."""
+        return []
+
+    def build(self, cfg):
+        raise NotImplementedError
+
+    def output_classes(self, cfg):
+        raise NotImplementedError
+
+    def load_weights(self, model, path):
+        """Initialise model from a weights file; returns (missing, unused) name lists."""
+        raise NotImplementedError
+
+    def training_roidb(self, cfg):
+        raise NotImplementedError
+
+    def training_groups(self, cfg, roidb):
+        """A group id per roidb entry; a training batch holds entries of one group."""
+        return [0] * len(roidb)
+
+    def training_dataset(self, cfg, roidb):
+        raise NotImplementedError
+
+    def collate(self, cfg):
+        raise NotImplementedError
+
+    def test_inputs(self, cfg):
+        raise NotImplementedError
+
+    def detector(self, cfg):
+        raise NotImplementedError

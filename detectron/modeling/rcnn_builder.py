@@ -1,0 +1,188 @@
+"""cfg -> Faster R-CNN with FPN (MODEL.TYPE generalized_rcnn): the model, its training batches
+(Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
+soft-NMS or KL-Loss's variance voting)."""
+import functools
+
+from detectron.datasets.roidb import combined_roidb_for_training
+from detectron.modeling import FPN, rcnn_inference
+from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead
+from detectron.modeling.generalized_rcnn import GeneralizedRCNN, ProposalParams, RCNNParams
+from detectron.modeling.model_type import ModelType
+from detectron.modeling.rpn_heads import FPNRPNHead
+from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups
+from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, prepare_training_entry
+from detectron.utils.c2_weights import load_weights
+from detectron.utils.errors import ConfigValueError
+
+_CONV_BODIES = {
+    'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
+    'FPN.add_fpn_ResNet101_conv5_body': FPN.add_fpn_ResNet101_conv5_body,
+    'FPN.add_fpn_ResNet18_conv5_body': FPN.add_fpn_ResNet18_conv5_body,
+    'FPN.add_fpn_ResNet34_conv5_body': FPN.add_fpn_ResNet34_conv5_body,
+}
+_BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head',)
+
+# Detectron features this port does not build: refused loudly rather than silently ignored.
+_UNSUPPORTED = {
+    'MODEL.MASK_ON': 'Mask R-CNN heads', 'MODEL.KEYPOINTS_ON': 'keypoint heads',
+    'RETINANET.RETINANET_ON': 'RetinaNet', 'MODEL.RPN_ONLY': 'RPN-only models',
+    'TEST.BBOX_AUG.ENABLED': 'test-time box augmentation',
+}
+
+
+class GeneralizedRCNNType(ModelType):
+    name = 'generalized_rcnn'
+
+    def check(self, cfg):
+        check_supported(cfg)
+
+    def build(self, cfg):
+        return build_model(cfg)
+
+    def output_classes(self, cfg):
+        return cfg.MODEL.NUM_CLASSES
+
+    def load_weights(self, model, path):
+        return load_weights(model, path)
+
+    def training_roidb(self, cfg):
+        return combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
+
+    def training_groups(self, cfg, roidb):
+        return aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
+
+    def training_dataset(self, cfg, roidb):
+        prepare = functools.partial(prepare_training_entry, scales=tuple(cfg.TRAIN.SCALES),
+                                    max_size=cfg.TRAIN.MAX_SIZE, pixel_means=cfg.PIXEL_MEANS)
+        return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=TRAINING_KEYS)
+
+    def collate(self, cfg):
+        return functools.partial(collate_minibatch, stride=cfg.FPN.COARSEST_STRIDE)
+
+    def test_inputs(self, cfg):
+        # The image is resized on the model's device (blob.get_image_blob_t), not in the workers.
+        return original_image
+
+    def detector(self, cfg):
+        return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
+                                 nms_params=nms_params(cfg))
+
+
+def original_image(im):
+    return {'image': im}
+
+
+def _detect(model, sample, image_params, decode_params, nms_params):
+    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params)
+
+
+def check_supported(cfg):
+    """ConfigValueError unless cfg asks for an R-CNN this port builds."""
+    for key, feature in _UNSUPPORTED.items():
+        node = cfg
+        for name in key.split('.'):
+            node = node[name]
+        if node:
+            raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
+                                   .format(key, feature))
+    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
+        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
+                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
+    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
+        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
+            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
+        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
+            cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
+    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
+        raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
+            cfg.FAST_RCNN.ROI_XFORM_METHOD))
+
+
+def build_model(cfg):
+    conv_body = build_conv_body(cfg)
+    num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
+    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS))
+    box_head = Roi2MLPHead(conv_body.out_channels, roi_size=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
+                           hidden_dim=cfg.FAST_RCNN.MLP_HEAD_DIM)
+    box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
+                               cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
+                               pred_std=cfg.PRED_STD)
+    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels))
+
+
+def _norm_kind(cfg):
+    funcs = (cfg.RESNETS.TRANS_FUNC, cfg.RESNETS.STEM_FUNC)
+    if any('_gn_' in f or f.endswith('_gn_stem') for f in funcs):
+        return 'gn'
+    if any(f.startswith(('bottleneck_bn_', 'basic_bn_transformation')) for f in funcs):
+        return 'bn'
+    return 'affine'
+
+
+def build_conv_body(cfg):
+    return _CONV_BODIES[cfg.MODEL.CONV_BODY](
+        fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
+        gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
+        gn_eps=cfg.GROUP_NORM.EPSILON, coarsest_stride=cfg.FPN.COARSEST_STRIDE,
+        stride_1x1=cfg.RESNETS.STRIDE_1X1, freeze_at=cfg.TRAIN.FREEZE_AT, norm=_norm_kind(cfg),
+        num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP,
+        checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
+
+
+def rcnn_params(cfg, num_rpn_levels):
+    rpn_levels = range(cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL + 1)
+    roi_levels = range(cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL + 1)
+    start = cfg.FPN.RPN_ANCHOR_START_SIZE
+    return RCNNParams(
+        num_classes=cfg.MODEL.NUM_CLASSES,
+        anchor_strides=tuple(2 ** lvl for lvl in rpn_levels),
+        anchor_sizes=tuple(start * 2 ** i for i in range(num_rpn_levels)),
+        aspect_ratios=tuple(cfg.FPN.RPN_ASPECT_RATIOS),
+        train_proposals=ProposalParams(cfg.TRAIN.RPN_PRE_NMS_TOP_N, cfg.TRAIN.RPN_POST_NMS_TOP_N,
+                                       cfg.TRAIN.RPN_NMS_THRESH, cfg.TRAIN.RPN_MIN_SIZE),
+        test_proposals=ProposalParams(cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N,
+                                      cfg.TEST.RPN_NMS_THRESH, cfg.TEST.RPN_MIN_SIZE),
+        rpn_positive_overlap=cfg.TRAIN.RPN_POSITIVE_OVERLAP,
+        rpn_negative_overlap=cfg.TRAIN.RPN_NEGATIVE_OVERLAP,
+        rpn_fg_fraction=cfg.TRAIN.RPN_FG_FRACTION,
+        rpn_batch_size_per_im=cfg.TRAIN.RPN_BATCH_SIZE_PER_IM,
+        rpn_straddle_thresh=cfg.TRAIN.RPN_STRADDLE_THRESH,
+        batch_size_per_im=cfg.TRAIN.BATCH_SIZE_PER_IM,
+        fg_fraction=cfg.TRAIN.FG_FRACTION,
+        fg_thresh=cfg.TRAIN.FG_THRESH,
+        bg_thresh_hi=cfg.TRAIN.BG_THRESH_HI,
+        bg_thresh_lo=cfg.TRAIN.BG_THRESH_LO,
+        bbox_reg_weights=tuple(cfg.MODEL.BBOX_REG_WEIGHTS),
+        cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
+        xyxy=cfg.XYXY,
+        pred_std=cfg.PRED_STD,
+        roi_resolution=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
+        roi_sampling_ratio=cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO,
+        roi_spatial_scales=tuple(1.0 / 2 ** lvl for lvl in roi_levels),
+        roi_canonical_scale=cfg.FPN.ROI_CANONICAL_SCALE,
+        roi_canonical_level=cfg.FPN.ROI_CANONICAL_LEVEL,
+    )
+
+
+def image_params(cfg):
+    return rcnn_inference.ImageParams(scale=cfg.TEST.SCALE, max_size=cfg.TEST.MAX_SIZE,
+                                      pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE)
+
+
+def decode_params(cfg):
+    return rcnn_inference.BoxDecodeParams(
+        bbox_reg=cfg.TEST.BBOX_REG, cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
+        bbox_reg_weights=tuple(cfg.MODEL.BBOX_REG_WEIGHTS), xyxy=cfg.XYXY, bbox_xform_clip=cfg.BBOX_XFORM_CLIP,
+        bbox_xform_clip_e=cfg.BBOX_XFORM_CLIPe, std_nms=cfg.STD_NMS)
+
+
+def nms_params(cfg):
+    test = cfg.TEST
+    return rcnn_inference.NMSParams(
+        score_thresh=test.SCORE_THRESH, nms=test.NMS, detections_per_im=test.DETECTIONS_PER_IM,
+        soft_nms=test.SOFT_NMS.ENABLED, soft_nms_method=test.SOFT_NMS.METHOD, soft_nms_sigma=test.SOFT_NMS.SIGMA,
+        bbox_vote=test.BBOX_VOTE.ENABLED, bbox_vote_th=test.BBOX_VOTE.VOTE_TH,
+        bbox_vote_scoring_method=test.BBOX_VOTE.SCORING_METHOD, std_nms=cfg.STD_NMS, std_method=cfg.STD.METHOD,
+        std_soft=cfg.STD.SOFT, std_iou_sigma=cfg.STD.IOU_SIGMA, std_th=cfg.STD_TH,
+        sigma_column_order=cfg.STD.SIGMA_COLUMN_ORDER)

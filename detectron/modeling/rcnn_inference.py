@@ -1,0 +1,377 @@
+"""Faster R-CNN inference on one image: blob, forward, box decoding, then per-class detections.
+
+Plain-argument versions of Detectron's `im_detect_bbox` and `box_results_with_nms_and_limit`
+(with KL-Loss's soft-NMS + variance voting). `core/test.py` keeps the Detectron-named wrappers
+that read cfg; `rcnn_builder` configures these from cfg for the test engine. Tensors stay on the
+model's device until the final per-class arrays are handed back as numpy.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from detectron.utils import blob as blob_utils
+from detectron.utils import boxes as box_utils
+from detectron.utils.errors import ConfigValueError
+
+# KL-Loss's py_cpu_nms.soft constants: Gaussian decay exp(-IoU^2 / 0.5) and the score below which
+# a decayed box is dropped (Detectron's own soft-NMS uses 0.0001 at test time).
+_KL_SOFT_NMS_SIGMA = 0.5
+_KL_DROP_SCORE = 0.001
+_DETECTRON_SOFT_NMS_SCORE_THRESH = 0.0001
+# 'corrected' sigma order: the head's (x1, x2, y1, y2) sigma columns rearranged to (x1, y1, x2, y2).
+_SIGMA_COLUMNS_FOR_BOX_COLUMNS = {'reference': [0, 1, 2, 3], 'corrected': [0, 2, 1, 3]}
+
+
+@dataclass(frozen=True)
+class BoxDecodeParams:
+    """How raw box-head outputs become boxes (cfg.TEST.BBOX_REG, MODEL.*, XYXY, BBOX_XFORM_CLIP*)."""
+    bbox_reg: bool = True
+    cls_agnostic_bbox_reg: bool = False
+    bbox_reg_weights: tuple = (10.0, 10.0, 5.0, 5.0)
+    xyxy: bool = False
+    bbox_xform_clip: float = box_utils.DEFAULT_XFORM_CLIP
+    bbox_xform_clip_e: float = box_utils.DEFAULT_XFORM_CLIP_XYXY
+    std_nms: bool = False  # also return the predicted sigmas
+
+
+@dataclass(frozen=True)
+class NMSParams:
+    """cfg.TEST's score threshold, NMS variants and cap, and KL-Loss's STD_NMS settings."""
+    score_thresh: float = 0.05
+    nms: float = 0.3
+    detections_per_im: int = 100
+    soft_nms: bool = False
+    soft_nms_method: str = 'linear'
+    soft_nms_sigma: float = 0.5
+    bbox_vote: bool = False
+    bbox_vote_th: float = 0.8
+    bbox_vote_scoring_method: str = 'ID'
+    std_nms: bool = False
+    std_method: str = 'stdiou'
+    std_soft: str = 'soft'
+    std_iou_sigma: float = 0.01
+    std_th: float = 0.9
+    sigma_column_order: str = 'reference'
+
+
+@dataclass(frozen=True)
+class ImageParams:
+    """Test-time image preparation (cfg.TEST.SCALE / MAX_SIZE, PIXEL_MEANS, FPN.COARSEST_STRIDE)."""
+    scale: int = 600
+    max_size: int = 1000
+    pixel_means: tuple = (102.9801, 115.9465, 122.7717)
+    stride: int = 32
+
+
+def model_device(model):
+    tensor = next(model.parameters(), None)
+    if tensor is None:
+        tensor = next(model.buffers(), None)
+    return tensor.device if tensor is not None else torch.device('cpu')
+
+
+def detect_boxes(model, im, image_params, decode_params):
+    """Run an R-CNN in eval mode on one BGR image: (scores, boxes, confs, im_scale) as tensors
+    on the model's device (see decode_detections)."""
+    if model.training:
+        raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
+    # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
+    blob, im_scale, im_info = blob_utils.get_image_blob_t(
+        im, image_params.scale, image_params.max_size, image_params.pixel_means, image_params.stride,
+        model_device(model))
+    with torch.no_grad():
+        out = model(blob, im_info)
+    scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
+    return scores, boxes, confs, im_scale
+
+
+def im_detect_all(model, im, image_params, decode_params, nms_params):
+    """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3)."""
+    scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params)
+    return box_results_with_nms_and_limit(scores, boxes, confs, nms_params)[2]
+
+
+def decode_detections(out, im_scale, im_hw, params):
+    """The model's inference dict -> (scores (R, K), boxes (R, 4K) decoded and clipped to the original
+    image of size im_hw, confs (R, 4K) sigmas = exp(alpha / 2) in the head's delta layout when
+    params.std_nms else None), all tensors on the model's device."""
+    scores = out['cls_prob']
+    num_classes = scores.shape[1]
+    # Back to original image coordinates (float32 division, as Detectron's numpy).
+    rois = out['rois'][:, 1:5] / im_scale
+    pred_boxes = _decode_boxes_t(rois, out['bbox_pred'], num_classes, im_hw, params)
+    confs = None
+    if params.std_nms:
+        if 'bbox_pred_std' not in out:
+            raise ConfigValueError(
+                'STD_NMS True needs a model with the bbox_pred_std head: set PRED_STD True')
+        # alpha = log(sigma^2) -> sigma, still in normalized-delta units and layout.
+        confs = _per_class_columns(torch.exp(out['bbox_pred_std'] / 2.0), num_classes,
+                                   params.cls_agnostic_bbox_reg)
+    return scores, pred_boxes, confs
+
+
+def _per_class_columns(per_reg_class, num_classes, cls_agnostic):
+    # A class-agnostic head has (bg, fg) columns; like Detectron, every class uses the fg ones.
+    if cls_agnostic:
+        return per_reg_class[:, -4:].repeat(1, num_classes)
+    return per_reg_class
+
+
+def _decode_boxes_t(rois, bbox_pred, num_classes, im_hw, p):
+    if not p.bbox_reg:
+        return rois.repeat(1, num_classes)
+    deltas = bbox_pred[:, -4:] if p.cls_agnostic_bbox_reg else bbox_pred
+    pred_boxes = box_utils.bbox_transform_t(
+        rois, deltas, p.bbox_reg_weights, xyxy=p.xyxy, clip=p.bbox_xform_clip, clip_xyxy=p.bbox_xform_clip_e)
+    pred_boxes = box_utils.clip_tiled_boxes_t(pred_boxes, im_hw[0], im_hw[1])
+    return _per_class_columns(pred_boxes, num_classes, p.cls_agnostic_bbox_reg)
+
+
+def box_results_with_nms_and_limit(scores, boxes, confs, params):
+    """Detectron's `box_results_with_nms_and_limit` (KL-Loss version), for numpy arrays or tensors.
+
+    For each class j >= 1: detections with score > score_thresh, then KL-Loss's soft-NMS with
+    variance voting (params.std_nms, sigmas `confs` (R, 4K)), or else Detectron's soft-NMS
+    (params.soft_nms) or greedy NMS at params.nms, then optional box voting. Over all classes only
+    detections scoring at least the detections_per_im-th best score are kept (ties may keep
+    more). Returns numpy (scores (M,), boxes (M, 4), cls_boxes) with cls_boxes[j] (N_j, 5) float32,
+    cls_boxes[0] empty.
+
+    Greedy NMS (box_utils.batched_nms_t) suppresses at IoU >= params.nms as Detectron's kernel; it
+    can differ from it only when equal scores tie.
+    """
+    p = params
+    scores, boxes = torch.as_tensor(scores), torch.as_tensor(boxes)
+    num_classes = scores.shape[1]
+    roi_idx, classes = _candidates_t(scores, p.score_thresh)
+    # float32 like Detectron's dets_j = hstack((boxes_j, scores_j)).astype(np.float32)
+    all_dets = torch.cat([_class_columns_t(boxes, roi_idx, classes),
+                          scores[roi_idx, classes][:, None]], dim=1).float()
+    if p.std_nms:
+        if confs is None:
+            raise ConfigValueError(
+                'STD_NMS True needs the per-box sigmas (confs) of a PRED_STD model')
+        sigmas = _class_columns_t(torch.as_tensor(confs, device=scores.device), roi_idx, classes)
+        dets, det_classes, all_dets = _kl_soft_nms_t(all_dets, classes, sigmas.float(), num_classes, p)
+    elif p.soft_nms:
+        dets, det_classes = _detectron_soft_nms(all_dets, classes, num_classes, p)
+    else:
+        keep = box_utils.batched_nms_t(all_dets[:, :4], all_dets[:, 4], classes, p.nms)
+        # Detectron's NMS lists the survivors of a class in RoI order, i.e. candidate order.
+        keep = keep.sort().values
+        dets, det_classes = all_dets[keep], classes[keep]
+    if p.bbox_vote:
+        # all_dets keeps its per-class row counts through every branch, so `classes` still labels it.
+        dets = _box_voting(dets, det_classes, all_dets, classes, num_classes, p)
+    dets, det_classes = _limit_detections_t(dets, det_classes, p.detections_per_im)
+    dets = dets.cpu().numpy()
+    cls_boxes = _split_by_class(dets, det_classes.cpu().numpy(), num_classes)
+    return dets[:, 4], dets[:, :4], cls_boxes
+
+
+def _candidates_t(scores, score_thresh):
+    """RoI and class (>= 1) of every score above score_thresh, grouped by ascending class and in
+    RoI order within a class, as Detectron's per-class `np.where`."""
+    class_idx, roi_idx = torch.nonzero(scores[:, 1:].T > score_thresh, as_tuple=True)
+    return roi_idx, class_idx + 1
+
+
+def _class_columns_t(per_class, roi_idx, classes):
+    """The 4 columns of each candidate's class in an (R, 4K) array."""
+    return per_class.reshape(per_class.shape[0], -1, 4)[roi_idx, classes]
+
+
+def _limit_detections_t(dets, classes, max_per_image):
+    if max_per_image <= 0 or dets.shape[0] <= max_per_image:
+        return dets, classes
+    image_thresh = torch.topk(dets[:, 4], max_per_image).values[-1]
+    keep = dets[:, 4] >= image_thresh
+    return dets[keep], classes[keep]
+
+
+def _split_by_class(dets, classes, num_classes):
+    """cls_boxes list from detections grouped by ascending class."""
+    counts = np.bincount(classes, minlength=num_classes)
+    return np.split(dets, np.cumsum(counts)[:-1])
+
+
+def _per_class_numpy(dets, classes, num_classes):
+    dets_np, classes_np = dets.cpu().numpy(), classes.cpu().numpy()
+    return _split_by_class(dets_np, classes_np, num_classes)
+
+
+def _detectron_soft_nms(all_dets, classes, num_classes, p):
+    """Detectron's soft-NMS (compiled kernel, host side) for each class."""
+    kept = [box_utils.soft_nms(class_dets, sigma=p.soft_nms_sigma, overlap_thresh=p.nms,
+                               score_thresh=_DETECTRON_SOFT_NMS_SCORE_THRESH, method=p.soft_nms_method)[0]
+            for class_dets in _per_class_numpy(all_dets, classes, num_classes)]
+    return _concat_per_class(kept, all_dets.device)
+
+
+def _box_voting(dets, det_classes, all_dets, classes, num_classes, p):
+    """Detectron's box voting (host side) of each class's kept detections with its candidates."""
+    voted = [box_utils.box_voting(top, pool, p.bbox_vote_th, scoring_method=p.bbox_vote_scoring_method)
+             for top, pool in zip(_per_class_numpy(dets, det_classes, num_classes),
+                                  _per_class_numpy(all_dets, classes, num_classes))]
+    return torch.from_numpy(np.concatenate(voted)).to(dets.device)
+
+
+def _concat_per_class(per_class_dets, device):
+    counts = torch.tensor([len(d) for d in per_class_dets], device=device)
+    classes = torch.repeat_interleave(torch.arange(len(per_class_dets), device=device), counts)
+    dets = torch.from_numpy(np.concatenate(per_class_dets).astype(np.float32, copy=False))
+    return dets.to(device), classes
+
+
+def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p):
+    """KL-Loss's `soft` on every class at once, configured like KL-Loss.
+
+    Returns the kept detections (voted boxes, decayed scores, each class in selection order),
+    their classes, and every candidate as `soft` leaves it (kept rows first, then the dropped ones
+    with their decayed scores), which is what KL-Loss's TEST.BBOX_VOTE votes with since `soft`
+    works in place on the class's detections.
+    """
+    sigmas = sigmas[:, _SIGMA_COLUMNS_FOR_BOX_COLUMNS[p.sigma_column_order]]
+    counts = torch.bincount(classes - 1, minlength=num_classes - 1)
+    width = int(counts.max())
+    padded_dets = _pad_by_class(all_dets, classes, counts, width, fill=0.0)
+    # Padding sigmas of 1 keep the (zero-weighted) vote terms of padded rows finite.
+    padded_sigmas = _pad_by_class(sigmas, classes, counts, width, fill=1.0)
+    order, num_kept, voted_boxes, final_scores = soft_nms_with_variance_voting_t(
+        padded_dets[..., :4], padded_dets[..., 4], padded_sigmas, counts, **_kl_soft_settings(p))
+
+    positions = torch.arange(width, device=classes.device)
+    kept = positions < num_kept[:, None]
+    kept_dets = torch.cat([voted_boxes, final_scores.gather(1, order)[..., None]], dim=2)
+    # Positions beyond num_kept may repeat rows, so only kept positions mark their row.
+    selected = kept.new_zeros((kept.shape[0], width + 1))
+    selected.scatter_(1, torch.where(kept, order, width), True)
+    dropped = (positions < counts[:, None]) & ~selected[:, :width]
+    dropped_dets = torch.cat([padded_dets[..., :4], final_scores[..., None]], dim=2)
+    set_classes = torch.arange(1, num_classes, device=classes.device)[:, None].expand(-1, width)
+    after_soft = torch.cat([kept_dets[kept], dropped_dets[dropped]])
+    regroup = torch.sort(torch.cat([set_classes[kept], set_classes[dropped]]), stable=True).indices
+    return kept_dets[kept], set_classes[kept], after_soft[regroup]
+
+
+def _kl_soft_settings(p):
+    vote = p.std_method == 'stdiou'
+    vote_thresh = p.std_th
+    if vote and vote_thresh > 0.1:
+        # KL-Loss's py_cpu_nms.soft overrides STD_TH this way; the effective default is 0.01.
+        vote_thresh = 0.01
+    return dict(vote=vote, vote_thresh=vote_thresh, iou_sigma=p.std_iou_sigma,
+                hard_nms_thresh=p.nms if p.std_soft == 'hard' else None)
+
+
+def _pad_by_class(values, classes, counts, width, fill):
+    """(A, D) rows grouped by class 1..C -> (C, width, D), each class's rows first, then fill."""
+    class_rows = classes - 1
+    first_of_class = counts.cumsum(0) - counts
+    slots = torch.arange(classes.shape[0], device=classes.device) - first_of_class[class_rows]
+    padded = values.new_full((counts.shape[0], width, values.shape[1]), fill)
+    padded[class_rows, slots] = values
+    return padded
+
+
+def soft_nms_with_variance_voting_t(boxes, scores, sigmas, counts, vote_thresh, iou_sigma,
+                                    vote=True, hard_nms_thresh=None):
+    """KL-Loss's `py_cpu_nms.soft` (variance voting + soft-NMS) on C independent box sets at once.
+
+    boxes (C, N, 4) float32 (x1, y1, x2, y2), scores (C, N), sigmas (C, N, 4) matched to the box
+    columns, counts (C,): set c uses its first counts[c] rows. Follows `soft` step by step:
+    position i takes the first highest score among the live positions i.. (swapping); with `vote`
+    its box becomes the average of the live boxes with IoU > vote_thresh (itself included),
+    weighted per column by exp(-(1 - IoU)^2 / iou_sigma) / sigma^2; every later live box with
+    IoU > 0 is then rescored (exp(-IoU^2 / 0.5), or 0 if IoU > hard_nms_thresh when given) and
+    dropped below 0.001 by swapping it with the last live position. IoUs are those of the
+    original boxes (KL-Loss computes their matrix once), in the same float32 arithmetic; weights
+    and decays are float64 like KL-Loss's numpy.
+
+    Each step is a few tensor ops over all sets; the loop runs once per position.
+    Returns order (C, N) (input row at each output position), num_kept (C,), voted boxes (C, N, 4)
+    by output position, and the final scores (C, N) by input row.
+    """
+    num_sets, width = scores.shape
+    device = scores.device
+    rows = torch.arange(num_sets, device=device)
+    positions = torch.arange(width, device=device)
+    # One spare column absorbs the scatters of positions that do not move.
+    order = torch.arange(width + 1, device=device).repeat(num_sets, 1)
+    num_live = counts.clone()
+    pending = positions < counts[:, None]
+    scores = scores.clone()
+    voted = boxes.clone()
+    # KL-Loss's vote terms, box / sigma^2 and 1 / sigma^2, are float32; its weights are float64.
+    weighted_boxes = (boxes / sigmas ** 2).double()
+    inv_var = (1.0 / sigmas ** 2).double()
+    pairwise_iou = torch.func.vmap(box_utils.box_iou_t)
+    step = 0
+    while num_sets and step < int(num_live.max()):
+        active = num_live > step
+        best = _first_best_live_position(scores, order[:, :width], step, num_live)
+        order = _swap_columns(order, step, torch.where(active, best, step))
+        chosen = order[:, step]
+        iou = pairwise_iou(boxes[rows, chosen][:, None], boxes)[:, 0].double()
+        if vote:
+            near = pending & (iou > vote_thresh)
+            weights = torch.where(near, torch.exp(-(1.0 - iou) ** 2 / iou_sigma), 0.0)[..., None]
+            chosen_box = ((weights * weighted_boxes).sum(1) / (weights * inv_var).sum(1)).float()
+        else:
+            chosen_box = boxes[rows, chosen]
+        voted[:, step] = torch.where(active[:, None], chosen_box, voted[:, step])
+        pending[rows, chosen] &= ~active
+        touched = pending & (iou > 0)
+        scores = torch.where(touched, _decayed_scores(scores, iou, hard_nms_thresh), scores)
+        dropped = touched & (scores < _KL_DROP_SCORE)
+        pending &= ~dropped
+        order, num_live = _drop_to_tail(order, num_live, dropped, step)
+        step += 1
+    return order[:, :width], num_live, voted, scores
+
+
+def _first_best_live_position(scores, order, step, num_live):
+    # numpy's argmax: the first of equal maxima among positions step .. num_live - 1.
+    positions = torch.arange(order.shape[1], device=order.device)
+    live = (positions >= step) & (positions < num_live[:, None])
+    at_position = scores.gather(1, order).masked_fill(~live, float('-inf'))
+    is_best = at_position == at_position.amax(dim=1, keepdim=True)
+    return torch.where(is_best, positions, order.shape[1]).amin(dim=1)
+
+
+def _swap_columns(order, step, other):
+    swapped = order.scatter(1, other[:, None], order[:, step:step + 1])
+    swapped[:, step] = order.gather(1, other[:, None])[:, 0]
+    return swapped
+
+
+def _decayed_scores(scores, iou, hard_nms_thresh):
+    if hard_nms_thresh is not None:
+        return torch.where(iou > hard_nms_thresh, 0.0, scores)
+    # float32 score times a float64 weight, stored as float32, as numpy does in KL-Loss.
+    return (scores.double() * torch.exp(-(iou * iou) / _KL_SOFT_NMS_SIGMA)).float()
+
+
+def _drop_to_tail(order, num_live, dropped, step):
+    """KL-Loss's removal of dropped boxes after position `step`: scanning forward, a dropped box
+    is swapped with the last live one (re-examined in its place) and the live count shrinks.
+
+    Net effect: kept boxes before the new live count stay; the holes left by dropped ones are
+    filled, in increasing position, by the kept boxes beyond the new count in decreasing position.
+    """
+    width = order.shape[1] - 1
+    positions = torch.arange(width, device=order.device)
+    examined = (positions > step) & (positions < num_live[:, None])
+    dropped_at = dropped.gather(1, order[:, :width]) & examined
+    new_live = num_live - dropped_at.sum(1)
+    holes = dropped_at & (positions < new_live[:, None])
+    movers = examined & ~dropped_at & (positions >= new_live[:, None])
+    hole_rank = holes.cumsum(1) - 1
+    mover_rank = movers.flip(1).cumsum(1).flip(1) - 1
+    hole_by_rank = torch.full_like(order, width)
+    hole_by_rank.scatter_(1, torch.where(holes, hole_rank, width), positions.expand_as(holes))
+    destination = torch.where(movers, hole_by_rank.gather(1, torch.where(movers, mover_rank, width)),
+                              width)
+    return order.scatter(1, destination, order[:, :width]), new_live
