@@ -20,6 +20,7 @@ from detectron.core.test_engine import load_test_model
 from detectron.datasets import dataset_catalog
 from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
+from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.errors import DatasetError, run_tool
 from detectron.utils.logging import setup_logging
@@ -57,7 +58,8 @@ def _class_names(dataset_name):
     try:
         return JsonDataset(name).classes if name else None
     except DatasetError:
-        if dataset_name or cfg.MODEL.NUM_CLASSES != len(dummy_datasets.COCO_CLASSES):
+        model_classes = model_builder.get_model_type(cfg).output_classes(cfg)
+        if dataset_name or model_classes != len(dummy_datasets.COCO_CLASSES):
             raise
         return dummy_datasets.get_coco_dataset()
 

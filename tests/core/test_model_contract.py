@@ -1,0 +1,111 @@
+"""The model contract: a second model type, registered in the builder table by this test alone,
+trains, checkpoints, resumes, tests in one and in two gloo processes and is evaluated through the
+unchanged engines (tiny_model_type.py)."""
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import tiny_model_type
+from detectron.core import test_engine, train_engine
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_list
+from detectron.datasets import dataset_catalog
+from detectron.modeling import model_builder
+from test_train_engine import write_tiny_datasets
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'tiny')
+TEST_SUBDIR = os.path.join('test', 'tiny_val', 'tiny')
+
+
+@pytest.fixture(autouse=True)
+def tiny_type_registered(monkeypatch):
+    monkeypatch.setitem(model_builder.MODEL_TYPES, 'tiny', tiny_model_type.TinyModelType())
+    monkeypatch.setattr(dataset_catalog, '_registered', {})
+
+
+@pytest.fixture(scope='module')
+def catalog(tmp_path_factory):
+    return write_tiny_datasets(tmp_path_factory.mktemp('contract'))
+
+
+def use_tiny_type(catalog, output_dir, *overrides):
+    cfg.defrost()
+    merge_cfg_from_list(['MODEL.TYPE', 'tiny', 'MODEL.NUM_CLASSES', '3', 'DATASET_CATALOG', str(catalog),
+                         'TRAIN.DATASETS', "('tiny_train',)", 'TEST.DATASETS', "('tiny_val',)",
+                         'TRAIN.IMS_PER_BATCH', '2', 'SOLVER.BASE_LR', '0.5', 'SOLVER.WARM_UP_ITERS', '0',
+                         'SOLVER.MAX_ITER', '3', 'TRAIN.SNAPSHOT_ITERS', '2', 'DATA_LOADER.NUM_THREADS', '0',
+                         'OUTPUT_DIR', str(output_dir)] + list(overrides))
+    assert_and_infer_cfg()
+
+
+def _final_state(output_dir):
+    return torch.load(os.path.join(output_dir, TRAIN_SUBDIR, 'model_final.pth'), weights_only=True)
+
+
+def test_second_model_type_trains_resumes_and_tests_through_the_engines(catalog, tmp_path, capsys):
+    first = tmp_path / 'first'
+    use_tiny_type(catalog, first)
+    train_engine.train_model()
+    train_dir = first / TRAIN_SUBDIR
+    assert sorted(os.listdir(train_dir)) == ['model_final.pth', 'model_iter1.pth', 'tensorboard',
+                                             'training_curves.png']
+    final = _final_state(first)
+    # Three SGD steps moved the box towards the mean ground-truth box.
+    assert not torch.equal(final['model']['box'], torch.tensor([0.0, 0.0, 8.0, 8.0]))
+    assert 'box_error' in capsys.readouterr().out  # a non-loss output is logged as a metric
+
+    # Resume: a copy of the run stopped after model_iter1 continues to the same final weights.
+    resumed = tmp_path / 'resumed'
+    os.makedirs(resumed / TRAIN_SUBDIR)
+    shutil.copy(train_dir / 'model_iter1.pth', resumed / TRAIN_SUBDIR)
+    use_tiny_type(catalog, resumed)
+    train_engine.train_model()
+    for key, value in final['model'].items():
+        assert torch.equal(_final_state(resumed)['model'][key], value), key
+
+    # Testing and evaluation through the same engine code.
+    results = test_engine.run_inference(str(train_dir / 'model_final.pth'))
+    assert set(results['tiny_val']['box']) >= {'AP', 'AP50', 'AP75'}
+    with open(resumed / TEST_SUBDIR / 'detections.pkl', 'rb') as f:  # cfg.OUTPUT_DIR is the resumed run's
+        all_boxes = pickle.load(f)['all_boxes']
+    assert len(all_boxes) == 3 and len(all_boxes[1]) == 8  # classes (background included) x images
+    box = final['model']['box'].numpy()
+    for image_boxes in all_boxes[1]:
+        assert image_boxes.shape == (1, 5)
+    # Image 0 is 96 wide: the detector maps the 32-px box back by 96 / 32.
+    np.testing.assert_allclose(all_boxes[1][0][0, :4], box * 3, rtol=1e-6)
+
+
+def test_two_gloo_processes_test_the_second_model_type_as_one(catalog, tmp_path):
+    use_tiny_type(catalog, tmp_path / 'single', 'SOLVER.MAX_ITER', '2')
+    weights = train_engine.train_model()['final']
+    test_engine.run_inference(weights)
+    single = tmp_path / 'single' / TEST_SUBDIR / 'detections.pkl'
+
+    config = tmp_path / 'multi.yaml'
+    values = yaml.safe_load(cfg.dump())
+    values.update(OUTPUT_DIR=str(tmp_path / 'multi'), NUM_GPUS=2)
+    config.write_text(yaml.safe_dump(values))
+    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}
+    env.update(PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, 'tests', 'core')]), OMP_NUM_THREADS='1',
+               CUDA_VISIBLE_DEVICES='')
+    done = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2',
+                           tiny_model_type.__file__, str(config), weights],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(single, 'rb') as f:
+        expected = pickle.load(f)['all_boxes']
+    with open(tmp_path / 'multi' / TEST_SUBDIR / 'detections.pkl', 'rb') as f:
+        actual = pickle.load(f)['all_boxes']
+    assert len(actual) == len(expected)
+    for actual_j, expected_j in zip(actual[1:], expected[1:]):
+        assert len(actual_j) == len(expected_j) == 8
+        for a, e in zip(actual_j, expected_j):
+            np.testing.assert_array_equal(a, e)

@@ -1,0 +1,116 @@
+"""A second, deliberately tiny model type for the model-contract tests: it is registered in the
+builder table by the tests alone, and trains and tests through the unchanged engines.
+
+The 'model' learns one box (the mean ground-truth box in input pixels) and one score per class;
+its detector reports that box for every class of every image. Nonsense as a detector, but every
+part of the contract is exercised: its own batches (a resized image and the boxes), its own test
+inputs, its own detector and the shared checkpoint/weights path.
+
+Run as a script it joins a torchrun-style job and tests a model: see test_model_contract.py.
+"""
+import functools
+import sys
+
+import cv2
+import numpy as np
+import torch
+from torch import nn
+
+from detectron.datasets.roidb import combined_roidb_for_training
+from detectron.modeling import model_builder
+from detectron.modeling.model_type import ModelType
+from detectron.roi_data.loader import TrainingDataset
+from detectron.roi_data.minibatch import read_image
+from detectron.utils.c2_weights import load_weights
+
+INPUT_SIZE = 32
+
+
+class TinyDetector(nn.Module):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.box = nn.Parameter(torch.tensor([0.0, 0.0, 8.0, 8.0]))
+        self.logits = nn.Parameter(torch.zeros(num_classes))
+        self.brightness = nn.Conv2d(3, 1, 1)
+
+    def forward(self, images, gt_boxes=None):
+        seen = self.brightness(images).mean()
+        if self.training:
+            target = torch.cat(gt_boxes).mean(0)
+            return {'loss_box': ((self.box - target) ** 2).mean() * 1e-2, 'loss_seen': seen ** 2 * 1e-4,
+                    'box_error': (self.box - target).abs().mean()}
+        return {'box': self.box + 0 * seen, 'scores': torch.sigmoid(self.logits)}
+
+
+def prepare_training(entry, rng, size):
+    im = read_image(entry['image'])
+    scale = size / max(im.shape[:2])
+    resized = cv2.resize(im, (size, size)).astype(np.float32).transpose(2, 0, 1) / 255.0
+    keep = np.asarray(entry['gt_classes']) > 0
+    return resized, np.asarray(entry['boxes'], np.float32)[keep] * scale
+
+
+def collate(items):
+    images, boxes = zip(*items)
+    return torch.from_numpy(np.stack(images)), [torch.from_numpy(b) for b in boxes]
+
+
+def prepare_test(im, size):
+    return {'image': im, 'input': cv2.resize(im, (size, size)).astype(np.float32).transpose(2, 0, 1) / 255.0}
+
+
+def detect(model, sample, num_classes):
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(torch.from_numpy(sample['input'])[None].to(device))
+    scale = max(sample['image'].shape[:2]) / INPUT_SIZE
+    det = np.concatenate([out['box'].cpu().numpy() * scale, [0.0]]).astype(np.float32)
+    cls_boxes = [np.zeros((0, 5), np.float32)]
+    for score in out['scores'].cpu().numpy()[1:]:
+        det[4] = score
+        cls_boxes.append(det[None].copy())
+    return cls_boxes
+
+
+class TinyModelType(ModelType):
+    name = 'tiny'
+
+    def build(self, cfg):
+        return TinyDetector(cfg.MODEL.NUM_CLASSES)
+
+    def output_classes(self, cfg):
+        return cfg.MODEL.NUM_CLASSES
+
+    def load_weights(self, model, path):
+        return load_weights(model, path)
+
+    def training_roidb(self, cfg):
+        return combined_roidb_for_training(cfg.TRAIN.DATASETS, use_flipped=False)
+
+    def training_dataset(self, cfg, roidb):
+        return TrainingDataset(roidb, functools.partial(prepare_training, size=INPUT_SIZE), seed=cfg.RNG_SEED,
+                               keys=('image', 'boxes', 'gt_classes'))
+
+    def collate(self, cfg):
+        return collate
+
+    def test_inputs(self, cfg):
+        return functools.partial(prepare_test, size=INPUT_SIZE)
+
+    def detector(self, cfg):
+        return functools.partial(detect, num_classes=cfg.MODEL.NUM_CLASSES)
+
+
+def register():
+    model_builder.MODEL_TYPES['tiny'] = TinyModelType()
+
+
+if __name__ == '__main__':
+    # argv: a YAML config, then the weights to test; under torchrun every rank runs this.
+    from detectron.core import test_engine
+    from detectron.core.config import assert_and_infer_cfg, merge_cfg_from_file
+    register()
+    torch.set_num_threads(1)
+    merge_cfg_from_file(sys.argv[1])
+    assert_and_infer_cfg()
+    test_engine.run_inference(sys.argv[2], multi_gpu_testing=True)
