@@ -292,3 +292,22 @@ def test_two_gloo_workers_train_with_detectron_checkpoint_period(tiny_catalog, c
     assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 2}
     _, stats = json_stats(capfd.readouterr().out)  # printed by rank 0 alone
     assert [s['iter'] for s in stats] == [0, 2]
+
+
+def test_resume_keeps_the_logged_history_and_smoothing_windows(uninterrupted_run, tiny_catalog, capsys):
+    output_dir = tiny_catalog.parent / 'resumed_history'
+    use_tiny_config(tiny_catalog, output_dir)
+    train_dir = output_dir / TRAIN_SUBDIR
+    train_dir.mkdir(parents=True)
+    shutil.copy(os.path.join(uninterrupted_run['train_dir'], 'model_iter1.pth'), train_dir)
+    capsys.readouterr()
+    train_engine.train_model()
+    _, resumed = json_stats(capsys.readouterr().out)
+    _, uninterrupted = json_stats(uninterrupted_run['stdout'])
+    # The medians over the last 20 iterations include the iterations before the resume.
+    timing = ('time', 'eta', 'mem')
+    assert {k: v for k, v in resumed[-1].items() if k not in timing} == \
+        {k: v for k, v in uninterrupted[-1].items() if k not in timing}
+    # The checkpoint's history goes on: the final checkpoint knows every logged iteration.
+    final = torch.load(train_dir / 'model_final.pth', weights_only=True)
+    assert [stats['iter'] for stats in final['extra']['progress']['history']] == [0, 3]
