@@ -2,7 +2,8 @@
 stages, giving one feature map at stride 4 for the CenterNet heads.
 
 - `resdcn` (CenterNet's resnet_dcn.py, arch `resdcn_<depth>`): each stage is DCN 3x3 -> BN -> ReLU
-  -> ConvTranspose2d 4x4/2 (bilinear kernel in weight[:, 0]) -> BN -> ReLU, to 256, 128, 64 channels.
+  -> ConvTranspose2d 4x4/2 (bilinear kernel in weight[:, 0]) -> BN -> ReLU, to 256, 128, 64
+  channels.
 - `res` (CenterNet's msra_resnet.py, arch `res_<depth>`): each stage is ConvTranspose2d 4x4/2
   (N(0, 0.001)) -> BN -> ReLU, 256 channels throughout.
 

@@ -36,7 +36,8 @@ def reference_backbone_shapes(arch):
 def reference_style_values(key, shape):
     """The deterministic tensor the reference outputs were computed with, a function of the key:
     BN statistics and affines near 1 / 0, weights U(+-sqrt(3 / fan)) (4 taps per output for the
-    even-sized transposed-conv kernels), offset predictors 5x smaller so that offsets stay O(0.1)."""
+    even-sized transposed-conv kernels), offset predictors 5x smaller so that offsets stay
+    O(0.1)."""
     u = np.random.default_rng(zlib.crc32(key.encode())).random(tuple(shape))
     if key.endswith('running_var'):
         value = 0.5 + u
