@@ -7,9 +7,11 @@ Module names are CenterNet's (`base.level3.tree1.tree2.root.conv`, `dla_up.ida_0
 `base_layer.*` / `level<k>.*` tensors. The trunk's convs keep PyTorch's default init (CenterNet
 replaces them with ImageNet weights); the upsampling transposed convs are depthwise and bilinear.
 
-Training note: the outer trees of levels 3 and 4 own a `project` conv + BN whose result CenterNet
-computes and then never uses (their first child is a tree that projects for itself); the modules
-are kept so that checkpoints load, but they get no gradient (DDP needs find_unused_parameters).
+The outer trees of levels 3 and 4 own a `project` conv + BN whose result CenterNet computes and
+then never uses (their first child is a tree that projects for itself). The modules are kept so
+that checkpoints load, but are not run, and their parameters have requires_grad False: they never
+get a gradient (so CenterNet's Adam never changed them), and DDP would otherwise need
+find_unused_parameters.
 """
 
 import torch
@@ -85,6 +87,8 @@ class Tree(nn.Module):
             self.project = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=1, bias=False),
                 BatchNorm2d(out_channels))
+            if levels > 1:  # unused, see the module doc
+                self.project.requires_grad_(False)
 
     def forward(self, x, children=()):
         bottom = self.downsample(x) if self.downsample is not None else x

@@ -164,16 +164,18 @@ def test_dla_upsampling_is_depthwise_bilinear(backbones):
                                    bilinear_kernel(2 * factor).expand(channels, -1, -1))
 
 
-def test_dla_gradients_skip_only_the_unused_projections(backbones):
+def test_dla_gradients_reach_all_but_the_unused_projections(backbones):
     model = backbones['dla_34'].eval()  # eval: BN on the 1x1 level-5 map needs no batch stats
     model.zero_grad()
     model(torch.randn(1, 3, 32, 32)).square().mean().backward()
-    without = sorted(name for name, p in model.named_parameters() if p.grad is None)
-    # CenterNet computes these projections too, then discards them (a deeper tree projects
-    # inside its first subtree).
-    assert without == ['base.level3.project.0.weight', 'base.level3.project.1.bias',
-                       'base.level3.project.1.weight', 'base.level4.project.0.weight',
-                       'base.level4.project.1.bias', 'base.level4.project.1.weight']
+    # CenterNet computes these projections, then discards them (a deeper tree projects inside its
+    # first subtree): they are frozen, every other parameter gets a gradient.
+    unused = ['base.level3.project.0.weight', 'base.level3.project.1.weight',
+              'base.level3.project.1.bias', 'base.level4.project.0.weight',
+              'base.level4.project.1.weight', 'base.level4.project.1.bias']
+    assert [name for name, p in model.named_parameters() if not p.requires_grad] == unused
+    assert [name for name, p in model.named_parameters() if p.grad is None] == unused
+    assert all(p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
     model.zero_grad()
 
 
