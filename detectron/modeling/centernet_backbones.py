@@ -1,0 +1,21 @@
+"""Build a CenterNet backbone from its arch name (CENTERNET.ARCH, CenterNet's `--arch`)."""
+
+from detectron.modeling.centernet_dla import CenterNetDLA
+from detectron.modeling.centernet_resnet import RESNET_SPECS, CenterNetResNet
+from detectron.utils.errors import ConfigValueError
+
+CENTERNET_ARCHS = tuple(
+    ['resdcn_{}'.format(d) for d in RESNET_SPECS] + ['res_{}'.format(d) for d in RESNET_SPECS]
+    + ['dla_34'])
+
+
+def build_centernet_backbone(arch):
+    """'resdcn_<depth>' | 'res_<depth>' (depth 18, 34, 50, 101) | 'dla_34' -> a module whose
+    forward(x) returns its stride-4 feature map of `out_channels` channels."""
+    if arch not in CENTERNET_ARCHS:
+        raise ConfigValueError('CENTERNET.ARCH {!r} is not a supported backbone; choose one of {}'
+                               .format(arch, ', '.join(CENTERNET_ARCHS)))
+    if arch == 'dla_34':
+        return CenterNetDLA()
+    kind, depth = arch.split('_')
+    return CenterNetResNet(int(depth), deformable=kind == 'resdcn')

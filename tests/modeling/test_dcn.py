@@ -1,0 +1,127 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from detectron.modeling.dcn import DCN
+
+
+def _conv_numpy(x, weight, bias, stride, pad):
+    """Plain cross-correlation of x (B, C, H, W) with zero padding."""
+    b, c, h, w = x.shape
+    k = weight.shape[-1]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    out = np.zeros((b, weight.shape[0], ho, wo))
+    for i in range(k):
+        for j in range(k):
+            patch = xp[:, :, i:i + stride * ho:stride, j:j + stride * wo:stride]
+            out += np.einsum('bchw,oc->bohw', patch, weight[:, :, i, j])
+    return out + bias[None, :, None, None]
+
+
+def _bilinear_zero_outside(img, y, x):
+    """DCNv2's sampling of one channel map at real (y, x): zero unless -1 < y < H and -1 < x < W;
+    corners outside the image count as zero."""
+    h, w = img.shape
+    if not (-1 < y < h and -1 < x < w):
+        return 0.0
+    y0, x0 = math.floor(y), math.floor(x)
+    ly, lx = y - y0, x - x0
+    value = 0.0
+    for yy, xx, weight in ((y0, x0, (1 - ly) * (1 - lx)), (y0, x0 + 1, (1 - ly) * lx),
+                           (y0 + 1, x0, ly * (1 - lx)), (y0 + 1, x0 + 1, ly * lx)):
+        if 0 <= yy < h and 0 <= xx < w:
+            value += weight * img[yy, xx]
+    return value
+
+
+def _dcn_v2_numpy(x, offset_mask_raw, weight, bias, stride, pad):
+    """DCNv2 (CenterNet's DCN) from the raw 3*k*k-channel predictor output, loop by loop:
+    chunks (o1, o2, m), offset = cat(o1, o2) with channel 2t = dy, 2t+1 = dx of tap t = i*k + j,
+    mask = sigmoid(m)."""
+    b, c, h, w = x.shape
+    k = weight.shape[-1]
+    taps = k * k
+    offset = offset_mask_raw[:, :2 * taps]
+    mask = 1.0 / (1.0 + np.exp(-offset_mask_raw[:, 2 * taps:]))
+    ho, wo = offset.shape[2:]
+    out = np.zeros((b, weight.shape[0], ho, wo))
+    for n in range(b):
+        for oy in range(ho):
+            for ox in range(wo):
+                for i in range(k):
+                    for j in range(k):
+                        t = i * k + j
+                        sy = oy * stride - pad + i + offset[n, 2 * t, oy, ox]
+                        sx = ox * stride - pad + j + offset[n, 2 * t + 1, oy, ox]
+                        samples = np.array([_bilinear_zero_outside(x[n, ch], sy, sx)
+                                            for ch in range(c)])
+                        out[n, :, oy, ox] += weight[:, :, i, j] @ samples * mask[n, t, oy, ox]
+    return out + bias[None, :, None, None]
+
+
+def _random_dcn(in_ch, out_ch, stride, seed, offset_scale):
+    torch.manual_seed(seed)
+    dcn = DCN(in_ch, out_ch, stride=stride).double()
+    with torch.no_grad():
+        dcn.weight.normal_()
+        dcn.bias.normal_()
+        dcn.conv_offset_mask.weight.normal_(std=offset_scale)
+        dcn.conv_offset_mask.bias.normal_(std=offset_scale)
+    return dcn
+
+
+@pytest.mark.parametrize('stride', [1, 2])
+def test_dcn_matches_numpy_dcn_v2_with_random_offsets_and_masks(stride):
+    dcn = _random_dcn(3, 4, stride, seed=stride, offset_scale=1.0)
+    x = torch.randn(2, 3, 7, 6, dtype=torch.float64)
+    params = {k: v.detach().numpy() for k, v in dcn.named_parameters()}
+    raw = _conv_numpy(x.numpy(), params['conv_offset_mask.weight'],
+                      params['conv_offset_mask.bias'], stride, 1)
+    offsets = raw[:, :18]
+    # The case must exercise fractional and out-of-image samples and masks away from 0.5.
+    assert np.abs(offsets).max() > 4 and np.abs(offsets - np.round(offsets)).max() > 0.4
+    assert np.ptp(raw[:, 18:]) > 2
+    expected = _dcn_v2_numpy(x.numpy(), raw, params['weight'], params['bias'], stride, 1)
+    with torch.no_grad():
+        got = dcn(x).numpy()
+    assert got.shape == expected.shape == (2, 4, (7 - 1) // stride + 1, (6 - 1) // stride + 1)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_dcn_with_zero_offsets_and_unit_mask_is_a_plain_conv():
+    dcn = _random_dcn(5, 3, 1, seed=7, offset_scale=0.0)
+    with torch.no_grad():
+        dcn.conv_offset_mask.bias[18:] = 50.0  # sigmoid(50) == 1 in float64 to 1e-21
+    x = torch.randn(2, 5, 9, 8, dtype=torch.float64)
+    with torch.no_grad():
+        np.testing.assert_allclose(dcn(x).numpy(), F.conv2d(x, dcn.weight, dcn.bias, padding=1),
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_dcn_init_matches_dcn_v2_and_halves_a_plain_conv():
+    torch.manual_seed(0)
+    dcn = DCN(64, 32)
+    assert dict((k, tuple(v.shape)) for k, v in dcn.state_dict().items()) == {
+        'weight': (32, 64, 3, 3), 'bias': (32,),
+        'conv_offset_mask.weight': (27, 64, 3, 3), 'conv_offset_mask.bias': (27,)}
+    bound = 1 / math.sqrt(64 * 9)
+    assert dcn.weight.abs().max() <= bound and dcn.weight.abs().max() > 0.95 * bound
+    assert abs(dcn.weight.std().item() - bound / math.sqrt(3)) < 0.02 * bound
+    assert torch.count_nonzero(dcn.bias) == 0
+    assert torch.count_nonzero(dcn.conv_offset_mask.weight) == 0
+    assert torch.count_nonzero(dcn.conv_offset_mask.bias) == 0
+    # Zero offsets and sigmoid(0) = 0.5 masks: half the regular conv (the bias is zero).
+    x = torch.randn(1, 64, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(dcn(x), 0.5 * F.conv2d(x, dcn.weight, padding=1))
+
+
+def test_dcn_gradients_reach_weights_and_offset_predictor():
+    dcn = _random_dcn(2, 2, 1, seed=3, offset_scale=0.3)
+    dcn(torch.randn(1, 2, 5, 5, dtype=torch.float64)).square().sum().backward()
+    for name, p in dcn.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
