@@ -309,12 +309,20 @@ cdef inline void _kl_ious_with(_KLWork* w, Py_ssize_t i, Py_ssize_t n) noexcept 
     cdef Py_ssize_t pos
     cdef float one = 1.0, zero = 0.0
     cdef float ix1 = w.x1[i], iy1 = w.y1[i], ix2 = w.x2[i], iy2 = w.y2[i], iarea = w.area[i]
-    cdef float iw, ih, inter
+    cdef float iw, ih, inter, ratio
+    cdef const float* x1 = w.x1
+    cdef const float* y1 = w.y1
+    cdef const float* x2 = w.x2
+    cdef const float* y2 = w.y2
+    cdef const float* area = w.area
+    cdef float* iou = w.iou
+    # Branch-free so that the compiler vectorizes it.
     for pos in range(i, n):
-        iw = _min(ix2, w.x2[pos]) - _max(ix1, w.x1[pos]) + one
-        ih = _min(iy2, w.y2[pos]) - _max(iy1, w.y1[pos]) + one
+        iw = _min(ix2, x2[pos]) - _max(ix1, x1[pos]) + one
+        ih = _min(iy2, y2[pos]) - _max(iy1, y1[pos]) + one
         inter = _max(iw, zero) * _max(ih, zero)
-        w.iou[pos] = inter / (iarea + w.area[pos] - inter) if inter > zero else zero
+        ratio = inter / (iarea + area[pos] - inter)
+        iou[pos] = ratio if inter > zero else zero
 
 
 cdef inline void _kl_vote(_KLWork* w, const float[:, ::1] vote_terms, Py_ssize_t i, Py_ssize_t n,
