@@ -247,7 +247,7 @@ def test_drops_swap_with_the_last_live_box_and_ties_follow_positions():
     order, num_kept, voted, final = cython_nms.soft_nms_with_variance_voting(
         boxes, scores, sigmas, counts, **settings)
     assert order[0].tolist() == [0, 6, 5, 3, 4, 1, 2] and num_kept[0] == 5
-    np.testing.assert_array_equal(final[0], [0.9, 0, 0, 0.3, 0.3, 0.3, 0.3])
+    np.testing.assert_array_equal(final[0], np.array([0.9, 0, 0, 0.3, 0.3, 0.3, 0.3], F32))
 
 
 def test_vote_by_hand():
