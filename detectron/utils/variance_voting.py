@@ -26,7 +26,7 @@ MAX_TRITON_SET_SIZE = 2048
 # At most this many bytes of per-pair weights (float64, one or two N x N matrices per set) exist
 # at once; more sets are processed in turns.
 PAIR_WEIGHTS_BUDGET_BYTES = 1 << 30
-_PAIR_TILE = 64
+_PAIR_TILE = 32
 
 
 def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, vote_thresh, iou_sigma,
@@ -103,7 +103,7 @@ def soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thr
         vote_weights = torch.empty_like(decay) if vote else decay
         tiles = triton.cdiv(width, _PAIR_TILE)
         _pair_weights_kernel[(turn_sets, tiles, tiles)](
-            boxes, thresholds, vote_weights, decay, first, width, VOTE=vote, HARD=hard,
+            boxes, counts, thresholds, vote_weights, decay, first, width, VOTE=vote, HARD=hard,
             TILE=_PAIR_TILE, enable_fp_fusion=False)
         _soft_nms_vote_kernel[(turn_sets,)](
             boxes, scores, vote_terms, counts, vote_weights, decay, order, num_kept, voted,
@@ -132,23 +132,36 @@ if triton is not None:
         return x1, y1, x2, y2
 
     @triton.jit
-    def _pair_weights_kernel(boxes_ptr, thresholds_ptr, vote_weights_ptr, decay_ptr, first_set,
-                             width, VOTE: tl.constexpr, HARD: tl.constexpr, TILE: tl.constexpr):
-        """Per pair (a, b) of a set: decay[a, b] = the factor rescoring b when a is selected
-        (-1 if IoU = 0: b is untouched) and vote_weights[a, b] = b's weight in a's vote (-1 if
-        IoU <= vote_thresh: b does not vote)."""
+    def _pair_weights_kernel(boxes_ptr, counts_ptr, thresholds_ptr, vote_weights_ptr, decay_ptr,
+                             first_set, width, VOTE: tl.constexpr, HARD: tl.constexpr,
+                             TILE: tl.constexpr):
+        """Per pair (a, b) of a set's first `count` rows: decay[a, b] = the factor rescoring b
+        when a is selected (-1 if IoU = 0: b is untouched) and vote_weights[a, b] = b's weight in
+        a's vote (-1 if IoU <= vote_thresh: b does not vote). Other pairs are never read."""
         local_set = tl.program_id(0)
         set_index = first_set + local_set
-        a = tl.program_id(1) * TILE + tl.arange(0, TILE)
-        b = tl.program_id(2) * TILE + tl.arange(0, TILE)
-        a_in, b_in = a < width, b < width
+        count = tl.load(counts_ptr + set_index)
+        first_a, first_b = tl.program_id(1) * TILE, tl.program_id(2) * TILE
+        if (first_a < count) & (first_b < count):
+            _pair_weights_tile(boxes_ptr, thresholds_ptr, vote_weights_ptr, decay_ptr, local_set,
+                               set_index, first_a, first_b, count, width, VOTE, HARD, TILE)
+
+    @triton.jit
+    def _pair_weights_tile(boxes_ptr, thresholds_ptr, vote_weights_ptr, decay_ptr, local_set,
+                           set_index, first_a, first_b, count, width, VOTE: tl.constexpr,
+                           HARD: tl.constexpr, TILE: tl.constexpr):
+        a = first_a + tl.arange(0, TILE)
+        b = first_b + tl.arange(0, TILE)
+        a_in, b_in = a < count, b < count
         ax1, ay1, ax2, ay2 = _load_box_columns(boxes_ptr, set_index * width + a, a_in)
         bx1, by1, bx2, by2 = _load_box_columns(boxes_ptr, set_index * width + b, b_in)
         # box_iou_t's float32 steps: +1 sides, union = area_a + area_b - intersection.
         area_a = ((ax2 - ax1) + 1.0) * ((ay2 - ay1) + 1.0)
         area_b = ((bx2 - bx1) + 1.0) * ((by2 - by1) + 1.0)
-        inter_w = (tl.minimum(ax2[:, None], bx2[None, :]) - tl.maximum(ax1[:, None], bx1[None, :])) + 1.0
-        inter_h = (tl.minimum(ay2[:, None], by2[None, :]) - tl.maximum(ay1[:, None], by1[None, :])) + 1.0
+        inter_w = (tl.minimum(ax2[:, None], bx2[None, :])
+                   - tl.maximum(ax1[:, None], bx1[None, :])) + 1.0
+        inter_h = (tl.minimum(ay2[:, None], by2[None, :])
+                   - tl.maximum(ay1[:, None], by1[None, :])) + 1.0
         inter = tl.maximum(inter_w, 0.0) * tl.maximum(inter_h, 0.0)
         union = (area_a[:, None] + area_b[None, :]) - inter
         overlaps = inter > 0.0

@@ -220,7 +220,8 @@ def test_cpu_kernel_matches_kl_soft_transcription(name):
 
 @pytest.mark.parametrize('hard', [False, True])
 def test_threshold_set_by_hand(hard):
-    (boxes, scores, sigmas, counts), settings = small_cases()['thresholds_hard' if hard else 'thresholds_soft']
+    name = 'thresholds_hard' if hard else 'thresholds_soft'
+    (boxes, scores, sigmas, counts), settings = small_cases()[name]
     order, num_kept, voted, final = cython_nms.soft_nms_with_variance_voting(
         boxes, scores, sigmas, counts, **settings)
     # A first; B (IoU exactly 0.5) neither votes at vote_thresh 0.5 nor is zeroed at 0.5 in hard
@@ -295,7 +296,8 @@ def test_dispatcher_on_cpu_tensors_uses_the_compiled_kernel():
     outputs = variance_voting.soft_nms_with_variance_voting(*as_tensors(inputs), **settings)
     assert all(isinstance(o, torch.Tensor) and o.device.type == 'cpu' for o in outputs)
     assert [o.dtype for o in outputs] == [torch.int64, torch.int64, torch.float32, torch.float32]
-    for actual, expected in zip(outputs, cython_nms.soft_nms_with_variance_voting(*inputs, **settings)):
+    expected_outputs = cython_nms.soft_nms_with_variance_voting(*inputs, **settings)
+    for actual, expected in zip(outputs, expected_outputs):
         np.testing.assert_array_equal(actual.numpy(), expected)
 
 
