@@ -252,30 +252,35 @@ cdef void _kl_soft_one_set(const float[:, ::1] boxes, const float[:, ::1] vote_t
                            Py_ssize_t n, const _KLSettings* settings, _KLWork* w,
                            unsigned char* selected, long long[::1] order, long long* num_kept,
                            float[:, ::1] voted, float[::1] final_scores) noexcept nogil:
+    """KL-Loss's `soft` on the first n rows of one set; writes that set's outputs."""
     cdef Py_ssize_t width = final_scores.shape[0]
     cdef Py_ssize_t count = n, i, pos, best, k
     cdef float one = 1.0
+    cdef double sums[8]
     for pos in range(n):
         w.x1[pos], w.y1[pos] = boxes[pos, 0], boxes[pos, 1]
         w.x2[pos], w.y2[pos] = boxes[pos, 2], boxes[pos, 3]
         w.area[pos] = (w.x2[pos] - w.x1[pos] + one) * (w.y2[pos] - w.y1[pos] + one)
         w.score[pos] = final_scores[pos]
         w.row[pos] = pos
+    best = _kl_first_best(w, n)
     i = 0
     while i < n:
-        best = i
-        for pos in range(i + 1, n):
-            if w.score[pos] > w.score[best]:
-                best = pos
         _kl_swap(w, i, best)
         _kl_ious_with(w, i, n)
+        for k in range(8):
+            sums[k] = 0.0
         if settings.vote:
-            _kl_vote(w, vote_terms, i, n, settings, voted, i)
-        else:
-            for k in range(4):
-                voted[i, k] = boxes[w.row[i], k]
+            _kl_add_vote(w, vote_terms, i, settings, sums)
+        # One pass over the later live positions votes, rescores, drops, and finds the next best
+        # box: a position is final once the scan moves past it, so the first strict maximum met
+        # is the first best in position order. A box swapped in from the end is examined (and
+        # votes) at the position it lands on; a dropped box has voted already.
+        best = -1  # none yet
         pos = i + 1
         while pos < n:
+            if settings.vote:
+                _kl_add_vote(w, vote_terms, pos, settings, sums)
             if w.iou[pos] > 0:
                 w.score[pos] = _kl_decayed(w.score[pos], w.iou[pos], settings)
                 if w.score[pos] < _KL_DROP_SCORE:
@@ -283,7 +288,12 @@ cdef void _kl_soft_one_set(const float[:, ::1] boxes, const float[:, ::1] vote_t
                     n -= 1
                     _kl_swap(w, pos, n)
                     continue
+            if best < 0 or w.score[pos] > w.score[best]:
+                best = pos
             pos += 1
+        for k in range(4):
+            voted[i, k] = (<float>(sums[k] / sums[k + 4]) if settings.vote
+                           else boxes[w.row[i], k])
         i += 1
 
     num_kept[0] = n
@@ -325,23 +335,26 @@ cdef inline void _kl_ious_with(_KLWork* w, Py_ssize_t i, Py_ssize_t n) noexcept 
         iou[pos] = ratio if inter > zero else zero
 
 
-cdef inline void _kl_vote(_KLWork* w, const float[:, ::1] vote_terms, Py_ssize_t i, Py_ssize_t n,
-                          const _KLSettings* settings, float[:, ::1] voted,
-                          Py_ssize_t out) noexcept nogil:
-    cdef double sums[8]
-    cdef double iou, gap, weight
-    cdef Py_ssize_t pos, k
-    for k in range(8):
-        sums[k] = 0.0
-    for pos in range(i, n):
-        iou = w.iou[pos]
-        if iou > settings.vote_thresh:
-            gap = 1.0 - iou
-            weight = exp(-(gap * gap) / settings.iou_sigma)
-            for k in range(8):
-                sums[k] += weight * vote_terms[w.row[pos], k]
-    for k in range(4):
-        voted[out, k] = <float>(sums[k] / sums[k + 4])
+cdef inline Py_ssize_t _kl_first_best(_KLWork* w, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t best = 0, pos
+    for pos in range(1, n):
+        if w.score[pos] > w.score[best]:
+            best = pos
+    return best
+
+
+cdef inline void _kl_add_vote(_KLWork* w, const float[:, ::1] vote_terms, Py_ssize_t pos,
+                              const _KLSettings* settings, double* sums) noexcept nogil:
+    """Adds the box at `pos` to the vote sums if its IoU with the selected box exceeds
+    vote_thresh: weight * (box / sigma^2) to sums[0:4], weight / sigma^2 to sums[4:8]."""
+    cdef double iou = w.iou[pos]
+    cdef double gap, weight
+    cdef Py_ssize_t k
+    if iou > settings.vote_thresh:
+        gap = 1.0 - iou
+        weight = exp(-(gap * gap) / settings.iou_sigma)
+        for k in range(8):
+            sums[k] += weight * vote_terms[w.row[pos], k]
 
 
 cdef inline float _kl_decayed(float score, float iou_f, const _KLSettings* settings) noexcept nogil:
