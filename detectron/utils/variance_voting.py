@@ -1,10 +1,12 @@
 """KL-Loss's test-time soft-NMS with variance voting (`py_cpu_nms.soft`) on many box sets at once.
 
 `soft` is sequential: each step selects the best live box, votes its coordinates and rescores the
-others, which decides the next step. Two kernels run that loop whole, with identical results:
+others, which decides the next step. Two kernels run that loop whole, with the same arithmetic:
 on CUDA tensors a Triton kernel (one program per box set, the set held in one block), elsewhere
 the compiled CPU kernel `detectron.utils.cython_nms.soft_nms_with_variance_voting`.
-`soft_nms_with_variance_voting` picks between them.
+`soft_nms_with_variance_voting` picks between them. Their results are identical except where
+float64 exp or the order of a vote's float64 sum differ in the last bit, which rarely changes the
+float32 they are rounded to.
 
 On the GPU everything that does not depend on the order of selection runs first, in parallel: the
 IoU of every pair of boxes (KL-Loss computes that matrix once, from the original boxes) turned
@@ -70,6 +72,8 @@ def soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thr
                                          vote=True, hard_nms_thresh=None):
     """`soft_nms_with_variance_voting` by the Triton kernels (CUDA tensors, or CPU tensors under
     TRITON_INTERPRET=1); N must be at most MAX_TRITON_SET_SIZE."""
+    if triton is None:
+        raise RuntimeError('Triton is not installed: use soft_nms_with_variance_voting_cpu')
     num_sets, width = scores.shape
     if width > MAX_TRITON_SET_SIZE:
         raise ValueError(f'the Triton kernel handles sets of at most {MAX_TRITON_SET_SIZE} boxes, '
@@ -90,9 +94,7 @@ def soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thr
         vote_terms = torch.cat([boxes / variances, 1.0 / variances], dim=2).double().contiguous()
     else:
         vote_terms = boxes  # not read
-    # Scalars travel as float64 values in memory: Triton would pass Python floats as float32.
-    thresholds = torch.tensor([vote_thresh, iou_sigma, hard_nms_thresh or 0.0],
-                              dtype=torch.float64, device=device)
+    thresholds = _float64_on_device([vote_thresh, iou_sigma, hard_nms_thresh or 0.0], device)
     block = triton.next_power_of_2(width)
     num_matrices = 2 if vote else 1
     sets_per_turn = max(1, PAIR_WEIGHTS_BUDGET_BYTES // (num_matrices * 8 * width * width))
@@ -110,6 +112,16 @@ def soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thr
             final_scores, first, width, VOTE=vote, HARD=hard, BLOCK=block,
             num_warps=_num_warps(block), enable_fp_fusion=False)
     return order, num_kept, voted, final_scores
+
+
+def _float64_on_device(values, device):
+    """Python floats as a float64 tensor, for kernels that must compare and divide in float64:
+    Triton passes Python floats as float32. Filled on the device, so no copy waits for the
+    queued GPU work."""
+    values_t = torch.empty(len(values), dtype=torch.float64, device=device)
+    for index, value in enumerate(values):
+        values_t[index] = value
+    return values_t
 
 
 def _num_warps(block):
