@@ -189,6 +189,7 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thr
     Returns order (C, N) int64 (input row at each output position: the selection order, then the
     rows not kept in increasing row order), num_kept (C,) int64, voted boxes (C, N, 4) float32 by
     output position (the original box beyond num_kept), final scores (C, N) float32 by input row.
+    The GIL is released while the sets are processed.
     """
     one_set = np.ndim(scores) == 1
     boxes = np.ascontiguousarray(boxes, dtype=np.float32)
@@ -315,7 +316,11 @@ cdef void _kl_soft_one_set(const float[:, ::1] boxes, const float[:, ::1] vote_t
 
 cdef inline void _kl_ious_with(_KLWork* w, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
     """IoUs of the box at position i with those at positions i.. n - 1, as box_iou_t computes them
-    (float32, +1 sides, 0 without a positive intersection)."""
+    (float32, +1 sides, 0 without a positive intersection), from the original boxes.
+
+    KL-Loss computes the whole matrix up front, but a pair is needed at most once (when the first
+    of its boxes is selected, if the other is still live), so computing it then gives the same
+    values for less work."""
     cdef Py_ssize_t pos
     cdef float one = 1.0, zero = 0.0
     cdef float ix1 = w.x1[i], iy1 = w.y1[i], ix2 = w.x2[i], iy2 = w.y2[i], iarea = w.area[i]
