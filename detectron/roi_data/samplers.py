@@ -119,3 +119,49 @@ class InferenceSampler:
 
     def __len__(self):
         return self.end - self.start
+
+
+def chunk_sizes(batch_size, master_batch_size, num_gpus):
+    """CenterNet's per-GPU split of one batch (opts.py): [master] + the rest spread over the other
+    GPUs, the first (rest % (n - 1)) of them one larger. master_batch_size -1 means
+    batch_size // num_gpus. 114/18/4 -> [18, 32, 32, 32]; 32/-1/3 -> [10, 11, 11].
+
+    On one GPU the result is [batch_size]: CenterNet ignores its chunk sizes there (no
+    DataParallel), whatever the master size. Nothing is validated here; see check_chunk_sizes.
+    """
+    if num_gpus == 1:
+        return [batch_size]
+    master = batch_size // num_gpus if master_batch_size == -1 else master_batch_size
+    slaves, larger = divmod(batch_size - master, num_gpus - 1)
+    return [master] + [slaves + 1 if i < larger else slaves for i in range(num_gpus - 1)]
+
+
+def check_chunk_sizes(chunks, batch_size, master_batch_size, num_gpus):
+    """Raise ConfigValueError unless chunks (derived or given as CENTERNET.CHUNK_SIZES) give every
+    one of NUM_GPUS GPUs at least one image, sum to CENTERNET.BATCH_SIZE and start with an
+    explicit CENTERNET.MASTER_BATCH_SIZE (a master size is ignored on one GPU, as in CenterNet)."""
+    chunks = list(chunks)
+    master_given = num_gpus > 1 and master_batch_size != -1
+    if master_given and master_batch_size > batch_size:
+        raise ConfigValueError(
+            'CENTERNET.MASTER_BATCH_SIZE {} is larger than CENTERNET.BATCH_SIZE {}; lower it or set '
+            'it to -1 for an even split over NUM_GPUS.'.format(master_batch_size, batch_size))
+    if len(chunks) != num_gpus:
+        raise ConfigValueError(
+            'CENTERNET.CHUNK_SIZES {} has {} entries for NUM_GPUS {}; give one per GPU.'
+            .format(chunks, len(chunks), num_gpus))
+    if min(chunks) < 1:
+        raise ConfigValueError(
+            'CENTERNET.CHUNK_SIZES {} (CENTERNET.BATCH_SIZE {}, CENTERNET.MASTER_BATCH_SIZE {}, '
+            'NUM_GPUS {}) gives a GPU no images; use a CENTERNET.BATCH_SIZE of at least NUM_GPUS '
+            'and a CENTERNET.MASTER_BATCH_SIZE of -1 or at least 1.'
+            .format(chunks, batch_size, master_batch_size, num_gpus))
+    if sum(chunks) != batch_size:
+        raise ConfigValueError(
+            'CENTERNET.CHUNK_SIZES {} sum to {}, not CENTERNET.BATCH_SIZE {}; make them add up.'
+            .format(chunks, sum(chunks), batch_size))
+    if master_given and chunks[0] != master_batch_size:
+        raise ConfigValueError(
+            'CENTERNET.CHUNK_SIZES {} start with {} but CENTERNET.MASTER_BATCH_SIZE is {}; make them '
+            'agree or set CENTERNET.MASTER_BATCH_SIZE to -1.'
+            .format(chunks, chunks[0], master_batch_size))

@@ -1,0 +1,392 @@
+"""CenterNet (ctdet) output heads, training losses, decoding and test-time post-processing.
+
+Follows CenterNet's models/networks (head layout and initialisation), models/losses.py and
+trains/ctdet.py (focal + L1 losses), models/decode.py (peak NMS, top-K, boxes),
+utils/post_process.py and detectors/ctdet.py (inverse affine, flip test, multi-scale merge with
+soft-NMS); see /work/shared/reference/centernet.md sections 4-6. Decoding runs as batched tensor
+ops on the model's device; post-processing is host-side numpy, as in the reference.
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detectron.roi_data.centernet import affine_transform_points, get_affine_transform
+from detectron.utils.errors import ConfigValueError
+
+# Prior 0.1 for the heatmap logits: -log((1 - 0.1) / 0.1) ~ -2.19, the value CenterNet writes.
+HM_BIAS = -2.19
+_HEAD_WEIGHT_STD = 0.001
+_PROB_EPS = 1e-4
+
+
+# ------------------------------------------------------------------------------------------------
+# Heads
+# ------------------------------------------------------------------------------------------------
+
+def _init_resdcn(head, name, classes):
+    """resnet_dcn.py: hm keeps PyTorch's default init except the last bias; every conv of the other
+    heads gets N(0, 0.001) weights and zero biases."""
+    if 'hm' in name:
+        _last_conv(head).bias.data.fill_(HM_BIAS)
+        return
+    for m in _convs(head):
+        nn.init.normal_(m.weight, std=_HEAD_WEIGHT_STD)
+        nn.init.constant_(m.bias, 0)
+
+
+def _init_msra(head, name, classes):
+    """msra_resnet.py (res_*): only convs with `classes` output channels are touched (the last one,
+    unless head_conv equals classes): hm gets the bias, the others N(0, 0.001) weights and zero
+    biases; the 3x3 conv keeps PyTorch's default init."""
+    for m in _convs(head):
+        if m.weight.shape[0] != classes:
+            continue
+        if 'hm' in name:
+            nn.init.constant_(m.bias, HM_BIAS)
+        else:
+            nn.init.normal_(m.weight, std=_HEAD_WEIGHT_STD)
+            nn.init.constant_(m.bias, 0)
+
+
+def _init_dla(head, name, classes):
+    """pose_dla_dcn.py: weights keep PyTorch's default init; hm's last bias is set, every bias of
+    the other heads zeroed."""
+    if 'hm' in name:
+        _last_conv(head).bias.data.fill_(HM_BIAS)
+        return
+    for m in _convs(head):
+        nn.init.constant_(m.bias, 0)
+
+
+_HEAD_INITS = {'resdcn': _init_resdcn, 'msra': _init_msra, 'dla': _init_dla}
+
+
+def _convs(head):
+    return [m for m in head.modules() if isinstance(m, nn.Conv2d)]
+
+
+def _last_conv(head):
+    return _convs(head)[-1]
+
+
+def _make_head(in_channels, classes, head_conv):
+    if head_conv <= 0:
+        return nn.Conv2d(in_channels, classes, kernel_size=1, stride=1, padding=0, bias=True)
+    return nn.Sequential(
+        nn.Conv2d(in_channels, head_conv, kernel_size=3, padding=1, bias=True),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(head_conv, classes, kernel_size=1, stride=1, padding=0, bias=True))
+
+
+class CenterNetHeads(nn.Module):
+    """CenterNet's output heads on the stride-4 feature map.
+
+    heads: {name: channels}, e.g. {'hm': 80, 'wh': 2, 'reg': 2}; each becomes an attribute of that
+    name: Conv3x3(in_channels -> head_conv, bias) -> ReLU -> Conv1x1(-> channels, bias), so
+    state-dict keys are 'hm.0.weight', 'hm.2.bias', ... as in CenterNet's checkpoints; head_conv
+    <= 0 gives a single Conv1x1 ('hm.weight').
+    init: which reference's head initialisation to reproduce: 'resdcn' (resdcn_*), 'msra' (res_*,
+    which also builds its heads in sorted name order) or 'dla' (dla_*).
+    forward(features) -> {name: raw output}; hm are logits (no sigmoid).
+    """
+
+    def __init__(self, in_channels, heads, head_conv, init):
+        super().__init__()
+        if init not in _HEAD_INITS:
+            raise ConfigValueError('Unknown CenterNet head init {!r}; use one of {}.'
+                                   .format(init, sorted(_HEAD_INITS)))
+        self.heads = dict(heads)
+        names = sorted(self.heads) if init == 'msra' else list(self.heads)
+        for name in names:
+            head = _make_head(in_channels, self.heads[name], head_conv)
+            _HEAD_INITS[init](head, name, self.heads[name])
+            setattr(self, name, head)
+
+    def forward(self, features):
+        return {name: getattr(self, name)(features) for name in self.heads}
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses
+# ------------------------------------------------------------------------------------------------
+
+def _sigmoid(x):
+    """sigmoid clamped to [1e-4, 1 - 1e-4] so the focal loss's logs stay finite.
+
+    Out of place; CenterNet's version calls x.sigmoid_() in place, so its output['hm'] holds
+    probabilities after the loss (the gradient is the same)."""
+    return torch.clamp(torch.sigmoid(x), min=_PROB_EPS, max=1 - _PROB_EPS)
+
+
+def _gather_feat(feat, ind):
+    """feat (B, N, D), ind (B, M) -> (B, M, D): rows ind of each image."""
+    return feat.gather(1, ind.unsqueeze(2).expand(ind.size(0), ind.size(1), feat.size(2)))
+
+
+def transpose_and_gather_feat(feat, ind):
+    """Map feat (B, C, H, W) read at flat positions ind (B, M) = y * W + x: (B, M, C)."""
+    batch, channels = feat.shape[:2]
+    return _gather_feat(feat.permute(0, 2, 3, 1).reshape(batch, -1, channels), ind)
+
+
+def neg_loss(pred, gt):
+    """CornerNet's modified focal loss (CenterNet's _neg_loss), alpha 2, beta 4.
+
+    pred: clamped probabilities, gt: Gaussian heatmaps, same shape. Summed over the whole tensor
+    (all images of the batch) and divided by its number of positives (gt == 1); with none, the
+    negative term alone. Dividing by max(num_pos, 1) gives exactly that without a host sync: the
+    positive sum is 0 when there is no positive.
+    """
+    pos = gt.eq(1).float()
+    neg = gt.lt(1).float()
+    neg_weights = torch.pow(1 - gt, 4)
+    pos_loss = (torch.log(pred) * torch.pow(1 - pred, 2) * pos).sum()
+    neg_term = (torch.log(1 - pred) * torch.pow(pred, 2) * neg_weights * neg).sum()
+    return -(pos_loss + neg_term) / pos.sum().clamp(min=1)
+
+
+def reg_l1_loss(output, mask, ind, target):
+    """CenterNet's RegL1Loss: L1 between output (B, C, H, W) read at ind (B, M) and target
+    (B, M, C), over the slots with mask (B, M) set; divided by (mask expanded to (B, M, C)).sum()
+    + 1e-4, i.e. by C times the number of objects."""
+    pred = transpose_and_gather_feat(output, ind)
+    mask = mask.unsqueeze(2).expand_as(pred).float()
+    return F.l1_loss(pred * mask, target * mask, reduction='sum') / (mask.sum() + 1e-4)
+
+
+def reg_weighted_l1_loss(output, mask, ind, target):
+    """CenterNet's RegWeightedL1Loss (--cat_spec_wh): as reg_l1_loss with a per-channel mask
+    (B, M, C) used as given."""
+    pred = transpose_and_gather_feat(output, ind)
+    mask = mask.float()
+    return F.l1_loss(pred * mask, target * mask, reduction='sum') / (mask.sum() + 1e-4)
+
+
+def ctdet_loss(outputs, batch, hm_weight=1, wh_weight=0.1, off_weight=1, reg_offset=True,
+               cat_spec_wh=False):
+    """CenterNet's CtdetLoss for one (per-GPU) batch.
+
+    outputs: the heads' raw outputs {'hm' (logits), 'wh', 'reg'}; batch: targets as tensors
+    {'hm', 'reg_mask', 'ind', 'wh' (or 'cat_spec_wh' / 'cat_spec_mask'), 'reg'}.
+    Returns {'loss': hm_weight * hm_loss + wh_weight * wh_loss + off_weight * off_loss, 'hm_loss',
+    'wh_loss', 'off_loss'}; a term whose weight is 0 (or off_loss without reg_offset) is not
+    computed and reported as a zero tensor (the reference reports the int 0). Only 'loss' starts
+    with 'loss'; the other entries are for logging.
+    """
+    hm = outputs['hm']
+    zero = hm.new_zeros(())
+    hm_loss = neg_loss(_sigmoid(hm), batch['hm'])
+    wh_loss, off_loss = zero, zero
+    if wh_weight > 0:
+        if cat_spec_wh:
+            wh_loss = reg_weighted_l1_loss(outputs['wh'], batch['cat_spec_mask'], batch['ind'],
+                                           batch['cat_spec_wh'])
+        else:
+            wh_loss = reg_l1_loss(outputs['wh'], batch['reg_mask'], batch['ind'], batch['wh'])
+    if reg_offset and off_weight > 0:
+        off_loss = reg_l1_loss(outputs['reg'], batch['reg_mask'], batch['ind'], batch['reg'])
+    loss = hm_weight * hm_loss + wh_weight * wh_loss + off_weight * off_loss
+    return {'loss': loss, 'hm_loss': hm_loss, 'wh_loss': wh_loss, 'off_loss': off_loss}
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding
+# ------------------------------------------------------------------------------------------------
+
+def _peak_nms(heat, kernel=3):
+    """Zero every score that is not the max of its kernel x kernel window (ties all survive)."""
+    hmax = F.max_pool2d(heat, (kernel, kernel), stride=1, padding=(kernel - 1) // 2)
+    return heat * (hmax == heat).to(heat.dtype)
+
+
+def _topk(scores, K):
+    """Top K per class over H*W, then top K of those C*K: (score, flat index y*W+x, class, y, x),
+    each (B, K); class = candidate // K."""
+    batch, cat, height, width = scores.shape
+    class_scores, class_inds = torch.topk(scores.reshape(batch, cat, -1), K)
+    topk_score, topk_ind = torch.topk(class_scores.reshape(batch, -1), K)
+    topk_clses = torch.div(topk_ind, K, rounding_mode='floor')
+    topk_inds = class_inds.reshape(batch, -1).gather(1, topk_ind)
+    topk_ys = torch.div(topk_inds, width, rounding_mode='floor').float()
+    topk_xs = (topk_inds % width).float()
+    return topk_score, topk_inds, topk_clses, topk_ys, topk_xs
+
+
+def ctdet_decode(heat, wh, reg=None, cat_spec_wh=False, K=100):
+    """CenterNet's ctdet_decode: (B, K, 6) [x1, y1, x2, y2, score, class] in output-grid pixels.
+
+    heat: sigmoid'd heatmaps (B, C, H, W); wh (B, 2, H, W) or (B, 2C, H, W) with cat_spec_wh;
+    reg (B, 2, H, W) or None (centres then at x + 0.5, y + 0.5). 3x3 max-pool peak NMS, top K per
+    class then overall, no score threshold: always K rows. Batched tensor ops, no host sync.
+    """
+    batch, cat = heat.shape[:2]
+    scores, inds, clses, ys, xs = _topk(_peak_nms(heat), K)
+    if reg is not None:
+        reg = transpose_and_gather_feat(reg, inds)
+        xs = xs.view(batch, K, 1) + reg[:, :, 0:1]
+        ys = ys.view(batch, K, 1) + reg[:, :, 1:2]
+    else:
+        xs = xs.view(batch, K, 1) + 0.5
+        ys = ys.view(batch, K, 1) + 0.5
+    wh = transpose_and_gather_feat(wh, inds)
+    if cat_spec_wh:
+        class_pair = clses.view(batch, K, 1, 1).expand(batch, K, 1, 2)
+        wh = wh.view(batch, K, cat, 2).gather(2, class_pair).view(batch, K, 2)
+    half_w, half_h = wh[..., 0:1] / 2, wh[..., 1:2] / 2
+    return torch.cat([xs - half_w, ys - half_h, xs + half_w, ys + half_h,
+                      scores.view(batch, K, 1), clses.view(batch, K, 1).float()], dim=2)
+
+
+def ctdet_test_maps(outputs, flip_test=False, reg_offset=True):
+    """(hm, wh, reg) for ctdet_decode from the heads' raw outputs of one image (batch 1, or 2 with
+    the mirrored copy second when flip_test): hm = sigmoid (not clamped, as the reference's test);
+    with flip_test hm and wh are averaged with the mirrored pass flipped back, reg is the unflipped
+    pass's only (CenterNet does not average it). reg is None without reg_offset."""
+    hm = outputs['hm'].sigmoid()
+    wh = outputs['wh']
+    reg = outputs['reg'] if reg_offset else None
+    if flip_test:
+        hm = (hm[0:1] + torch.flip(hm[1:2], [3])) / 2
+        wh = (wh[0:1] + torch.flip(wh[1:2], [3])) / 2
+        reg = reg[0:1] if reg is not None else None
+    return hm, wh, reg
+
+
+# ------------------------------------------------------------------------------------------------
+# Post-processing (host side)
+# ------------------------------------------------------------------------------------------------
+
+def ctdet_post_process(dets, c, s, h, w, num_classes):
+    """CenterNet's ctdet_post_process: decoded dets (B, K, 6) in output-grid pixels -> one dict per
+    image {class + 1: float32 (n, 5) [x1, y1, x2, y2, score]} in input-image pixels.
+
+    Both corners go through get_affine_transform(c[i], s[i], 0, (w, h), inv=1) and are stored back
+    as float32 (dets are float32, as the decoder's output). c, s: per-image centres and scales
+    (meta['c'], meta['s']); h, w: the output grid (meta['out_height'], meta['out_width']).
+    """
+    dets = np.array(dets, dtype=np.float32)
+    ret = []
+    for i in range(dets.shape[0]):
+        trans = get_affine_transform(c[i], s[i], 0, (w, h), inv=1)
+        dets[i, :, 0:2] = affine_transform_points(dets[i, :, 0:2], trans)
+        dets[i, :, 2:4] = affine_transform_points(dets[i, :, 2:4], trans)
+        classes = dets[i, :, -1]
+        ret.append({j + 1: dets[i, classes == j, :5] for j in range(num_classes)})
+    return ret
+
+
+def ctdet_scale_detections(dets, meta, scale, num_classes):
+    """CtdetDetector.post_process: one image's decoded dets (1, K, 6) at test scale `scale` with
+    its meta from ctdet_test_inputs -> {class + 1: float32 (n, 5)} in original-image pixels
+    (boxes divided by scale)."""
+    dets = np.asarray(dets, dtype=np.float32).reshape(1, -1, 6)
+    results = ctdet_post_process(dets, [meta['c']], [meta['s']], meta['out_height'],
+                                 meta['out_width'], num_classes)[0]
+    for j in results:
+        results[j][:, :4] /= scale
+    return results
+
+
+def gaussian_soft_nms_(boxes, sigma=0.5, threshold=0.001):
+    """CenterNet's external/nms.pyx soft_nms with method 2 (Gaussian), IN PLACE on float32 boxes
+    (N, 5) [x1, y1, x2, y2, score]; returns the number of live rows n.
+
+    Step i moves the first highest-scored live row into row i (swapping), then every later live row
+    that overlaps it (positive +1 sides) has its score multiplied by exp(-IoU^2 / sigma) (IoU with
+    +1 areas); such a row that falls below threshold is replaced by the last live row, which is
+    examined at the same position, and n shrinks. Rows [n, N) are left as they are, which is what
+    CenterNet's merge_outputs keeps, since it ignores the returned keep list: stale copies of moved
+    rows (with the score they had before that step) and the last discarded one.
+    Arithmetic is that of the compiled kernel: float32 storage, the +1 side lengths and the union
+    in double, exp in double.
+    """
+    sigma, threshold = np.float32(sigma), np.float32(threshold)
+    n = boxes.shape[0]
+    i = 0
+    while i < n:
+        best = i + int(np.argmax(boxes[i:n, 4]))  # first maximum, as the kernel's strict '<'
+        boxes[[i, best]] = boxes[[best, i]]
+        n = _soft_suppress_after(boxes, i, n, sigma, threshold)
+        i += 1
+    return n
+
+
+def _soft_suppress_after(boxes, i, n, sigma, threshold):
+    """Rescore rows i+1..n-1 against row i and discard the ones below threshold as the kernel's
+    sequential loop does; returns the new n.
+
+    The rescoring of a row depends only on its own box and score, so all rows are rescored at once;
+    the kernel's in-place discarding (a discarded position receives the current last row, which is
+    rescored there next) is then replayed on indices only.
+    """
+    rows = boxes[i + 1:n]
+    tx1, ty1, tx2, ty2 = boxes[i, 0], boxes[i, 1], boxes[i, 2], boxes[i, 3]
+    f64, f32 = np.float64, np.float32
+    # Cython writes the literal 1 as the C double 1.0, so each "side + 1" and the products built
+    # from them are double, rounded to float where the kernel stores them (area, iw, ih, ua).
+    area = ((rows[:, 2] - rows[:, 0]).astype(f64) + 1.0) * ((rows[:, 3] - rows[:, 1]).astype(f64) + 1.0)
+    iw = ((np.minimum(tx2, rows[:, 2]) - np.maximum(tx1, rows[:, 0])).astype(f64) + 1.0).astype(f32)
+    ih = ((np.minimum(ty2, rows[:, 3]) - np.maximum(ty1, rows[:, 1])).astype(f64) + 1.0).astype(f32)
+    overlaps = (iw > 0) & (ih > 0)
+    inter = iw * ih  # float * float: float
+    box_area = (f64(tx2 - tx1) + 1.0) * (f64(ty2 - ty1) + 1.0)
+    ua = (box_area + area.astype(f32).astype(f64) - inter.astype(f64)).astype(f32)
+    with np.errstate(divide='ignore', invalid='ignore', over='ignore'):
+        ov = inter / ua
+        weight = np.exp((-(ov * ov) / sigma).astype(f64)).astype(f32)
+    rescored = np.where(overlaps, weight * rows[:, 4], rows[:, 4])
+    discard = overlaps & (rescored < threshold)
+    if not discard.any():
+        boxes[i + 1:n, 4] = rescored
+        return n
+    return _replay_discards(boxes, i + 1, n, rescored, discard)
+
+
+def _replay_discards(boxes, start, n, rescored, discard):
+    """The kernel's loop over positions start..n-1 given each original row's rescored value and
+    discard flag (indexed from start): writes the rows that end up at each position."""
+    original = boxes[start:n].copy()
+    pos, src = start, start  # src: original row currently at position pos
+    while pos < n:
+        boxes[pos] = original[src - start]
+        boxes[pos, 4] = rescored[src - start]
+        if discard[src - start]:
+            # The last live row (still unprocessed, or this row itself) moves to pos.
+            src = n - 1
+            n -= 1
+            continue
+        pos += 1
+        src = pos
+    return n
+
+
+def merge_outputs(detections, num_classes, max_per_image=100, use_soft_nms=False):
+    """CtdetDetector.merge_outputs: per-scale results [{class + 1: (n, 5)}] -> one dict.
+
+    Per class the scales are concatenated (float32); with use_soft_nms (CenterNet: more than one
+    test scale, or --nms) Gaussian soft-NMS (sigma 0.5, threshold 0.001) runs in place and its
+    keep list is ignored as in the reference, so stale tail rows stay (gaussian_soft_nms_). Then
+    over all classes only scores >= the max_per_image-th best are kept (ties may keep more).
+    """
+    results = {}
+    for j in range(1, num_classes + 1):
+        results[j] = np.concatenate([d[j] for d in detections], axis=0).astype(np.float32)
+        if use_soft_nms:
+            gaussian_soft_nms_(results[j])
+    scores = np.hstack([results[j][:, 4] for j in range(1, num_classes + 1)])
+    if len(scores) > max_per_image:
+        kth = len(scores) - max_per_image
+        thresh = np.partition(scores, kth)[kth]
+        for j in range(1, num_classes + 1):
+            results[j] = results[j][results[j][:, 4] >= thresh]
+    return results
+
+
+def to_cls_boxes(results, num_classes):
+    """Detectron's cls_boxes from a {class + 1: (n, 5)} dict: index 0 (background) an empty
+    (0, 5) float32 array, index j the detections of class j - 1 as float32 (n, 5)."""
+    return [np.zeros((0, 5), dtype=np.float32)] + [
+        np.asarray(results.get(j, np.zeros((0, 5))), dtype=np.float32).reshape(-1, 5)
+        for j in range(1, num_classes + 1)]

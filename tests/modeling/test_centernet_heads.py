@@ -1,0 +1,469 @@
+"""CenterNet heads, losses, decoding, post-processing and the multi-scale merge.
+
+Expected values are hand-computed (derivations in the comments) or come from plain loops written
+here from the reference's formulas.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from detectron.modeling import centernet_heads as ch
+from detectron.utils import cython_nms
+from detectron.utils.errors import ConfigValueError
+
+HEADS = {'hm': 80, 'wh': 2, 'reg': 2}
+
+
+# ------------------------------------------------------------------------------------------------
+# heads
+# ------------------------------------------------------------------------------------------------
+
+def test_head_layout_and_state_dict_keys():
+    heads = ch.CenterNetHeads(64, HEADS, 64, 'resdcn')
+    shapes = {k: tuple(v.shape) for k, v in heads.state_dict().items()}
+    assert shapes == {
+        'hm.0.weight': (64, 64, 3, 3), 'hm.0.bias': (64,), 'hm.2.weight': (80, 64, 1, 1), 'hm.2.bias': (80,),
+        'wh.0.weight': (64, 64, 3, 3), 'wh.0.bias': (64,), 'wh.2.weight': (2, 64, 1, 1), 'wh.2.bias': (2,),
+        'reg.0.weight': (64, 64, 3, 3), 'reg.0.bias': (64,), 'reg.2.weight': (2, 64, 1, 1), 'reg.2.bias': (2,),
+    }
+    single = ch.CenterNetHeads(256, HEADS, 0, 'dla')
+    assert {k: tuple(v.shape) for k, v in single.state_dict().items()} == {
+        'hm.weight': (80, 256, 1, 1), 'hm.bias': (80,), 'wh.weight': (2, 256, 1, 1), 'wh.bias': (2,),
+        'reg.weight': (2, 256, 1, 1), 'reg.bias': (2,)}
+
+
+def test_forward_is_conv3x3_relu_conv1x1_logits():
+    torch.manual_seed(0)
+    heads = ch.CenterNetHeads(8, {'hm': 3, 'wh': 2}, 5, 'dla')
+    x = torch.randn(2, 8, 6, 7)
+    out = heads(x)
+    assert list(out) == ['hm', 'wh']
+    for name in ('hm', 'wh'):
+        conv0, conv2 = getattr(heads, name)[0], getattr(heads, name)[2]
+        expected = F.conv2d(torch.relu(F.conv2d(x, conv0.weight, conv0.bias, padding=1)),
+                            conv2.weight, conv2.bias)
+        torch.testing.assert_close(out[name], expected)
+    assert out['hm'].shape == (2, 3, 6, 7) and out['hm'].min() < 0   # raw logits, no sigmoid
+
+
+def _std(t):
+    return t.detach().float().std().item()
+
+
+def test_resdcn_init():
+    torch.manual_seed(0)
+    heads = ch.CenterNetHeads(64, HEADS, 64, 'resdcn')
+    assert torch.all(heads.hm[2].bias == -2.19)
+    # hm's other tensors keep PyTorch's default U(+-1/sqrt(fan_in)): fan_in 576 -> std 0.024
+    assert _std(heads.hm[0].weight) > 0.01 and heads.hm[0].bias.abs().sum() > 0
+    for name in ('wh', 'reg'):
+        head = getattr(heads, name)
+        assert 0.0008 < _std(head[0].weight) < 0.0012   # N(0, 0.001), 36864 samples
+        assert 0.0006 < _std(head[2].weight) < 0.0014   # 128 samples
+        assert torch.all(head[0].bias == 0) and torch.all(head[2].bias == 0)
+
+
+def test_msra_init_touches_only_the_output_conv():
+    torch.manual_seed(0)
+    heads = ch.CenterNetHeads(256, HEADS, 64, 'msra')
+    assert [name for name, _ in heads.named_children()] == ['hm', 'reg', 'wh']   # sorted, as res_*
+    assert torch.all(heads.hm[2].bias == -2.19) and _std(heads.hm[2].weight) > 0.01
+    for name in ('wh', 'reg'):
+        head = getattr(heads, name)
+        assert _std(head[0].weight) > 0.005 and head[0].bias.abs().sum() > 0   # default init
+        assert 0.0006 < _std(head[2].weight) < 0.0014 and torch.all(head[2].bias == 0)
+    # The rule is "output channels == the head's channels": with head_conv equal to it, both convs.
+    same = ch.CenterNetHeads(16, {'wh': 64}, 64, 'msra')
+    assert _std(same.wh[0].weight) < 0.0012 and torch.all(same.wh[0].bias == 0)
+
+
+def test_dla_init_zeroes_biases_only():
+    torch.manual_seed(0)
+    heads = ch.CenterNetHeads(64, HEADS, 256, 'dla')
+    assert torch.all(heads.hm[2].bias == -2.19) and heads.hm[0].bias.abs().sum() > 0
+    for name in ('wh', 'reg'):
+        head = getattr(heads, name)
+        assert _std(head[0].weight) > 0.01 and _std(head[2].weight) > 0.01
+        assert torch.all(head[0].bias == 0) and torch.all(head[2].bias == 0)
+
+
+def test_single_conv_heads_init():
+    torch.manual_seed(0)
+    resdcn = ch.CenterNetHeads(64, HEADS, 0, 'resdcn')
+    assert torch.all(resdcn.hm.bias == -2.19) and _std(resdcn.hm.weight) > 0.01
+    assert _std(resdcn.wh.weight) < 0.0015 and torch.all(resdcn.wh.bias == 0)
+    dla = ch.CenterNetHeads(64, HEADS, -1, 'dla')
+    assert _std(dla.wh.weight) > 0.01 and torch.all(dla.wh.bias == 0)
+
+
+def test_unknown_init_is_a_config_error():
+    with pytest.raises(ConfigValueError, match='resdcn'):
+        ch.CenterNetHeads(64, HEADS, 64, 'resnet')
+
+
+# ------------------------------------------------------------------------------------------------
+# losses
+# ------------------------------------------------------------------------------------------------
+
+def test_sigmoid_clamps_out_of_place():
+    x = torch.tensor([-20.0, 0.0, 20.0])
+    y = ch._sigmoid(x)
+    torch.testing.assert_close(y, torch.tensor([1e-4, 0.5, 1 - 1e-4]))
+    assert x[1] == 0.0
+
+
+def test_neg_loss_by_hand():
+    # positive p = 0.5: log(0.5) (1 - 0.5)^2 = -0.173287; negative p = 0.2 at gt 0.5:
+    # log(0.8) 0.2^2 (1 - 0.5)^4 = -0.000557859; one positive -> loss 0.173845
+    pred = torch.tensor([[[[0.5, 0.2]]]])
+    gt = torch.tensor([[[[1.0, 0.5]]]])
+    expected = -(math.log(0.5) * 0.25 + math.log(0.8) * 0.04 * 0.0625)
+    assert ch.neg_loss(pred, gt).item() == pytest.approx(expected, rel=1e-6)
+    assert expected == pytest.approx(0.173845, abs=1e-6)
+
+
+def _neg_loss_loop(pred, gt):
+    pos_sum, neg_sum, num_pos = 0.0, 0.0, 0
+    for p, g in zip(pred.flatten().tolist(), gt.flatten().tolist()):
+        if g == 1:
+            pos_sum += math.log(p) * (1 - p) ** 2
+            num_pos += 1
+        elif g < 1:
+            neg_sum += math.log(1 - p) * p ** 2 * (1 - g) ** 4
+    return -(pos_sum + neg_sum) / num_pos if num_pos else -neg_sum
+
+
+@pytest.mark.parametrize('positives', [0, 1, 3])
+def test_neg_loss_against_loop_over_the_whole_batch(positives):
+    gen = torch.Generator().manual_seed(positives)
+    gt = torch.rand(2, 3, 5, 6, generator=gen) * 0.99
+    for b, c, y, x in [(0, 1, 2, 3), (1, 0, 4, 4), (1, 2, 0, 5)][:positives]:
+        gt[b, c, y, x] = 1
+    pred = ch._sigmoid(torch.randn(2, 3, 5, 6, generator=gen) * 3)
+    expected = _neg_loss_loop(pred.double(), gt.double())
+    assert ch.neg_loss(pred, gt).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_transpose_and_gather_feat_reads_flat_positions():
+    feat = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).view(2, 3, 4, 5)
+    ind = torch.tensor([[0, 7, 19], [13, 13, 2]])
+    out = ch.transpose_and_gather_feat(feat, ind)
+    assert out.shape == (2, 3, 3)
+    for b in range(2):
+        for m in range(3):
+            y, x = divmod(ind[b, m].item(), 5)
+            torch.testing.assert_close(out[b, m], feat[b, :, y, x])
+
+
+def _reg_batch(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    output = torch.randn(2, 2, 4, 5, generator=gen)
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 0, 1]], dtype=torch.uint8)
+    ind = torch.tensor([[3, 19, 5, 0], [0, 7, 8, 12]])
+    target = torch.randn(2, 4, 2, generator=gen)   # also non-zero in masked-out slots
+    return output, mask, ind, target
+
+
+def test_reg_l1_loss_against_loop():
+    output, mask, ind, target = _reg_batch()
+    total, count = 0.0, 0
+    for b in range(2):
+        for m in range(4):
+            if mask[b, m]:
+                y, x = divmod(ind[b, m].item(), 5)
+                total += (output[b, :, y, x] - target[b, m]).abs().sum().item()
+                count += 1
+    expected = total / (2 * count + 1e-4)   # mask expanded to 2 channels: 2 x #objects
+    assert ch.reg_l1_loss(output, mask, ind, target).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_reg_weighted_l1_loss_uses_the_channel_mask_as_given():
+    output, _, ind, target = _reg_batch(1)
+    mask = torch.tensor([[[1, 0], [1, 1], [0, 0], [0, 0]], [[0, 0], [0, 1], [0, 0], [0, 0]]],
+                        dtype=torch.uint8)
+    total = 0.0
+    for b, m, k in mask.nonzero().tolist():
+        y, x = divmod(ind[b, m].item(), 5)
+        total += abs(output[b, k, y, x].item() - target[b, m, k].item())
+    expected = total / (4 + 1e-4)
+    assert ch.reg_weighted_l1_loss(output, mask, ind, target).item() == pytest.approx(expected, rel=1e-6)
+
+
+def _ctdet_batch():
+    hm = torch.zeros(1, 2, 4, 5)
+    hm[0, 1, 2, 3] = 1
+    hm[0, 1, 2, 2] = 0.5
+    return {'hm': hm, 'reg_mask': torch.tensor([[1, 0]], dtype=torch.uint8),
+            'ind': torch.tensor([[13, 0]]), 'wh': torch.tensor([[[6.0, 4.0], [9.0, 9.0]]]),
+            'reg': torch.tensor([[[0.25, 0.5], [0.0, 0.0]]])}
+
+
+def test_ctdet_loss_by_hand():
+    logits = torch.full((1, 2, 4, 5), -20.0)   # clamped to p = 1e-4 everywhere
+    logits[0, 1, 2, 2] = 0.0                   # p = 0.5 at the gt 0.5 neighbour
+    wh = torch.zeros(1, 2, 4, 5)
+    wh[0, :, 2, 3] = torch.tensor([5.0, 5.0])  # |5 - 6| + |5 - 4| = 2
+    reg = torch.zeros(1, 2, 4, 5)              # |0 - 0.25| + |0 - 0.5| = 0.75
+    outputs = {'hm': logits, 'wh': wh, 'reg': reg}
+    losses = ch.ctdet_loss(outputs, _ctdet_batch())
+    # positive: log(1e-4) (1 - 1e-4)^2 (the clamp, not log(sigmoid(-20)) = -20); the 38 other
+    # negatives at p = 1e-4, gt 0: log(1 - 1e-4) 1e-8; the neighbour: log(0.5) 0.25 0.5^4.
+    pos = math.log(1e-4) * (1 - 1e-4) ** 2
+    neg = 38 * math.log(1 - 1e-4) * 1e-8 + math.log(0.5) * 0.25 * 0.0625
+    hm_loss = -(pos + neg)
+    assert losses['hm_loss'].item() == pytest.approx(hm_loss, rel=1e-5)
+    assert losses['wh_loss'].item() == pytest.approx(2 / (2 + 1e-4), rel=1e-6)
+    assert losses['off_loss'].item() == pytest.approx(0.75 / (2 + 1e-4), rel=1e-6)
+    assert losses['loss'].item() == pytest.approx(
+        hm_loss + 0.1 * 2 / (2 + 1e-4) + 0.75 / (2 + 1e-4), rel=1e-5)
+    assert [k for k in losses if k.startswith('loss')] == ['loss']
+    assert torch.equal(outputs['hm'], logits) and logits[0, 0, 0, 0] == -20.0   # not modified
+
+
+def test_ctdet_loss_options_skip_terms_and_backpropagate():
+    batch = _ctdet_batch()
+    del batch['reg']
+    logits = torch.zeros(1, 2, 4, 5, requires_grad=True)
+    wh = torch.zeros(1, 2, 4, 5, requires_grad=True)
+    losses = ch.ctdet_loss({'hm': logits, 'wh': wh}, batch, hm_weight=2, wh_weight=0.5,
+                           reg_offset=False)
+    assert losses['off_loss'].item() == 0
+    torch.testing.assert_close(losses['loss'], 2 * losses['hm_loss'] + 0.5 * losses['wh_loss'])
+    losses['loss'].backward()
+    assert logits.grad.abs().sum() > 0 and wh.grad[0, :, 2, 3].abs().sum() > 0
+    no_wh = ch.ctdet_loss({'hm': logits.detach()}, batch, wh_weight=0, reg_offset=False)
+    assert no_wh['wh_loss'].item() == 0 and no_wh['loss'].item() == pytest.approx(no_wh['hm_loss'].item())
+
+
+def test_ctdet_loss_cat_spec_wh():
+    batch = _ctdet_batch()
+    batch['cat_spec_wh'] = torch.tensor([[[0, 0, 6.0, 4.0], [0, 0, 0, 0]]])
+    batch['cat_spec_mask'] = torch.tensor([[[0, 0, 1, 1], [0, 0, 0, 0]]], dtype=torch.uint8)
+    wh = torch.zeros(1, 4, 4, 5)
+    wh[0, 2:4, 2, 3] = torch.tensor([5.0, 5.0])
+    losses = ch.ctdet_loss({'hm': torch.zeros(1, 2, 4, 5), 'wh': wh, 'reg': torch.zeros(1, 2, 4, 5)},
+                           batch, cat_spec_wh=True)
+    assert losses['wh_loss'].item() == pytest.approx(2 / (2 + 1e-4), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# decode
+# ------------------------------------------------------------------------------------------------
+
+def _heat():
+    heat = torch.zeros(2, 2, 4, 5)
+    heat[0, 0, 1, 1] = 0.9
+    heat[0, 0, 1, 2] = 0.8    # next to 0.9: suppressed by the 3x3 peak NMS
+    heat[0, 0, 3, 4] = 0.7
+    heat[0, 1, 0, 0] = 0.6    # plateau of two equal values: both survive
+    heat[0, 1, 0, 1] = 0.6
+    heat[0, 1, 2, 3] = 0.5
+    heat[1] = heat[0].flip(0)  # image 2: classes swapped
+    return heat
+
+
+def test_decode_peaks_order_classes_and_boxes():
+    heat = _heat()
+    wh = torch.zeros(2, 2, 4, 5)
+    wh[:, :, 1, 1] = torch.tensor([4.0, 2.0])
+    reg = torch.zeros(2, 2, 4, 5)
+    reg[:, :, 1, 1] = torch.tensor([0.25, 0.5])
+    dets = ch.ctdet_decode(heat, wh, reg=reg, K=5)
+    assert dets.shape == (2, 5, 6)
+    d = dets[0]
+    # 0.9 at (y 1, x 1), class 0: centre (1.25, 1.5), box +- (2, 1)
+    torch.testing.assert_close(d[0], torch.tensor([-0.75, 0.5, 3.25, 2.5, 0.9, 0]))
+    torch.testing.assert_close(d[1], torch.tensor([4, 3, 4, 3, 0.7, 0]))   # wh 0 at (3, 4)
+    torch.testing.assert_close(d[4], torch.tensor([3, 2, 3, 2, 0.5, 1]))
+    plateau = sorted(map(tuple, d[2:4].tolist()))
+    assert plateau == [(0, 0, 0, 0, pytest.approx(0.6), 1), (1, 0, 1, 0, pytest.approx(0.6), 1)]
+    assert not torch.any(torch.isclose(d[:, 4], torch.tensor(0.8)))
+    # image 2: the same detections with the classes swapped
+    torch.testing.assert_close(dets[1][:, 5], 1 - d[:, 5])
+    torch.testing.assert_close(dets[1][[0, 1, 4], :5], d[[0, 1, 4], :5])
+
+
+def test_decode_without_reg_uses_pixel_centres_and_always_returns_k():
+    dets = ch.ctdet_decode(_heat(), torch.full((2, 2, 4, 5), 2.0), reg=None, K=7)
+    assert dets.shape == (2, 7, 6)
+    torch.testing.assert_close(dets[0, 0], torch.tensor([0.5, 0.5, 2.5, 2.5, 0.9, 0]))
+    assert dets[0, 5, 4] == 0 and dets[0, 6, 4] == 0   # no score threshold: zero-score rows too
+
+
+def test_decode_cat_spec_wh_reads_the_class_pair():
+    wh = torch.zeros(2, 4, 4, 5)
+    wh[:, 0:2, 2, 3] = torch.tensor([8.0, 8.0])    # class 0's pair
+    wh[:, 2:4, 2, 3] = torch.tensor([2.0, 4.0])    # class 1's pair
+    dets = ch.ctdet_decode(_heat(), wh, cat_spec_wh=True, K=5)
+    torch.testing.assert_close(dets[0, 4], torch.tensor([2.5, 0.5, 4.5, 4.5, 0.5, 1]))
+
+
+def test_test_maps_flip_averages_hm_and_wh_not_reg():
+    logits = torch.zeros(2, 1, 2, 3)
+    logits[0, 0, 0, 0] = 2.0
+    logits[1, 0, 0, 2] = -1.0    # the mirrored pass: column 2 is column 0 of the image
+    wh = torch.zeros(2, 2, 2, 3)
+    wh[0, :, 0, 0], wh[1, :, 0, 2] = 4.0, 2.0
+    reg = torch.stack([torch.full((2, 2, 3), 0.25), torch.full((2, 2, 3), 0.75)])
+    hm, wh_m, reg_m = ch.ctdet_test_maps({'hm': logits, 'wh': wh, 'reg': reg}, flip_test=True)
+    assert hm.shape == (1, 1, 2, 3)
+    s = lambda v: 1 / (1 + math.exp(-v))
+    assert hm[0, 0, 0, 0].item() == pytest.approx((s(2.0) + s(-1.0)) / 2)
+    assert hm[0, 0, 1, 1].item() == pytest.approx(0.5)
+    assert wh_m[0, 0, 0, 0].item() == 3.0 and wh_m[0, 1, 0, 2].item() == 0.0
+    assert torch.all(reg_m == 0.25)
+    hm1, _, reg1 = ch.ctdet_test_maps({'hm': logits[:1], 'wh': wh[:1]}, reg_offset=False)
+    assert hm1[0, 0, 0, 0].item() == pytest.approx(s(2.0)) and reg1 is None   # plain sigmoid
+
+
+# ------------------------------------------------------------------------------------------------
+# post-processing
+# ------------------------------------------------------------------------------------------------
+
+def test_post_process_by_hand():
+    # c = (100, 50), s = 200, grid 128 x 96: x = (x' - 64) / 0.64 + 100, y = (y' - 48) / 0.64 + 50.
+    # Image 2 (keep_res meta): c = (50, 30), s = (128, 64), grid 32 x 16: x = 4 (x' - 16) + 50.
+    dets = np.array([[[64, 48, 128, 96, 0.9, 1], [0, 0, 32, 16, 0.5, 0], [10, 20, 30, 40, 0.3, 1]],
+                     [[16, 8, 17, 9, 0.8, 2], [0, 0, 1, 1, 0.1, 2], [4, 4, 8, 8, 0.2, 0]]], np.float32)
+    c = [np.array([100, 50], np.float32), np.array([50, 30], np.float32)]
+    s = [200.0, np.array([128, 64], np.float32)]
+    res = ch.ctdet_post_process(dets, c, s, 96, 128, 3)
+    assert len(res) == 2 and sorted(res[0]) == [1, 2, 3]
+    np.testing.assert_allclose(res[0][2], [[100, 50, 200, 125, 0.9], [15.625, 6.25, 46.875, 37.5, 0.3]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(res[0][1], [[0, -25, 50, 0, 0.5]], atol=1e-5)
+    assert res[0][3].shape == (0, 5) and res[0][3].dtype == np.float32
+    res2 = ch.ctdet_post_process(dets[1:], c[1:], s[1:], 16, 32, 3)[0]
+    np.testing.assert_allclose(res2[3], [[50, 30, 54, 34, 0.8], [-14, -2, -10, 2, 0.1]], atol=1e-5)
+    np.testing.assert_allclose(res2[1], [[-14 + 16, -2 + 16, -14 + 32, -2 + 32, 0.2]], atol=1e-5)
+    assert all(v.dtype == np.float32 for v in res[0].values())
+
+
+def test_scale_detections_divides_boxes_by_scale():
+    dets = np.array([[[64, 48, 128, 96, 0.9, 0]]], np.float32)
+    meta = {'c': np.array([100, 50], np.float32), 's': 200.0, 'out_height': 96, 'out_width': 128}
+    res = ch.ctdet_scale_detections(dets, meta, 0.5, 2)
+    np.testing.assert_allclose(res[1], [[200, 100, 400, 250, 0.9]], rtol=1e-6)
+    assert res[2].shape == (0, 5)
+
+
+# ------------------------------------------------------------------------------------------------
+# soft-NMS and merge
+# ------------------------------------------------------------------------------------------------
+
+A = [0, 0, 9, 9, 0.9]
+B = [0, 0, 9, 9, 0.0015]      # IoU 1 with A: 0.0015 e^-2 = 0.000203 < 0.001 -> discarded
+C = [20, 20, 29, 29, 0.8]     # no overlap with A
+D = [0, 0, 9, 19, 0.5]        # IoU with A: 100 / (100 + 200 - 100) = 0.5 -> 0.5 e^-0.5 = 0.303265
+
+
+def test_soft_nms_discarded_row_leaves_a_stale_copy():
+    boxes = np.array([A, B, C], np.float32)
+    assert ch.gaussian_soft_nms_(boxes) == 2
+    np.testing.assert_array_equal(boxes, np.array([A, C, C], np.float32))   # row 2: stale C
+
+
+def test_soft_nms_stale_row_keeps_its_score_from_before_the_step():
+    boxes = np.array([A, B, D], np.float32)
+    assert ch.gaussian_soft_nms_(boxes) == 2
+    np.testing.assert_allclose(boxes, [A, D[:4] + [0.5 * math.exp(-0.5)], D], rtol=1e-6)
+
+
+def test_soft_nms_last_row_discarded_in_place():
+    boxes = np.array([B, A], np.float32)   # A moves to the top first
+    assert ch.gaussian_soft_nms_(boxes) == 1
+    np.testing.assert_allclose(boxes, [A, B[:4] + [0.0015 * math.exp(-2)]], rtol=1e-6)
+
+
+def _soft_nms_loop(boxes, sigma=0.5, threshold=0.001):
+    """Plain transcription of CenterNet's nms.pyx soft_nms (method 2) as its compiled code computes:
+    float32 storage, the `+ 1` literal as a double, exp in double."""
+    f32 = np.float32
+    sigma, threshold = f32(sigma), f32(threshold)
+    n = boxes.shape[0]
+    for i in range(boxes.shape[0]):
+        best = i
+        for pos in range(i + 1, n):
+            if boxes[best, 4] < boxes[pos, 4]:
+                best = pos
+        boxes[[i, best]] = boxes[[best, i]]
+        tx1, ty1, tx2, ty2 = boxes[i, :4]
+        pos = i + 1
+        while pos < n:
+            x1, y1, x2, y2 = boxes[pos, :4]
+            area = f32((float(x2 - x1) + 1.0) * (float(y2 - y1) + 1.0))
+            iw = f32(float(min(tx2, x2) - max(tx1, x1)) + 1.0)
+            if iw > 0:
+                ih = f32(float(min(ty2, y2) - max(ty1, y1)) + 1.0)
+                if ih > 0:
+                    ua = f32((float(tx2 - tx1) + 1.0) * (float(ty2 - ty1) + 1.0) + float(area)
+                             - float(iw * ih))
+                    ov = (iw * ih) / ua
+                    boxes[pos, 4] = f32(math.exp(float(-(ov * ov) / sigma))) * boxes[pos, 4]
+                    if boxes[pos, 4] < threshold:
+                        boxes[pos] = boxes[n - 1]
+                        n -= 1
+                        pos -= 1
+            pos += 1
+    return n
+
+
+def _random_dets(rng, n):
+    xy = rng.uniform(0, 50, (n, 2))
+    wh = rng.uniform(1, 40, (n, 2))
+    scores = 10 ** rng.uniform(-3.3, 0, n)
+    return np.concatenate([xy, xy + wh, scores[:, None]], axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_soft_nms_against_loop_transcription_and_detectron_kernel(seed):
+    rng = np.random.RandomState(seed)
+    dets = _random_dets(rng, 40)
+    if seed % 2:
+        dets[:, 4] = np.round(dets[:, 4], 1) + np.float32(0.0004)   # many equal scores
+    expected = dets.copy()
+    expected_n = _soft_nms_loop(expected)
+    got = dets.copy()
+    n = ch.gaussian_soft_nms_(got)
+    assert n == expected_n and n < len(dets)   # some rows were discarded
+    np.testing.assert_array_equal(got, expected)   # stale tail rows included
+    kept, _ = cython_nms.soft_nms(dets, sigma=0.5, Nt=0.5, threshold=0.001, method=2)
+    np.testing.assert_allclose(got[:n], kept, rtol=1e-6)
+
+
+def test_soft_nms_empty():
+    assert ch.gaussian_soft_nms_(np.zeros((0, 5), np.float32)) == 0
+
+
+def _as_dets(rows):
+    return np.array(rows, np.float32).reshape(-1, 5)
+
+
+def test_merge_outputs_keeps_stale_rows_and_limits_with_ties():
+    E = [50, 50, 60, 60, 0.4]
+    scale_1 = {1: _as_dets([A, B]), 2: _as_dets([E])}
+    scale_2 = {1: _as_dets([D]), 2: _as_dets([])}
+    merged = ch.merge_outputs([scale_1, scale_2], 2, max_per_image=3, use_soft_nms=True)
+    # class 1 after soft-NMS: [A 0.9, D 0.303, D 0.5 (stale)]; scores over classes
+    # [0.9, 0.303, 0.5, 0.4] > 3 -> keep >= the 3rd best 0.4: the rescored D goes, the stale one stays.
+    np.testing.assert_allclose(merged[1], [A, D], rtol=1e-6)
+    np.testing.assert_allclose(merged[2], [E], rtol=1e-6)
+    plain = ch.merge_outputs([scale_1, scale_2], 2, max_per_image=3)
+    np.testing.assert_allclose(plain[1], [A, D], rtol=1e-6)   # B (0.0015) is below 0.4
+    ties = ch.merge_outputs([{1: _as_dets([A, C]), 2: _as_dets([C])}], 2, max_per_image=2)
+    assert len(ties[1]) == 2 and len(ties[2]) == 1   # 3 rows: the two 0.8 tie for 2nd place
+    few = ch.merge_outputs([scale_1], 2, max_per_image=100, use_soft_nms=False)
+    np.testing.assert_array_equal(few[1], _as_dets([A, B]))
+    assert all(v.dtype == np.float32 for v in merged.values())
+
+
+def test_to_cls_boxes():
+    cls_boxes = ch.to_cls_boxes({1: _as_dets([A]), 2: _as_dets([])}, 3)
+    assert len(cls_boxes) == 4
+    assert cls_boxes[0].shape == (0, 5) and cls_boxes[0].dtype == np.float32
+    np.testing.assert_array_equal(cls_boxes[1], _as_dets([A]))
+    assert cls_boxes[2].shape == (0, 5) and cls_boxes[3].shape == (0, 5)
+    assert all(b.dtype == np.float32 for b in cls_boxes)
