@@ -349,6 +349,13 @@ __C.CENTERNET.REG_OFFSET = True
 __C.CENTERNET.HEAD_CONV = -1  # -1: 256 for DLA backbones, 64 otherwise
 __C.CENTERNET.INPUT_RES = 512
 __C.CENTERNET.DOWN_RATIO = 4
+__C.CENTERNET.MAX_OBJS = 128  # objects per image with targets (the first ones of its annotations)
+# Training augmentation (--flip, --not_rand_crop, --scale, --shift, --no_color_aug)
+__C.CENTERNET.FLIP = 0.5
+__C.CENTERNET.NOT_RAND_CROP = False
+__C.CENTERNET.SCALE = 0.4
+__C.CENTERNET.SHIFT = 0.1
+__C.CENTERNET.NO_COLOR_AUG = False
 __C.CENTERNET.HM_WEIGHT = 1.0
 __C.CENTERNET.WH_WEIGHT = 0.1
 __C.CENTERNET.OFF_WEIGHT = 1.0
@@ -358,7 +365,8 @@ __C.CENTERNET.TEST_SCALES = (1.0,)
 __C.CENTERNET.KEEP_RES = False
 __C.CENTERNET.NUM_EPOCHS = 140
 __C.CENTERNET.LR_STEP = (90, 120)
-__C.CENTERNET.LR = 1.25e-4
+__C.CENTERNET.LR = 1.25e-4  # the LR for LR_BATCH_SIZE images: SOLVER.BASE_LR = LR x BATCH_SIZE / LR_BATCH_SIZE
+__C.CENTERNET.LR_BATCH_SIZE = 32  # CenterNet's --lr default is "for batch size 32" (linear scaling rule)
 __C.CENTERNET.BATCH_SIZE = 32  # total over all GPUs
 __C.CENTERNET.MASTER_BATCH_SIZE = -1  # -1: BATCH_SIZE // NUM_GPUS on the first GPU
 __C.CENTERNET.CHUNK_SIZES = ()  # per-GPU batches; empty: derived from the two keys above

@@ -104,7 +104,7 @@ def load_test_model(weights_file, device):
     """The model of cfg.MODEL.TYPE with weights_file loaded, on device, in eval mode."""
     model = model_builder.create(cfg)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
-    model_builder.get_model_type(cfg).load_weights(model, path)
+    model_builder.get_model_type(cfg).load_weights(cfg, model, path)
     return model.to(device).eval()
 
 

@@ -125,7 +125,7 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
         return start_iter, extra.get('progress')
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
-        missing, unused = model_type.load_weights(distributed.unwrap_model(model), path)
+        missing, unused = model_type.load_weights(cfg, distributed.unwrap_model(model), path)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
     return 0, None

@@ -1,10 +1,179 @@
-"""cfg -> CenterNet (MODEL.TYPE centernet). Placeholder until the CenterNet modules land."""
+"""cfg -> CenterNet ctdet (MODEL.TYPE centernet): the model, its training samples (affine crop,
+colour jitter, heatmap targets, built in the loader workers), its epoch schedule and per-GPU chunk
+sizes, its test-time detector and how CenterNet / ImageNet weight files map onto it."""
+import functools
+import logging
+
+import numpy as np
+import torch
+
+from detectron.modeling import centernet
+from detectron.modeling.centernet_backbones import CENTERNET_ARCHS, build_centernet_backbone
+from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import ModelType
+from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
+from detectron.roi_data.loader import TrainingDataset
+from detectron.roi_data.minibatch import read_image
+from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
+from detectron.utils.c2_weights import load_weights as load_port_weights
+from detectron.utils.centernet_weights import load_centernet_checkpoint, load_imagenet_backbone
 from detectron.utils.errors import ConfigValueError
+
+logger = logging.getLogger(__name__)
+
+_TARGET_KEYS = ('hm', 'reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
 
 
 class CenterNetType(ModelType):
     name = 'centernet'
 
     def check(self, cfg):
-        raise ConfigValueError("MODEL.TYPE 'centernet' is not built yet; use 'generalized_rcnn'")
+        c = cfg.CENTERNET
+        if c.ARCH not in CENTERNET_ARCHS:
+            raise ConfigValueError('CENTERNET.ARCH {!r} is not a supported backbone; choose one of {}'
+                                   .format(c.ARCH, ', '.join(CENTERNET_ARCHS)))
+        if c.NUM_CLASSES < 1:
+            raise ConfigValueError('CENTERNET.NUM_CLASSES must be at least 1 (heatmaps, no background), '
+                                   'got {}'.format(c.NUM_CLASSES))
+        if c.INPUT_RES % 32 or c.DOWN_RATIO != 4:
+            raise ConfigValueError('CENTERNET.INPUT_RES must be a multiple of 32 and CENTERNET.DOWN_RATIO 4 '
+                                   '(the backbones have stride 4), got {} and {}'.format(c.INPUT_RES, c.DOWN_RATIO))
+        if not c.TEST_SCALES or min(c.TEST_SCALES) <= 0:
+            raise ConfigValueError('CENTERNET.TEST_SCALES must hold scales > 0, got {}'.format(c.TEST_SCALES))
+        rank_chunks(cfg)
+
+    def derive_training_cfg(self, cfg):
+        return derive_training_cfg(cfg)
+
+    def build(self, cfg):
+        c = cfg.CENTERNET
+        backbone = build_centernet_backbone(c.ARCH)
+        heads = {'hm': c.NUM_CLASSES, 'wh': 2 * c.NUM_CLASSES if c.CAT_SPEC_WH else 2}
+        if c.REG_OFFSET:
+            heads['reg'] = 2
+        init = 'dla' if c.ARCH.startswith('dla') else 'resdcn' if c.ARCH.startswith('resdcn') else 'msra'
+        head_conv = c.HEAD_CONV if c.HEAD_CONV >= 0 else (256 if 'dla' in c.ARCH else 64)
+        loss_weights = centernet.LossWeights(hm=c.HM_WEIGHT, wh=c.WH_WEIGHT, off=c.OFF_WEIGHT,
+                                             reg_offset=c.REG_OFFSET, cat_spec_wh=c.CAT_SPEC_WH)
+        return centernet.CenterNet(backbone, CenterNetHeads(backbone.out_channels, heads, head_conv, init),
+                                   loss_weights)
+
+    def output_classes(self, cfg):
+        return cfg.CENTERNET.NUM_CLASSES + 1
+
+    def load_weights(self, cfg, model, path):
+        return load_weights(model, path, cfg.CENTERNET.ARCH)
+
+    def training_roidb(self, cfg):
+        return centernet_roidb(cfg.TRAIN.DATASETS)
+
+    def training_dataset(self, cfg, roidb):
+        return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(cfg)),
+                               seed=cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
+
+    def collate(self, cfg):
+        return collate_samples
+
+    def test_inputs(self, cfg):
+        return functools.partial(centernet.prepare_test_image, params=test_params(cfg))
+
+    def detector(self, cfg):
+        return functools.partial(centernet.detect, params=test_params(cfg))
+
+
+def ctdet_params(cfg):
+    c = cfg.CENTERNET
+    return CtdetParams(input_h=c.INPUT_RES, input_w=c.INPUT_RES, down_ratio=c.DOWN_RATIO, num_classes=c.NUM_CLASSES,
+                       max_objs=c.MAX_OBJS, mean=tuple(c.MEAN), std=tuple(c.STD), flip=c.FLIP,
+                       rand_crop=not c.NOT_RAND_CROP, scale=c.SCALE, shift=c.SHIFT, color_aug=not c.NO_COLOR_AUG,
+                       cat_spec_wh=c.CAT_SPEC_WH, reg_offset=c.REG_OFFSET)
+
+
+def test_params(cfg):
+    c = cfg.CENTERNET
+    return centernet.TestParams(input=ctdet_params(cfg), scales=tuple(c.TEST_SCALES), flip=c.FLIP_TEST,
+                                keep_res=c.KEEP_RES, K=c.K, max_per_image=cfg.TEST.DETECTIONS_PER_IM)
+
+
+def prepare_training_sample(entry, rng, params):
+    return ctdet_train_sample(read_image(entry['image']), entry['boxes'], entry['classes'], rng, params)
+
+
+def collate_samples(samples):
+    """Stacked ctdet samples -> (images (B, 3, H, W), targets {name: (B, ...)}) for model(images, targets)."""
+    images = torch.from_numpy(np.stack([s['input'] for s in samples]))
+    targets = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in _TARGET_KEYS if k in samples[0]}
+    return images, targets
+
+
+def rank_chunks(cfg):
+    """CenterNet's per-GPU batches for NUM_GPUS (the launched world size): CENTERNET.CHUNK_SIZES,
+    or derived from BATCH_SIZE and MASTER_BATCH_SIZE exactly as CenterNet; checked."""
+    c = cfg.CENTERNET
+    chunks = list(c.CHUNK_SIZES) or chunk_sizes(c.BATCH_SIZE, c.MASTER_BATCH_SIZE, cfg.NUM_GPUS)
+    check_chunk_sizes(chunks, c.BATCH_SIZE, c.MASTER_BATCH_SIZE, cfg.NUM_GPUS)
+    return chunks
+
+
+def derive_training_cfg(cfg):
+    """CenterNet's schedule in Detectron's keys, from CENTERNET.* and the training-set size:
+    per-rank batches (TRAIN.RANK_IMS_PER_BATCH) = the chunk sizes; iterations per epoch =
+    images // BATCH_SIZE (CenterNet's loader drops the last partial batch); SOLVER.MAX_ITER =
+    NUM_EPOCHS epochs; the LR x0.1 after each LR_STEP epoch; SOLVER.BASE_LR = CENTERNET.LR x
+    BATCH_SIZE / LR_BATCH_SIZE (CenterNet's "1.25e-4 for batch 32", linearly scaled); no warm-up, no weight decay (CenterNet's
+    Adam); a checkpoint every epoch (CenterNet's model_last.pth). Returns the lines to show."""
+    c = cfg.CENTERNET
+    if cfg.SOLVER.REFERENCE_WORLD_BATCH > 0:
+        raise ConfigValueError('SOLVER.REFERENCE_WORLD_BATCH rescales a Detectron schedule; CenterNet derives its '
+                               'schedule from CENTERNET.LR/BATCH_SIZE/NUM_EPOCHS: set it to 0')
+    chunks = rank_chunks(cfg)
+    num_images = len(centernet_roidb(cfg.TRAIN.DATASETS))
+    per_epoch = num_images // c.BATCH_SIZE
+    if per_epoch < 1:
+        raise ConfigValueError('TRAIN.DATASETS {} hold {} images, fewer than one CENTERNET.BATCH_SIZE {}; lower '
+                               'the batch size'.format(tuple(cfg.TRAIN.DATASETS), num_images, c.BATCH_SIZE))
+    base_lr = c.LR * c.BATCH_SIZE / c.LR_BATCH_SIZE
+    values = {
+        'TRAIN.RANK_IMS_PER_BATCH': tuple(chunks),
+        'TRAIN.IMS_PER_BATCH': chunks[0],
+        'TRAIN.SNAPSHOT_ITERS': per_epoch * cfg.NUM_GPUS,
+        'SOLVER.MAX_ITER': c.NUM_EPOCHS * per_epoch,
+        'SOLVER.LR_POLICY': 'steps_with_decay',
+        'SOLVER.STEPS': [0] + [epoch * per_epoch for epoch in c.LR_STEP if epoch < c.NUM_EPOCHS],
+        'SOLVER.GAMMA': 0.1,
+        'SOLVER.BASE_LR': base_lr,
+        'SOLVER.WARM_UP_ITERS': 0,
+        'SOLVER.WEIGHT_DECAY': 0.0,
+        'SOLVER.ITER_SIZE': 1,
+    }
+    for key, value in values.items():
+        section, leaf = key.split('.')
+        cfg[section][leaf] = value
+    if cfg.SOLVER.OPTIMIZER != 'adam':
+        logger.warning("SOLVER.OPTIMIZER is %r: CenterNet trains with Adam ('adam')", cfg.SOLVER.OPTIMIZER)
+    return [
+        'CenterNet: {} training images // CENTERNET.BATCH_SIZE {} = {} iterations per epoch; {} epochs = '
+        'SOLVER.MAX_ITER {}'.format(num_images, c.BATCH_SIZE, per_epoch, c.NUM_EPOCHS, cfg.SOLVER.MAX_ITER),
+        'CenterNet: per-GPU batches (chunk sizes) {}'.format(chunks),
+        'CenterNet: LR x0.1 after epochs {} = SOLVER.STEPS {}; SOLVER.BASE_LR = CENTERNET.LR {:g} x BATCH_SIZE {} / '
+        'LR_BATCH_SIZE {} = {:g}'.format(tuple(c.LR_STEP), list(cfg.SOLVER.STEPS), c.LR, c.BATCH_SIZE,
+                                         c.LR_BATCH_SIZE, base_lr),
+    ]
+
+
+def _without_module_prefix(key):
+    return key[len('module.'):] if key.startswith('module.') else key
+
+
+def load_weights(model, path, arch):
+    """Our own .pth (a 'model' state dict), a CenterNet checkpoint ({'epoch', 'state_dict'} or its
+    bare state dict with reference names) or an ImageNet backbone file; returns (missing, unused)."""
+    if not str(path).endswith('.pth'):
+        return load_port_weights(model, path)  # reports what it cannot read
+    content = torch.load(path, map_location='cpu', weights_only=True)
+    if not isinstance(content, dict) or isinstance(content.get('model'), dict):
+        return load_port_weights(model, path)
+    state_dict = content.get('state_dict', content)
+    if any(_without_module_prefix(key).startswith('hm.') for key in state_dict):
+        return load_centernet_checkpoint(model, path)
+    return load_imagenet_backbone(model.backbone, path, arch)

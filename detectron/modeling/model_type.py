@@ -30,7 +30,7 @@ class ModelType:
     def output_classes(self, cfg):
         raise NotImplementedError
 
-    def load_weights(self, model, path):
+    def load_weights(self, cfg, model, path):
         """Initialise model from a weights file; returns (missing, unused) name lists."""
         raise NotImplementedError
 

@@ -42,7 +42,7 @@ class GeneralizedRCNNType(ModelType):
     def output_classes(self, cfg):
         return cfg.MODEL.NUM_CLASSES
 
-    def load_weights(self, model, path):
+    def load_weights(self, cfg, model, path):
         return load_weights(model, path)
 
     def training_roidb(self, cfg):

@@ -13,11 +13,10 @@ import torch
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
 from detectron.utils.errors import ConfigValueError
+from detectron.utils.variance_voting import soft_nms_with_variance_voting
 
-# KL-Loss's py_cpu_nms.soft constants: Gaussian decay exp(-IoU^2 / 0.5) and the score below which
-# a decayed box is dropped (Detectron's own soft-NMS uses 0.0001 at test time).
-_KL_SOFT_NMS_SIGMA = 0.5
-_KL_DROP_SCORE = 0.001
+# Detectron's own soft-NMS drops boxes below this score at test time (KL-Loss's `soft` uses 0.001,
+# see utils/variance_voting.py).
 _DETECTRON_SOFT_NMS_SCORE_THRESH = 0.0001
 # 'corrected' sigma order: the head's (x1, x2, y1, y2) sigma columns rearranged to (x1, y1, x2, y2).
 _SIGMA_COLUMNS_FOR_BOX_COLUMNS = {'reference': [0, 1, 2, 3], 'corrected': [0, 2, 1, 3]}
@@ -239,7 +238,7 @@ def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p):
     padded_dets = _pad_by_class(all_dets, classes, counts, width, fill=0.0)
     # Padding sigmas of 1 keep the (zero-weighted) vote terms of padded rows finite.
     padded_sigmas = _pad_by_class(sigmas, classes, counts, width, fill=1.0)
-    order, num_kept, voted_boxes, final_scores = soft_nms_with_variance_voting_t(
+    order, num_kept, voted_boxes, final_scores = soft_nms_with_variance_voting(
         padded_dets[..., :4], padded_dets[..., 4], padded_sigmas, counts, **_kl_soft_settings(p))
 
     positions = torch.arange(width, device=classes.device)
@@ -274,104 +273,3 @@ def _pad_by_class(values, classes, counts, width, fill):
     padded = values.new_full((counts.shape[0], width, values.shape[1]), fill)
     padded[class_rows, slots] = values
     return padded
-
-
-def soft_nms_with_variance_voting_t(boxes, scores, sigmas, counts, vote_thresh, iou_sigma,
-                                    vote=True, hard_nms_thresh=None):
-    """KL-Loss's `py_cpu_nms.soft` (variance voting + soft-NMS) on C independent box sets at once.
-
-    boxes (C, N, 4) float32 (x1, y1, x2, y2), scores (C, N), sigmas (C, N, 4) matched to the box
-    columns, counts (C,): set c uses its first counts[c] rows. Follows `soft` step by step:
-    position i takes the first highest score among the live positions i.. (swapping); with `vote`
-    its box becomes the average of the live boxes with IoU > vote_thresh (itself included),
-    weighted per column by exp(-(1 - IoU)^2 / iou_sigma) / sigma^2; every later live box with
-    IoU > 0 is then rescored (exp(-IoU^2 / 0.5), or 0 if IoU > hard_nms_thresh when given) and
-    dropped below 0.001 by swapping it with the last live position. IoUs are those of the
-    original boxes (KL-Loss computes their matrix once), in the same float32 arithmetic; weights
-    and decays are float64 like KL-Loss's numpy.
-
-    Each step is a few tensor ops over all sets; the loop runs once per position.
-    Returns order (C, N) (input row at each output position), num_kept (C,), voted boxes (C, N, 4)
-    by output position, and the final scores (C, N) by input row.
-    """
-    num_sets, width = scores.shape
-    device = scores.device
-    rows = torch.arange(num_sets, device=device)
-    positions = torch.arange(width, device=device)
-    # One spare column absorbs the scatters of positions that do not move.
-    order = torch.arange(width + 1, device=device).repeat(num_sets, 1)
-    num_live = counts.clone()
-    pending = positions < counts[:, None]
-    scores = scores.clone()
-    voted = boxes.clone()
-    # KL-Loss's vote terms, box / sigma^2 and 1 / sigma^2, are float32; its weights are float64.
-    weighted_boxes = (boxes / sigmas ** 2).double()
-    inv_var = (1.0 / sigmas ** 2).double()
-    pairwise_iou = torch.func.vmap(box_utils.box_iou_t)
-    step = 0
-    while num_sets and step < int(num_live.max()):
-        active = num_live > step
-        best = _first_best_live_position(scores, order[:, :width], step, num_live)
-        order = _swap_columns(order, step, torch.where(active, best, step))
-        chosen = order[:, step]
-        iou = pairwise_iou(boxes[rows, chosen][:, None], boxes)[:, 0].double()
-        if vote:
-            near = pending & (iou > vote_thresh)
-            weights = torch.where(near, torch.exp(-(1.0 - iou) ** 2 / iou_sigma), 0.0)[..., None]
-            chosen_box = ((weights * weighted_boxes).sum(1) / (weights * inv_var).sum(1)).float()
-        else:
-            chosen_box = boxes[rows, chosen]
-        voted[:, step] = torch.where(active[:, None], chosen_box, voted[:, step])
-        pending[rows, chosen] &= ~active
-        touched = pending & (iou > 0)
-        scores = torch.where(touched, _decayed_scores(scores, iou, hard_nms_thresh), scores)
-        dropped = touched & (scores < _KL_DROP_SCORE)
-        pending &= ~dropped
-        order, num_live = _drop_to_tail(order, num_live, dropped, step)
-        step += 1
-    return order[:, :width], num_live, voted, scores
-
-
-def _first_best_live_position(scores, order, step, num_live):
-    # numpy's argmax: the first of equal maxima among positions step .. num_live - 1.
-    positions = torch.arange(order.shape[1], device=order.device)
-    live = (positions >= step) & (positions < num_live[:, None])
-    at_position = scores.gather(1, order).masked_fill(~live, float('-inf'))
-    is_best = at_position == at_position.amax(dim=1, keepdim=True)
-    return torch.where(is_best, positions, order.shape[1]).amin(dim=1)
-
-
-def _swap_columns(order, step, other):
-    swapped = order.scatter(1, other[:, None], order[:, step:step + 1])
-    swapped[:, step] = order.gather(1, other[:, None])[:, 0]
-    return swapped
-
-
-def _decayed_scores(scores, iou, hard_nms_thresh):
-    if hard_nms_thresh is not None:
-        return torch.where(iou > hard_nms_thresh, 0.0, scores)
-    # float32 score times a float64 weight, stored as float32, as numpy does in KL-Loss.
-    return (scores.double() * torch.exp(-(iou * iou) / _KL_SOFT_NMS_SIGMA)).float()
-
-
-def _drop_to_tail(order, num_live, dropped, step):
-    """KL-Loss's removal of dropped boxes after position `step`: scanning forward, a dropped box
-    is swapped with the last live one (re-examined in its place) and the live count shrinks.
-
-    Net effect: kept boxes before the new live count stay; the holes left by dropped ones are
-    filled, in increasing position, by the kept boxes beyond the new count in decreasing position.
-    """
-    width = order.shape[1] - 1
-    positions = torch.arange(width, device=order.device)
-    examined = (positions > step) & (positions < num_live[:, None])
-    dropped_at = dropped.gather(1, order[:, :width]) & examined
-    new_live = num_live - dropped_at.sum(1)
-    holes = dropped_at & (positions < new_live[:, None])
-    movers = examined & ~dropped_at & (positions >= new_live[:, None])
-    hole_rank = holes.cumsum(1) - 1
-    mover_rank = movers.flip(1).cumsum(1).flip(1) - 1
-    hole_by_rank = torch.full_like(order, width)
-    hole_by_rank.scatter_(1, torch.where(holes, hole_rank, width), positions.expand_as(holes))
-    destination = torch.where(movers, hole_by_rank.gather(1, torch.where(movers, mover_rank, width)),
-                              width)
-    return order.scatter(1, destination, order[:, :width]), new_live

@@ -7,7 +7,7 @@ from torch import nn
 
 from detectron.core import test as test_lib
 from detectron.core.config import cfg
-from detectron.modeling import rcnn_inference
+from detectron.utils.variance_voting import soft_nms_with_variance_voting
 from detectron.utils import boxes as box_utils
 from detectron.utils.errors import ConfigValueError
 
@@ -225,7 +225,7 @@ def test_soft_nms_with_variance_voting_t_empty_and_padding():
     boxes = torch.tensor([[[0, 0, 9, 9], [1, 1, 10, 10], [0, 0, 0, 0]],
                           [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]], dtype=torch.float32)
     scores = torch.tensor([[0.5, 0.7, 0.0], [0.0, 0.0, 0.0]])
-    order, num_kept, voted, final = rcnn_inference.soft_nms_with_variance_voting_t(
+    order, num_kept, voted, final = soft_nms_with_variance_voting(
         boxes, scores, torch.ones(2, 3, 4), torch.tensor([2, 0]), vote_thresh=0.01,
         iou_sigma=0.01, vote=False)
     assert num_kept.tolist() == [2, 0]

@@ -81,7 +81,7 @@ class TinyModelType(ModelType):
     def output_classes(self, cfg):
         return cfg.MODEL.NUM_CLASSES
 
-    def load_weights(self, model, path):
+    def load_weights(self, cfg, model, path):
         return load_weights(model, path)
 
     def training_roidb(self, cfg):

@@ -1,7 +1,6 @@
 """KL-Loss's soft-NMS with variance voting: the compiled CPU kernel (cython_nms) and the Triton
 kernel (run by Triton's interpreter in a subprocess) against a plain numpy transcription of
-KL-Loss's py_cpu_nms.soft, against values worked out by hand, and against the tensor loop
-detectron.core.test.soft_nms_with_variance_voting_t that they replace."""
+KL-Loss's py_cpu_nms.soft and against values worked out by hand."""
 import importlib.util
 import json
 import math
@@ -13,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.core.test import soft_nms_with_variance_voting_t
 from detectron.utils import cython_nms
 from detectron.utils import variance_voting
 
@@ -281,15 +279,8 @@ def test_cpu_kernel_single_set_and_argument_errors():
 
 
 # ---------------------------------------------------------------------------------------------
-# Against the tensor loop in core, and the dispatcher
+# The dispatcher
 # ---------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize('name', list(small_cases()) + list(large_cases()))
-def test_cpu_kernel_equals_tensor_loop(name):
-    inputs, settings = {**small_cases(), **large_cases()}[name]
-    expected = soft_nms_with_variance_voting_t(*as_tensors(inputs), **settings)
-    assert_same_outputs(cython_nms.soft_nms_with_variance_voting(*inputs, **settings), expected)
-
 
 def test_dispatcher_on_cpu_tensors_uses_the_compiled_kernel():
     inputs, settings = large_cases()['soft_vote_150']
