@@ -572,7 +572,7 @@ def build_test_rows(args, device, precision):
                                    dict(base, STD_NMS=std)) for std in std_options]
         tv_row = torchvision_test_row('torchvision (equal work), {}'.format(case), tv_case, image, device, precision)
         rows += ours_rows + [tv_row]
-        ratios.append(('torchvision / ours STD_NMS False, {} (speed-up)'.format(case), tv_row, ours_rows[0]))
+        ratios.append(('torchvision ms / ours ms (STD_NMS False), {}: our speed-up'.format(case), tv_row, ours_rows[0]))
         if len(ours_rows) > 1:
             ratios.append(('ours STD_NMS True / False, {} (cost of variance voting)'.format(case),
                            ours_rows[1], ours_rows[0]))
@@ -628,7 +628,7 @@ def summarise_profile(events, steps, wall_s):
         'gpu_busy_fraction': busy / 1000.0 / steps / wall_ms if wall_ms else 0.0,
         'gpu_kernel_sum_ms_per_step': sum(end - start for start, end, _ in gpu) / 1000.0 / steps,
         'gpu_ops_per_step': len(gpu) / steps,
-        'host_syncs_per_step': sum(name in SYNC_API_NAMES for name, on_gpu, _, _ in events if not on_gpu) / steps,
+        'host_syncs_per_step': sum(name.startswith(SYNC_API_NAMES) for name, on_gpu, _, _ in events if not on_gpu) / steps,
         'd2h_copies_per_step': sum('DtoH' in name for _, _, name in gpu) / steps,
         'top_kernels': [{'name': name, 'ms_per_step': total / 1000.0 / steps, 'calls_per_step': calls / steps}
                         for name, (total, calls) in top],
@@ -706,6 +706,41 @@ def run_logged(tool, tool_args, log_path):
     return text
 
 
+def _dataset_arg(name):
+    return "('{}',)".format(name)
+
+
+def run_train_net(args, work, batch, precision):
+    """train_net.py from random init (TRAIN.WEIGHTS '') for --loop-iters iterations at lr --lr."""
+    return run_logged('train_net.py', ['-c', os.path.abspath(args.cfg), '--skip-test'] + _loop_opts(args) + [
+        'TRAIN.DATASETS', _dataset_arg(args.train_dataset), 'TRAIN.IMS_PER_BATCH', str(batch),
+        'SOLVER.MAX_ITER', str(args.loop_iters), 'SOLVER.BASE_LR', str(args.lr), 'TRAIN.WEIGHTS', "''",
+        'TRAIN.SNAPSHOT_ITERS', '100000000', 'SOLVER.AMP.ENABLED', str(precision != 'fp32'),
+        'SOLVER.AMP.DTYPE', 'bfloat16', 'OUTPUT_DIR', os.path.join(work, 'train')],
+        os.path.join(work, 'train_net.log'))
+
+
+def run_test_net(args, work, weights):
+    return run_logged('test_net.py', ['-c', os.path.abspath(args.cfg)] + _loop_opts(args) + [
+        'TEST.WEIGHTS', weights, 'OUTPUT_DIR', os.path.join(work, 'test')], os.path.join(work, 'test_net.log'))
+
+
+def _loop_opts(args):
+    opts = list(args.opts) + ['NUM_GPUS', '1', 'TEST.DATASETS', _dataset_arg(args.test_dataset)]
+    if args.catalog:
+        opts += ['DATASET_CATALOG', os.path.abspath(args.catalog)]
+    return opts
+
+
+def write_loaded_weights(path):
+    """Our model (cfg's classes) whose classifier passes every RoI on 5 classes, saved for
+    test_net: its post-processing work then does not depend on the images. Returns the model."""
+    model = build_ours(torch.device('cpu')).eval()
+    set_loaded_classifier(*ours_box_layers(model), cfg.MODEL.NUM_CLASSES)
+    torch.save({'model': model.state_dict()}, path)
+    return model
+
+
 def run_loops(args, device, precision, report):
     """train_net and test_net on real datasets vs synthetic rows of the same model, batch and size."""
     if args.loop_dir:
@@ -717,55 +752,35 @@ def run_loops(args, device, precision, report):
     batch = args.batch[0]
     train_shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
     test_shape = dataset_shape(args.test_dataset, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)
-    # test_net runs an 81-class model whose classifier passes 1000 RoIs x 5 classes on every image,
-    # so that the post-processing work does not depend on the images.
-    loaded = build_ours(torch.device('cpu')).eval()
-    set_loaded_classifier(*ours_box_layers(loaded), cfg.MODEL.NUM_CLASSES)
     weights = os.path.join(work, 'loaded_weights.pth')
-    torch.save({'model': loaded.state_dict()}, weights)
+    loaded = write_loaded_weights(weights)
 
-    common = list(args.opts) + ['NUM_GPUS', '1', 'TEST.DATASETS', "('{}',)".format(args.test_dataset)]
-    if args.catalog:
-        common += ['DATASET_CATALOG', os.path.abspath(args.catalog)]
-    config = os.path.abspath(args.cfg)
-    train_log = run_logged('train_net.py', ['-c', config, '--skip-test'] + common + [
-        'TRAIN.DATASETS', "('{}',)".format(args.train_dataset), 'TRAIN.IMS_PER_BATCH', str(batch),
-        'SOLVER.MAX_ITER', str(args.loop_iters), 'SOLVER.BASE_LR', str(args.lr), 'TRAIN.WEIGHTS', "''",
-        'TRAIN.SNAPSHOT_ITERS', '100000000', 'SOLVER.AMP.ENABLED', str(precision != 'fp32'),
-        'SOLVER.AMP.DTYPE', 'bfloat16', 'OUTPUT_DIR', os.path.join(work, 'train')],
-        os.path.join(work, 'train_net.log'))
-    test_log = run_logged('test_net.py', ['-c', config] + common + [
-        'TEST.WEIGHTS', weights, 'OUTPUT_DIR', os.path.join(work, 'test')], os.path.join(work, 'test_net.log'))
-
-    stats = json_stats(train_log)
+    stats = json_stats(run_train_net(args, work, batch, precision))
     train_net = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, batch,
                     values=train_log_images_per_s(stats, batch, args.loop_warmup),
-                    info={'iters': args.loop_iters, 'lines_after_warmup': sum(int(s['iter']) >= args.loop_warmup
-                                                                              for s in stats),
-                          'mem_mib': max(float(s.get('mem', 0)) for s in stats),
+                    info={'iters': args.loop_iters, 'mem_mib': max(float(s.get('mem', 0)) for s in stats),
                           'log': os.path.join(work, 'train_net.log')})
-    test_ms, running_mean_ms = test_log_ms_per_image(test_log)
+    test_ms, running_mean_ms = test_log_ms_per_image(run_test_net(args, work, weights))
     test_net = Row('test', 'test_net.py on {} (im_detect lines), loaded weights'.format(args.test_dataset), None, 1,
                    values=[test_ms], info={'running_mean_ms_incl_first_images': running_mean_ms,
                                            'log': os.path.join(work, 'test_net.log')})
 
-    synthetic_train = ours_train_row(args, batch, train_shape['resized_height'], train_shape['resized_width'],
-                                     max(1, round(train_shape['boxes_per_image'])), device, precision)
-    synthetic_train.name += ', synthetic at {}x{}'.format(train_shape['resized_height'], train_shape['resized_width'])
-    image = synthetic_images(1, test_shape['height'], test_shape['width'], seed=1)[0]
-    loaded = loaded.to(device)
-    synthetic_test = ours_test_row('ours, loaded 81-class weights, synthetic {}x{} image ({})'.format(
-        test_shape['height'], test_shape['width'], args.loop_test_precision), loaded, image, device,
+    train_hw = [train_shape['resized_height'], train_shape['resized_width']]
+    synthetic_train = ours_train_row(args, batch, *train_hw, max(1, round(train_shape['boxes_per_image'])),
+                                     device, precision)
+    synthetic_train.name += ', synthetic {}x{}'.format(*train_hw)
+    test_hw = [test_shape['height'], test_shape['width']]
+    synthetic_test = ours_test_row('ours, loaded weights, synthetic {}x{} image resized as in test_net'.format(
+        *test_hw), loaded.to(device), synthetic_images(1, *test_hw, seed=1)[0], device,
         args.loop_test_precision, {})
     run_interleaved([synthetic_train, synthetic_test], args.rounds, args.iters, args.warmup, args.round_warmup, device)
-    context = {'train_dataset': dict(train_shape, name=args.train_dataset),
-               'test_dataset': dict(test_shape, name=args.test_dataset)}
-    report.add_row(train_net, batch=batch, precision=precision, size=None, **context)
-    report.add_row(synthetic_train, batch=batch, precision=precision,
-                   size=[train_shape['resized_height'], train_shape['resized_width']])
-    report.add_row(test_net, batch=1, precision=args.loop_test_precision, size=None, **context)
-    report.add_row(synthetic_test, batch=1, precision=args.loop_test_precision,
-                   size=[test_shape['height'], test_shape['width']])
+
+    datasets = {'train_dataset': dict(train_shape, name=args.train_dataset),
+                'test_dataset': dict(test_shape, name=args.test_dataset)}
+    report.add_row(train_net, batch=batch, precision=precision, size=None, **datasets)
+    report.add_row(synthetic_train, batch=batch, precision=precision, size=train_hw)
+    report.add_row(test_net, batch=1, precision="test_net's own", size=None, **datasets)
+    report.add_row(synthetic_test, batch=1, precision=args.loop_test_precision, size=test_hw)
     # Not interleaved (a subprocess cannot be): ratios of the medians, against the issue's targets.
     report.add_ratio('train_net / synthetic images/s (target >= 0.90)',
                      [spread(train_net.values)['median'] / spread(synthetic_train.values)['median']])
