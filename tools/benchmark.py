@@ -16,14 +16,18 @@ Sections (--mode):
            torchvision's model([x]); 6-class models whose box classifier is biased so that a
            "realistic" few hundred candidates per class, or a "loaded" 1000 RoIs x 5 classes, reach
            post-processing; ours with STD_NMS False and True (variance voting);
-  profile  a torch.profiler trace of a few training steps of ours and torchvision's, summarised
-           (--profile is the same as adding it to --mode);
+  profile  a torch.profiler trace of a few training steps of ours and torchvision's at the first
+           --batch, summarised (--profile is the same as adding it to --mode);
   loops    tools/train_net.py and tools/test_net.py run as subprocesses on real datasets, timed
            from their own logs, next to synthetic rows of the same model, batch, size and precision.
 Rows are timed in interleaved rounds (ours, torchvision, ours, ...): each value is the median over
 --rounds with min and max, each ratio the median of the per-round ratios. Prints one JSON line per
-row and a Markdown table. Example (the GPU table):
-    python tools/benchmark.py --mode train test --batch 2 16 --rounds 5
+row and a Markdown table (BENCHMARKS.md describes every row). Examples:
+    python tools/benchmark.py --mode train test --batch 2 16
+    python tools/benchmark.py --mode profile
+    python tools/benchmark.py --mode loops --catalog catalog.json --train-dataset coco_tiny_train \
+        --test-dataset coco_tiny_val
+    python tools/benchmark.py --height 256 --width 256 --iters 2 --rounds 2    # CPU smoke run
 Learning rate: --lr 0 by default. From random init a frozen-norm R-50 diverges within a few dozen
 steps (BENCHMARKS.md) and NaN losses would change what top-k and NMS do; lr 0 keeps all the
 arithmetic of a step and the losses finite.
@@ -102,8 +106,12 @@ def parse_args(argv):
     loops.add_argument('--loop-test-precision', choices=sorted(PRECISIONS), default='fp32',
                        help="precision of the synthetic row compared with test_net (test_net uses no autocast)")
     loops.add_argument('--loop-dir', default=None, help='where the loops write logs and outputs (default: a temp dir)')
-    parser.add_argument('opts', nargs=argparse.REMAINDER, help='config overrides KEY VALUE ... (also passed to the loops)')
+    parser.add_argument('opts', nargs=argparse.REMAINDER,
+                        help='config overrides KEY VALUE ... (also passed to the loops); after a list option '
+                             '(--mode, --batch) separate them with --')
     args = parser.parse_args(argv)
+    if args.opts[:1] == ['--']:
+        args.opts = args.opts[1:]
     if args.profile and 'profile' not in args.mode:
         args.mode.append('profile')
     if 'loops' in args.mode and not (args.train_dataset and args.test_dataset):

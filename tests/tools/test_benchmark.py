@@ -38,6 +38,16 @@ def _softmax(logits):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+# --- command line ---------------------------------------------------------------------------------
+
+def test_command_line_lists_overrides_and_sections():
+    args = bm.parse_args(['--batch', '2', '16', '--', 'TEST.SCALE', '500'])
+    assert (args.batch, args.opts, args.mode) == ([2, 16], ['TEST.SCALE', '500'], ['train', 'test'])
+    assert bm.parse_args(['--profile', '--iters', '3', 'STD_NMS', 'True']).mode == ['train', 'test', 'profile']
+    with pytest.raises(ConfigValueError):
+        bm.parse_args(['--mode', 'loops', '--train-dataset', 'coco_tiny_train'])
+
+
 # --- statistics ---------------------------------------------------------------------------------
 
 def test_spread_on_hand_values():
