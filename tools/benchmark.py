@@ -766,8 +766,9 @@ def run_loops(args, device, precision, report):
     stats = json_stats(run_train_net(args, work, batch, precision))
     train_net = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, batch,
                     values=train_log_images_per_s(stats, batch, args.loop_warmup),
-                    info={'iters': args.loop_iters, 'mem_mib': max(float(s.get('mem', 0)) for s in stats),
-                          'log': os.path.join(work, 'train_net.log')})
+                    # json_stats 'mem': max_memory_allocated in MiB (0 off CUDA), the peak column
+                    peaks_mib=[max(float(s.get('mem', 0)) for s in stats)],
+                    info={'iters': args.loop_iters, 'log': os.path.join(work, 'train_net.log')})
     test_ms, running_mean_ms = test_log_ms_per_image(run_test_net(args, work, weights))
     test_net = Row('test', 'test_net.py on {} (im_detect lines), loaded weights'.format(args.test_dataset), None, 1,
                    values=[test_ms], info={'running_mean_ms_incl_first_images': running_mean_ms,
