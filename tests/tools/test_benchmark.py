@@ -1,0 +1,284 @@
+"""tools/benchmark.py: its statistics, interleaving, the equal-work torchvision model, the biased
+box classifiers, the log parsers, the profile summary, and a CPU smoke run of main."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torchvision.models.detection import FasterRCNN
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+from torchvision.ops import MultiScaleRoIAlign
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+from detectron.core.config import cfg
+from detectron.datasets import dataset_catalog
+from detectron.utils.errors import ConfigValueError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHAPES_KL = 'configs/getting_started/shapes_demo_R-18-FPN_kl.yaml'
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location('benchmark', os.path.join(REPO, 'tools', 'benchmark.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bm = _load_benchmark()
+
+
+def _softmax(logits):
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+def test_command_line_lists_overrides_and_sections():
+    args = bm.parse_args(['--batch', '2', '16', '--', 'TEST.SCALE', '500'])
+    assert (args.batch, args.opts, args.mode) == ([2, 16], ['TEST.SCALE', '500'], ['train', 'test'])
+    assert bm.parse_args(['--profile', '--iters', '3', 'STD_NMS', 'True']).mode == ['train', 'test', 'profile']
+    with pytest.raises(ConfigValueError):
+        bm.parse_args(['--mode', 'loops', '--train-dataset', 'coco_tiny_train'])
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+def test_spread_on_hand_values():
+    assert bm.spread([3, 1, 2]) == {'median': 2.0, 'min': 1.0, 'max': 3.0}
+    assert bm.spread([4, 1, 10, 2]) == {'median': 3.0, 'min': 1.0, 'max': 10.0}
+
+
+def test_ratios_are_paired_per_round():
+    ratios = bm.per_round_ratios([10, 12, 9], [5, 4, 3])
+    assert ratios == [2.0, 3.0, 3.0]
+    # The median of the per-round ratios (3.0), not the ratio of the medians (10 / 4 = 2.5).
+    assert bm.spread(ratios) == {'median': 3.0, 'min': 2.0, 'max': 3.0}
+    with pytest.raises(ValueError):
+        bm.per_round_ratios([1, 2], [1])
+
+
+def test_rounds_interleave_rows_and_time_only_the_timed_steps():
+    now = [0.0]
+    calls = []
+
+    def stepper(name, seconds):
+        def step():
+            calls.append((name, cfg.TEST.SCALE))
+            now[0] += seconds
+        return step
+
+    train = bm.Row('train', 'a', stepper('a', 0.5), images_per_step=2)
+    test = bm.Row('test', 'b', stepper('b', 0.25), images_per_step=1, cfg={'TEST.SCALE': 123})
+    scale = cfg.TEST.SCALE
+    bm.run_interleaved([train, test], rounds=2, iters=3, warmup=1, round_warmup=1,
+                       device=torch.device('cpu'), clock=lambda: now[0])
+    order = [name for name, _ in calls]
+    assert order == ['a', 'b'] + (['a'] * 4 + ['b'] * 4) * 2
+    assert {s for name, s in calls if name == 'b'} == {123} and {s for name, s in calls if name == 'a'} == {scale}
+    assert cfg.TEST.SCALE == scale
+    assert train.values == [2 * 3 / (3 * 0.5)] * 2  # images/s over the 3 timed steps
+    assert test.values == [1000 * 0.25] * 2  # ms per image
+    assert train.peaks_mib == [] and test.unit == 'ms/image'
+
+
+# --- the torchvision models ---------------------------------------------------------------------
+
+def _bottleneck(dim_in, width, dim_out, projection):
+    return dim_in * width + 9 * width * width + width * dim_out + (dim_in * dim_out if projection else 0)
+
+
+def _layer(dim_in, width, blocks):
+    return _bottleneck(dim_in, width, 4 * width, True) + (blocks - 1) * _bottleneck(4 * width, width, 4 * width, False)
+
+
+# ResNet-50 convolutions (no biases; FrozenBatchNorm2d has no parameters), by hand.
+CONV1 = 64 * 3 * 7 * 7
+LAYER1 = _layer(64, 64, 3)
+LAYERS_2_TO_4 = _layer(256, 128, 4) + _layer(512, 256, 6) + _layer(1024, 512, 3)
+FPN = 256 * (256 + 512 + 1024 + 2048) + 4 * 256 + 4 * (9 * 256 * 256 + 256)
+RPN = (9 * 256 * 256 + 256) + (256 * 3 + 3) + (256 * 12 + 12)
+BOX_HEAD = (256 * 49 * 1024 + 1024) + (1024 * 1024 + 1024)
+PREDICTOR_81 = (1024 * 81 + 81) + (1024 * 4 * 81 + 4 * 81)
+BN_AFFINE = 2 * (64 + 3 * (64 + 64 + 256) + 256 + 4 * (128 + 128 + 512) + 512 + 6 * (256 + 256 + 1024) + 1024
+                 + 3 * (512 + 512 + 2048) + 2048)
+
+
+def test_equal_work_torchvision_model_freezes_exactly_conv1_and_layer1_with_frozen_bn():
+    model = bm.torchvision_equal_work(81, **bm.torchvision_settings(800, 1333))
+    norms = [m for m in model.modules() if isinstance(m, (FrozenBatchNorm2d, nn.BatchNorm2d))]
+    assert len(norms) == 53 and all(isinstance(m, FrozenBatchNorm2d) for m in norms)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    stem_and_res2 = {n for n, _ in model.named_parameters()
+                     if n.startswith(('backbone.body.conv1.', 'backbone.body.layer1.'))}
+    assert frozen == stem_and_res2 and len(frozen) == 1 + 10  # conv1 + layer1's 9 convs and 1 projection
+    assert CONV1 + LAYER1 == 222400
+    assert bm.trainable_parameters(model) == LAYERS_2_TO_4 + FPN + RPN + BOX_HEAD + PREDICTOR_81 == 41481636
+
+
+def test_unequal_torchvision_model_trains_every_stage_with_batch_norm():
+    model = bm.torchvision_all_stages_bn(81, **bm.torchvision_settings(800, 1333))
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()) == 53
+    assert not any(isinstance(m, FrozenBatchNorm2d) for m in model.modules())
+    assert bm.trainable_parameters(model) == 41481636 + CONV1 + LAYER1 + BN_AFFINE == 41757156
+
+
+def test_torchvision_settings_follow_our_cfg():
+    cfg.immutable(False)
+    cfg.TEST.RPN_POST_NMS_TOP_N = 321
+    cfg.TRAIN.BATCH_SIZE_PER_IM = 64
+    settings = bm.torchvision_settings(256, 320)
+    model = bm.torchvision_equal_work(6, **settings)
+    assert (settings['min_size'], settings['max_size']) == (256, 320)
+    assert model.rpn._post_nms_top_n['testing'] == 321
+    assert model.roi_heads.fg_bg_sampler.batch_size_per_image == 64
+
+
+# --- the biased box classifiers -----------------------------------------------------------------
+
+def test_loaded_classifier_gives_every_roi_the_loaded_scores():
+    cls_score, bbox_pred = nn.Linear(8, 6), nn.Linear(8, 24)
+    bm.set_loaded_classifier(cls_score, [bbox_pred], 6)
+    x = torch.randn(50, 8)
+    probs = _softmax(cls_score(x).detach().double().numpy())
+    np.testing.assert_allclose(probs, np.tile([0.1, 0.18, 0.18, 0.18, 0.18, 0.18], (50, 1)), atol=1e-6)
+    assert not bbox_pred(x).abs().sum()
+    # 81 classes: still 5 loaded classes per RoI above a 0.05 threshold, nothing else.
+    probs81 = _softmax(np.log(bm.loaded_class_probs(81)))
+    assert (probs81 > 0.05).sum() == 6 and probs81[1:6].min() > 0.17 and probs81[6:].max() < 1e-8
+    np.testing.assert_allclose(bm.loaded_class_probs(4)[:4], [1 - 3 * 0.18, 0.18, 0.18, 0.18])
+    with pytest.raises(ConfigValueError):
+        bm.loaded_class_probs(1)
+
+
+def test_realistic_classifier_lets_about_the_asked_candidates_through():
+    gen = torch.Generator().manual_seed(3)
+    features = torch.relu(torch.randn(600, 32, generator=gen)) * 7.0
+    weight, bias = bm.realistic_class_head(features, 6, per_class=100, score_thresh=0.05)
+    probs = _softmax(features.double().numpy() @ weight.double().numpy().T + bias.double().numpy())
+    per_class = (probs[:, 1:] > 0.05).sum(axis=0)
+    assert abs(per_class.sum() - 500) <= 5
+    assert per_class.min() > 50 and per_class.max() < 150  # spread over the classes
+    assert 0 < (probs[:, 1:] > 0.05).any(axis=1).sum() < 600  # and varying with the RoI
+
+
+# --- the loops' log parsers and the dataset shape -----------------------------------------------
+
+TRAIN_LOG = """INFO train_net.py:  57: MAX_ITER: 60 iterations
+json_stats: {"iter": 0, "loss": "2.1", "time": "0.500000"}
+INFO train_engine.py: 269: [1/60] loss 2.1
+json_stats: {"iter": 20, "loss": "2.0", "time": "0.250000"}
+json_stats: {"iter": 40, "loss": "2.0", "time": "0.200000"}
+json_stats: {"iter": 59, "loss": "1.9", "time": "0.400000"}
+"""
+
+TEST_LOG = """INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 1/30 2.000s (eta: 0:00:58)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 11/30 0.300s (eta: 0:00:05)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 21/30 0.200s (eta: 0:00:01)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 30/30 0.150s (eta: 0:00:00)
+"""
+
+
+def test_training_log_images_per_second_after_warmup():
+    stats = bm.json_stats(TRAIN_LOG)
+    assert [s['iter'] for s in stats] == [0, 20, 40, 59]
+    assert bm.train_log_images_per_s(stats, global_batch=2, warmup_iter=20) == [8.0, 10.0, 5.0]
+    with pytest.raises(ConfigValueError):
+        bm.train_log_images_per_s(stats, global_batch=2, warmup_iter=60)
+
+
+def test_test_log_ms_per_image_excludes_the_first_images():
+    ms, running_mean = bm.test_log_ms_per_image(TEST_LOG)
+    # images 12..30: 30 x 0.150 s - 11 x 0.300 s over 19 images
+    assert ms == pytest.approx(1000 * (4.5 - 3.3) / 19)
+    assert running_mean == pytest.approx(150.0)
+    with pytest.raises(ConfigValueError):
+        bm.test_log_ms_per_image(TEST_LOG.splitlines()[0])
+
+
+def test_dataset_shape_uses_the_resize_rule(tmp_path):
+    coco = {'images': [{'id': 1, 'height': 480, 'width': 640}, {'id': 2, 'height': 375, 'width': 500},
+                       {'id': 3, 'height': 427, 'width': 640}],
+            'annotations': [{'image_id': 1, 'iscrowd': 0}, {'image_id': 1, 'iscrowd': 1},
+                            {'image_id': 2, 'iscrowd': 0}, {'image_id': 3, 'iscrowd': 0}]}
+    ann = tmp_path / 'ann.json'
+    ann.write_text(json.dumps(coco))
+    dataset_catalog.register_dataset('benchmark_test_three_images', str(tmp_path), str(ann))
+    shape = bm.dataset_shape('benchmark_test_three_images', 800, 1333)
+    # short side -> 800: 640 x 800/480 = 1066.7, 500 x 800/375 = 1066.7, 640 x 800/427 = 1199.1
+    assert shape == {'images': 3, 'height': 427, 'width': 640, 'resized_height': 800, 'resized_width': 1067,
+                     'boxes_per_image': 1.0}
+
+
+# --- the profile summary ------------------------------------------------------------------------
+
+def test_profile_summary_on_hand_events():
+    events = [('k1', True, 0.0, 10.0), ('k2', True, 5.0, 15.0), ('k1', True, 20.0, 30.0),
+              ('Memcpy DtoH (Device -> Pageable)', True, 40.0, 42.0),
+              ('cudaLaunchKernel', False, 0.0, 1.0), ('cudaStreamSynchronize', False, 2.0, 3.0),
+              ('cudaStreamSynchronize', False, 4.0, 5.0), ('cudaDeviceSynchronize', False, 6.0, 7.0)]
+    s = bm.summarise_profile(events, steps=2, wall_s=0.1)
+    assert s['wall_ms_per_step'] == pytest.approx(50.0)
+    assert s['gpu_busy_ms_per_step'] == pytest.approx((15 + 10 + 2) / 1000 / 2)  # k1 and k2 overlap
+    assert s['gpu_kernel_sum_ms_per_step'] == pytest.approx((10 + 10 + 10 + 2) / 1000 / 2)
+    assert s['gpu_busy_fraction'] == pytest.approx(0.0135 / 50.0)
+    assert (s['gpu_ops_per_step'], s['host_syncs_per_step'], s['d2h_copies_per_step']) == (2.0, 1.5, 0.5)
+    assert s['top_kernels'][0] == {'name': 'k1', 'ms_per_step': pytest.approx(0.01), 'calls_per_step': 1.0}
+    assert [k['name'] for k in s['top_kernels']] == ['k1', 'k2', 'Memcpy DtoH (Device -> Pageable)']
+
+
+# --- main on the CPU ----------------------------------------------------------------------------
+
+def _tiny_torchvision(norm):
+    """A FasterRCNN small enough for the CPU smoke run (the real ones are tested above)."""
+    def build(num_classes, **settings):
+        backbone = nn.Sequential(nn.Conv2d(3, 16, 3, stride=8, padding=1), norm(16), nn.ReLU())
+        backbone.out_channels = 16
+        return FasterRCNN(
+            backbone, rpn_anchor_generator=AnchorGenerator(((32,),), ((0.5, 1.0, 2.0),)),
+            box_roi_pool=MultiScaleRoIAlign(['0'], 7, 2), box_head=TwoMLPHead(16 * 49, 32),
+            box_predictor=FastRCNNPredictor(32, num_classes), **settings)
+    return build
+
+
+def test_main_runs_every_cpu_section_at_tiny_settings(monkeypatch, capsys):
+    monkeypatch.setattr(bm, 'torchvision_equal_work', _tiny_torchvision(FrozenBatchNorm2d))
+    monkeypatch.setattr(bm, 'torchvision_all_stages_bn', _tiny_torchvision(nn.BatchNorm2d))
+    argv = ['--cfg', SHAPES_KL, '--mode', 'train', 'test', '--profile', '--height', '64', '--width', '64',
+            '--batch', '1', '--iters', '1', '--rounds', '2', '--warmup', '0', '--round-warmup', '0',
+            '--realistic-per-class', '5', '--profile-steps', '1',
+            'FPN.DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '32', 'TRAIN.RPN_PRE_NMS_TOP_N', '50',
+            'TRAIN.RPN_POST_NMS_TOP_N', '50', 'TRAIN.BATCH_SIZE_PER_IM', '16', 'TEST.RPN_PRE_NMS_TOP_N', '30',
+            'TEST.RPN_POST_NMS_TOP_N', '30']
+    report = bm.main(argv)
+    out = capsys.readouterr().out
+    records = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+    assert records == report.records
+    by_section = {}
+    for r in records:
+        by_section.setdefault(r['section'], []).append(r)
+        assert r['device'].startswith('cpu') and r['torch'] == torch.__version__ and 'benchmark.py' in r['command']
+    assert [len(by_section[s]) for s in ('train', 'test', 'ratio', 'profile')] == [3, 6, 2 + 4, 2]
+    for r in by_section['train'] + by_section['test'] + by_section['ratio']:
+        assert len(r['rounds']) == 2 and r['median'] == pytest.approx(float(np.median(r['rounds'])))
+        assert (r['min'], r['max']) == (min(r['rounds']), max(r['rounds']))
+    ours, equal, unequal = by_section['train']
+    assert 'UNEQUAL' in unequal['row'] and 'equal work' in equal['row']
+    assert all(r['precision'] == 'fp32' and r['batch'] == 1 and r['loss_finite'] for r in by_section['train'])
+    speedup = next(r for r in by_section['ratio'] if r['row'].startswith('ours / torchvision equal work'))
+    assert speedup['rounds'] == pytest.approx([a / b for a, b in zip(ours['rounds'], equal['rounds'])])
+    rows = {r['row']: r for r in by_section['test']}
+    for name in ('ours, loaded, STD_NMS False', 'ours, loaded, STD_NMS True', 'torchvision (equal work), loaded'):
+        assert rows[name]['candidates'] == 5 * rows[name]['rois']  # every RoI on all 5 classes
+    voting = next(r for r in by_section['ratio'] if r['row'].startswith('ours STD_NMS True / False, loaded'))
+    assert voting['rounds'] == pytest.approx([a / b for a, b in zip(rows['ours, loaded, STD_NMS True']['rounds'],
+                                                                     rows['ours, loaded, STD_NMS False']['rounds'])])
+    assert all(p['host_syncs_per_step'] == 0 and p['wall_ms_per_step'] > 0 for p in by_section['profile'])
+    table = out[out.index('| section | row |'):]
+    assert all(r['row'] in table for r in records)
