@@ -1,0 +1,301 @@
+"""CenterNet through the engines: the epoch schedule and chunk sizes derived from CENTERNET.*, weight
+files, the one-image detector against a hand computation, training with unequal per-GPU chunks on
+two gloo processes (CenterNet's mean of per-GPU losses), and testing in one and two processes."""
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from detectron.core import test_engine, train_engine
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.datasets import dataset_catalog
+from detectron.modeling import centernet, centernet_builder, model_builder
+from detectron.roi_data.centernet import get_affine_transform
+from detectron.roi_data.loader import build_train_loader
+from detectron.roi_data.samplers import GroupedDistributedBatchSampler
+from detectron.utils import distributed
+from detectron.utils.errors import ConfigValueError
+from test_train_engine import write_tiny_datasets
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'centernet')
+TEST_SUBDIR = os.path.join('test', 'tiny_val', 'centernet')
+
+
+@pytest.fixture(autouse=True)
+def private_dataset_registrations(monkeypatch):
+    monkeypatch.setattr(dataset_catalog, '_registered', {})
+
+
+@pytest.fixture(scope='module')
+def catalog(tmp_path_factory):
+    return write_tiny_datasets(tmp_path_factory.mktemp('centernet'))
+
+
+def use_centernet(catalog, output_dir, *overrides):
+    """res_18 at 64 px on the tiny datasets (2 categories), 2 images per iteration."""
+    cfg.defrost()
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml'))
+    merge_cfg_from_list(['DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)",
+                         'TEST.DATASETS', "('tiny_val',)", 'CENTERNET.NUM_CLASSES', '2', 'CENTERNET.INPUT_RES', '64',
+                         'CENTERNET.BATCH_SIZE', '2', 'CENTERNET.LR', '0.001', 'CENTERNET.LR_BATCH_SIZE', '2',
+                         'CENTERNET.NUM_EPOCHS', '1', 'CENTERNET.LR_STEP', '(1,)', 'DATA_LOADER.NUM_THREADS', '0',
+                         'OUTPUT_DIR', str(output_dir)] + list(overrides))
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    derived = model_builder.get_model_type(cfg).derive_training_cfg(cfg)
+    assert_and_infer_cfg()
+    return derived
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedule and chunk sizes
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('name, gpus, images, chunks, per_epoch', [
+    # CenterNet's experiment lines on COCO train2017 (118287 images, every one used).
+    ('ctdet_coco_resdcn18.yaml', 4, 118287, (18, 32, 32, 32), 1037),
+    ('ctdet_coco_dla_1x.yaml', 8, 118287, (9,) + (17,) * 7, 924),
+])
+def test_shipped_configs_derive_the_reference_schedule(monkeypatch, name, gpus, images, chunks, per_epoch):
+    monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: [None] * images)
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'centernet', name))
+    lines = centernet_builder.derive_training_cfg(cfg)
+    assert cfg.NUM_GPUS == gpus and tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == chunks
+    assert cfg.SOLVER.MAX_ITER == 140 * per_epoch
+    assert cfg.SOLVER.STEPS == [0, 90 * per_epoch, 120 * per_epoch]
+    assert (cfg.SOLVER.BASE_LR, cfg.SOLVER.GAMMA, cfg.SOLVER.WARM_UP_ITERS) == (5e-4, 0.1, 0)
+    assert (cfg.SOLVER.OPTIMIZER, cfg.SOLVER.WEIGHT_DECAY, cfg.SOLVER.LR_POLICY) == ('adam', 0.0, 'steps_with_decay')
+    assert cfg.TRAIN.SNAPSHOT_ITERS == per_epoch * gpus  # a checkpoint every epoch
+    assert 'per-GPU batches (chunk sizes) {}'.format(list(chunks)) in lines[1]
+    assert_and_infer_cfg()
+    schedule = train_engine.lr_schedule()
+    # CenterNet's main.py: lr drops to 5e-5 after epoch 90 and to 5e-6 after epoch 120.
+    for epoch, lr in ((1, 5e-4), (90, 5e-4), (91, 5e-5), (120, 5e-5), (121, 5e-6), (140, 5e-6)):
+        assert schedule.lr_at((epoch - 1) * per_epoch) == pytest.approx(lr, rel=1e-6), epoch
+    assert train_engine.checkpoint_period(gpus) == per_epoch
+
+
+def test_lr_scales_linearly_with_the_global_batch(monkeypatch):
+    monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: [None] * 1000)
+    merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'NUM_GPUS', '4', 'CENTERNET.BATCH_SIZE', '12',
+                         'CENTERNET.MASTER_BATCH_SIZE', '4'])
+    centernet_builder.derive_training_cfg(cfg)
+    # CenterNet's "1.25e-4 for batch size 32": 12 images -> 4.6875e-5; chunks as opts.py: [4, 3, 3, 2].
+    assert cfg.SOLVER.BASE_LR == pytest.approx(1.25e-4 * 12 / 32)
+    assert tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == (4, 3, 3, 2)
+    assert cfg.SOLVER.MAX_ITER == 140 * (1000 // 12)
+
+
+def test_explicit_chunk_sizes_override_and_bad_ones_are_refused(monkeypatch):
+    monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: [None] * 100)
+    merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'NUM_GPUS', '2', 'CENTERNET.BATCH_SIZE', '10',
+                         'CENTERNET.CHUNK_SIZES', '(7, 3)'])
+    centernet_builder.derive_training_cfg(cfg)
+    assert tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == (7, 3)
+    cfg.CENTERNET.CHUNK_SIZES = (7, 2)
+    with pytest.raises(ConfigValueError, match='CENTERNET'):
+        centernet_builder.derive_training_cfg(cfg)
+
+
+def _run_tool(*args):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'train_net.py')] + list(args),
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+def test_print_config_shows_the_derived_schedule_and_chunks(catalog):
+    result = _run_tool('--cfg', 'configs/getting_started/shapes_demo_centernet_res18.yaml', '--print-config',
+                       'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)", 'NUM_GPUS', '2',
+                       'CENTERNET.BATCH_SIZE', '8', 'CENTERNET.MASTER_BATCH_SIZE', '2')
+    assert result.returncode == 0, result.stderr
+    assert 'CenterNet: 8 training images // CENTERNET.BATCH_SIZE 8 = 1 iterations per epoch' in result.stdout
+    assert 'CenterNet: per-GPU batches (chunk sizes) [2, 6]' in result.stdout
+    assert 'images per iteration: 8 (TRAIN.RANK_IMS_PER_BATCH (2, 6) x SOLVER.ITER_SIZE 1)' in result.stdout
+
+
+def test_impossible_chunks_are_one_error_line_before_any_process_starts(catalog):
+    # CenterNet issue #115: --batch_size 4 --master_batch 15 on two GPUs gives the chunks [15, -11].
+    result = _run_tool('--cfg', 'configs/getting_started/shapes_demo_centernet_res18.yaml',
+                       'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)", 'NUM_GPUS', '2',
+                       'CENTERNET.BATCH_SIZE', '4', 'CENTERNET.MASTER_BATCH_SIZE', '15')
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: ') and 'CENTERNET.MASTER_BATCH_SIZE' in lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The detector against a hand computation
+# ---------------------------------------------------------------------------------------------
+
+class _FixedHeads(torch.nn.Module):
+    """Raw head outputs with one peak: class 1 at output cell (x 10, y 5) with offset (0.25, 0.5)
+    and size (8, 4) output pixels; the peak logit is 2 for the first image of a batch, 1 for others."""
+
+    def __init__(self, num_classes, size):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(()))
+        self.num_classes, self.size = num_classes, size
+
+    def forward(self, images):
+        batch, out = images.shape[0], self.size // 4
+        hm = torch.full((batch, self.num_classes, out, out), -10.0)
+        hm[:, 1, 5, 10] = 1.0
+        hm[0, 1, 5, 10] = 2.0
+        wh = torch.zeros(batch, 2, out, out)
+        wh[:, 0, 5, 10], wh[:, 1, 5, 10] = 8.0, 4.0
+        reg = torch.zeros(batch, 2, out, out)
+        reg[:, 0, 5, 10], reg[:, 1, 5, 10] = 0.25, 0.5
+        return {'hm': hm + self.anchor, 'wh': wh, 'reg': reg}
+
+
+def test_detector_maps_a_peak_back_through_the_inverse_affine():
+    params = centernet.TestParams(input=centernet_builder.CtdetParams(input_h=64, input_w=64, num_classes=3), K=5)
+    im = np.zeros((40, 100, 3), np.uint8)  # w 100, h 40: fix_res centre (50, 20), scale 100
+    sample = centernet.prepare_test_image(im, params)
+    assert sample['inputs'][0].shape == (1, 3, 64, 64)
+    cls_boxes = centernet.detect(_FixedHeads(3, 64), sample, params)
+    assert len(cls_boxes) == 4 and cls_boxes[0].shape == (0, 5)
+    # Output grid 16 x 16 spans the 100-px square around the centre: 6.25 px per cell, origin at
+    # (50 - 50, 20 - 50) = (0, -30). Centre (10.25, 5.5), half size (4, 2) -> output box
+    # (6.25, 3.5, 14.25, 7.5) -> image box (39.0625, -8.125, 89.0625, 16.875).
+    score = 1 / (1 + np.exp(-2.0))
+    top = cls_boxes[2][np.argmax(cls_boxes[2][:, 4])]
+    np.testing.assert_allclose(top, [39.0625, -8.125, 89.0625, 16.875, score], rtol=1e-5)
+    # No score threshold: K = 5 detections in all (CenterNet's decode), the other four at ~sigmoid(-10).
+    assert sum(len(b) for b in cls_boxes) == 5
+    inverse = get_affine_transform(np.array([50, 20], np.float32), 100.0, 0, (16, 16), inv=1)
+    np.testing.assert_allclose(inverse @ [6.25, 3.5, 1], [39.0625, -8.125], rtol=1e-5)
+
+
+def test_flip_test_averages_hm_and_wh_with_the_mirrored_pass():
+    params = centernet.TestParams(input=centernet_builder.CtdetParams(input_h=64, input_w=64, num_classes=3),
+                                  K=1, flip=True)
+    sample = centernet.prepare_test_image(np.zeros((64, 64, 3), np.uint8), params)
+    assert sample['inputs'][0].shape == (2, 3, 64, 64)
+    top = centernet.detect(_FixedHeads(3, 64), sample, params)[2][0]
+    # The mirrored pass (peak logit 1) has its peak at x = 15 - 10 = 5 once flipped back, so at
+    # x 10 the averaged heat is (sigmoid(2) + sigmoid(-10)) / 2 and wh is (8, 4) / 2; reg is the
+    # unflipped pass's (0.25, 0.5).
+    score = (1 / (1 + np.exp(-2.0)) + 1 / (1 + np.exp(10.0))) / 2
+    assert top[4] == pytest.approx(score, rel=1e-5)
+    np.testing.assert_allclose(top[:4], np.array([10.25 - 2, 5.5 - 1, 10.25 + 2, 5.5 + 1]) * 4, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+
+def test_weight_files_are_recognised(catalog, tmp_path):
+    use_centernet(catalog, tmp_path)
+    model_type = model_builder.get_model_type(cfg)
+    model = model_builder.create(cfg)
+    reference = {key[len('backbone.'):] if key.startswith('backbone.') else key[len('heads.'):]: value + 1
+                 for key, value in model.state_dict().items()}
+    torch.save({'epoch': 70, 'state_dict': {'module.' + k: v for k, v in reference.items()}}, tmp_path / 'ref.pth')
+    missing, unused = model_type.load_weights(cfg, model, str(tmp_path / 'ref.pth'))
+    assert (missing, unused) == ([], [])
+    assert torch.equal(model.heads.hm[2].bias, reference['hm.2.bias'])
+    imagenet = {k: v for k, v in reference.items() if k.startswith(('conv1', 'bn1', 'layer'))}
+    imagenet['fc.weight'] = torch.zeros(1000, 512)
+    torch.save(imagenet, tmp_path / 'resnet18.pth')
+    fresh = model_builder.create(cfg)
+    _, unused = model_type.load_weights(cfg, fresh, str(tmp_path / 'resnet18.pth'))
+    assert unused == ['fc.weight'] and torch.equal(fresh.backbone.conv1.weight, reference['conv1.weight'])
+
+
+# ---------------------------------------------------------------------------------------------
+# Training with unequal chunks on two gloo processes, and testing
+# ---------------------------------------------------------------------------------------------
+
+def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
+    """train_engine.train_worker, writing the batch of every training forward to record_dir/rank<r>.json.
+    Module-level: spawned workers import it by name."""
+    seen = []
+    forward = centernet.CenterNet.forward
+
+    def recording_forward(self, images, targets=None):
+        seen.append(images.shape[0])
+        return forward(self, images, targets)
+
+    centernet.CenterNet.forward = recording_forward
+    try:
+        train_engine.train_worker(cfg_snapshot)
+    finally:
+        centernet.CenterNet.forward = forward
+    (pathlib.Path(record_dir) / 'rank{}.json'.format(distributed.get_rank())).write_text(json.dumps(seen))
+
+
+def _rank_batch(rank, chunks):
+    model_type = model_builder.get_model_type(cfg)
+    roidb = model_type.training_roidb(cfg)
+    sampler = GroupedDistributedBatchSampler(model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED,
+                                             rank=rank, world_size=len(chunks), rank_batch_sizes=chunks)
+    loader = build_train_loader(model_type.training_dataset(cfg, roidb), sampler, model_type.collate(cfg),
+                                num_workers=0)
+    return next(iter(loader))
+
+
+def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(catalog, tmp_path, monkeypatch):
+    # 3 images on 2 GPUs with 1 on the master: CenterNet's chunk sizes [1, 2].
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    use_centernet(catalog, tmp_path, 'NUM_GPUS', '2', 'CENTERNET.BATCH_SIZE', '3', 'CENTERNET.MASTER_BATCH_SIZE', '1',
+                  'CENTERNET.NUM_EPOCHS', '1')
+    assert tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == (1, 2) and cfg.SOLVER.MAX_ITER == 8 // 3
+    cfg.defrost()
+    cfg.SOLVER.MAX_ITER = 1
+    cfg.freeze()
+    distributed.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device='cpu')
+    assert json.loads((tmp_path / 'rank0.json').read_text()) == [1]
+    assert json.loads((tmp_path / 'rank1.json').read_text()) == [2]
+    final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
+    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 3}
+
+    # By hand: each rank's loss on its own chunk (own positives), gradients averaged, one Adam step.
+    torch.set_num_threads(1)
+    models, losses = [], []
+    for rank in range(2):
+        torch.manual_seed(cfg.RNG_SEED)
+        models.append(model_builder.create(cfg).train())
+        images, targets = _rank_batch(rank, [1, 2])
+        losses.append(models[-1](images, targets)['loss'])
+        losses[-1].backward()
+    for mine, other in zip(models[0].parameters(), models[1].parameters()):
+        if mine.grad is not None:
+            mine.grad = (mine.grad + other.grad) / 2
+    torch.optim.Adam([p for p in models[0].parameters() if p.requires_grad], lr=cfg.SOLVER.BASE_LR).step()
+    for key, value in models[0].state_dict().items():
+        torch.testing.assert_close(final['model'][key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path, monkeypatch):
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the spawned workers run one thread each, as here
+    try:
+        use_centernet(catalog, tmp_path / 'train', 'SOLVER.MAX_ITER', '2')
+        model = model_builder.create(cfg)
+        weights = tmp_path / 'weights.pth'
+        torch.save({'model': model.state_dict()}, weights)
+        use_centernet(catalog, tmp_path / 'single')
+        single = test_engine.run_inference(str(weights))
+        use_centernet(catalog, tmp_path / 'multi', 'NUM_GPUS', '2')
+        multi = test_engine.run_inference(str(weights), multi_gpu_testing=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert single == multi
+    boxes = [_all_boxes(tmp_path / d / TEST_SUBDIR / 'detections.pkl') for d in ('single', 'multi')]
+    for one, two in zip(*boxes):
+        for a, b in zip(one, two):
+            np.testing.assert_array_equal(a, b)
+    assert sum(len(d) for per_class in boxes[0][1:] for d in per_class) == 8 * 100  # K per image, no threshold
+
+
+def _all_boxes(path):
+    with open(path, 'rb') as f:
+        return pickle.load(f)['all_boxes']
