@@ -79,7 +79,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--cfg', default='configs/e2e_faster_rcnn_R-50-FPN_2x.yaml')
     parser.add_argument('--mode', nargs='+', default=['train', 'test'],
-                        choices=['train', 'test', 'profile', 'loops'])
+                        choices=['train', 'test', 'profile', 'loops', 'centernet'])
     parser.add_argument('--profile', action='store_true', help='add the profile section')
     parser.add_argument('--precision', choices=sorted(PRECISIONS), default=None,
                         help='autocast dtype; default bf16 on CUDA, fp32 on the CPU')
@@ -95,6 +95,8 @@ def parse_args(argv):
     parser.add_argument('--realistic-per-class', type=int, default=300,
                         help='candidates per class of the realistic inference case (at most a third of the RoIs)')
     parser.add_argument('--profile-steps', type=int, default=5)
+    parser.add_argument('--centernet-batch', type=int, nargs='+', default=[32, 64],
+                        help='--mode centernet (with a CenterNet --cfg): training batch, then the inference batch')
     parser.add_argument('--trace-dir', default=None, help='also write the profiler traces (chrome JSON) here')
     loops = parser.add_argument_group('loops section')
     loops.add_argument('--train-dataset', default=None)
@@ -652,6 +654,78 @@ def profile_train_rows(rows, args, device, report, context):
 
 
 # ---------------------------------------------------------------------------------------------
+# CenterNet (--mode centernet, --cfg a CenterNet config): training step, inference at batch 1 and B
+# ---------------------------------------------------------------------------------------------
+
+def centernet_rows(args, device, precision):
+    """Training images/s at the first --centernet-batch (Adam, ctdet targets of random boxes on
+    random images, built once); inference ms/image at batch 1 with the whole detector (forward, flip
+    as configured, decode on the device, inverse affine, merge) and at the second batch (forward and
+    batched decode, CenterNet's "net + decode" time)."""
+    from detectron.modeling import centernet, centernet_builder
+    from detectron.roi_data.centernet import ctdet_train_sample
+    train_batch, test_batch = (args.centernet_batch + args.centernet_batch[-1:])[:2]
+    res = cfg.CENTERNET.INPUT_RES
+    model = build_ours(device)
+    params = centernet_builder.ctdet_params(cfg)
+    rng = np.random.RandomState(0)
+    images = synthetic_images(train_batch, res, res, 0)
+    samples = []
+    for im in images:
+        xy = rng.uniform(0, res * 0.7, size=(args.boxes, 2))
+        boxes = np.concatenate([xy, xy + rng.uniform(16, res * 0.3, size=(args.boxes, 2))], 1).astype(np.float32)
+        samples.append(ctdet_train_sample(im, boxes, rng.randint(0, params.num_classes, args.boxes), rng, params))
+    inputs, targets = centernet_builder.collate_samples(samples)
+    inputs, targets = inputs.to(device), {k: v.to(device) for k, v in targets.items()}
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+
+    def train_step():
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            loss = model(inputs, targets)['loss']
+        loss.backward()
+        optimizer.step()
+
+    test = centernet_builder.test_params(cfg)
+    sample = centernet.prepare_test_image(synthetic_images(1, 480, 640, 1)[0], test)
+
+    def detect_one():
+        model.eval()
+        with autocast(device, precision):
+            centernet.detect(model, sample, test)
+
+    batch_inputs = inputs[:1].repeat(test_batch, 1, 1, 1)
+
+    def detect_batch():
+        model.eval()
+        with torch.no_grad(), autocast(device, precision):
+            outputs = model(batch_inputs)
+            centernet.ctdet_decode(outputs['hm'].float().sigmoid(), outputs['wh'].float(), outputs['reg'].float(),
+                                   K=test.K)
+
+    resident = lambda: _model_tensors(model, optimizer) + _flat_tensors([inputs, targets, batch_inputs])  # noqa: E731
+    arch = cfg.CENTERNET.ARCH
+    return [Row('train', '{} train'.format(arch), train_step, train_batch, resident=resident),
+            Row('test', '{} detect (decode, post-process)'.format(arch), detect_one, 1, resident=resident),
+            Row('test', '{} net + decode'.format(arch), detect_batch, test_batch, resident=resident,
+                info={'inference_batch': test_batch})]
+
+
+def run_centernet(args, device, precision, report):
+    rows = centernet_rows(args, device, precision)
+    timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
+                  device=device)
+    run_interleaved(rows, **timing)
+    res = cfg.CENTERNET.INPUT_RES
+    for row in rows:
+        report.add_row(row, batch=row.images_per_step, precision=precision, size=[res, res])
+    if 'profile' in args.mode:
+        report.add_profile(rows[0].name, profile_row(rows[0], args.profile_steps, args.warmup, device),
+                           batch=rows[0].images_per_step, precision=precision)
+
+
+# ---------------------------------------------------------------------------------------------
 # Real loops: train_net / test_net as subprocesses, timed from their logs
 # ---------------------------------------------------------------------------------------------
 
@@ -902,6 +976,10 @@ def main(argv):
     report = Report(run_meta(argv, device))
     timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
                   device=device)
+    if 'centernet' in args.mode:
+        run_centernet(args, device, precision, report)
+        print('\n' + report.markdown(), flush=True)
+        return report
     if 'train' in args.mode or 'profile' in args.mode:
         for i, batch in enumerate(args.batch):
             rows = build_train_rows(args, batch, device, precision)

@@ -4,6 +4,8 @@
 # (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
 #   bash tools/gpu_checks.sh setup bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed
 #   bash tools/gpu_checks.sh setup nms_speed shapes_multi_gpu_test   (quick, 2 GPUs)
+#   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny
+# bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
@@ -175,6 +177,71 @@ for method in sorted(runs):
         print(method, seed, ' '.join('{}={:.4f}'.format(n, v) for n, v in zip(names, values or [])))
 PY
   tar czf $OUT/noisy_logs.tar.gz -C $OUT noisy && rm -r $OUT/noisy  # $OUT returns only a few files
+}
+
+bench_before_after() {  # the same benchmark command on .old's package and on this tree's, one after the other
+  (cd .old && python3 setup.py -q build_ext --inplace > /dev/null 2>&1)
+  for tree in new old; do
+    local path=$ROOT; [ $tree = old ] && path=$ROOT/.old
+    PYTHONPATH=$path:$PYTHONPATH python3 tools/benchmark.py --mode train test --batch 2 --rounds 3 --iters 15 \
+      2>&1 | grep -v '^{' | tee "$OUT/bench_$tree.md"
+  done
+}
+
+varvote_gpu() {  # Triton variance voting equals the compiled CPU kernel on the GPU; its time against plain NMS
+  python3 - <<'PY' 2>&1 | tee "$OUT/varvote_gpu.txt"
+import statistics, time, numpy as np, torch
+from detectron.utils import boxes as box_utils, variance_voting as vv
+def case(per_class, num_fg=5, seed=0, width=1333, height=800):
+    rng = np.random.RandomState(seed)
+    centres = rng.uniform([0, 0], [width, height], size=(10, 2)); sides = rng.uniform(20, 300, size=(10, 2))
+    owner = rng.randint(10, size=per_class); half = np.tile(sides[owner] / 2, 2)
+    boxes = np.hstack([centres[owner], centres[owner]]) + half * [-1, -1, 1, 1]
+    boxes = boxes[None] + rng.randn(num_fg, per_class, 4) * half * 0.3
+    boxes[..., 0::2] = boxes[..., 0::2].clip(0, width - 1); boxes[..., 1::2] = boxes[..., 1::2].clip(0, height - 1)
+    scores = 0.18 + rng.randn(num_fg, per_class) * 0.005; sigmas = rng.uniform(0.05, 0.5, size=(num_fg, per_class, 4))
+    t = [torch.from_numpy(a.astype(np.float32)).cuda() for a in (boxes, scores, sigmas)]
+    return t + [torch.full((num_fg,), per_class, device='cuda')]
+def ms(fn, n=20):
+    fn(); torch.cuda.synchronize(); out = []
+    for _ in range(n):
+        t0 = time.perf_counter(); fn(); torch.cuda.synchronize(); out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+for per_class in (1000, 300):
+    boxes, scores, sigmas, counts = case(per_class)
+    args = (boxes, scores, sigmas, counts, 0.01, 0.01)
+    gpu = vv.soft_nms_with_variance_voting_triton(*args); cpu = vv.soft_nms_with_variance_voting_cpu(*args)
+    kept = cpu[1]
+    same_order = all(torch.equal(g[c, :k].cpu(), h[c, :k].cpu()) for g, h in [(gpu[0], cpu[0])] for c, k in enumerate(kept.tolist()))
+    print('per class', per_class, 'kept equal', torch.equal(gpu[1].cpu(), kept.cpu()), 'order equal', same_order,
+          'max |box diff|', float(max((gpu[2][c, :k] - cpu[2][c, :k].to(gpu[2].device)).abs().max() for c, k in enumerate(kept.tolist()))),
+          'max |score diff|', float((gpu[3] - cpu[3].to(gpu[3].device)).abs().max()))
+    flat = boxes.reshape(-1, 4); classes = torch.arange(5, device='cuda').repeat_interleave(per_class)
+    print('  plain NMS ms', round(ms(lambda: box_utils.batched_nms_t(flat, scores.reshape(-1), classes, 0.5)), 3),
+          'triton variance voting ms', round(ms(lambda: vv.soft_nms_with_variance_voting(*args)), 3),
+          'cpu kernel ms', round(ms(lambda: vv.soft_nms_with_variance_voting_cpu(*args), 5), 3))
+PY
+}
+
+centernet_bench() {  # synthetic CenterNet rows (training step, detect at batch 1, net + decode at batch 64) and a profile
+  for cfg in configs/centernet/ctdet_coco_resdcn18.yaml configs/centernet/ctdet_coco_dla_1x.yaml; do
+    python3 tools/benchmark.py --cfg $cfg --mode centernet profile --centernet-batch 32 64 --rounds 3 --iters 10 \
+      -- NUM_GPUS 1 2>&1 | grep -v '^{' | tee -a "$OUT/centernet_bench.md"
+  done
+}
+
+centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny, bf16, 512x512; GPU utilisation sampled
+  for arch in resdcn18 dla_1x; do
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/util_$arch.txt" &
+    local smi=$!
+    python3 tools/train_net.py -c configs/centernet/ctdet_coco_$arch.yaml DATASET_CATALOG "$CATALOG" NUM_GPUS 1 \
+      TRAIN.DATASETS "('coco_tiny_train',)" TEST.DATASETS "('coco_tiny_val',)" CENTERNET.BATCH_SIZE 32 \
+      CENTERNET.MASTER_BATCH_SIZE -1 CENTERNET.NUM_EPOCHS 60 CENTERNET.LR_STEP "(50,)" SOLVER.AMP.ENABLED True \
+      SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 14 OUTPUT_DIR /tmp/cn_$arch > "$OUT/cn_$arch.log" 2>&1
+    echo "$arch exit $?"; kill $smi
+    grep json_stats "$OUT/cn_$arch.log" | tail -2; grep -E "im_detect.*80/80|copypaste: [0-9]" "$OUT/cn_$arch.log"
+    python3 -c "import sys, numpy as np; u = np.loadtxt(sys.argv[1]); print('GPU utilisation while running: mean', u.mean().round(1), 'median', np.median(u))" "$OUT/util_$arch.txt"
+  done
 }
 
 for step in "$@"; do "$step"; done
