@@ -6,6 +6,7 @@ float64 transcription of the reference formulas.
 import json
 import math
 
+import cv2
 import numpy as np
 import pytest
 
@@ -15,6 +16,17 @@ from detectron.utils.errors import DatasetError
 
 MEAN = np.array(cn.COCO_MEAN, dtype=np.float32)
 STD = np.array(cn.COCO_STD, dtype=np.float32)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def single_threaded_opencv():
+    """Keep OpenCV's thread pool from starting in the pytest process: once it has, a forked
+    DataLoader worker that calls cv2.setNumThreads (roi_data/loader.py's worker init) deadlocks,
+    which hangs the loader tests that run later in the same session."""
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    yield
+    cv2.setNumThreads(threads)
 
 
 # ------------------------------------------------------------------------------------------------
