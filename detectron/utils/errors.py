@@ -47,11 +47,20 @@ class LaunchError(DetectronError, RuntimeError):
     """Bad multi-process / multi-GPU launch settings (e.g. more GPUs asked than exist)."""
 
 
+class OutputDirError(DetectronError, OSError):
+    """OUTPUT_DIR cannot be used: not a writable directory, full, or in use by another run."""
+
+    def __str__(self):
+        # OSError would format (errno, strerror) pairs; the message is the whole sentence.
+        return str(self.args[0]) if self.args else ''
+
+
 def run_tool(main, argv):
     """Run a command-line tool's main(argv), reporting a DetectronError as one `error:` line on
-    stderr with exit status 2 (a bad config, dataset or weights file needs no traceback)."""
+    stderr with exit status 2 (a bad config, dataset or weights file needs no traceback), or the
+    error's own `exit_status` (128 + signal for a run stopped by a signal)."""
     try:
         main(argv)
     except DetectronError as err:
         print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(err, 'exit_status', 2))

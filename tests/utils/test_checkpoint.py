@@ -10,6 +10,7 @@ import torch
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed
 from detectron.utils.errors import WeightsError
+from detectron.utils.torch_file import with_digest
 
 
 class _ToyNet(torch.nn.Module):
@@ -119,7 +120,7 @@ def test_rng_is_kept_when_the_world_size_changed(tmp_path, caplog):
     checkpoint.save_checkpoint(path, model, optimizer, 3, rng_states={0: saved, 1: saved})
     content = torch.load(path, weights_only=True)
     content['world_size'] = 2  # as if two processes had saved it
-    torch.save(content, path)
+    torch.save(with_digest(content), path)
     after_save = _draws()
     target = _ToyNet()
     torch.manual_seed(5)

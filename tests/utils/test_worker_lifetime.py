@@ -1,0 +1,141 @@
+"""No process of a job outlives its launcher, and a dead rank ends the job (real processes, gloo, CPU).
+
+A small script starts a job through distributed.launch: with 2 processes, two spawned ranks that each
+read an endless DataLoader (1 worker, the loader's worker_init_fn); with 1 process, the launcher
+reads it itself. The tests kill the launcher (SIGTERM, SIGKILL) or one rank (SIGKILL) and look at
+/proc for every process of the job.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEADLINE_S = 10.0  # the promise: every process of the job is gone this long after the launcher
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'),
+                                reason='parent-death signals and /proc are Linux features')
+
+JOB_SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    import numpy as np
+    from torch.utils.data import DataLoader, Dataset
+    from detectron.roi_data.loader import _limit_worker_threads
+    from detectron.utils import distributed
+    from detectron.utils.errors import run_tool
+
+    class Endless(Dataset):
+        """Items of 1 MB: a worker whose reader is gone blocks flushing them into a full pipe."""
+        def __len__(self):
+            return 10 ** 9
+        def __getitem__(self, index):
+            return np.zeros(1 << 20, np.uint8)
+
+    def read_forever(ready_dir):
+        loader = DataLoader(Endless(), batch_size=None, num_workers=1, worker_init_fn=_limit_worker_threads)
+        for i, _ in enumerate(loader):
+            if i == 0:
+                open(os.path.join(ready_dir, 'rank{}'.format(distributed.get_rank())), 'w').close()
+            time.sleep(0.05)
+
+    def main(argv):
+        distributed.launch(read_forever, int(argv[0]), args=(argv[1],), device='cpu')
+
+    if __name__ == '__main__':
+        run_tool(main, sys.argv[1:])
+''')
+
+
+def job_env():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+           and not k.startswith('SLURM_')}
+    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS='1')
+    return env
+
+
+def _parent_and_state(pid):
+    """(parent pid, state letter) of a process, or None once it is gone."""
+    try:
+        with open('/proc/{}/stat'.format(pid)) as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat.rsplit(')', 1)[1].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), fields[0]
+
+
+def descendants(root):
+    """Pids of every living process below root."""
+    children = {}
+    for name in os.listdir('/proc'):
+        if name.isdigit():
+            info = _parent_and_state(int(name))
+            if info is not None:
+                children.setdefault(info[0], []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid):
+    info = _parent_and_state(pid)
+    return info is not None and info[1] != 'Z'  # a zombie has exited and waits to be reaped
+
+
+def wait_for_files(directory, names, process, timeout=90):
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(directory, n)) for n in names):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, 'the job did not start in {} s'.format(timeout)
+        time.sleep(0.1)
+
+
+def survivors_after(pids, deadline_s):
+    """The pids still alive deadline_s seconds from now (returns as soon as all are gone)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if alive(pid)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
+def start_job(tmp_path, script_text, *args):
+    script = tmp_path / 'job.py'
+    script.write_text(script_text)
+    return subprocess.Popen([sys.executable, str(script)] + [str(a) for a in args], env=job_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize('num_processes', [1, 2])
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL], ids=['SIGTERM', 'SIGKILL'])
+def test_no_process_of_the_job_outlives_the_launcher(tmp_path, num_processes, sig):
+    launcher = start_job(tmp_path, JOB_SCRIPT, num_processes, tmp_path)
+    try:
+        wait_for_files(tmp_path, ['rank{}'.format(r) for r in range(num_processes)], launcher)
+        job = descendants(launcher.pid)
+        # Every rank and its DataLoader worker (the launcher is rank 0 itself with 1 process).
+        assert len(job) >= (1 if num_processes == 1 else 2 * num_processes), job
+        launcher.send_signal(sig)
+        died = time.monotonic()
+        out, err = launcher.communicate(timeout=DEADLINE_S + 5)
+        assert survivors_after(job, DEADLINE_S - (time.monotonic() - died)) == []
+    finally:
+        for pid in descendants(launcher.pid) + [launcher.pid]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    if sig == signal.SIGTERM:
+        assert launcher.returncode == 128 + signal.SIGTERM
+        assert err.endswith('\n') and err.count('\n') == 1, err
+        assert err.startswith('error: stopped by SIGTERM; all worker processes were stopped')
+    else:
+        assert launcher.returncode == -signal.SIGKILL
