@@ -857,7 +857,7 @@ def _load_yaml_file(path):
         raise ConfigValueError('Cannot read config file {}: {}'.format(path, err.strerror))
     except UnicodeDecodeError as err:
         raise ConfigValueError(
-            'Config file {} is not a YAML text file (byte {} is not UTF-8 text); pass the .yaml config '
+            'Config file {} is not a YAML text file (the byte at offset {} is not UTF-8 text); pass the .yaml config '
             'with --cfg, and weights files with TRAIN.WEIGHTS / TEST.WEIGHTS'.format(path, err.start))
     try:
         return load_cfg(text)

@@ -13,7 +13,8 @@ do not look at the rank) and every rank reads, into CPU memory first, so that no
 the file on GPU 0. Files hold only tensors, numbers, strings and plain containers, so they load with
 torch.load(weights_only=True): reading a checkpoint never runs pickled code.
 
-Integrity: a checkpoint is written only when every parameter and optimizer state is finite, carries a
+Integrity: a checkpoint is written only when every parameter and optimizer state is finite (and short of
+float32 overflow), carries a
 digest of its content (utils/torch_file.py) that every load checks, and resuming skips a newest file
 that is truncated or damaged (an interrupted copy, a full disk) for the newest intact one.
 """
@@ -36,10 +37,13 @@ FINAL_CHECKPOINT_NAME = 'model_final.pth'
 _ITERATION_CHECKPOINT = re.compile(r'^model_iter(\d+)\.pth$')
 _PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
 _REQUIRED_KEYS = ('model', 'optimizer', 'iteration', 'world_size', 'rng_states')
+# sqrt of float32's largest value: the product of two such numbers is inf. No trained detector comes near
+# it (weights are O(1)), while a diverging run passes it (BASE_LR 1e6: 3e20 one step before the loss is NaN).
+DIVERGED_MAGNITUDE = float(np.sqrt(np.finfo(np.float32).max))
 
 
 class NonFiniteWeightsError(DetectronError, FloatingPointError):
-    """A parameter or optimizer state holds NaN or inf: the run diverged; no checkpoint is written."""
+    """A parameter or optimizer state holds NaN, inf or a diverged value: no checkpoint is written."""
 
 
 def checkpoint_name(iteration):
@@ -56,7 +60,8 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
     sampler_state: plain values that must match on resume, e.g. {'seed': s, 'global_batch_size': g}.
     extra: plain data to keep alongside, e.g. {'cfg': cfg.dump()}.
     Readers see the old file or the complete new one, never a partial file. Raises
-    NonFiniteWeightsError (and writes nothing) if a parameter or optimizer state is not finite.
+    NonFiniteWeightsError (and writes nothing) if a parameter or optimizer state is not finite or beyond
+    DIVERGED_MAGNITUDE (see check_finite_training_state).
     """
     _check_plain(extra, 'extra')
     _check_plain(sampler_state, 'sampler_state')
@@ -74,19 +79,21 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
 
 
 def check_finite_training_state(model, optimizer, iteration, path):
-    """Raise NonFiniteWeightsError naming the first tensors that hold NaN or inf (model parameters and
-    buffers, optimizer state). Checked on the tensors' device with one host sync."""
-    named = _named_floating_tensors(unwrap_model(model), optimizer)
+    """Raise NonFiniteWeightsError naming the first tensors (model parameters and buffers, optimizer
+    state) that hold NaN, inf or values beyond +-DIVERGED_MAGNITUDE. Checked on the tensors' device with
+    one host sync."""
+    named = [(name, t) for name, t in _named_floating_tensors(unwrap_model(model), optimizer) if t.numel()]
     if not named:
         return
-    finite = torch.stack([torch.isfinite(t).all() for _, t in named])
-    if bool(finite.all()):
+    # amax(|t|) <= bound is False for NaN and inf too: one reduction per tensor covers all three.
+    sane = torch.stack([t.detach().abs().amax() <= DIVERGED_MAGNITUDE for _, t in named])
+    if bool(sane.all()):
         return
-    bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
+    bad = [name for (name, _), ok in zip(named, sane.tolist()) if not ok]
     raise NonFiniteWeightsError(
-        'Weights are not finite after iteration {} ({} of {} tensors, e.g. {}): {} was not written and the '
-        'previous checkpoint is intact; lower SOLVER.BASE_LR (or add warm-up) or check the data'.format(
-            iteration, len(bad), len(named), ', '.join(bad[:3]), path))
+        'Training diverged by iteration {}: {} of {} tensors hold NaN, inf or values beyond {:.1e} (e.g. {}); {} was '
+        'not written and earlier checkpoints are intact; lower SOLVER.BASE_LR (or add warm-up) or check the '
+        'data'.format(iteration, len(bad), len(named), DIVERGED_MAGNITUDE, ', '.join(bad[:3]), path))
 
 
 def _named_floating_tensors(model, optimizer):

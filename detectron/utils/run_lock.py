@@ -21,6 +21,7 @@ import sys
 
 from detectron.utils.distributed import job_from_environment
 from detectron.utils.errors import OutputDirError
+from detectron.utils.io import remove_stale_temporary_files
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +89,21 @@ class RunLock:
                                  .format(self.path, err.strerror or err)) from err
 
 
-def lock_for_this_process(directory):
-    """RunLock(directory), or a no-op for ranks > 0 of a job that torchrun or SLURM started: there every
-    process runs the engine, and rank 0 holds the lock for the job."""
+@contextlib.contextmanager
+def exclusive_run(directory):
+    """Own directory for a training run: hold its RunLock for the with-block and, once it is held,
+    remove the temporary files of interrupted saves (nobody else can be writing them now).
+
+    Ranks > 0 of a job that torchrun or SLURM started do neither: every process of such a job runs the
+    engine, and rank 0 does both for the job.
+    """
     job = job_from_environment()
-    return contextlib.nullcontext() if job is not None and job.rank != 0 else RunLock(directory)
+    if job is not None and job.rank != 0:
+        yield
+        return
+    with RunLock(directory):
+        remove_stale_temporary_files(directory)
+        yield
 
 
 def _same_file(fd, path):

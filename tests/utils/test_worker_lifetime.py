@@ -139,3 +139,66 @@ def test_no_process_of_the_job_outlives_the_launcher(tmp_path, num_processes, si
         assert err.startswith('error: stopped by SIGTERM; all worker processes were stopped')
     else:
         assert launcher.returncode == -signal.SIGKILL
+
+
+TRAIN_SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    import torch
+    from detectron.utils import checkpoint, distributed
+    from detectron.utils.errors import run_tool
+
+    def train(output_dir, last_iter, step_s):
+        with open(os.path.join(output_dir, 'rank{}.pid'.format(distributed.get_rank())), 'w') as f:
+            f.write(str(os.getpid()))
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        _, start_iter = checkpoint.resume_from_last(output_dir, model, optimizer)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        for iteration in range(start_iter, last_iter + 1):
+            optimizer.zero_grad()
+            ddp(torch.full((3, 4), float(iteration + distributed.get_rank()))).square().mean().backward()
+            optimizer.step()
+            rng_states = checkpoint.gather_rng_states()
+            if distributed.is_main_process():
+                checkpoint.save_checkpoint(os.path.join(output_dir, checkpoint.checkpoint_name(iteration)), model,
+                                           optimizer, iteration, rng_states=rng_states)
+            distributed.synchronize()
+            time.sleep(step_s)
+        return start_iter
+
+    def main(argv):
+        start_iter = distributed.launch(train, 2, args=(argv[0], int(argv[1]), float(argv[2])), device='cpu')
+        print('started at iteration', start_iter, flush=True)
+
+    if __name__ == '__main__':
+        run_tool(main, sys.argv[1:])
+''')
+
+
+def test_a_rank_killed_by_sigkill_ends_the_job_and_a_restart_resumes(tmp_path):
+    """torchrun's semantics: a dead member ends the whole job at once, with the member named."""
+    output_dir = tmp_path / 'out'
+    output_dir.mkdir()
+    launcher = start_job(tmp_path, TRAIN_SCRIPT, output_dir, 10 ** 6, 0.2)
+    try:
+        wait_for_files(output_dir, ['rank0.pid', 'rank1.pid', 'model_iter2.pth'], launcher)
+        job = descendants(launcher.pid)
+        os.kill(int((output_dir / 'rank1.pid').read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = launcher.communicate(timeout=DEADLINE_S + 5)
+        assert time.monotonic() - killed < DEADLINE_S
+        assert survivors_after(job, 1.0) == []
+    finally:
+        for pid in descendants(launcher.pid) + [launcher.pid]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert launcher.returncode == 2
+    assert err == 'error: worker rank 1 of 2 was killed by SIGKILL (often the out-of-memory killer; see dmesg)\n'
+    saved = sorted(int(name[len('model_iter'):-len('.pth')]) for name in os.listdir(output_dir)
+                   if name.startswith('model_iter'))
+    restart = start_job(tmp_path, TRAIN_SCRIPT, output_dir, saved[-1] + 2, 0)
+    out, err = restart.communicate(timeout=120)
+    assert restart.returncode == 0, err
+    assert 'started at iteration {}\n'.format(saved[-1] + 1) in out
+    assert os.path.exists(output_dir / 'model_iter{}.pth'.format(saved[-1] + 2))
