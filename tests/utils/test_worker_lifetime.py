@@ -1,8 +1,8 @@
 """No process of a job outlives its launcher, and a dead rank ends the job (real processes, gloo, CPU).
 
 A small script starts a job through distributed.launch: with 2 processes, two spawned ranks that each
-read an endless DataLoader (1 worker, the loader's worker_init_fn); with 1 process, the launcher
-reads it itself. The tests kill the launcher (SIGTERM, SIGKILL) or one rank (SIGKILL) and look at
+read images through test_net's DataLoader (roi_data/loader.py build_test_loader, 1 worker); with 1
+process, the launcher reads them itself. The tests kill the launcher (SIGTERM, SIGKILL) or one rank (SIGKILL) and look at
 /proc for every process of the job.
 """
 import os
@@ -22,28 +22,23 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'),
 
 JOB_SCRIPT = textwrap.dedent('''
     import os, sys, time
+    import cv2
     import numpy as np
-    from torch.utils.data import DataLoader, Dataset
-    from detectron.roi_data.loader import _limit_worker_threads
+    from detectron.roi_data.loader import build_test_loader
     from detectron.utils import distributed
     from detectron.utils.errors import run_tool
 
-    class Endless(Dataset):
-        """Items of 1 MB: a worker whose reader is gone blocks flushing them into a full pipe."""
-        def __len__(self):
-            return 10 ** 9
-        def __getitem__(self, index):
-            return np.zeros(1 << 20, np.uint8)
-
-    def read_forever(ready_dir):
-        loader = DataLoader(Endless(), batch_size=None, num_workers=1, worker_init_fn=_limit_worker_threads)
-        for i, _ in enumerate(loader):
+    def read_forever(image, ready_dir):
+        # test_net's loader: 3 MB decoded images through a pipe, which fills when its reader dies.
+        for i, _ in enumerate(build_test_loader([{'image': image}] * 10 ** 6, range(10 ** 6), num_workers=1)):
             if i == 0:
                 open(os.path.join(ready_dir, 'rank{}'.format(distributed.get_rank())), 'w').close()
             time.sleep(0.05)
 
     def main(argv):
-        distributed.launch(read_forever, int(argv[0]), args=(argv[1],), device='cpu')
+        image = os.path.join(argv[1], 'image.png')
+        cv2.imwrite(image, np.random.RandomState(0).randint(0, 256, (1000, 1000, 3)).astype(np.uint8))
+        distributed.launch(read_forever, int(argv[0]), args=(image, argv[1]), device='cpu')
 
     if __name__ == '__main__':
         run_tool(main, sys.argv[1:])
