@@ -9,13 +9,12 @@ A job starts in one of three ways (docs/MULTI_GPU.md has the commands):
 Every helper below also works in the last case (world size 1, no process group).
 
 No process of a job outlives its launcher: spawned workers (and, through `die_with_parent` in their
-worker_init_fn, DataLoader workers) ask Linux to kill them when their parent dies, whatever the
-signal that ended it; a SIGTERM or SIGINT to the launcher stops its workers and raises JobInterrupted.
+worker_init_fn, DataLoader workers) ask Linux to kill them when their parent dies, whatever the signal
+that ended it; a SIGTERM or SIGINT to the launcher stops its workers and raises errors.JobInterrupted.
 
 Nothing here reads the config; the engines pass plain values.
 """
 import atexit
-import contextlib
 import ctypes
 import datetime
 import logging
@@ -27,7 +26,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from detectron.utils.errors import DetectronError, LaunchError
+from detectron.utils.errors import DetectronError, LaunchError, termination_signals_raise
 from detectron.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -56,19 +54,6 @@ class WorkerError(RuntimeError):
 
 class WorkerKilled(DetectronError, WorkerError):
     """A worker was killed by a signal (the OOM killer, a user's kill): one line, there is no traceback."""
-
-
-class JobInterrupted(LaunchError):
-    """The launcher received SIGTERM or SIGINT and stopped its workers; exits with 128 + the signal."""
-
-    def __init__(self, signum):
-        self.signum = signum
-        self.exit_status = 128 + signum
-        super().__init__('stopped by {}; all worker processes were stopped (a training run resumes from its '
-                         'last checkpoint when started again)'.format(signal.Signals(signum).name))
-
-    def __reduce__(self):
-        return type(self), (self.signum,)
 
 
 @dataclass(frozen=True)
@@ -115,7 +100,7 @@ def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout
     if backend == 'nccl' and device_type != 'cuda':
         raise LaunchError("backend 'nccl' needs CUDA GPUs but the device is {!r}; use backend "
                           "'gloo' for CPU runs".format(device_type))
-    with _raise_on_termination_signals():
+    with termination_signals_raise():
         return _launch(main_fn, num_processes, args, backend, dist_url, timeout, device_type, seed)
 
 
@@ -219,25 +204,6 @@ def die_with_parent(sig=signal.SIGKILL):
     if os.getppid() != parent.pid:
         os.kill(os.getpid(), sig)
     return True
-
-
-@contextlib.contextmanager
-def _raise_on_termination_signals():
-    """While the job runs, SIGTERM and SIGINT raise JobInterrupted in the launcher's main thread, so
-    that `finally` blocks stop the workers and the tool prints one line (and no traceback)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def interrupt(signum, frame):
-        raise JobInterrupted(signum)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """No process of a job outlives its launcher, and a dead rank ends the job (real processes, gloo, CPU).
 
-A small script starts a job through distributed.launch: with 2 processes, two spawned ranks that each
-read images through test_net's DataLoader (roi_data/loader.py build_test_loader, 1 worker); with 1
-process, the launcher reads them itself. The tests kill the launcher (SIGTERM, SIGKILL) or one rank (SIGKILL) and look at
+A small script reads images through test_net's DataLoader (roi_data/loader.py build_test_loader, 1
+worker): in its own process as single-process test_net does (0), in distributed.launch's process (1),
+or in each of two ranks that launch spawned (2). The tests kill the launcher (SIGTERM, SIGKILL) or one rank (SIGKILL) and look at
 /proc for every process of the job.
 """
 import os
@@ -38,7 +38,10 @@ JOB_SCRIPT = textwrap.dedent('''
     def main(argv):
         image = os.path.join(argv[1], 'image.png')
         cv2.imwrite(image, np.random.RandomState(0).randint(0, 256, (1000, 1000, 3)).astype(np.uint8))
-        distributed.launch(read_forever, int(argv[0]), args=(image, argv[1]), device='cpu')
+        if argv[0] == '0':  # like single-process test_net: no launch at all
+            read_forever(image, argv[1])
+        else:
+            distributed.launch(read_forever, int(argv[0]), args=(image, argv[1]), device='cpu')
 
     if __name__ == '__main__':
         run_tool(main, sys.argv[1:])
@@ -111,15 +114,15 @@ def start_job(tmp_path, script_text, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize('num_processes', [1, 2])
+@pytest.mark.parametrize('num_processes', [0, 1, 2])
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL], ids=['SIGTERM', 'SIGKILL'])
 def test_no_process_of_the_job_outlives_the_launcher(tmp_path, num_processes, sig):
     launcher = start_job(tmp_path, JOB_SCRIPT, num_processes, tmp_path)
     try:
-        wait_for_files(tmp_path, ['rank{}'.format(r) for r in range(num_processes)], launcher)
+        wait_for_files(tmp_path, ['rank{}'.format(r) for r in range(max(1, num_processes))], launcher)
         job = descendants(launcher.pid)
-        # Every rank and its DataLoader worker (the launcher is rank 0 itself with 1 process).
-        assert len(job) >= (1 if num_processes == 1 else 2 * num_processes), job
+        # Every rank and its DataLoader worker (the launcher reads itself with 0 or 1 process).
+        assert len(job) >= (2 * num_processes if num_processes > 1 else 1), job
         launcher.send_signal(sig)
         died = time.monotonic()
         out, err = launcher.communicate(timeout=DEADLINE_S + 5)
