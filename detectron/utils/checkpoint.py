@@ -13,10 +13,10 @@ do not look at the rank) and every rank reads, into CPU memory first, so that no
 the file on GPU 0. Files hold only tensors, numbers, strings and plain containers, so they load with
 torch.load(weights_only=True): reading a checkpoint never runs pickled code.
 
-Integrity: a checkpoint is written only when every parameter and optimizer state is finite (and short of
-float32 overflow), carries a
-digest of its content (utils/torch_file.py) that every load checks, and resuming skips a newest file
-that is truncated or damaged (an interrupted copy, a full disk) for the newest intact one.
+Integrity: a checkpoint is written only when every parameter and optimizer state is finite and short of
+float32 overflow, it carries a digest of its content (utils/torch_file.py) that every load checks, and
+resuming skips newer files that are truncated or damaged (an interrupted copy, a full disk) for the
+newest intact one.
 """
 import logging
 import os
@@ -42,7 +42,7 @@ _REQUIRED_KEYS = ('model', 'optimizer', 'iteration', 'world_size', 'rng_states')
 DIVERGED_MAGNITUDE = float(np.sqrt(np.finfo(np.float32).max))
 
 
-class NonFiniteWeightsError(DetectronError, FloatingPointError):
+class DivergedWeightsError(DetectronError, FloatingPointError):
     """A parameter or optimizer state holds NaN, inf or a diverged value: no checkpoint is written."""
 
 
@@ -60,12 +60,12 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
     sampler_state: plain values that must match on resume, e.g. {'seed': s, 'global_batch_size': g}.
     extra: plain data to keep alongside, e.g. {'cfg': cfg.dump()}.
     Readers see the old file or the complete new one, never a partial file. Raises
-    NonFiniteWeightsError (and writes nothing) if a parameter or optimizer state is not finite or beyond
-    DIVERGED_MAGNITUDE (see check_finite_training_state).
+    DivergedWeightsError (and writes nothing) if a parameter or optimizer state is not finite or beyond
+    DIVERGED_MAGNITUDE (see check_not_diverged).
     """
     _check_plain(extra, 'extra')
     _check_plain(sampler_state, 'sampler_state')
-    check_finite_training_state(model, optimizer, iteration, path)
+    check_not_diverged(model, optimizer, iteration, path)
     checkpoint = {
         'model': unwrap_model(model).state_dict(),
         'optimizer': optimizer.state_dict(),
@@ -78,8 +78,8 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
     _write_atomically(path, lambda f: torch.save(with_digest(checkpoint), f))
 
 
-def check_finite_training_state(model, optimizer, iteration, path):
-    """Raise NonFiniteWeightsError naming the first tensors (model parameters and buffers, optimizer
+def check_not_diverged(model, optimizer, iteration, path):
+    """Raise DivergedWeightsError naming the first tensors (model parameters and buffers, optimizer
     state) that hold NaN, inf or values beyond +-DIVERGED_MAGNITUDE. Checked on the tensors' device with
     one host sync."""
     named = [(name, t) for name, t in _named_floating_tensors(unwrap_model(model), optimizer) if t.numel()]
@@ -90,7 +90,7 @@ def check_finite_training_state(model, optimizer, iteration, path):
     if bool(sane.all()):
         return
     bad = [name for (name, _), ok in zip(named, sane.tolist()) if not ok]
-    raise NonFiniteWeightsError(
+    raise DivergedWeightsError(
         'Training diverged by iteration {}: {} of {} tensors hold NaN, inf or values beyond {:.1e} (e.g. {}); {} was '
         'not written and earlier checkpoints are intact; lower SOLVER.BASE_LR (or add warm-up) or check the '
         'data'.format(iteration, len(bad), len(named), DIVERGED_MAGNITUDE, ', '.join(bad[:3]), path))

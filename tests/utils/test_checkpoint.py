@@ -285,7 +285,7 @@ def test_non_finite_or_diverged_weights_are_never_checkpointed(tmp_path):
     before = open(path, 'rb').read()
     with torch.no_grad():
         model.fc.weight[0, 1] = float('nan')
-    with pytest.raises(checkpoint.NonFiniteWeightsError) as err:
+    with pytest.raises(checkpoint.DivergedWeightsError) as err:
         checkpoint.save_checkpoint(path, model, optimizer, 19)
     # 4 model tensors and 4 momentum buffers; sqrt(3.4028235e38) = 1.8446743e19.
     assert str(err.value) == (
@@ -295,13 +295,13 @@ def test_non_finite_or_diverged_weights_are_never_checkpointed(tmp_path):
     assert open(path, 'rb').read() == before and os.listdir(tmp_path) == ['model_iter9.pth']
     model, optimizer = _trained_model_and_optimizer()
     optimizer.state[model.conv.bias]['momentum_buffer'][0] = float('inf')
-    with pytest.raises(checkpoint.NonFiniteWeightsError, match=r'\(e.g. momentum_buffer of conv.bias\)'):
+    with pytest.raises(checkpoint.DivergedWeightsError, match=r'\(e.g. momentum_buffer of conv.bias\)'):
         checkpoint.save_checkpoint(str(tmp_path / 'model_iter29.pth'), model, optimizer, 29)
     # What BASE_LR 1e6 leaves one step before the loss turns NaN: finite, but diverged.
     model, optimizer = _trained_model_and_optimizer()
     with torch.no_grad():
         model.conv.weight[0, 0, 0, 0] = 3.3e20
-    with pytest.raises(checkpoint.NonFiniteWeightsError, match=r'1 of 8 tensors .*\(e.g. conv.weight\)'):
+    with pytest.raises(checkpoint.DivergedWeightsError, match=r'1 of 8 tensors .*\(e.g. conv.weight\)'):
         checkpoint.save_checkpoint(str(tmp_path / 'model_iter39.pth'), model, optimizer, 39)
     with torch.no_grad():
         model.conv.weight[0, 0, 0, 0] = 1e19  # large, but short of the bound
