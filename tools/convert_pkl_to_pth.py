@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Convert a Detectron .pkl (ImageNet R-50.pkl or a Detectron / KL-Loss model_final.pkl) to a torch
-file {'model': state_dict with this port's keys, 'cfg': the embedded Detectron yaml, if any}.
+file {'model': state_dict with this port's keys, 'cfg': the embedded Detectron yaml, if any, 'digest'}.
 
 Example:
     python tools/convert_pkl_to_pth.py model_final.pkl model_final.pth
@@ -12,6 +12,7 @@ import torch
 
 from detectron.utils.c2_weights import convert_detectron_blobs, read_detectron_pickle
 from detectron.utils.errors import run_tool
+from detectron.utils.torch_file import with_digest
 
 
 def parse_args(argv):
@@ -29,7 +30,7 @@ def main(argv):
     content = {'model': state_dict}
     if cfg_yaml is not None:
         content['cfg'] = cfg_yaml
-    torch.save(content, args.output)
+    torch.save(with_digest(content), args.output)
     print('converted {} blobs of {} to {}'.format(len(state_dict), args.input, args.output))
     print('ignored {} blobs (momentum, ImageNet classifier, conv1 bias)'.format(len(ignored)))
     print('not converted ({}, no counterpart in the port): {}'.format(

@@ -22,6 +22,7 @@ from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
+from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import DatasetError, run_tool
 from detectron.utils.logging import setup_logging
 from detectron.utils.vis import write_vis_image
@@ -38,11 +39,11 @@ def parse_args(argv):
                         help='dataset name whose class names label the boxes (default: TEST.DATASETS[0], '
                              'or the COCO names for an 81-class model when that dataset is absent)')
     parser.add_argument('im_or_folder', help='an image or a folder of images')
-    parser.add_argument('opts', nargs=argparse.REMAINDER, help='config overrides: KEY VALUE ...')
+    parser.add_argument('opts', nargs='*', help='config overrides: KEY VALUE ...')
     if len(argv) == 0:
         parser.print_help()
         sys.exit(1)
-    return parser.parse_args(argv)
+    return parse_args_anywhere(parser, argv)
 
 
 def _image_paths(im_or_folder, ext):

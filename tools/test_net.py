@@ -6,14 +6,15 @@ Examples:
     python tools/test_net.py -c configs/e2e_faster_rcnn_R-50-FPN_2x.yaml --multi-gpu-testing \
         TEST.WEIGHTS /path/to/model_final.pkl NUM_GPUS 8 STD_NMS True
 
-The model is TEST.WEIGHTS (a .pth of this port, a Detectron .pkl or a URL). Trailing KEY VALUE
-pairs override the config file (see docs/CONFIG.md).
+The model is TEST.WEIGHTS (a .pth of this port, a Detectron .pkl or a URL). KEY VALUE pairs
+(before or after the flags) override the config file (see docs/CONFIG.md).
 """
 import argparse
 import sys
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
 from detectron.utils import distributed
+from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import setup_logging
 
@@ -32,12 +33,12 @@ def parse_args(argv):
     parser.add_argument('--vis', action='store_true', help='also draw the detections (sets VIS True)')
     parser.add_argument('--wait', default=True, help="Detectron's flag, accepted and ignored")
     parser.add_argument('--print-config', action='store_true', help='print the merged config, then exit')
-    parser.add_argument('opts', nargs=argparse.REMAINDER,
+    parser.add_argument('opts', nargs='*',
                         help='config overrides as KEY VALUE pairs, e.g. TEST.WEIGHTS model.pkl TEST.NMS 0.5')
     if not argv:
         parser.print_help()
         sys.exit(1)
-    args = parser.parse_args(argv)
+    args = parse_args_anywhere(parser, argv)
     if args.range is not None and not 0 <= args.range[0] < args.range[1]:
         parser.error('--range needs 0 <= START < END, got {} {}'.format(*args.range))
     return args

@@ -6,7 +6,7 @@ Examples:
         OUTPUT_DIR /tmp/detectron-output
     python tools/train_net.py -c configs/e2e_faster_rcnn_R-50-FPN_2x.yaml --print-config NUM_GPUS 2
 
-Trailing KEY VALUE pairs override the config file (see docs/CONFIG.md).
+KEY VALUE pairs (before or after the flags) override the config file (see docs/CONFIG.md).
 """
 import argparse
 import sys
@@ -14,6 +14,7 @@ import sys
 from detectron.core.config import (assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_file,
                                    merge_cfg_from_list, scale_schedule_to_global_batch)
 from detectron.utils import distributed
+from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import run_tool
 from detectron.utils.logging import setup_logging
 
@@ -30,12 +31,12 @@ def parse_args(argv):
     parser.add_argument('--skip-test', action='store_true', help='do not test the final model')
     parser.add_argument('--print-config', action='store_true',
                         help='print the merged config and the training schedule, then exit')
-    parser.add_argument('opts', nargs=argparse.REMAINDER,
+    parser.add_argument('opts', nargs='*',
                         help='config overrides as KEY VALUE pairs, e.g. SOLVER.BASE_LR 0.01 NUM_GPUS 2')
     if not argv:
         parser.print_help()
         sys.exit(1)
-    return parser.parse_args(argv)
+    return parse_args_anywhere(parser, argv)
 
 
 def main(argv):

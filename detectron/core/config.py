@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import os.path as osp
+import tempfile
 from collections.abc import Mapping
 
 import numpy as np
@@ -23,7 +24,7 @@ import yaml
 from yacs.config import CfgNode as _YacsCfgNode
 
 from detectron.utils.errors import (
-    ConfigKeyError, ConfigValueError, OverridesFormatError, OverridesKeyError,
+    ConfigKeyError, ConfigValueError, OutputDirError, OverridesFormatError, OverridesKeyError,
 )
 
 logger = logging.getLogger(__name__)
@@ -527,7 +528,13 @@ def get_output_dir(datasets, training=True):
         )
     tag = 'train' if training else 'test'
     outdir = osp.join(__C.OUTPUT_DIR, tag, dataset_name, __C.MODEL.TYPE)
-    os.makedirs(outdir, exist_ok=True)
+    try:
+        os.makedirs(outdir, exist_ok=True)
+        tempfile.TemporaryFile(dir=outdir).close()  # writable, not just present
+    except OSError as err:
+        raise OutputDirError(
+            'OUTPUT_DIR {} cannot be used: {} is not a writable directory ({}); set OUTPUT_DIR to a '
+            'writable directory'.format(__C.OUTPUT_DIR, outdir, err.strerror or err)) from err
     return outdir
 
 
@@ -789,8 +796,10 @@ def _type_error(value, default, full_key, source):
 # Consistency checks of assert_and_infer_cfg
 # ---------------------------------------------------------------------------------------------
 def _check_cfg():
-    _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER'))
+    _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER',
+                     'TRAIN.SNAPSHOT_ITERS'))
     _check_rank_ims_per_batch()
+    _check_solver()
     # The short spellings users type from mixed-precision guides.
     __C.SOLVER.AMP.DTYPE = {'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}.get(
         __C.SOLVER.AMP.DTYPE, __C.SOLVER.AMP.DTYPE)
@@ -804,6 +813,29 @@ def _check_cfg():
             raise ConfigValueError(
                 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'
             )
+
+
+def _check_solver():
+    """Values that no schedule means: each is refused with one line instead of training nonsense."""
+    solver = __C.SOLVER
+    checks = [
+        ('SOLVER.BASE_LR', solver.BASE_LR, solver.BASE_LR > 0, 'a finite number > 0'),
+        ('SOLVER.GAMMA', solver.GAMMA, solver.GAMMA > 0, 'a finite number > 0'),
+        ('SOLVER.MOMENTUM', solver.MOMENTUM, 0 <= solver.MOMENTUM < 1, 'in [0, 1)'),
+        ('SOLVER.WEIGHT_DECAY', solver.WEIGHT_DECAY, solver.WEIGHT_DECAY >= 0, 'a finite number >= 0'),
+        ('SOLVER.WEIGHT_DECAY_GN', solver.WEIGHT_DECAY_GN, solver.WEIGHT_DECAY_GN >= 0, 'a finite number >= 0'),
+        ('SOLVER.WARM_UP_ITERS', solver.WARM_UP_ITERS, solver.WARM_UP_ITERS >= 0, '>= 0'),
+        ('SOLVER.WARM_UP_FACTOR', solver.WARM_UP_FACTOR, 0 <= solver.WARM_UP_FACTOR <= 1, 'in [0, 1]'),
+        ('SOLVER.AMP.LOSS_SCALE', solver.AMP.LOSS_SCALE, solver.AMP.LOSS_SCALE >= 0,
+         'a finite number >= 0 (0: dynamic loss scaling)'),
+        ('SOLVER.LRS', solver.LRS, all(lr > 0 for lr in solver.LRS), 'a list of finite numbers > 0'),
+    ]
+    if solver.LR_POLICY == 'step':
+        checks.append(('SOLVER.STEP_SIZE', solver.STEP_SIZE, solver.STEP_SIZE >= 1, 'at least 1 with LR_POLICY step'))
+    for full_key, value, valid, expected in checks:
+        values = value if isinstance(value, list) else [value]
+        if not valid or not all(math.isfinite(v) for v in values):
+            raise ConfigValueError('{} must be {}, got {!r}'.format(full_key, expected, value))
 
 
 def _check_positive(full_keys):
@@ -838,10 +870,14 @@ def _scaled_iters(iters, factor):
 # ---------------------------------------------------------------------------------------------
 def _load_yaml_file(path):
     try:
-        with open(path, 'r') as f:
+        with open(path, 'r', encoding='utf-8') as f:
             text = f.read()
     except OSError as err:
         raise ConfigValueError('Cannot read config file {}: {}'.format(path, err.strerror))
+    except UnicodeDecodeError as err:
+        raise ConfigValueError(
+            'Config file {} is not a YAML text file (the byte at offset {} is not UTF-8 text); pass the .yaml config '
+            'with --cfg, and weights files with TRAIN.WEIGHTS / TEST.WEIGHTS'.format(path, err.start))
     try:
         return load_cfg(text)
     except yaml.YAMLError as err:

@@ -25,7 +25,7 @@ class JsonDataset(object):
         self.image_directory = dataset_catalog.get_im_dir(name)
         self.name = name
         self.image_prefix = dataset_catalog.get_im_prefix(name)
-        annotation_file = dataset_catalog.get_ann_fn(name)
+        annotation_file = self.annotation_file = dataset_catalog.get_ann_fn(name)
         _require_path(self.image_directory, 'Image directory', name)
         _require_path(annotation_file, 'Annotation file', name)
         logger.debug('Creating: {}'.format(name))
@@ -84,8 +84,7 @@ class JsonDataset(object):
         areas = np.array([a['area'] for a in anns], dtype=np.float64)
         valid = (areas > 0) & (x2 > x1) & (y2 > y1)
         anns = [a for a, keep in zip(anns, valid) if keep]
-        classes = np.array([self.json_category_id_to_contiguous_id[a['category_id']] for a in anns],
-                           dtype=np.int32)
+        classes = np.array([self._contiguous_id(a) for a in anns], dtype=np.int32)
         is_crowd = np.array([bool(a['iscrowd']) for a in anns], dtype=bool)
         gt_overlaps = np.zeros((len(anns), self.num_classes), dtype=np.float32)
         gt_overlaps[np.arange(len(anns)), classes] = 1.0
@@ -99,6 +98,17 @@ class JsonDataset(object):
             gt_overlaps=gt_overlaps,
             is_crowd=is_crowd,
         )
+
+
+    def _contiguous_id(self, annotation):
+        category_id = annotation['category_id']
+        if category_id not in self.json_category_id_to_contiguous_id:
+            raise DatasetError(
+                'Annotation {} (image {}) of dataset {} has category_id {}, which is not in the "categories" '
+                'of {} (ids {}); fix the annotation or add the category'.format(
+                    annotation.get('id'), annotation['image_id'], self.name, category_id,
+                    self.annotation_file, sorted(self.json_category_id_to_contiguous_id)))
+        return self.json_category_id_to_contiguous_id[category_id]
 
 
 def _require_path(path, what, name):

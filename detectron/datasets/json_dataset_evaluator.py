@@ -107,8 +107,10 @@ def _log_detection_eval_metrics(json_dataset, coco_eval):
     precision = _precision(coco_eval, lo, hi)
     logger.info('{:.1f}'.format(100 * _mean_valid(precision)))
     for cls_ind in range(1, json_dataset.num_classes):
-        # precision's class axis has no background column
-        logger.info('{:.1f}'.format(100 * _mean_valid(precision[:, :, cls_ind - 1])))
+        # precision's class axis has no background column; -1 there means no ground truth at all
+        ap = _mean_valid(precision[:, :, cls_ind - 1])
+        logger.info('{}: {}'.format(json_dataset.classes[cls_ind], '{:.1f}'.format(100 * ap) if ap >= 0
+                                    else 'absent (no ground-truth box of this class in the dataset)'))
     logger.info('~~~~ Summary metrics ~~~~')
     summary = io.StringIO()
     with contextlib.redirect_stdout(summary):

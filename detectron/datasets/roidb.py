@@ -6,6 +6,7 @@ import numpy as np
 
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.utils import boxes as box_utils
+from detectron.utils.errors import DatasetError
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,14 @@ def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1)
             dataset_roidb.extend(flipped_entries(dataset_roidb))
         logger.info('Loaded dataset: {} ({} entries)'.format(name, len(dataset_roidb)))
         roidb.extend(dataset_roidb)
-    return filter_for_training(roidb)
+    filtered = filter_for_training(roidb)
+    if not filtered:
+        raise DatasetError(
+            'No training images with usable annotations in TRAIN.DATASETS {}: none of the {} images has a '
+            'non-crowd box of positive width, height and area (check the annotation files, and '
+            'TRAIN.GT_MIN_AREA {})'.format(tuple(dataset_names), len(roidb) // (2 if use_flipped else 1),
+                                          gt_min_area))
+    return filtered
 
 
 def flipped_entries(roidb):

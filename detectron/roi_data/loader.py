@@ -111,6 +111,10 @@ class RaisingLoader:
 
 
 def _limit_worker_threads(worker_id):
+    from detectron.utils.distributed import die_with_parent
+    # A worker must not outlive its process, even one killed by SIGKILL (it would keep reading
+    # images for minutes, reparented to init).
+    die_with_parent()
     # Each worker resizes its own images; OpenCV's own thread pool in every worker would
     # oversubscribe the CPU cores the workers already share.
     cv2.setNumThreads(1)

@@ -13,8 +13,21 @@ from detectron.utils.blob import im_list_to_blob, prep_im_for_blob
 from detectron.utils.errors import DatasetError
 
 
+_JPEG_SOI, _JPEG_EOI, _JPEG_SOS = b'\xff\xd8', b'\xff\xd9', 0xDA
+# Markers without a length field: TEM and the restart markers RST0..RST7.
+_JPEG_STANDALONE = {0x01} | set(range(0xD0, 0xD8))
+
+
 def read_image(path):
-    """Read an image file as a BGR uint8 HxWx3 array (cv2.imread, like Detectron)."""
+    """Read an image file as a BGR uint8 HxWx3 array (cv2.imread, like Detectron).
+
+    A truncated JPEG is refused: libjpeg would decode it with grey rows and only warn "Premature end
+    of JPEG file", without the file name.
+    """
+    if _is_truncated_jpeg(path):
+        raise DatasetError(
+            "Image '{}' is a truncated JPEG (it ends before its end-of-image marker, e.g. an interrupted "
+            "download or copy); restore the file or remove it from the dataset.".format(path))
     im = cv2.imread(path)
     if im is None:
         raise DatasetError(
@@ -25,6 +38,34 @@ def read_image(path):
 
 # The only roidb fields a training worker needs; the rest (gt_overlaps, segms, ...) stays behind.
 TRAINING_KEYS = ('image', 'flipped', 'boxes', 'gt_classes', 'is_crowd')
+
+
+def _is_truncated_jpeg(path):
+    """Whether path is a JPEG whose data stops before the end-of-image marker.
+
+    The header segments are skipped by their lengths up to the first start-of-scan, so that an EXIF
+    thumbnail's own end marker does not count; after it, an end marker can only be the image's own
+    (entropy-coded data stuffs every 0xFF byte), and bytes after it (some cameras append data) are fine.
+    """
+    try:
+        with open(path, 'rb') as f:
+            data = f.read()
+    except OSError:
+        return False  # cv2.imread reports unreadable files
+    if not data.startswith(_JPEG_SOI):
+        return False
+    pos = len(_JPEG_SOI)
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+        elif marker in _JPEG_STANDALONE:
+            pos += 2
+        elif marker == _JPEG_SOS:
+            return data.find(_JPEG_EOI, pos) < 0
+        else:
+            pos += 2 + int.from_bytes(data[pos + 2:pos + 4], 'big')
+    return pos + 4 > len(data)  # the file ends inside the header segments
 
 
 def gt_targets(entry):

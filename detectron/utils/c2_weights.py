@@ -1,11 +1,14 @@
 """Load Detectron (Caffe2) .pkl weights, torchvision ResNets and our own .pth files into the port.
 
 Detectron blob names map to our state_dict keys mechanically (docs/DESIGN.md, "Parameter names"):
-`<name>_w`/`_b` -> `<module>.weight`/`.bias`, `<prefix>_bn_s`/`_bn_b` -> `<prefix>_bn.weight`/`.bias`.
+`<name>_w`/`_b` -> `<module>.weight`/`.bias`, `<prefix>_bn_s`/`_bn_b` -> `<prefix>_bn.weight`/`.bias`;
+GroupNorm models (Detectron's ConvGN, the 04_2018_gn_baselines) name the norm `<prefix>_gn_s`/`_gn_b`
+(the stem's `conv1_gn_*`, FPN's `fpn_inner_*_gn_*`, `fpn_*_sum_gn_*`), which load into the same modules.
 Loading follows Detectron's utils/net.py: for every model tensor the blob of its Detectron name is
 loaded (shapes must match); model tensors without a blob keep their init and are reported as
 missing; file blobs no tensor asked for are reported as unused, except the ones Detectron files
-always carry for reasons unrelated to the model (`*_momentum`, ImageNet's `fc1000_*`, `conv1_b`).
+always carry for reasons unrelated to the model (`*_momentum`, ImageNet's `fc1000_*`, `conv1_b`),
+which are logged as ignored.
 """
 
 import collections
@@ -13,13 +16,13 @@ import logging
 import os
 import pickle
 import re
-import zipfile
 
 import numpy as np
 import torch
 
 from detectron.utils.errors import WeightsError
 from detectron.utils.io import load_object
+from detectron.utils.torch_file import looks_like_torch_file, read_torch_file
 
 logger = logging.getLogger(__name__)
 
@@ -89,42 +92,59 @@ def split_detectron_content(content, source):
 # ---------------------------------------------------------------------------------------------
 
 _PARAM_SUFFIX = {'weight': '_w', 'bias': '_b'}
-_AFFINE_SUFFIX = {'weight': '_bn_s', 'bias': '_bn_b'}
+# Detectron's per-channel affine (AffineChannel, `_bn`) and its GroupNorm (SpatialGN after ConvGN, `_gn`).
+_NORM_SUFFIX = {'affine': {'weight': '_bn_s', 'bias': '_bn_b'}, 'gn': {'weight': '_gn_s', 'bias': '_gn_b'}}
+NORMS = tuple(_NORM_SUFFIX)
 _COARSEST_STAGE = 5  # its FPN 1x1 seeds the top-down path and carries no `_lateral` suffix
 _BODY = r'^(?:conv_body\.)?(?:body\.)?'
+_FPN = r'^(?:conv_body\.)?'
+
+
+def _fpn_inner_name(level, last):
+    stage = level + 2
+    return 'fpn_inner_{}{}'.format(_stage_sum(stage, last), '' if stage == _COARSEST_STAGE else '_lateral')
+
+
+# (pattern of our key, name(match, last blocks per stage, norm)); norm picks the stem's and blocks'
+# norm names (the modules keep Detectron's `_bn` attribute names whatever their kind).
 _KEY_RULES = [
-    (re.compile(_BODY + r'conv1\.weight$'), lambda m, _: 'conv1_w'),
+    (re.compile(_BODY + r'conv1\.weight$'), lambda m, _, norm: 'conv1_w'),
     (re.compile(_BODY + r'res_conv1_bn\.(weight|bias)$'),
-     lambda m, _: 'res_conv1' + _AFFINE_SUFFIX[m.group(1)]),
-    (re.compile(_BODY + r'res(\d)\.(\d+)\.(branch1|branch2[abc])(_bn)?\.(weight|bias)$'),
-     lambda m, _: 'res{}_{}_{}{}'.format(m.group(1), m.group(2), m.group(3), (
-         _AFFINE_SUFFIX if m.group(4) else _PARAM_SUFFIX)[m.group(5)])),
-    (re.compile(r'^(?:conv_body\.)?fpn_inner\.(\d)\.(weight|bias)$'),
-     lambda m, last: 'fpn_inner_{}{}{}'.format(
-         _stage_sum(int(m.group(1)) + 2, last),
-         '' if int(m.group(1)) + 2 == _COARSEST_STAGE else '_lateral', _PARAM_SUFFIX[m.group(2)])),
-    (re.compile(r'^(?:conv_body\.)?fpn_layer\.(\d)\.(weight|bias)$'),
-     lambda m, last: 'fpn_{}{}'.format(_stage_sum(int(m.group(1)) + 2, last),
-                                       _PARAM_SUFFIX[m.group(2)])),
+     lambda m, _, norm: ('res_conv1' if norm == 'affine' else 'conv1') + _NORM_SUFFIX[norm][m.group(1)]),
+    (re.compile(_BODY + r'res(\d)\.(\d+)\.(branch1|branch2[abc])_bn\.(weight|bias)$'),
+     lambda m, _, norm: 'res{}_{}_{}{}'.format(m.group(1), m.group(2), m.group(3), _NORM_SUFFIX[norm][m.group(4)])),
+    (re.compile(_BODY + r'res(\d)\.(\d+)\.(branch1|branch2[abc])\.(weight|bias)$'),
+     lambda m, _, norm: 'res{}_{}_{}{}'.format(m.group(1), m.group(2), m.group(3), _PARAM_SUFFIX[m.group(4)])),
+    (re.compile(_FPN + r'fpn_inner\.(\d)\.(weight|bias)$'),
+     lambda m, last, norm: _fpn_inner_name(int(m.group(1)), last) + _PARAM_SUFFIX[m.group(2)]),
+    (re.compile(_FPN + r'fpn_inner_gn\.(\d)\.(weight|bias)$'),
+     lambda m, last, norm: _fpn_inner_name(int(m.group(1)), last) + _NORM_SUFFIX['gn'][m.group(2)]),
+    (re.compile(_FPN + r'fpn_layer\.(\d)\.(weight|bias)$'),
+     lambda m, last, norm: 'fpn_{}{}'.format(_stage_sum(int(m.group(1)) + 2, last), _PARAM_SUFFIX[m.group(2)])),
+    (re.compile(_FPN + r'fpn_layer_gn\.(\d)\.(weight|bias)$'),
+     lambda m, last, norm: 'fpn_{}{}'.format(_stage_sum(int(m.group(1)) + 2, last),
+                                             _NORM_SUFFIX['gn'][m.group(2)])),
     (re.compile(r'^rpn\.(conv_rpn|rpn_cls_logits|rpn_bbox_pred)\.(weight|bias)$'),
-     lambda m, _: '{}_fpn2{}'.format(m.group(1), _PARAM_SUFFIX[m.group(2)])),
+     lambda m, _, norm: '{}_fpn2{}'.format(m.group(1), _PARAM_SUFFIX[m.group(2)])),
     (re.compile(r'^(?:box_head|box_outs)\.(fc6|fc7|cls_score|bbox_pred|bbox_pred_std)\.'
                 r'(weight|bias)$'),
-     lambda m, _: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
+     lambda m, _, norm: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
 ]
 
 _BLOB_PARAM = {'w': 'weight', 'b': 'bias', 's': 'weight'}
 _BLOB_RULES = [
     (re.compile(r'^conv1_w$'), lambda m: 'conv_body.body.conv1.weight'),
-    (re.compile(r'^res_conv1_bn_([sb])$'),
+    (re.compile(r'^(?:res_conv1_bn|conv1_gn)_([sb])$'),
      lambda m: 'conv_body.body.res_conv1_bn.' + _BLOB_PARAM[m.group(1)]),
-    (re.compile(r'^res(\d)_(\d+)_(branch1|branch2[abc])(_bn)?_([wsb])$'),
+    (re.compile(r'^res(\d)_(\d+)_(branch1|branch2[abc])(_bn|_gn)?_([wsb])$'),
      lambda m: 'conv_body.body.res{}.{}.{}{}.{}'.format(
-         m.group(1), m.group(2), m.group(3), m.group(4) or '', _BLOB_PARAM[m.group(5)])),
-    (re.compile(r'^fpn_inner_res(\d)_\d+_sum(?:_lateral)?_([wb])$'),
-     lambda m: 'conv_body.fpn_inner.{}.{}'.format(int(m.group(1)) - 2, _BLOB_PARAM[m.group(2)])),
-    (re.compile(r'^fpn_res(\d)_\d+_sum_([wb])$'),
-     lambda m: 'conv_body.fpn_layer.{}.{}'.format(int(m.group(1)) - 2, _BLOB_PARAM[m.group(2)])),
+         m.group(1), m.group(2), m.group(3), '_bn' if m.group(4) else '', _BLOB_PARAM[m.group(5)])),
+    (re.compile(r'^fpn_inner_res(\d)_\d+_sum(?:_lateral)?(_gn)?_([wsb])$'),
+     lambda m: 'conv_body.fpn_inner{}.{}.{}'.format(m.group(2) or '', int(m.group(1)) - 2,
+                                                     _BLOB_PARAM[m.group(3)])),
+    (re.compile(r'^fpn_res(\d)_\d+_sum(_gn)?_([wsb])$'),
+     lambda m: 'conv_body.fpn_layer{}.{}.{}'.format(m.group(2) or '', int(m.group(1)) - 2,
+                                                     _BLOB_PARAM[m.group(3)])),
     (re.compile(r'^(conv_rpn|rpn_cls_logits|rpn_bbox_pred)_fpn2_([wb])$'),
      lambda m: 'rpn.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
     (re.compile(r'^(fc6|fc7)_([wb])$'),
@@ -153,15 +173,17 @@ def last_block_per_stage(keys):
     return last
 
 
-def key_to_detectron_name(key, last_blocks):
+def key_to_detectron_name(key, last_blocks, norm='affine'):
     """Detectron blob name of a state_dict key, or None if Detectron has no such blob.
 
     last_blocks: `last_block_per_stage` of the model's keys (names the FPN convs).
+    norm: 'affine' (Detectron's default AffineChannel, `_bn_s`) or 'gn' (GroupNorm, `_gn_s`): how the
+      file names the ResNet's norms, which our keys do not tell apart.
     """
     for pattern, name in _KEY_RULES:
         match = pattern.match(key)
         if match:
-            return name(match, last_blocks)
+            return name(match, last_blocks, norm)
     return None
 
 
@@ -179,11 +201,11 @@ def is_ignored_blob(name):
     return _IGNORED_BLOB.search(name) is not None
 
 
-def _blob_names(keys):
+def _blob_names(keys, norm='affine'):
     """{key: blob name}; keys without a Detectron name keep their own name (e.g. BatchNorm
     running statistics), so such state survives a round trip through a Detectron-format file."""
     last_blocks = last_block_per_stage(keys)
-    return {key: key_to_detectron_name(key, last_blocks) or key for key in keys}
+    return {key: key_to_detectron_name(key, last_blocks, norm) or key for key in keys}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,17 +213,27 @@ def _blob_names(keys):
 # ---------------------------------------------------------------------------------------------
 
 def detectron_blobs_to_state_dict(blobs, model_state_keys):
-    """Pick the blob of each model key by its Detectron name.
+    """Pick the blob of each model key by its Detectron name (its affine or GroupNorm name).
 
     Returns (state_dict of float32 tensors for the keys found, sorted unused blob names).
     """
-    state_dict, used = collections.OrderedDict(), set()
-    for key, name in _blob_names(model_state_keys).items():
-        if name in blobs:
-            state_dict[key] = _blob_to_tensor(blobs[name], name)
-            used.add(name)
-    unused = sorted(n for n in blobs if n not in used and not is_ignored_blob(n))
+    state_dict, _, unused, _ = _pick_blobs(blobs, model_state_keys)
     return state_dict, unused
+
+
+def _pick_blobs(blobs, model_state_keys):
+    """(state_dict, {key: blob name}, unused blob names, ignored blob names) of a blob dict."""
+    candidates = [_blob_names(model_state_keys, norm) for norm in NORMS]
+    state_dict, names = collections.OrderedDict(), {}
+    for key in model_state_keys:
+        name = next((c[key] for c in candidates if c[key] in blobs), None)
+        if name is not None:
+            state_dict[key] = _blob_to_tensor(blobs[name], name)
+            names[key] = name
+    used = set(names.values())
+    unused = sorted(n for n in blobs if n not in used and not is_ignored_blob(n))
+    ignored = sorted(n for n in blobs if n not in used and is_ignored_blob(n))
+    return state_dict, names, unused, ignored
 
 
 def convert_detectron_blobs(blobs):
@@ -229,24 +261,29 @@ def _blob_to_tensor(blob, name):
     return torch.from_numpy(np.require(blob, dtype=dtype, requirements=['C', 'W']))
 
 
-def state_dict_to_detectron_blobs(state_dict):
+def state_dict_to_detectron_blobs(state_dict, norm='affine'):
     """Inverse of detectron_blobs_to_state_dict: {Detectron blob name: numpy array}.
 
+    norm: 'gn' names the ResNet's norms as Detectron's GroupNorm models do (`_gn_s`, `conv1_gn_s`).
     Save as `{'blobs': blobs, 'cfg': yaml}` with utils.io.save_object for a Detectron-layout file.
     """
-    names = _blob_names(list(state_dict))
+    names = _blob_names(list(state_dict), norm)
     return collections.OrderedDict(
         (names[key], value.detach().cpu().numpy()) for key, value in state_dict.items())
 
 
-def _copy_into_model(model, state_dict, source):
+def _copy_into_model(model, state_dict, source, file_names=None):
     """Copy the entries of state_dict whose keys the model has, after checking every shape.
 
-    Returns (missing model keys, unused state_dict keys).
+    file_names: {key: name of the tensor in the file} where the file names it otherwise (Detectron
+    blobs), so that an error names both. Returns (missing model keys, unused state_dict keys).
     """
     own = model.state_dict()
+    file_names = file_names or {}
     loaded = {k: v for k, v in state_dict.items() if k in own}
-    mismatched = ['{} {} in file vs {} in model'.format(k, tuple(v.shape), tuple(own[k].shape))
+    mismatched = ['{}{} {} in file vs {} in model'.format(
+                      k, ' (blob {})'.format(file_names[k]) if k in file_names else '', tuple(v.shape),
+                      tuple(own[k].shape))
                   for k, v in loaded.items() if v.shape != own[k].shape]
     if mismatched:
         raise WeightsError('{} does not fit the model ({} shape mismatches: {}); check that the '
@@ -261,9 +298,16 @@ def _copy_into_model(model, state_dict, source):
     return missing, unused
 
 
-def _log_summary(source, missing, unused):
+def _log_summary(source, missing, unused, ignored=()):
     logger.info('Loaded %s; %d model tensors not in it (keep their init): %s; %d unused: %s',
                 source, len(missing), missing, len(unused), unused)
+    if ignored:
+        momentum = [n for n in ignored if n.endswith('_momentum')]
+        others = [n for n in ignored if not n.endswith('_momentum')]
+        logger.info('%s: %d blobs ignored, as Detectron does (never model parameters): %d SGD momentum blobs '
+                    '(*_momentum)%s', source, len(ignored), len(momentum),
+                    ', ' + ', '.join(others) if others else '')
+        logger.debug('%s: ignored blobs: %s', source, ', '.join(ignored))
 
 
 def load_state_dict_by_key(model, state_dict, source='state_dict'):
@@ -284,9 +328,9 @@ def load_detectron_weights(model, path_or_blobs):
     else:
         source = 'Detectron blobs'
         blobs, _ = split_detectron_content(path_or_blobs, source)
-    state_dict, unused = detectron_blobs_to_state_dict(blobs, list(model.state_dict()))
-    missing, _ = _copy_into_model(model, state_dict, source)
-    _log_summary(source, missing, unused)
+    state_dict, names, unused, ignored = _pick_blobs(blobs, list(model.state_dict()))
+    missing, _ = _copy_into_model(model, state_dict, source, file_names=names)
+    _log_summary(source, missing, unused, ignored)
     return missing, unused
 
 
@@ -401,18 +445,16 @@ def load_weights(model, path):
     """Load a weights file of any supported kind, told apart by content; returns (missing, unused).
 
     - Detectron pickles (ImageNet R-50.pkl, model_final.pkl of Detectron or KL-Loss);
-    - torch files with a 'model' state_dict (this port's checkpoints, tools/convert_pkl_to_pth.py);
+    - torch files with a 'model' state_dict (this port's checkpoints, tools/convert_pkl_to_pth.py),
+      their digest checked when they carry one (utils/torch_file.py);
     - torchvision ResNet state_dicts (see load_torchvision_resnet for PIXEL_MEANS).
     """
     if not os.path.isfile(path):
         raise WeightsError('weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'
                            .format(path))
-    if not zipfile.is_zipfile(path):
+    if not looks_like_torch_file(path):
         return load_detectron_weights(model, path)
-    try:
-        content = torch.load(path, map_location='cpu', weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError) as e:
-        raise WeightsError('{} is not a readable torch weights file ({})'.format(path, e)) from e
+    content = read_torch_file(path)
     if isinstance(content, dict) and isinstance(content.get('model'), dict):
         return load_state_dict_by_key(model, content['model'], path)
     if isinstance(content, dict) and 'layer1.0.conv1.weight' in content:

@@ -1,4 +1,4 @@
-"""Training checkpoints: write atomically, find the newest, load, resume.
+"""Training checkpoints: write atomically with a digest, find the newest intact one, load, resume.
 
 Starting from a file means one of two different things; they are separate functions on purpose:
 - `resume_from(path, model, optimizer)` continues an interrupted run: model, optimizer (momentum),
@@ -12,6 +12,11 @@ In a multi-process run only rank 0 writes (the caller checks `is_main_process()`
 do not look at the rank) and every rank reads, into CPU memory first, so that no rank puts a copy of
 the file on GPU 0. Files hold only tensors, numbers, strings and plain containers, so they load with
 torch.load(weights_only=True): reading a checkpoint never runs pickled code.
+
+Integrity: a checkpoint is written only when every parameter and optimizer state is finite and short of
+float32 overflow, it carries a digest of its content (utils/torch_file.py) that every load checks, and
+resuming skips newer files that are truncated or damaged (an interrupted copy, a full disk) for the
+newest intact one.
 """
 import logging
 import os
@@ -22,14 +27,23 @@ import numpy as np
 import torch
 
 from detectron.utils.distributed import all_gather_object, get_rank, get_world_size, unwrap_model
-from detectron.utils.errors import WeightsError
+from detectron.utils.errors import DetectronError, WeightsError
 from detectron.utils.io import _write_atomically
+from detectron.utils.torch_file import read_torch_file, with_digest
 
 logger = logging.getLogger(__name__)
 
 FINAL_CHECKPOINT_NAME = 'model_final.pth'
 _ITERATION_CHECKPOINT = re.compile(r'^model_iter(\d+)\.pth$')
 _PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
+_REQUIRED_KEYS = ('model', 'optimizer', 'iteration', 'world_size', 'rng_states')
+# sqrt of float32's largest value: the product of two such numbers is inf. No trained detector comes near
+# it (weights are O(1)), while a diverging run passes it (BASE_LR 1e6: 3e20 one step before the loss is NaN).
+DIVERGED_MAGNITUDE = float(np.sqrt(np.finfo(np.float32).max))
+
+
+class DivergedWeightsError(DetectronError, FloatingPointError):
+    """A parameter or optimizer state holds NaN, inf or a diverged value: no checkpoint is written."""
 
 
 def checkpoint_name(iteration):
@@ -45,10 +59,13 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
       saves; by default only this process's state is stored.
     sampler_state: plain values that must match on resume, e.g. {'seed': s, 'global_batch_size': g}.
     extra: plain data to keep alongside, e.g. {'cfg': cfg.dump()}.
-    Readers see the old file or the complete new one, never a partial file.
+    Readers see the old file or the complete new one, never a partial file. Raises
+    DivergedWeightsError (and writes nothing) if a parameter or optimizer state is not finite or beyond
+    DIVERGED_MAGNITUDE (see check_not_diverged).
     """
     _check_plain(extra, 'extra')
     _check_plain(sampler_state, 'sampler_state')
+    check_not_diverged(model, optimizer, iteration, path)
     checkpoint = {
         'model': unwrap_model(model).state_dict(),
         'optimizer': optimizer.state_dict(),
@@ -58,7 +75,35 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
         'sampler': sampler_state,
         'extra': extra if extra is not None else {},
     }
-    _write_atomically(path, lambda f: torch.save(checkpoint, f))
+    _write_atomically(path, lambda f: torch.save(with_digest(checkpoint), f))
+
+
+def check_not_diverged(model, optimizer, iteration, path):
+    """Raise DivergedWeightsError naming the first tensors (model parameters and buffers, optimizer
+    state) that hold NaN, inf or values beyond +-DIVERGED_MAGNITUDE. Checked on the tensors' device with
+    one host sync."""
+    named = [(name, t) for name, t in _named_floating_tensors(unwrap_model(model), optimizer) if t.numel()]
+    if not named:
+        return
+    # amax(|t|) <= bound is False for NaN and inf too: one reduction per tensor covers all three.
+    sane = torch.stack([t.detach().abs().amax() <= DIVERGED_MAGNITUDE for _, t in named])
+    if bool(sane.all()):
+        return
+    bad = [name for (name, _), ok in zip(named, sane.tolist()) if not ok]
+    raise DivergedWeightsError(
+        'Training diverged by iteration {}: {} of {} tensors hold NaN, inf or values beyond {:.1e} (e.g. {}); {} was '
+        'not written and earlier checkpoints are intact; lower SOLVER.BASE_LR (or add warm-up) or check the '
+        'data'.format(iteration, len(bad), len(named), DIVERGED_MAGNITUDE, ', '.join(bad[:3]), path))
+
+
+def _named_floating_tensors(model, optimizer):
+    names = {id(p): name for name, p in model.named_parameters()}
+    named = [(name, t) for name, t in model.state_dict().items() if t.is_floating_point()]
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                named.append(('{} of {}'.format(key, names.get(id(param), 'a parameter')), value))
+    return named
 
 
 def _check_plain(value, where):
@@ -74,14 +119,45 @@ def _check_plain(value, where):
 
 def find_last_checkpoint(output_dir):
     """model_final.pth if present (training is complete), else the model_iter{N}.pth with the
-    largest N, else None. Unfinished temporary files are never returned."""
+    largest N, else None. Unfinished temporary files are never returned. The file is not read: see
+    resume_from_last for the newest one that is also intact."""
+    candidates = _checkpoints_newest_first(output_dir)
+    return candidates[0] if candidates else None
+
+
+def _checkpoints_newest_first(output_dir):
     if not os.path.isdir(output_dir):
-        return None
+        return []
     names = os.listdir(output_dir)
-    if FINAL_CHECKPOINT_NAME in names:
-        return os.path.join(output_dir, FINAL_CHECKPOINT_NAME)
-    iterations = [int(m.group(1)) for m in map(_ITERATION_CHECKPOINT.match, names) if m]
-    return os.path.join(output_dir, checkpoint_name(max(iterations))) if iterations else None
+    final = [os.path.join(output_dir, FINAL_CHECKPOINT_NAME)] if FINAL_CHECKPOINT_NAME in names else []
+    iterations = sorted((int(m.group(1)) for m in map(_ITERATION_CHECKPOINT.match, names) if m), reverse=True)
+    return final + [os.path.join(output_dir, checkpoint_name(i)) for i in iterations]
+
+
+def resume_from_last(output_dir, model, optimizer, sampler_state=None):
+    """Resume from the newest readable and intact checkpoint of output_dir (see resume_from).
+
+    Returns (path, iteration to start at), or (None, 0) when output_dir has no checkpoint. Newer files
+    that are truncated or damaged are skipped with a warning naming them; if every file is, the newest
+    one's error is raised. A checkpoint that reads but does not fit the model is an error, not skipped.
+    """
+    candidates = _checkpoints_newest_first(output_dir)
+    skipped = []
+    for path in candidates:
+        try:
+            checkpoint = _read(path)
+        except WeightsError as err:
+            skipped.append((path, err))
+            continue
+        if skipped:
+            logger.warning('Skipping the newest checkpoint%s, which cannot be resumed: %s; resuming from the '
+                           'newest intact one, %s', 's' if len(skipped) > 1 else '',
+                           '; '.join(str(err) for _, err in skipped), path)
+        logger.info('========> Resuming from checkpoint %s', path)
+        return path, _resume(path, checkpoint, model, optimizer, sampler_state)
+    if skipped:
+        raise skipped[0][1]
+    return None, 0
 
 
 def load_checkpoint(path, model, optimizer=None):
@@ -91,12 +167,16 @@ def load_checkpoint(path, model, optimizer=None):
     size of the saving run; RNG states are restored only when it is the same (see restore_rng_states).
     """
     checkpoint = _read(path)
+    _load_into(path, checkpoint, model, optimizer)
+    return checkpoint
+
+
+def _load_into(path, checkpoint, model, optimizer):
     _load_model_state(unwrap_model(model), checkpoint['model'], path)
     if optimizer is not None:
         # Optimizer.load_state_dict moves the state (momentum) to each parameter's device.
         optimizer.load_state_dict(checkpoint['optimizer'])
     restore_rng_states(checkpoint['rng_states'], checkpoint['world_size'])
-    return checkpoint
 
 
 def resume_from(path, model, optimizer, sampler_state=None):
@@ -111,7 +191,11 @@ def resume_state(path, model, optimizer, sampler_state=None):
     the data order no longer continues the interrupted run (a warning, not an error: changing the
     global batch together with the schedule is a legitimate choice).
     """
-    checkpoint = load_checkpoint(path, model, optimizer)
+    return _resume(path, _read(path), model, optimizer, sampler_state)
+
+
+def _resume(path, checkpoint, model, optimizer, sampler_state):
+    _load_into(path, checkpoint, model, optimizer)
     saved = checkpoint['sampler']
     if sampler_state is not None and saved is not None and saved != sampler_state:
         logger.warning('Resuming %s with sampler state %s, but it was saved with %s: the data order '
@@ -122,13 +206,9 @@ def resume_state(path, model, optimizer, sampler_state=None):
 def _read(path):
     if not os.path.isfile(path):
         raise WeightsError('checkpoint {} does not exist'.format(path))
-    try:
-        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:  # torch reports a wrong format with several exception types
-        raise WeightsError('{} is not a readable checkpoint ({}); only files written by '
-                           'save_checkpoint can be resumed'.format(path, e)) from e
+    checkpoint = read_torch_file(path)
     keys = set(checkpoint) if isinstance(checkpoint, dict) else set()
-    missing = sorted({'model', 'optimizer', 'iteration', 'world_size', 'rng_states'} - keys)
+    missing = sorted(set(_REQUIRED_KEYS) - keys)
     if missing:
         raise WeightsError('{} is not a training checkpoint (it lacks {}); to start from its weights '
                            'use TRAIN.WEIGHTS instead of resuming'.format(path, ', '.join(missing)))

@@ -8,9 +8,14 @@ A job starts in one of three ways (docs/MULTI_GPU.md has the commands):
 - `NUM_GPUS 1`: `main_fn` runs in the calling process, without a process group.
 Every helper below also works in the last case (world size 1, no process group).
 
+No process of a job outlives its launcher: spawned workers (and, through `die_with_parent` in their
+worker_init_fn, DataLoader workers) ask Linux to kill them when their parent dies, whatever the signal
+that ended it; a SIGTERM or SIGINT to the launcher stops its workers and raises errors.JobInterrupted.
+
 Nothing here reads the config; the engines pass plain values.
 """
 import atexit
+import ctypes
 import datetime
 import logging
 import multiprocessing.connection
@@ -30,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from detectron.utils.errors import DetectronError, LaunchError
+from detectron.utils.errors import DetectronError, LaunchError, termination_signals_raise
 from detectron.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,10 @@ SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_LOCALID', 'MASTER_ADDR
 
 class WorkerError(RuntimeError):
     """A worker of a launched job failed; the message names its rank and carries its traceback."""
+
+
+class WorkerKilled(DetectronError, WorkerError):
+    """A worker was killed by a signal (the OOM killer, a user's kill): one line, there is no traceback."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,11 @@ def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout
     if backend == 'nccl' and device_type != 'cuda':
         raise LaunchError("backend 'nccl' needs CUDA GPUs but the device is {!r}; use backend "
                           "'gloo' for CPU runs".format(device_type))
+    with termination_signals_raise():
+        return _launch(main_fn, num_processes, args, backend, dist_url, timeout, device_type, seed)
+
+
+def _launch(main_fn, num_processes, args, backend, dist_url, timeout, device_type, seed):
     job = job_from_environment()
     if job is not None:
         resolve_num_gpus(num_processes, explicit=True, job=job)
@@ -176,6 +190,34 @@ def _free_local_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# process lifetime: no worker outlives the launcher
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig=signal.SIGKILL):
+    """Have Linux send `sig` to this process when its parent dies; returns whether it is set up.
+
+    For a process started through multiprocessing (a spawned rank, a DataLoader worker); elsewhere,
+    and off Linux, it does nothing and returns False. Linux sends the signal when the parent *thread*
+    that started this process ends, so start workers from a thread that lives as long as they should.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None or not sys.platform.startswith('linux'):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        logger.warning('prctl(PR_SET_PDEATHSIG) failed (%s): this process may outlive its parent',
+                       os.strerror(ctypes.get_errno()))
+        return False
+    # The parent may have died before prctl: then no signal will ever come, and this process was
+    # already handed to another parent (init or a subreaper).
+    if os.getppid() != parent.pid:
+        os.kill(os.getpid(), sig)
+    return True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,6 +310,11 @@ def _spawn_and_watch(main_fn, args, num_processes, options, port):
 
 
 def _spawned_worker(rank, world_size, port, main_fn, args, options, report_dir):
+    die_with_parent()  # a killed launcher (even by SIGKILL) takes its workers with it
+    # multiprocessing's spawn bootstrap made 'spawn' this process's default start method; restore the
+    # platform's, so that DataLoader workers start as under torchrun (forked: fast, and without named
+    # semaphores that a killed rank would leave to the resource tracker, which then warns about them).
+    multiprocessing.set_start_method(None, force=True)
     # The same variables torchrun sets, so env:// and anything reading them sees a normal job.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
@@ -353,7 +400,7 @@ def _raise_worker_failure(failed, workers, report_dir):
     rank = killed[0] if killed else min(failed, key=lambda r: reports[r]['time'])
     report, exitcode, world_size = reports[rank], workers[rank].exitcode, len(workers)
     if report is None or 'error' not in report:
-        raise WorkerError(_describe_exit(rank, world_size, exitcode))
+        raise WorkerKilled(_describe_exit(rank, world_size, exitcode))
     if report['user_error'] is not None:
         user_error = pickle.loads(report['user_error'])
         raise type(user_error)('rank {}: {}'.format(rank, user_error))

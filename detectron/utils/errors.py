@@ -1,10 +1,14 @@
-"""Errors that describe bad user input (config, data, weights, launch settings).
+"""Errors that describe bad user input (config, data, weights, launch settings, output directory), and a
+run stopped by SIGTERM / SIGINT.
 
 The command-line tools print these as one line and exit non-zero instead of showing a traceback:
-they are about what the user typed, not about a bug. Each subclasses the builtin exception that
+they are about what the user typed (or did), not about a bug. Each subclasses the builtin exception that
 Detectron raised in the same situation, so code and tests written for Detectron still catch them.
 """
+import contextlib
+import signal
 import sys
+import threading
 
 
 class DetectronError(Exception):
@@ -47,11 +51,54 @@ class LaunchError(DetectronError, RuntimeError):
     """Bad multi-process / multi-GPU launch settings (e.g. more GPUs asked than exist)."""
 
 
+class OutputDirError(DetectronError, OSError):
+    """OUTPUT_DIR cannot be used: not a writable directory, full, or in use by another run."""
+
+    def __str__(self):
+        # OSError would format (errno, strerror) pairs; the message is the whole sentence.
+        return str(self.args[0]) if self.args else ''
+
+
+class JobInterrupted(DetectronError):
+    """SIGTERM or SIGINT stopped the run (its workers too); exits with 128 + the signal, as a shell would."""
+
+    def __init__(self, signum):
+        self.signum = signum
+        self.exit_status = 128 + signum
+        super().__init__('stopped by {}; all worker processes were stopped (a training run resumes from its '
+                         'last checkpoint when started again)'.format(signal.Signals(signum).name))
+
+    def __reduce__(self):
+        return type(self), (self.signum,)
+
+
+@contextlib.contextmanager
+def termination_signals_raise():
+    """Within the block, SIGTERM and SIGINT raise JobInterrupted in the main thread, so that `finally`
+    blocks run (stopping worker processes, removing temporary files) and the tool prints one line.
+    Elsewhere than the main thread (where Python cannot set handlers) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise JobInterrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_tool(main, argv):
     """Run a command-line tool's main(argv), reporting a DetectronError as one `error:` line on
-    stderr with exit status 2 (a bad config, dataset or weights file needs no traceback)."""
+    stderr with exit status 2 (a bad config, dataset or weights file needs no traceback), or the
+    error's own `exit_status` (128 + the signal for a run stopped by SIGTERM or SIGINT)."""
     try:
-        main(argv)
+        with termination_signals_raise():
+            main(argv)
     except DetectronError as err:
         print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(err, 'exit_status', 2))

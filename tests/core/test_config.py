@@ -1,6 +1,7 @@
 """Config: Detectron's defaults and merge rules, the port's type relaxations, aliases and errors."""
 
 import copy
+import errno
 import logging
 import math
 
@@ -12,7 +13,7 @@ from detectron.core import config
 from detectron.core.config import (CfgNode, assert_and_infer_cfg, cfg, get_output_dir, images_per_iter,
                                    load_cfg, merge_cfg_from_cfg, merge_cfg_from_file, merge_cfg_from_list,
                                    scale_schedule_to_global_batch)
-from detectron.utils.errors import ConfigKeyError, ConfigValueError
+from detectron.utils.errors import ConfigKeyError, ConfigValueError, OutputDirError
 
 # Every leaf default of Detectron's detectron/core/config.py (HEAD 04155a0), transcribed from its source;
 # PIXEL_MEANS, BBOX_XFORM_CLIP and ROOT_DIR are checked separately (ndarray / np.float64 / cwd there).
@@ -628,6 +629,16 @@ def test_malformed_yaml_reports_line_and_column(tmp_path):
     assert '\n' not in message
 
 
+def test_a_binary_file_as_config_is_one_line(tmp_path):
+    path = tmp_path / 'model_final.pth'
+    path.write_bytes(b'PK\x03\x04\x14\x00\x00\x08\x08\x00\xa0\xb8\xc6')
+    with pytest.raises(ConfigValueError) as err:
+        merge_cfg_from_file(str(path))
+    assert str(err.value) == ('Config file {} is not a YAML text file (the byte at offset 10 is not UTF-8 '
+                              'text); pass the .yaml config with --cfg, and weights files with TRAIN.WEIGHTS / '
+                              'TEST.WEIGHTS'.format(path))
+
+
 def test_yaml_that_is_not_a_mapping(tmp_path):
     with pytest.raises(ConfigValueError, match='must be a mapping of keys to values, got list'):
         merge_cfg_from_file(_write(tmp_path, '- 1\n- 2\n'))
@@ -714,6 +725,23 @@ def test_make_immutable_false():
     (['TRAIN.FREEZE_AT', '1'], 'TRAIN.FREEZE_AT must be one of 0, 2, 3, 4, 5, got 1'),
     (['NUM_GPUS', '0'], 'NUM_GPUS must be at least 1, got 0'),
     (['SOLVER.ITER_SIZE', '0'], 'SOLVER.ITER_SIZE must be at least 1, got 0'),
+    (['TRAIN.SNAPSHOT_ITERS', '0'], 'TRAIN.SNAPSHOT_ITERS must be at least 1, got 0'),
+    # Solver values no schedule means.
+    (['SOLVER.BASE_LR', '-0.02'], 'SOLVER.BASE_LR must be a finite number > 0, got -0.02'),
+    (['SOLVER.BASE_LR', '0'], 'SOLVER.BASE_LR must be a finite number > 0, got 0.0'),
+    (['SOLVER.BASE_LR', '1e999'], 'SOLVER.BASE_LR must be a finite number > 0, got inf'),
+    (['SOLVER.GAMMA', '-0.1'], 'SOLVER.GAMMA must be a finite number > 0, got -0.1'),
+    (['SOLVER.MOMENTUM', '1.0'], 'SOLVER.MOMENTUM must be in [0, 1), got 1.0'),
+    (['SOLVER.MOMENTUM', '-0.9'], 'SOLVER.MOMENTUM must be in [0, 1), got -0.9'),
+    (['SOLVER.WEIGHT_DECAY', '-1e-4'], 'SOLVER.WEIGHT_DECAY must be a finite number >= 0, got -0.0001'),
+    (['SOLVER.WEIGHT_DECAY_GN', '-1'], 'SOLVER.WEIGHT_DECAY_GN must be a finite number >= 0, got -1.0'),
+    (['SOLVER.WARM_UP_ITERS', '-5'], 'SOLVER.WARM_UP_ITERS must be >= 0, got -5'),
+    (['SOLVER.WARM_UP_FACTOR', '3'], 'SOLVER.WARM_UP_FACTOR must be in [0, 1], got 3.0'),
+    (['SOLVER.AMP.LOSS_SCALE', '-128'], 'SOLVER.AMP.LOSS_SCALE must be a finite number >= 0 (0: dynamic'),
+    (['SOLVER.LR_POLICY', 'step', 'SOLVER.STEP_SIZE', '0'],
+     'SOLVER.STEP_SIZE must be at least 1 with LR_POLICY step, got 0'),
+    (['SOLVER.LR_POLICY', 'steps_with_lrs', 'SOLVER.STEPS', '[0, 10]', 'SOLVER.LRS', '[0.1, -0.01]'],
+     'SOLVER.LRS must be a list of finite numbers > 0, got [0.1, -0.01]'),
 ])
 def test_inconsistent_settings_are_rejected(overrides, message):
     merge_cfg_from_list(overrides)
@@ -739,6 +767,28 @@ def test_get_output_dir(tmp_path):
     assert get_output_dir('coco_2014_minival', training=False) == test_dir
     assert (tmp_path / 'train' / 'coco_2014_train:coco_2014_valminusminival' / 'generalized_rcnn').is_dir()
     assert (tmp_path / 'test' / 'coco_2014_minival' / 'generalized_rcnn').is_dir()
+
+
+def test_output_dir_under_a_file_is_one_output_dir_error(tmp_path):
+    (tmp_path / 'a_file').write_text('')
+    merge_cfg_from_list(['OUTPUT_DIR', str(tmp_path / 'a_file' / 'out'), 'MODEL.TYPE', 'generalized_rcnn'])
+    with pytest.raises(OutputDirError) as err:
+        get_output_dir(('coco_2014_train',))
+    assert str(err.value) == (
+        'OUTPUT_DIR {0} cannot be used: {0}/train/coco_2014_train/generalized_rcnn is not a writable directory '
+        '(Not a directory); set OUTPUT_DIR to a writable directory'.format(tmp_path / 'a_file' / 'out'))
+
+
+def test_read_only_output_dir_is_one_output_dir_error(tmp_path, monkeypatch):
+    # Root writes through permission bits, so the read-only filesystem is simulated.
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, 'Read-only file system')
+    merge_cfg_from_list(['OUTPUT_DIR', str(tmp_path), 'MODEL.TYPE', 'generalized_rcnn'])
+    get_output_dir(('coco_2014_train',))  # exists now: only writing it fails below
+    monkeypatch.setattr(config.tempfile, 'TemporaryFile', read_only)
+    with pytest.raises(OutputDirError, match=r'is not a writable directory \(Read-only file system\); set '
+                                             r'OUTPUT_DIR to a writable directory'):
+        get_output_dir(('coco_2014_train',))
 
 
 def test_get_output_dir_rejects_other_types():

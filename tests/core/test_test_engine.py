@@ -112,7 +112,18 @@ def test_single_process_writes_detections_and_metrics_of_each_dataset(tiny_catal
     assert results['tiny_val']['box']['AP50'] > 0  # random boxes hit some of the 11 objects
 
 
-def test_two_gloo_processes_give_the_single_process_detections(tiny_catalog, random_weights):
+@pytest.fixture
+def one_thread_per_process(monkeypatch):
+    """One intra-op thread here and in every spawned worker (they honour OMP_NUM_THREADS): CPU kernels
+    reduce in an order that depends on the thread count, which moves scores by up to ~1e-4."""
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_two_gloo_processes_give_the_single_process_detections(tiny_catalog, random_weights, one_thread_per_process):
     single_dir, multi_dir = tiny_catalog.parent / 'single_1', tiny_catalog.parent / 'multi'
     use_tiny_config(tiny_catalog, single_dir)
     single = test_engine.run_inference(random_weights)

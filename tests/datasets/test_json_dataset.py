@@ -150,3 +150,30 @@ def test_missing_paths_raise_dataset_errors(tiny_dataset):
         JsonDataset('tiny').get_roidb()
     with pytest.raises(DatasetError, match='Unknown dataset name: tinny'):
         JsonDataset('tinny')
+
+
+def _register_variant(tmp_path, name, coco):
+    (tmp_path / (name + '.json')).write_text(json.dumps(coco))
+    dataset_catalog.register_dataset(name, str(tmp_path / 'images'), str(tmp_path / (name + '.json')))
+
+
+def test_a_category_id_missing_from_categories_is_one_dataset_error(tiny_dataset):
+    coco = dict(TINY_COCO, annotations=TINY_COCO['annotations'] + [_ann(10, 30, 99, [1, 1, 5, 5], 25)])
+    _register_variant(tiny_dataset, 'bad_category', coco)
+    with pytest.raises(DatasetError) as err:
+        JsonDataset('bad_category').get_roidb(gt=True)
+    assert str(err.value) == (
+        'Annotation 10 (image 30) of dataset bad_category has category_id 99, which is not in the "categories" '
+        'of {} (ids [3, 7]); fix the annotation or add the category'.format(tiny_dataset / 'bad_category.json'))
+
+
+def test_no_usable_annotation_at_all_names_the_training_datasets(tiny_dataset):
+    # Only a crowd region, a zero-area box and an ignored one: nothing to train on.
+    coco = dict(TINY_COCO, annotations=[a for a in TINY_COCO['annotations'] if a['id'] in (3, 5, 9)])
+    _register_variant(tiny_dataset, 'nothing_usable', coco)
+    with pytest.raises(DatasetError) as err:
+        combined_roidb_for_training(('nothing_usable',))
+    assert str(err.value) == (
+        "No training images with usable annotations in TRAIN.DATASETS ('nothing_usable',): none of the 3 images "
+        'has a non-crowd box of positive width, height and area (check the annotation files, and '
+        'TRAIN.GT_MIN_AREA -1)')

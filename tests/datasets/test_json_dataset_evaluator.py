@@ -138,9 +138,9 @@ def test_log_lines(dataset, tmp_path, caplog):
     start = lines.index('~~~~ Mean and per-category AP @ IoU=[0.50,0.95] ~~~~')
     per_category = coco_eval.eval['precision'][:, :, :, 0, 2]
     expected_class_aps = []
-    for k in range(3):
+    for k, category_id in enumerate(CATEGORY_IDS):
         precision = per_category[:, :, k]
-        expected_class_aps.append('{:.1f}'.format(100 * precision[precision > -1].mean()))
+        expected_class_aps.append('c{}: {:.1f}'.format(category_id, 100 * precision[precision > -1].mean()))
     assert lines[start + 1] == '{:.1f}'.format(100 * coco_eval.stats[0])
     assert lines[start + 2:start + 5] == expected_class_aps
     assert lines[start + 5] == '~~~~ Summary metrics ~~~~'
@@ -164,3 +164,16 @@ def test_wrong_number_of_images_is_rejected(dataset, tmp_path):
     all_boxes[2] = all_boxes[2][:-1]
     with pytest.raises(ValueError, match=r'all_boxes\[2\] has 7 images but dataset random has 8'):
         json_dataset_evaluator.evaluate_boxes(json_dataset, all_boxes, str(tmp_path))
+
+
+def test_a_category_absent_from_the_split_is_named_and_said_absent(register_coco, tmp_path, caplog):
+    coco = _random_coco()
+    coco['annotations'] = [a for a in coco['annotations'] if a['category_id'] != 5]
+    register_coco('without_c5', coco)
+    json_dataset = JsonDataset('without_c5')
+    with caplog.at_level(logging.INFO, logger='detectron.datasets.json_dataset_evaluator'):
+        json_dataset_evaluator.evaluate_boxes(json_dataset, _all_boxes_from(coco), str(tmp_path))
+    start = caplog.messages.index('~~~~ Mean and per-category AP @ IoU=[0.50,0.95] ~~~~')
+    # The ground truth as detections: AP 100 for the two classes that have boxes.
+    assert caplog.messages[start + 2:start + 5] == [
+        'c1: 100.0', 'c5: absent (no ground-truth box of this class in the dataset)', 'c9: 100.0']

@@ -35,6 +35,36 @@ def test_read_image_missing_file_names_it(tmp_path):
         read_image(path)
 
 
+def _jpeg_bytes(height, width, seed=0, params=()):
+    image = np.random.RandomState(seed).randint(0, 256, (height, width, 3)).astype(np.uint8)
+    ok, data = cv2.imencode('.jpg', image, list(params))
+    assert ok
+    return data.tobytes()
+
+
+def _with_exif_thumbnail(jpeg):
+    """jpeg with an APP1 segment holding a small JPEG, whose own end-of-image marker comes first."""
+    payload = b'Exif\x00\x00' + _jpeg_bytes(8, 8, seed=1)
+    return jpeg[:2] + b'\xff\xe1' + (len(payload) + 2).to_bytes(2, 'big') + payload + jpeg[2:]
+
+
+@pytest.mark.parametrize('kind', ['baseline', 'progressive', 'with EXIF thumbnail'])
+def test_a_truncated_jpeg_is_refused_with_its_name(tmp_path, kind):
+    jpeg = _jpeg_bytes(96, 128, params=(cv2.IMWRITE_JPEG_PROGRESSIVE, 1) if kind == 'progressive' else ())
+    if kind == 'with EXIF thumbnail':
+        jpeg = _with_exif_thumbnail(jpeg)
+    complete, truncated = tmp_path / 'complete.jpg', tmp_path / 'truncated.jpg'
+    complete.write_bytes(jpeg + b'trailing bytes some cameras append')
+    truncated.write_bytes(jpeg[:len(jpeg) * 3 // 4])
+    assert read_image(str(complete)).shape == (96, 128, 3)
+    assert cv2.imread(str(truncated)) is not None  # libjpeg decodes it, with grey rows and a warning
+    with pytest.raises(DatasetError) as err:
+        read_image(str(truncated))
+    assert str(err.value) == (
+        "Image '{}' is a truncated JPEG (it ends before its end-of-image marker, e.g. an interrupted download or "
+        "copy); restore the file or remove it from the dataset.".format(truncated))
+
+
 def test_read_image_corrupt_file_names_it(tmp_path):
     path = tmp_path / 'corrupt.jpg'
     path.write_bytes(b'this is not a jpeg')

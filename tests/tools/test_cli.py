@@ -163,3 +163,51 @@ def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
     assert result.returncode == 2
     assert result.stderr == ("error: MODEL.TYPE 'yolo' is not supported; use one of 'centernet', "
                              "'generalized_rcnn'\n")
+
+
+@pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
+@pytest.mark.parametrize('args', [
+    ['-c', TUTORIAL_8GPU, 'NUM_GPUS', '2', 'SOLVER.BASE_LR', '-1e-3', '--print-config', 'TEST.NMS', '0.4'],
+    ['NUM_GPUS', '2', '--cfg', TUTORIAL_8GPU, 'SOLVER.BASE_LR', '-1e-3', 'TEST.NMS', '0.4', '--print-config'],
+])
+def test_flags_are_accepted_anywhere_among_the_overrides(tool, args):
+    parsed = _load_tool(tool).parse_args(args)
+    assert (parsed.cfg_file, parsed.print_config) == (TUTORIAL_8GPU, True)
+    assert parsed.opts == ['NUM_GPUS', '2', 'SOLVER.BASE_LR', '-1e-3', 'TEST.NMS', '0.4']
+
+
+def test_print_config_after_the_overrides_prints_the_config():
+    result = _run('train_net.py', '-c', TUTORIAL_8GPU, 'NUM_GPUS', '2', 'TEST.NMS', '0.4', '--print-config')
+    assert result.returncode == 0, result.stderr
+    printed = _printed_config(result.stdout)
+    assert (printed['NUM_GPUS'], printed['TEST']['NMS']) == (2, 0.4)
+
+
+def test_infer_simple_takes_flags_after_the_overrides():
+    args = _load_tool('infer_simple.py').parse_args(['--cfg', 'a.yaml', 'demo/', 'TEST.SCALE', '500', '--wts', 'm.pth',
+                                                     '--thresh', '-0.5'])
+    assert (args.wts, args.im_or_folder, args.opts, args.thresh) == ('m.pth', 'demo/', ['TEST.SCALE', '500'], -0.5)
+
+
+@pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
+def test_a_negative_learning_rate_is_one_line(tool):
+    result = _run(tool, '-c', TUTORIAL_8GPU, 'SOLVER.BASE_LR', '-0.02', '--print-config')
+    assert (result.returncode, result.stderr) == (2, 'error: SOLVER.BASE_LR must be a finite number > 0, got -0.02\n')
+
+
+def test_a_binary_file_as_cfg_is_one_line(tmp_path):
+    path = tmp_path / 'model_final.pth'
+    path.write_bytes(bytes(range(256)))
+    result = _run('train_net.py', '--cfg', str(path), '--print-config')
+    assert result.returncode == 2
+    assert result.stderr.startswith('error: Config file {} is not a YAML text file'.format(path))
+    assert result.stderr.count('\n') == 1 and 'Traceback' not in result.stderr
+
+
+def test_an_output_dir_under_a_file_is_one_line(tmp_path):
+    (tmp_path / 'a_file').write_text('')
+    result = _run('train_net.py', '--cfg', 'configs/getting_started/shapes_demo_R-18-FPN.yaml',
+                  'OUTPUT_DIR', str(tmp_path / 'a_file' / 'out'))
+    assert result.returncode == 2
+    assert result.stderr.startswith('error: OUTPUT_DIR {} cannot be used: '.format(tmp_path / 'a_file' / 'out'))
+    assert result.stderr.count('\n') == 1 and 'Traceback' not in result.stderr

@@ -1,3 +1,4 @@
+import logging
 import os
 import pickle
 import runpy
@@ -185,10 +186,10 @@ def test_missing_and_unused_blobs_are_reported(container, blobs):
     assert unused == ['mask_fcn1_w']
 
 
-def test_shape_mismatch_names_the_blob(container):
-    with pytest.raises(WeightsError, match=r'box_outs.cls_score.weight \(2, 1024\) in file vs '
-                                           r'\(81, 1024\) in model'):
-        load_detectron_weights(container, {'cls_score_w': np.zeros((2, 1024), np.float32)})
+def test_shape_mismatch_names_our_key_and_the_blob(container):
+    with pytest.raises(WeightsError, match=r'box_head.fc7.weight \(blob fc7_w\) \(2, 1024\) in file vs '
+                                           r'\(1024, 1024\) in model'):
+        load_detectron_weights(container, {'fc7_w': np.zeros((2, 1024), np.float32)})
 
 
 def test_imagenet_pkl_loads_into_a_bare_body(blobs):
@@ -373,3 +374,65 @@ def test_port_checkpoint_loads_by_key_and_bad_files_are_weights_errors(tmp_path)
         load_weights(target, junk)
     with pytest.raises(WeightsError, match='does not exist'):
         load_weights(target, str(tmp_path / 'absent.pkl'))
+
+
+def test_ignored_blobs_are_logged_with_counts_and_names(container, model_final_pkl, caplog):
+    # The fixture's file: a momentum blob for every parameter outside conv1, res2 and the affines,
+    # plus ImageNet's fc1000_w, fc1000_b and conv1_b.
+    momentum = [name for name, _, _ in ENTRIES if not (name.startswith(('conv1', 'res2_')) or '_bn_' in name)]
+    with caplog.at_level(logging.INFO, logger='detectron.utils.c2_weights'):
+        assert load_detectron_weights(container, model_final_pkl) == ([], [])
+    line = next(r.getMessage() for r in caplog.records if 'ignored' in r.getMessage())
+    assert line == ('{}: {} blobs ignored, as Detectron does (never model parameters): {} SGD momentum blobs '
+                    '(*_momentum), conv1_b, fc1000_b, fc1000_w'.format(model_final_pkl, len(momentum) + 3,
+                                                                        len(momentum)))
+
+
+def r50_gn_fpn_blobs():
+    """(Detectron blob, our key, shape) of Detectron's GroupNorm R-50-FPN body (04_2018_gn_baselines):
+    ConvGN(prefix) makes `<prefix>_w` (no conv bias) and SpatialGN `<prefix>_gn_s` / `<prefix>_gn_b`
+    (Detectron modeling/detector.py ConvGN, ResNet.py basic_gn_stem / bottleneck_gn_transformation /
+    basic_gn_shortcut, FPN.py add_fpn with FPN.USE_GN)."""
+    def conv_gn(entries, blob, key, norm_key, shape):
+        entries.append((blob + '_w', key + '.weight', shape))
+        entries.append((blob + '_gn_s', norm_key + '.weight', shape[:1]))
+        entries.append((blob + '_gn_b', norm_key + '.bias', shape[:1]))
+
+    entries = []
+    conv_gn(entries, 'conv1', 'conv_body.body.conv1', 'conv_body.body.res_conv1_bn', (64, 3, 7, 7))
+    dim_in = 64
+    for stage, blocks, inner, out in R50_STAGES:
+        for i in range(blocks):
+            blob, key = 'res{}_{}_'.format(stage, i), 'conv_body.body.res{}.{}.'.format(stage, i)
+            block_in = dim_in if i == 0 else out
+            for branch, shape in (('branch2a', (inner, block_in, 1, 1)), ('branch2b', (inner, inner, 3, 3)),
+                                  ('branch2c', (out, inner, 1, 1))) + ((('branch1', (out, dim_in, 1, 1)),)
+                                                                         if i == 0 else ()):
+                conv_gn(entries, blob + branch, key + branch, key + branch + '_bn', shape)
+        dim_in = out
+    for level, (stage, blocks, _, out) in enumerate(R50_STAGES):
+        lateral = '' if stage == 5 else '_lateral'
+        conv_gn(entries, 'fpn_inner_res{}_{}_sum{}'.format(stage, blocks - 1, lateral),
+                'conv_body.fpn_inner.{}'.format(level), 'conv_body.fpn_inner_gn.{}'.format(level),
+                (256, out, 1, 1))
+        conv_gn(entries, 'fpn_res{}_{}_sum'.format(stage, blocks - 1), 'conv_body.fpn_layer.{}'.format(level),
+                'conv_body.fpn_layer_gn.{}'.format(level), (256, 256, 3, 3))
+    return entries
+
+
+def test_group_norm_blobs_load_into_the_gn_modules():
+    entries = r50_gn_fpn_blobs()
+    model = nn.Module()
+    model.conv_body = add_fpn_ResNet50_conv5_body(norm='gn', fpn_use_gn=True)
+    assert sorted(model.state_dict()) == sorted(key for _, key, _ in entries)
+    rng = np.random.default_rng(1)
+    blobs = {name: rng.standard_normal(shape, dtype=np.float32) for name, _, shape in entries}
+    assert load_detectron_weights(model, dict(blobs, conv1_b=np.zeros(64, np.float32))) == ([], [])
+    state = model.state_dict()
+    for name, key, _ in entries:
+        assert torch.equal(state[key], torch.from_numpy(blobs[name])), key
+    # Without a model (tools/convert_pkl_to_pth.py) and back to Detectron's names.
+    converted, ignored, unconverted = convert_detectron_blobs(blobs)
+    assert dict(converted.items()).keys() == {key for _, key, _ in entries} and unconverted == []
+    back = state_dict_to_detectron_blobs(state, norm='gn')
+    assert sorted(back) == sorted(blobs)

@@ -1,4 +1,5 @@
 """Checkpoints: atomic writes, finding the newest, round trips, resume (also on another world size)."""
+import errno
 import logging
 import os
 import random
@@ -9,7 +10,8 @@ import torch
 
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed
-from detectron.utils.errors import WeightsError
+from detectron.utils.errors import WeightsError, run_tool
+from detectron.utils.torch_file import with_digest
 
 
 class _ToyNet(torch.nn.Module):
@@ -119,7 +121,7 @@ def test_rng_is_kept_when_the_world_size_changed(tmp_path, caplog):
     checkpoint.save_checkpoint(path, model, optimizer, 3, rng_states={0: saved, 1: saved})
     content = torch.load(path, weights_only=True)
     content['world_size'] = 2  # as if two processes had saved it
-    torch.save(content, path)
+    torch.save(with_digest(content), path)
     after_save = _draws()
     target = _ToyNet()
     torch.manual_seed(5)
@@ -208,3 +210,122 @@ def test_resumed_training_ends_where_the_uninterrupted_one_does(tmp_path):
         torch.testing.assert_close(two_workers[key], value, rtol=0, atol=1e-6)
     assert sorted(os.listdir(tmp_path / 'c')) == ['model_iter3.pth', 'model_iter9.pth']
     assert sorted(torch.load(tmp_path / 'c' / 'model_iter9.pth', weights_only=True)['rng_states']) == [0, 1]
+
+
+# ----------------------------------------------------------------------------------------------
+# integrity: the newest intact checkpoint, finite weights only, one line when the disk is full
+
+def _iteration_checkpoints(directory, iterations):
+    paths = {}
+    for iteration in iterations:
+        model, optimizer = _trained_model_and_optimizer(seed=iteration)
+        paths[iteration] = str(directory / checkpoint.checkpoint_name(iteration))
+        checkpoint.save_checkpoint(paths[iteration], model, optimizer, iteration)
+    return paths
+
+
+def _truncate(path, fraction=0.5):
+    with open(path, 'r+b') as f:
+        f.truncate(int(os.path.getsize(path) * fraction))
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    paths = _iteration_checkpoints(tmp_path, (9, 14))
+    _truncate(paths[14])
+    model = _ToyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with caplog.at_level(logging.INFO, logger='detectron.utils.checkpoint'):
+        assert checkpoint.resume_from_last(str(tmp_path), model, optimizer) == (paths[9], 10)
+    warning, = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith('Skipping the newest checkpoint, which cannot be resumed: {} is truncated or not a '
+                              'complete checkpoint'.format(paths[14]))
+    assert warning.endswith('resuming from the newest intact one, {}'.format(paths[9]))
+    assert 'Resuming from checkpoint {}'.format(paths[9]) in caplog.text
+    expected, _ = _trained_model_and_optimizer(seed=9)
+    for key, value in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+
+
+def test_damaged_newest_checkpoints_are_all_skipped_and_named(tmp_path, caplog):
+    paths = _iteration_checkpoints(tmp_path, (3, 5, 7))
+    _truncate(paths[7], 0.9)
+    data = bytearray(open(paths[5], 'rb').read())
+    data[len(data) // 2] ^= 0xFF  # inside the pickled values or a tensor: unreadable or a digest mismatch
+    open(paths[5], 'wb').write(bytes(data))
+    model = _ToyNet()
+    with caplog.at_level(logging.WARNING, logger='detectron.utils.checkpoint'):
+        path, start_iter = checkpoint.resume_from_last(str(tmp_path), model, torch.optim.SGD(model.parameters(), lr=1))
+    assert (path, start_iter) == (paths[3], 4)
+    assert 'Skipping the newest checkpoints' in caplog.text
+    assert paths[7] in caplog.text and paths[5] in caplog.text
+
+
+def test_resume_from_last_without_checkpoints_and_with_none_intact(tmp_path):
+    model = _ToyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert checkpoint.resume_from_last(str(tmp_path / 'missing'), model, optimizer) == (None, 0)
+    paths = _iteration_checkpoints(tmp_path, (1, 2))
+    _truncate(paths[1])
+    _truncate(paths[2])
+    with pytest.raises(WeightsError, match='{} is truncated'.format(paths[2])):
+        checkpoint.resume_from_last(str(tmp_path), model, optimizer)
+
+
+def test_a_readable_checkpoint_of_another_model_is_an_error_not_skipped(tmp_path):
+    _iteration_checkpoints(tmp_path, (1,))
+    other = _ToyNetWithExtraLayer()
+    with pytest.raises(WeightsError, match='does not fit the model'):
+        checkpoint.resume_from_last(str(tmp_path), other, torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+def test_non_finite_or_diverged_weights_are_never_checkpointed(tmp_path):
+    model, optimizer = _trained_model_and_optimizer()
+    path = str(tmp_path / 'model_iter9.pth')
+    checkpoint.save_checkpoint(path, model, optimizer, 9)
+    before = open(path, 'rb').read()
+    with torch.no_grad():
+        model.fc.weight[0, 1] = float('nan')
+    with pytest.raises(checkpoint.DivergedWeightsError) as err:
+        checkpoint.save_checkpoint(path, model, optimizer, 19)
+    # 4 model tensors and 4 momentum buffers; sqrt(3.4028235e38) = 1.8446743e19.
+    assert str(err.value) == (
+        'Training diverged by iteration 19: 1 of 8 tensors hold NaN, inf or values beyond 1.8e+19 (e.g. fc.weight); '
+        '{} was not written and earlier checkpoints are intact; lower SOLVER.BASE_LR (or add warm-up) or check the '
+        'data'.format(path))
+    assert open(path, 'rb').read() == before and os.listdir(tmp_path) == ['model_iter9.pth']
+    model, optimizer = _trained_model_and_optimizer()
+    optimizer.state[model.conv.bias]['momentum_buffer'][0] = float('inf')
+    with pytest.raises(checkpoint.DivergedWeightsError, match=r'\(e.g. momentum_buffer of conv.bias\)'):
+        checkpoint.save_checkpoint(str(tmp_path / 'model_iter29.pth'), model, optimizer, 29)
+    # What BASE_LR 1e6 leaves one step before the loss turns NaN: finite, but diverged.
+    model, optimizer = _trained_model_and_optimizer()
+    with torch.no_grad():
+        model.conv.weight[0, 0, 0, 0] = 3.3e20
+    with pytest.raises(checkpoint.DivergedWeightsError, match=r'1 of 8 tensors .*\(e.g. conv.weight\)'):
+        checkpoint.save_checkpoint(str(tmp_path / 'model_iter39.pth'), model, optimizer, 39)
+    with torch.no_grad():
+        model.conv.weight[0, 0, 0, 0] = 1e19  # large, but short of the bound
+    checkpoint.save_checkpoint(str(tmp_path / 'model_iter49.pth'), model, optimizer, 49)
+    assert sorted(os.listdir(tmp_path)) == ['model_iter49.pth', 'model_iter9.pth']
+
+
+def test_full_disk_while_saving_is_one_line_and_keeps_the_old_checkpoint(tmp_path, monkeypatch, capsys):
+    model, optimizer = _trained_model_and_optimizer()
+    path = str(tmp_path / 'model_iter9.pth')
+    checkpoint.save_checkpoint(path, model, optimizer, 9)
+    real_save = torch.save
+
+    def save_until_the_disk_is_full(obj, f):
+        real_save(obj, f)
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    monkeypatch.setattr(torch, 'save', save_until_the_disk_is_full)
+    with pytest.raises(SystemExit) as exit_info:
+        run_tool(lambda argv: checkpoint.save_checkpoint(path, model, optimizer, 19), [])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        'error: could not write {} (No space left on device); free space on that disk or set OUTPUT_DIR to one '
+        'with room; the existing file is unchanged\n'.format(path))
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ['model_iter9.pth']
+    assert checkpoint.load_checkpoint(path, _ToyNet())['iteration'] == 9

@@ -1,0 +1,33 @@
+"""Argument parsing shared by the command-line tools: flags anywhere among the KEY VALUE overrides."""
+
+# argparse takes '-1e-3' or '-inf' for an unknown flag; a leading space makes it an argument (float()
+# and the config's literal parsing both ignore the space, which is removed from the overrides below).
+_ARGUMENT_MARK = ' '
+
+
+def parse_args_anywhere(parser, argv):
+    """parser.parse_intermixed_args(argv): flags may come before, between or after the positional
+    arguments (the overrides), whose values may be negative numbers such as `SOLVER.BASE_LR -1e-3`."""
+    args = parser.parse_intermixed_args([_ARGUMENT_MARK + a if _is_negative_number(a) else a for a in argv])
+    for name, value in vars(args).items():
+        if isinstance(value, list):
+            setattr(args, name, [_unmark(v) for v in value])
+        elif isinstance(value, str):
+            setattr(args, name, _unmark(value))
+    return args
+
+
+def _is_negative_number(text):
+    if not text.startswith('-'):
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _unmark(value):
+    if isinstance(value, str) and value.startswith(_ARGUMENT_MARK) and _is_negative_number(value[1:]):
+        return value[1:]
+    return value
