@@ -26,7 +26,7 @@ from detectron.modeling import model_builder
 from detectron.modeling.optimizer import build_optimizer, set_lr
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import checkpoint, distributed
+from detectron.utils import checkpoint, distributed, run_lock
 from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
 from detectron.utils.logging import log_json_stats
@@ -51,7 +51,9 @@ def train_model():
     if cfg.TRAIN.AUTO_RESUME and os.path.exists(final_path):
         logger.info('model_final.pth exists; no need to train!')
         return {'final': final_path}
-    distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),))
+    # A second run on this directory is refused (its PID named); temporaries of dead runs go.
+    with run_lock.exclusive_run(output_dir):
+        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),))
     return {'final': final_path}
 
 
@@ -118,11 +120,12 @@ def _sampler_state():
 def _resume_or_initialise(model_type, model, optimizer, output_dir):
     """Resume from the newest checkpoint (Detectron's AUTO_RESUME) or initialise from TRAIN.WEIGHTS.
     Returns (start iteration, the saved run's logging progress or None)."""
-    last = checkpoint.find_last_checkpoint(output_dir) if cfg.TRAIN.AUTO_RESUME else None
-    if last:
-        logger.info('========> Resuming from checkpoint %s', last)
-        start_iter, extra = checkpoint.resume_state(last, model, optimizer, sampler_state=_sampler_state())
-        return start_iter, extra.get('progress')
+    if cfg.TRAIN.AUTO_RESUME:
+        # The newest intact checkpoint: a truncated or damaged newer one is skipped with a warning.
+        last, start_iter, extra = checkpoint.resume_from_last(output_dir, model, optimizer,
+                                                              sampler_state=_sampler_state())
+        if last:
+            return start_iter, extra.get('progress')
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         missing, unused = model_type.load_weights(cfg, distributed.unwrap_model(model), path)

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from detectron.roi_data.minibatch import read_image
+from detectron.utils.distributed import die_with_parent
 from detectron.utils.errors import DatasetError
 
 class PackedList:
@@ -110,8 +111,7 @@ class RaisingLoader:
             yield item
 
 
-def _limit_worker_threads(worker_id):
-    from detectron.utils.distributed import die_with_parent
+def _init_worker(worker_id):
     # A worker must not outlive its process, even one killed by SIGKILL (it would keep reading
     # images for minutes, reparented to init).
     die_with_parent()
@@ -120,12 +120,20 @@ def _limit_worker_threads(worker_id):
     cv2.setNumThreads(1)
 
 
+def _single_threaded_opencv_before_fork(num_workers):
+    """A forked worker that changes the thread count of an OpenCV pool its parent had started
+    deadlocks; with the parent's count already 1 the worker's call changes nothing."""
+    if num_workers > 0:
+        cv2.setNumThreads(1)
+
+
 def build_train_loader(dataset, batch_sampler, collate, num_workers, start_iter=0):
     """Iterable of training batches: collate(list of dataset samples) for each sampler batch.
 
     batch_sampler: iterable of roidb index lists for this process (GroupedDistributedBatchSampler),
     started at start_iter; start_iter must match so resumed runs draw the same samples.
     """
+    _single_threaded_opencv_before_fork(num_workers)
     return RaisingLoader(DataLoader(
         dataset,
         batch_sampler=IterationTaggedBatches(batch_sampler, start_iter),
@@ -133,7 +141,7 @@ def build_train_loader(dataset, batch_sampler, collate, num_workers, start_iter=
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
-        worker_init_fn=_limit_worker_threads,
+        worker_init_fn=_init_worker,
     ))
 
 
@@ -166,11 +174,12 @@ def _image_only(im):
 
 def build_test_loader(roidb, indices, num_workers, prepare=_image_only):
     """Iterable of (prepare(BGR uint8 HxWx3 image), roidb index) for `indices`, in their order."""
+    _single_threaded_opencv_before_fork(num_workers)
     return RaisingLoader(DataLoader(
         InferenceImageDataset(roidb, prepare),
         sampler=list(indices),
         batch_size=None,
         collate_fn=_unchanged,
         num_workers=num_workers,
-        worker_init_fn=_limit_worker_threads,
+        worker_init_fn=_init_worker,
     ))

@@ -137,7 +137,8 @@ def _checkpoints_newest_first(output_dir):
 def resume_from_last(output_dir, model, optimizer, sampler_state=None):
     """Resume from the newest readable and intact checkpoint of output_dir (see resume_from).
 
-    Returns (path, iteration to start at), or (None, 0) when output_dir has no checkpoint. Newer files
+    Returns (path, iteration to start at, the checkpoint's `extra` data), or (None, 0, {}) when
+    output_dir has no checkpoint. Newer files
     that are truncated or damaged are skipped with a warning naming them; if every file is, the newest
     one's error is raised. A checkpoint that reads but does not fit the model is an error, not skipped.
     """
@@ -154,10 +155,10 @@ def resume_from_last(output_dir, model, optimizer, sampler_state=None):
                            'newest intact one, %s', 's' if len(skipped) > 1 else '',
                            '; '.join(str(err) for _, err in skipped), path)
         logger.info('========> Resuming from checkpoint %s', path)
-        return path, _resume(path, checkpoint, model, optimizer, sampler_state)
+        return (path,) + _resume(path, checkpoint, model, optimizer, sampler_state)
     if skipped:
         raise skipped[0][1]
-    return None, 0
+    return None, 0, {}
 
 
 def load_checkpoint(path, model, optimizer=None):
@@ -180,21 +181,17 @@ def _load_into(path, checkpoint, model, optimizer):
 
 
 def resume_from(path, model, optimizer, sampler_state=None):
-    """Continue the run saved at path; returns the iteration to start at (saved iteration + 1)."""
-    return resume_state(path, model, optimizer, sampler_state)[0]
-
-
-def resume_state(path, model, optimizer, sampler_state=None):
-    """resume_from that also returns the checkpoint's `extra` data: (start iteration, extra).
+    """Continue the run saved at path; returns the iteration to start at (saved iteration + 1).
 
     sampler_state: this run's, compared with the saved one: a different seed or global batch means
     the data order no longer continues the interrupted run (a warning, not an error: changing the
     global batch together with the schedule is a legitimate choice).
     """
-    return _resume(path, _read(path), model, optimizer, sampler_state)
+    return _resume(path, _read(path), model, optimizer, sampler_state)[0]
 
 
 def _resume(path, checkpoint, model, optimizer, sampler_state):
+    """(start iteration, extra) after loading checkpoint into model and optimizer."""
     _load_into(path, checkpoint, model, optimizer)
     saved = checkpoint['sampler']
     if sampler_state is not None and saved is not None and saved != sampler_state:

@@ -235,7 +235,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     model = _ToyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     with caplog.at_level(logging.INFO, logger='detectron.utils.checkpoint'):
-        assert checkpoint.resume_from_last(str(tmp_path), model, optimizer) == (paths[9], 10)
+        assert checkpoint.resume_from_last(str(tmp_path), model, optimizer)[:2] == (paths[9], 10)
     warning, = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith('Skipping the newest checkpoint, which cannot be resumed: {} is truncated or not a '
                               'complete checkpoint'.format(paths[14]))
@@ -254,7 +254,7 @@ def test_damaged_newest_checkpoints_are_all_skipped_and_named(tmp_path, caplog):
     open(paths[5], 'wb').write(bytes(data))
     model = _ToyNet()
     with caplog.at_level(logging.WARNING, logger='detectron.utils.checkpoint'):
-        path, start_iter = checkpoint.resume_from_last(str(tmp_path), model, torch.optim.SGD(model.parameters(), lr=1))
+        path, start_iter, _ = checkpoint.resume_from_last(str(tmp_path), model, torch.optim.SGD(model.parameters(), lr=1))
     assert (path, start_iter) == (paths[3], 4)
     assert 'Skipping the newest checkpoints' in caplog.text
     assert paths[7] in caplog.text and paths[5] in caplog.text
@@ -263,7 +263,7 @@ def test_damaged_newest_checkpoints_are_all_skipped_and_named(tmp_path, caplog):
 def test_resume_from_last_without_checkpoints_and_with_none_intact(tmp_path):
     model = _ToyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert checkpoint.resume_from_last(str(tmp_path / 'missing'), model, optimizer) == (None, 0)
+    assert checkpoint.resume_from_last(str(tmp_path / 'missing'), model, optimizer) == (None, 0, {})
     paths = _iteration_checkpoints(tmp_path, (1, 2))
     _truncate(paths[1])
     _truncate(paths[2])
