@@ -56,8 +56,9 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
         if all_boxes is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
             continue
         _write_detections(all_boxes, output_dir)
-        results.update(task_evaluation.evaluate_all(JsonDataset(name), all_boxes, output_dir,
-                                                     competition_mode=cfg.TEST.COMPETITION_MODE))
+        results.update(task_evaluation.evaluate_all(
+            JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
+            results_format=model_builder.get_model_type(cfg).results_format(cfg)))
     if results:
         task_evaluation.log_copy_paste_friendly_results(results)
     return results

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 from pycocotools.coco import COCO
@@ -20,7 +21,20 @@ logger = logging.getLogger(__name__)
 EXTRA_AP_IOUS = (0.60, 0.70, 0.80, 0.85, 0.90, 0.95)
 
 
-def evaluate_boxes(json_dataset, all_boxes, output_dir, use_salt=True, cleanup=False):
+@dataclass(frozen=True)
+class ResultsFormat:
+    """How a model's (x1, y1, x2, y2) boxes become the results json's [x, y, w, h]: Detectron's
+    boxes are inclusive pixel indices, w = x2 - x1 + 1 (box_width_offset 1); CenterNet's are
+    continuous, w = x2 - x1 (offset 0), and its json rounds boxes and scores to 2 decimals."""
+    box_width_offset: float = 1.0
+    decimals: int = None
+
+
+DETECTRON_RESULTS = ResultsFormat()
+
+
+def evaluate_boxes(json_dataset, all_boxes, output_dir, use_salt=True, cleanup=False,
+                   results_format=DETECTRON_RESULTS):
     """Write the results json, evaluate it with COCOeval and return the COCOeval.
 
     all_boxes[cls][img] is an (N, 5) array (x1, y1, x2, y2, score) or [] for classes 1..K-1 and
@@ -31,7 +45,7 @@ def evaluate_boxes(json_dataset, all_boxes, output_dir, use_salt=True, cleanup=F
     if use_salt:
         res_file += '_{}'.format(uuid.uuid4())
     res_file += '.json'
-    num_results = _write_coco_bbox_results_file(json_dataset, all_boxes, res_file)
+    num_results = _write_coco_bbox_results_file(json_dataset, all_boxes, res_file, results_format)
     if 'test' in json_dataset.name:
         logger.warning('Bbox eval ignored as annotations are undisclosed on test: {} ignored'
                        .format(json_dataset.name))
@@ -48,7 +62,7 @@ def ap_at_iou(coco_eval, iou):
     return _mean_valid(_precision(coco_eval, iou, iou))
 
 
-def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file):
+def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file, results_format=DETECTRON_RESULTS):
     """Write the results json; returns the number of detections written."""
     image_ids = json_dataset.get_image_ids()
     results = []
@@ -57,25 +71,38 @@ def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file):
             raise ValueError('all_boxes[{}] has {} images but dataset {} has {}'.format(
                 cls_ind, len(all_boxes[cls_ind]), json_dataset.name, len(image_ids)))
         category_id = json_dataset.contiguous_category_id_to_json_id[cls_ind]
-        results.extend(_coco_bbox_results_one_category(all_boxes[cls_ind], image_ids, category_id))
+        results.extend(_coco_bbox_results_one_category(all_boxes[cls_ind], image_ids, category_id,
+                                                       results_format))
     logger.info('Writing bbox results json to: {}'.format(os.path.abspath(res_file)))
     with open(res_file, 'w') as f:
         json.dump(results, f)
     return len(results)
 
 
-def _coco_bbox_results_one_category(boxes, image_ids, category_id):
+def _coco_bbox_results_one_category(boxes, image_ids, category_id, results_format):
     results = []
     for image_id, dets in zip(image_ids, boxes):
         if len(dets) == 0:
             continue
         dets = np.asarray(dets, dtype=np.float64)
-        xywh = box_utils.xyxy_to_xywh(dets[:, :4]).tolist()
+        if results_format == DETECTRON_RESULTS:
+            xywh = box_utils.xyxy_to_xywh(dets[:, :4])
+        else:
+            xywh = np.hstack([dets[:, :2], dets[:, 2:4] - dets[:, :2] + results_format.box_width_offset])
+        xywh, scores = xywh.tolist(), dets[:, 4].tolist()
+        if results_format.decimals is not None:
+            # CenterNet's float('{:.2f}'.format(v)) of every box value and score.
+            xywh = [[_rounded(v, results_format.decimals) for v in bbox] for bbox in xywh]
+            scores = [_rounded(v, results_format.decimals) for v in scores]
         results.extend(
             {'image_id': image_id, 'category_id': category_id, 'bbox': bbox, 'score': score}
-            for bbox, score in zip(xywh, dets[:, 4].tolist())
+            for bbox, score in zip(xywh, scores)
         )
     return results
+
+
+def _rounded(value, decimals):
+    return float('{:.{}f}'.format(value, decimals))
 
 
 def _do_detection_eval(json_dataset, res_file, num_results, output_dir):

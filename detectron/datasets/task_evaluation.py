@@ -11,25 +11,28 @@ logger = logging.getLogger(__name__)
 _COCO_STATS_METRICS = (('AP', 0), ('AP50', 1), ('AP75', 2), ('APs', 3), ('APm', 4), ('APl', 5))
 
 
-def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True):
+def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True,
+                 results_format=json_dataset_evaluator.DETECTRON_RESULTS):
     """Evaluate every task this port produces (boxes only; no masks or keypoints)."""
-    results = evaluate_boxes(dataset, all_boxes, output_dir, competition_mode)
+    results = evaluate_boxes(dataset, all_boxes, output_dir, competition_mode, results_format)
     logger.info('Evaluating bounding boxes is done!')
     return results
 
 
-def evaluate_boxes(dataset, all_boxes, output_dir, competition_mode=True):
+def evaluate_boxes(dataset, all_boxes, output_dir, competition_mode=True,
+                   results_format=json_dataset_evaluator.DETECTRON_RESULTS):
     """COCO box AP of all_boxes on the JsonDataset `dataset`.
 
     competition_mode is Detectron's TEST.COMPETITION_MODE: when False the results json gets a
-    unique name and is deleted after evaluation. Returns OrderedDict{dataset name: {'box':
+    unique name and is deleted after evaluation. results_format: the model's box convention
+    (json_dataset_evaluator.ResultsFormat). Returns OrderedDict{dataset name: {'box':
     OrderedDict of AP, AP50, AP75, APs, APm, APl, AP60, ..., AP95}}, every value -1 when the
     dataset is not evaluated (a 'test' set).
     """
     logger.info('Evaluating detections')
     coco_eval = json_dataset_evaluator.evaluate_boxes(
         dataset, all_boxes, output_dir,
-        use_salt=not competition_mode, cleanup=not competition_mode,
+        use_salt=not competition_mode, cleanup=not competition_mode, results_format=results_format,
     )
     box_results = OrderedDict([('box', _coco_eval_to_box_results(coco_eval))])
     return OrderedDict([(dataset.name, box_results)])

@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import torch
 
+from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import CENTERNET_ARCHS, build_centernet_backbone
 from detectron.modeling.centernet_heads import CenterNetHeads
@@ -20,6 +21,9 @@ from detectron.utils.centernet_weights import load_centernet_checkpoint, load_im
 from detectron.utils.errors import ConfigValueError
 
 logger = logging.getLogger(__name__)
+
+# CenterNet's coco.py convert_eval_format: w = x2 - x1, boxes and scores rounded to 2 decimals.
+CENTERNET_RESULTS = ResultsFormat(box_width_offset=0.0, decimals=2)
 
 _TARGET_KEYS = ('hm', 'reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
 
@@ -79,6 +83,9 @@ class CenterNetType(ModelType):
 
     def detector(self, cfg):
         return functools.partial(centernet.detect, params=test_params(cfg))
+
+    def results_format(self, cfg):
+        return CENTERNET_RESULTS
 
 
 def ctdet_params(cfg):

@@ -1,5 +1,6 @@
 """The contract between one kind of detector and the model-agnostic engines (a MODEL.TYPE entry
 of model_builder's table). Subclasses read cfg: they are the builders of their model."""
+from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
 
 
 class ModelType:
@@ -52,3 +53,7 @@ class ModelType:
 
     def detector(self, cfg):
         raise NotImplementedError
+
+    def results_format(self, cfg):
+        """How its boxes go into the COCO results json (Detectron's +1 widths by default)."""
+        return DETECTRON_RESULTS

@@ -177,3 +177,17 @@ def test_a_category_absent_from_the_split_is_named_and_said_absent(register_coco
     # The ground truth as detections: AP 100 for the two classes that have boxes.
     assert caplog.messages[start + 2:start + 5] == [
         'c1: 100.0', 'c5: absent (no ground-truth box of this class in the dataset)', 'c9: 100.0']
+
+
+def test_centernet_results_have_continuous_widths_and_two_decimals(dataset, tmp_path):
+    json_dataset, coco, _ = dataset
+    all_boxes = [[]] + [[[] for _ in coco['images']] for _ in CATEGORY_IDS]
+    all_boxes[2][0] = np.array([[10.004, 20.0, 30.507, 40.2561, 0.87654]], np.float32)
+    centernet_format = json_dataset_evaluator.ResultsFormat(box_width_offset=0.0, decimals=2)
+    json_dataset_evaluator.evaluate_boxes(json_dataset, all_boxes, str(tmp_path), use_salt=False,
+                                          results_format=centernet_format)
+    with open(tmp_path / 'bbox_random_results.json') as f:
+        (result,) = json.load(f)
+    # CenterNet's convert_eval_format: w = 30.507 - 10.004 = 20.503, h = 20.2561, then '{:.2f}'.
+    assert result == {'image_id': coco['images'][0]['id'], 'category_id': CATEGORY_IDS[1],
+                      'bbox': [10.0, 20.0, 20.5, 20.26], 'score': 0.88}
