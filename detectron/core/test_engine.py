@@ -16,6 +16,8 @@ import logging
 import os
 import time
 
+import torch
+
 from detectron.core.config import adopt_cfg, cfg, get_output_dir
 from detectron.datasets import dataset_catalog, task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
@@ -103,6 +105,7 @@ def _write_detections(all_boxes, output_dir):
 
 def load_test_model(weights_file, device):
     """The model of cfg.MODEL.TYPE with weights_file loaded, on device, in eval mode."""
+    torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     model = model_builder.create(cfg)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
     model_builder.get_model_type(cfg).load_weights(cfg, model, path)

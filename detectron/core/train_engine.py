@@ -64,6 +64,7 @@ def train_worker(cfg_snapshot):
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     model_type = model_builder.get_model_type(cfg)
     device = distributed.get_device()
+    torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
     model = model_builder.create(cfg).to(device)
