@@ -10,6 +10,7 @@ writes checkpoints, logs, TensorBoard events and the training-curve PNG.
 import collections
 import contextlib
 import datetime
+import inspect
 import itertools
 import logging
 import math
@@ -37,6 +38,12 @@ from detectron.utils.training_curves import write_training_curves
 logger = logging.getLogger(__name__)
 
 LOG_PERIOD = 20  # Detectron logs json_stats every 20 iterations
+
+# Buffers (BN statistics, rank 0's saved) are not re-broadcast before every forward. torch >= 2.14
+# names this forward_sync_buffers (broadcast_buffers warns there); the GPU machines' 2.11 does not.
+_NO_FORWARD_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
+                           inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+                           else {'broadcast_buffers': False})
 
 
 class NonFiniteLossError(DetectronError, FloatingPointError):
@@ -271,8 +278,7 @@ class TrainLoop:
         if distributed.get_world_size() == 1:
             return model
         device_ids = [self.device.index] if self.device.type == 'cuda' else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
-                                                         broadcast_buffers=False)
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
 
     def _make_scaler(self):
         fp16 = self.options.amp and self.amp_dtype == torch.float16

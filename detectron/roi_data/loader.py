@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.distributed import die_with_parent
-from detectron.utils.errors import DatasetError
+from detectron.utils.errors import DatasetError, LoaderWorkerError
 
 class PackedList:
     """Read-only list stored as one pickled byte buffer.
@@ -99,16 +99,24 @@ class IterationTaggedBatches:
 
 
 class RaisingLoader:
-    """Iterates a DataLoader, raising the DatasetErrors its workers returned."""
+    """Iterates a DataLoader, raising the DatasetErrors its workers returned, and a worker's death
+    as one LoaderWorkerError line instead of DataLoader's traceback."""
 
     def __init__(self, data_loader):
         self.data_loader = data_loader
 
     def __iter__(self):
-        for item in self.data_loader:
-            if isinstance(item, DatasetError):
-                raise item
-            yield item
+        try:
+            for item in self.data_loader:
+                if isinstance(item, DatasetError):
+                    raise item
+                yield item
+        except RuntimeError as err:
+            if not str(err).startswith('DataLoader worker'):
+                raise
+            raise LoaderWorkerError('{} (the out-of-memory killer, see dmesg, or a kill); lower '
+                                    'DATA_LOADER.NUM_THREADS if memory is short'.format(
+                                        str(err).strip().splitlines()[0].rstrip('. '))) from None
 
 
 def _init_worker(worker_id):

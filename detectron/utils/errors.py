@@ -51,6 +51,10 @@ class LaunchError(DetectronError, RuntimeError):
     """Bad multi-process / multi-GPU launch settings (e.g. more GPUs asked than exist)."""
 
 
+class LoaderWorkerError(DetectronError, RuntimeError):
+    """A data-loader worker process died (killed by a signal, often the out-of-memory killer)."""
+
+
 class OutputDirError(DetectronError, OSError):
     """OUTPUT_DIR cannot be used: not a writable directory, full, or in use by another run."""
 

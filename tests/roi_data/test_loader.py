@@ -177,3 +177,20 @@ def test_scales_do_not_depend_on_the_number_of_ranks(roidb):
     for (_, info, targets), (_, info0, targets0), (_, info1, targets1) in zip(single, rank0, rank1):
         assert _indices_of(targets) == _indices_of(targets0) + _indices_of(targets1)
         assert torch.equal(info, torch.cat([info0, info1]))
+
+
+def _killed_worker(entry, rng):
+    import os
+    import signal
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_loader_worker_is_one_line(roidb):
+    from detectron.roi_data.loader import TrainingDataset
+    from detectron.utils.errors import LoaderWorkerError
+    dataset = TrainingDataset(roidb, _killed_worker, seed=0)
+    with pytest.raises(LoaderWorkerError) as info:
+        list(build_train_loader(dataset, [[0]], collate_minibatch, num_workers=1))
+    message = str(info.value)
+    assert message.startswith('DataLoader worker (pid') and ('killed by signal' in message or 'exited' in message)
+    assert '\n' not in message and 'DATA_LOADER.NUM_THREADS' in message
