@@ -120,7 +120,7 @@ def test_net(weights_file, name, output_dir, ind_range=None):
     """
     model_type = model_builder.get_model_type(cfg)
     dataset = JsonDataset(name)
-    check_model_classes(model_type.output_classes(cfg), dataset)
+    dataset.check_model_classes(model_type.output_classes(cfg))
     roidb = dataset.get_roidb()
     total = len(roidb)
     start, end = ind_range if ind_range is not None else (0, total)
@@ -141,16 +141,6 @@ def test_net(weights_file, name, output_dir, ind_range=None):
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs (eta: %s)',
                         start + 1, end, total, i + 1, end - start, per_image, eta)
     return roidb[start:end], all_boxes
-
-
-def check_model_classes(model_classes, dataset):
-    """A model whose class count differs from the dataset's would be scored against the wrong categories."""
-    if model_classes != dataset.num_classes:
-        raise DatasetError(
-            'the model has {} classes (background included) but dataset {} has {} categories + background = '
-            '{}; test on the dataset the model was trained for, or set the class count of the config '
-            '(MODEL.NUM_CLASSES, or CENTERNET.NUM_CLASSES without background) to match it'.format(
-                model_classes, dataset.name, dataset.num_classes - 1, dataset.num_classes))
 
 
 def check_range(ind_range, name):

@@ -40,6 +40,22 @@ class JsonDataset(object):
             v: k for k, v in self.json_category_id_to_contiguous_id.items()
         }
 
+    def check_model_classes(self, model_classes, at_least=False):
+        """A model whose class count (background included) differs from the dataset's would be scored
+        against the wrong categories (at_least=False, testing) or, with fewer classes, fail inside
+        the loss (at_least=True, training): one DatasetError line instead."""
+        if model_classes > self.num_classes and at_least:
+            logger.warning('The model has %d classes (background included), dataset %s %d: classes %d.. are '
+                           'never trained', model_classes, self.name, self.num_classes, self.num_classes)
+            return
+        if model_classes != self.num_classes:
+            raise DatasetError(
+                'the model has {} classes (background included) but dataset {} has {} categories + '
+                'background = {}; set the class count of the config to match (MODEL.NUM_CLASSES {}, or '
+                'CENTERNET.NUM_CLASSES {} without background) or use the dataset the model is for'.format(
+                    model_classes, self.name, self.num_classes - 1, self.num_classes, self.num_classes,
+                    self.num_classes - 1))
+
     def get_image_ids(self):
         """Image ids in ascending order: the order of the roidb and of all_boxes[cls]."""
         return sorted(self.COCO.getImgIds())

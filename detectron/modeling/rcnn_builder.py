@@ -46,7 +46,10 @@ class GeneralizedRCNNType(ModelType):
         return load_weights(model, path)
 
     def training_roidb(self, cfg):
-        return combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
+        roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
+        for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
+            dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
+        return roidb
 
     def training_groups(self, cfg, roidb):
         return aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)

@@ -177,3 +177,20 @@ def test_no_usable_annotation_at_all_names_the_training_datasets(tiny_dataset):
         "No training images with usable annotations in TRAIN.DATASETS ('nothing_usable',): none of the 3 images "
         'has a non-crowd box of positive width, height and area (check the annotation files, and '
         'TRAIN.GT_MIN_AREA -1)')
+
+
+def test_model_class_count_is_checked_against_the_categories(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(dataset_catalog, '_registered', {})
+    (tmp_path / 'images').mkdir()
+    (tmp_path / 'a.json').write_text(json.dumps({'images': [], 'annotations': [], 'categories': [
+        {'id': 3, 'name': 'x'}, {'id': 8, 'name': 'y'}]}))
+    dataset_catalog.register_dataset('two_categories', str(tmp_path / 'images'), str(tmp_path / 'a.json'))
+    dataset = JsonDataset('two_categories')
+    dataset.check_model_classes(3)
+    with pytest.raises(DatasetError, match=r'^the model has 2 classes .* 2 categories \+ background = 3; .*'
+                                           r'MODEL.NUM_CLASSES 3, or CENTERNET.NUM_CLASSES 2'):
+        dataset.check_model_classes(2, at_least=True)  # training: the loss would fail on class 2
+    with pytest.raises(DatasetError, match='the model has 4 classes'):
+        dataset.check_model_classes(4)  # testing: json ids would be wrong
+    dataset.check_model_classes(4, at_least=True)
+    assert 'never trained' in caplog.text
