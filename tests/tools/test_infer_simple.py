@@ -100,3 +100,27 @@ def test_coco_model_without_coco_on_disk_is_labelled_with_coco_names(tmp_path):
     written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
     assert np.array_equal(written, vis_one_image(image, cls_boxes, get_coco_dataset(), 0.0))
     assert not np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0))  # names are drawn
+
+
+def test_centernet_model_through_infer_simple(tmp_path):
+    """The same tool runs a CenterNet: its detector draws the boxes test_net would report."""
+    config = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml')
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    image = np.random.RandomState(2).randint(0, 255, size=(70, 90, 3)).astype(np.uint8)
+    cv2.imwrite(str(folder / 'one.jpg'), image)
+    overrides = ['TEST.DATASETS', '()', 'CENTERNET.INPUT_RES', '64']
+    merge_cfg_from_file(config)
+    merge_cfg_from_list(overrides)
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    weights = tmp_path / 'centernet.pth'
+    torch.save({'model': model_builder.create(cfg).state_dict()}, weights)
+    result = _run('--cfg', config, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
+                  '--thresh', '0.0', str(folder), *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    cls_boxes = im_detect_all(model, cv2.imread(str(folder / 'one.jpg')))
+    assert len(cls_boxes) == 4 and sum(len(boxes) for boxes in cls_boxes[1:]) == 100  # CenterNet's K
+    written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
+    assert np.array_equal(written, vis_one_image(cv2.imread(str(folder / 'one.jpg')), cls_boxes, None, 0.0))
