@@ -4,7 +4,7 @@
 # (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
 #   bash tools/gpu_checks.sh setup bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed
 #   bash tools/gpu_checks.sh setup nms_speed shapes_multi_gpu_test   (quick, 2 GPUs)
-#   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny
+#   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -243,5 +243,35 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
     python3 -c "import sys, numpy as np; u = np.loadtxt(sys.argv[1]); print('GPU utilisation while running: mean', u.mean().round(1), 'median', np.median(u))" "$OUT/util_$arch.txt"
   done
 }
+
+demo_run() {  # <name> <config> <overrides...>: a CPU demo config trained and tested (on the GPU, only its AP matters)
+  local name=$1 config=$2; shift 2
+  python3 tools/train_net.py -c configs/getting_started/$config DATA_LOADER.NUM_THREADS 3 \
+    OUTPUT_DIR /tmp/demo_$name "$@" > $OUT/demo/$name.log 2>&1
+  echo "$name $* -> $(grep 'copypaste: [0-9]' $OUT/demo/$name.log | tail -1 | awk '{print $NF}')" >> $OUT/demo/results.txt
+}
+
+# Settings of the CPU demos (shapes), compared by AP: the CPU's cost is their images x pixels.
+demo_grid() {
+  mkdir -p $OUT/demo; : > $OUT/demo/results.txt
+  python3 -c "from detectron.datasets.shapes import ensure_shapes_dataset as e; e()"
+  export -f demo_run; export OUT
+  printf '%s\n' "${DEMO_RUNS[@]}" | xargs -P ${DEMO_PARALLEL:-5} -L 1 bash -c 'demo_run "$@"' _
+  sort $OUT/demo/results.txt | tee $OUT/demo_results.txt
+  tar czf $OUT/demo_logs.tar.gz -C $OUT demo && rm -r $OUT/demo
+}
+DEMO_RUNS=(
+  "cn_r128_b16_e16 shapes_demo_centernet_res18.yaml CENTERNET.NUM_EPOCHS 16 CENTERNET.LR_STEP (12,15)"
+  "cn_r128_b16_e24 shapes_demo_centernet_res18.yaml CENTERNET.NUM_EPOCHS 24 CENTERNET.LR_STEP (18,22)"
+  "cn_r128_b16_lr4e-3_e20 shapes_demo_centernet_res18.yaml CENTERNET.NUM_EPOCHS 20 CENTERNET.LR_STEP (15,18) CENTERNET.LR 0.004"
+  "cn_r96_b16_e32 shapes_demo_centernet_res18.yaml CENTERNET.INPUT_RES 96 CENTERNET.NUM_EPOCHS 32 CENTERNET.LR_STEP (24,29)"
+  "cn_r96_b8_lr1e-3_e32 shapes_demo_centernet_res18.yaml CENTERNET.INPUT_RES 96 CENTERNET.BATCH_SIZE 8 CENTERNET.LR 0.001 CENTERNET.LR_BATCH_SIZE 8 CENTERNET.NUM_EPOCHS 32 CENTERNET.LR_STEP (24,29)"
+  "cn_r128_b16_e20_nocrop shapes_demo_centernet_res18.yaml CENTERNET.NUM_EPOCHS 20 CENTERNET.LR_STEP (15,18) CENTERNET.NOT_RAND_CROP True"
+  "cn_r96_b16_e32_nocrop shapes_demo_centernet_res18.yaml CENTERNET.INPUT_RES 96 CENTERNET.NUM_EPOCHS 32 CENTERNET.LR_STEP (24,29) CENTERNET.NOT_RAND_CROP True"
+  "cn_r128_b16_e40 shapes_demo_centernet_res18.yaml CENTERNET.NUM_EPOCHS 40 CENTERNET.LR_STEP (30,36)"
+  "rcnn_1200 shapes_demo_R-18-FPN.yaml"
+  "rcnn_800 shapes_demo_R-18-FPN.yaml SOLVER.MAX_ITER 800 SOLVER.STEPS [0,530,700] SOLVER.WARM_UP_ITERS 70"
+  "rcnn_600 shapes_demo_R-18-FPN.yaml SOLVER.MAX_ITER 600 SOLVER.STEPS [0,400,525] SOLVER.WARM_UP_ITERS 50"
+)
 
 for step in "$@"; do "$step"; done
