@@ -75,10 +75,18 @@ def detect(model, sample, params):
 
 
 def detect_batch(model, samples, params):
-    """cls_boxes of each prepared image (prepare_test_image), as detect gives for each one: per
-    test scale one forward of all the images and one decode, queued on the device one after the
-    other, then one copy of every scale's (B, K, 6) detections to the host. The images of a batch
-    must share their input size at each scale (always so without keep_res)."""
+    """cls_boxes of each prepared image (prepare_test_image): per test scale one forward of all
+    the images and one decode, queued on the device one after the other, then one copy of every
+    scale's (B, K, 6) detections to the host. The images must share their input size at each
+    scale (always so without keep_res).
+
+    Given the same head outputs, each image gets detect's cls_boxes bit for bit (a batched forward
+    itself may round differently, as any batched convolution), with two caveats from torch's
+    kernels: on the CPU, sigmoid rounds the scalar tail of its vector loop differently, and a batch
+    moves that tail when an image's heat map is not a multiple of 32 values or the maps are split
+    over threads; on CUDA, topk over the C*K candidates runs another kernel for B = 1 than for
+    B >= 64 (whether both order exactly equal scores alike is not checked).
+    """
     if not samples:
         return []
     device = next(model.parameters()).device

@@ -20,23 +20,24 @@ from test_centernet_heads import (_reference_cls_boxes, _reference_merge, _refer
 
 class _RandomHeads(torch.nn.Module):
     """Random raw head outputs that depend only on each input image (seeded by a checksum of its
-    pixels), so a batch gives every image the maps it gets alone. Logits on a 0.5 grid: many
-    scores tie exactly."""
+    pixels), so a batch gives every image the maps it gets alone. With ties the logits lie on a
+    0.5 grid: many scores tie exactly."""
 
-    def __init__(self, num_classes, wh_channels):
+    def __init__(self, num_classes, wh_channels, ties=True):
         super().__init__()
         self.anchor = torch.nn.Parameter(torch.zeros(()))
-        self.num_classes, self.wh_channels = num_classes, wh_channels
+        self.num_classes, self.wh_channels, self.ties = num_classes, wh_channels, ties
 
     def forward(self, images):
         outputs = {'hm': [], 'wh': [], 'reg': []}
-        for image in images:
+        for image in images.cpu():
             gen = torch.Generator().manual_seed(zlib.crc32(image.numpy().tobytes()))
             shape = (image.shape[1] // 4, image.shape[2] // 4)
-            outputs['hm'].append(torch.round(torch.randn(self.num_classes, *shape, generator=gen) * 6) / 2)
+            logits = torch.randn(self.num_classes, *shape, generator=gen) * 3
+            outputs['hm'].append(torch.round(logits * 2) / 2 if self.ties else logits)
             outputs['wh'].append(torch.rand(self.wh_channels, *shape, generator=gen) * 12)
             outputs['reg'].append(torch.rand(2, *shape, generator=gen))
-        return {k: torch.stack(v) + self.anchor for k, v in outputs.items()}
+        return {k: torch.stack(v).to(images.device) + self.anchor for k, v in outputs.items()}
 
 
 def _model(params):
@@ -113,3 +114,16 @@ def test_detect_batch_refuses_images_of_different_input_sizes():
     large = centernet.prepare_test_image(np.zeros((90, 70, 3), np.uint8), params)
     with pytest.raises(ConfigValueError, match='different input sizes'):
         centernet.detect_batch(_model(params), [small, large], params)
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_detect_batch_matches_detect_on_cuda():
+    # Continuous logits (no exact ties) through torch's CUDA topk, which runs another kernel for
+    # one image than for a batch of 64 (the benchmark's).
+    params = _params(CASES['scales, flip (soft-NMS)'])
+    model = _RandomHeads(params.input.num_classes, 2, ties=False).cuda()
+    samples = _samples(params, 64, seed=5)
+    batch = centernet.detect_batch(model, samples, params)
+    for sample, batched in zip(samples, batch):
+        assert_same_arrays(batched, centernet.detect(model, sample, params))
