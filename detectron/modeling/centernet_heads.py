@@ -305,9 +305,10 @@ def _affine_corners(corners, trans):
     """Both points of each row of corners (N, 4) through the 2x3 affine trans: float64 (N, 4),
     bit for bit affine_transform_points on each point.
 
-    That function's one np.dot per point is a BLAS gemv; np.matmul of trans with a stack of (3, 1)
-    points calls the same gemv once per point from C. One (N, 3) x (3, 2) product (gemm) or
-    elementwise arithmetic rounds differently in the last float64 place (a few in 10^4 values here).
+    That function's (and CenterNet's) one np.dot per point is a BLAS gemv; np.matmul of trans with
+    a stack of (3, 1) points calls the same gemv once per point from C. One (N, 3) x (3, 2) product
+    (gemm) or elementwise arithmetic rounds differently in the last float64 place for some points
+    when cv2's solve leaves a ~1e-16 off-diagonal term (non-square output grids).
     """
     points = np.ones((corners.shape[0] * 2, 3, 1), dtype=np.float64)
     points[:, :2, 0] = corners.reshape(-1, 2)
