@@ -4,16 +4,19 @@
 ({'loss', 'hm_loss', 'wh_loss', 'off_loss'}); in eval `model(images)` returns the heads' raw
 outputs. `detect(model, sample, params)` is CenterNet's test path for one image (forward per test
 scale, flip averaging, peak decoding and top-K on the model's device, inverse affine, multi-scale
-merge) and returns Detectron's `cls_boxes`; `prepare_test_image` makes `sample` in a loader worker.
+merge) and returns Detectron's `cls_boxes`; `detect_batch(model, samples, params)` does the same
+for several images with one forward and one decode per scale; `prepare_test_image` makes `sample`
+in a loader worker.
 """
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from detectron.modeling.centernet_heads import (ctdet_decode, ctdet_loss, ctdet_scale_detections,
-                                                ctdet_test_maps, merge_outputs, to_cls_boxes)
+from detectron.modeling.centernet_heads import (ctdet_decode, ctdet_loss, ctdet_test_maps, image_detections,
+                                                merge_image_detections)
 from detectron.roi_data.centernet import CtdetParams, ctdet_test_inputs
+from detectron.utils.errors import ConfigValueError
 
 
 @dataclass(frozen=True)
@@ -68,16 +71,48 @@ def prepare_test_image(im, params):
 
 def detect(model, sample, params):
     """cls_boxes of one prepared image (see prepare_test_image)."""
+    return detect_batch(model, [sample], params)[0]
+
+
+def detect_batch(model, samples, params):
+    """cls_boxes of each prepared image (prepare_test_image): per test scale one forward of all
+    the images and one decode, queued on the device one after the other, then one copy of every
+    scale's (B, K, 6) detections to the host. The images must share their input size at each
+    scale (always so without keep_res).
+
+    Given the same head outputs, each image gets detect's cls_boxes bit for bit (a batched forward
+    itself may round differently, as any batched convolution), with two caveats from torch's
+    kernels: on the CPU, sigmoid rounds the scalar tail of its vector loop differently, and a batch
+    moves that tail when an image's heat map is not a multiple of 32 values or the maps are split
+    over threads; on CUDA, topk over the C*K candidates runs another kernel for B = 1 than for
+    B >= 64 (whether both order exactly equal scores alike is not checked).
+    """
+    if not samples:
+        return []
     device = next(model.parameters()).device
-    num_classes = params.input.num_classes
-    per_scale = []
-    for scale, images, meta in zip(params.scales, sample['inputs'], sample['metas']):
-        with torch.no_grad():
-            outputs = model(torch.as_tensor(images).to(device, non_blocking=True))
+    dets = []
+    with torch.no_grad():
+        for i in range(len(params.scales)):
+            images = _stack_inputs([sample['inputs'][i] for sample in samples])
+            outputs = model(images.to(device, non_blocking=True))
             hm, wh, reg = ctdet_test_maps({k: v.float() for k, v in outputs.items()}, flip_test=params.flip,
                                           reg_offset=params.input.reg_offset)
-            dets = ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
-        per_scale.append(ctdet_scale_detections(dets.cpu().numpy(), meta, scale, num_classes))
-    merged = merge_outputs(per_scale, num_classes, max_per_image=params.max_per_image,
-                           use_soft_nms=len(params.scales) > 1)
-    return to_cls_boxes(merged, num_classes)
+            dets.append(ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K))
+    dets = torch.stack(dets).cpu().numpy()
+    return [merge_image_detections([image_detections(dets[i, b], sample['metas'][i], scale)
+                                    for i, scale in enumerate(params.scales)],
+                                   params.input.num_classes, max_per_image=params.max_per_image,
+                                   use_soft_nms=len(params.scales) > 1)
+            for b, sample in enumerate(samples)]
+
+
+def _stack_inputs(inputs):
+    """One tensor of the images' inputs at one scale (a single image's as it is, not copied)."""
+    shapes = {tuple(x.shape[1:]) for x in inputs}
+    if len(shapes) > 1:
+        raise ConfigValueError('detect_batch got images of different input sizes {}; batch only images of one '
+                               'size (keep_res gives each image size its own input), or call detect on each'
+                               .format(sorted(shapes)))
+    if len(inputs) == 1:
+        return torch.as_tensor(inputs[0])
+    return torch.cat([torch.as_tensor(x) for x in inputs])

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectron.roi_data.centernet import affine_transform_points, get_affine_transform
+from detectron.roi_data.centernet import get_affine_transform
 from detectron.utils.errors import ConfigValueError
 
 # Prior 0.1 for the heatmap logits: -log((1 - 0.1) / 0.1) ~ -2.19, the value CenterNet writes.
@@ -240,17 +240,18 @@ def ctdet_decode(heat, wh, reg=None, cat_spec_wh=False, K=100):
 
 
 def ctdet_test_maps(outputs, flip_test=False, reg_offset=True):
-    """(hm, wh, reg) for ctdet_decode from the heads' raw outputs of one image (batch 1, or 2 with
-    the mirrored copy second when flip_test): hm = sigmoid (not clamped, as the reference's test);
-    with flip_test hm and wh are averaged with the mirrored pass flipped back, reg is the unflipped
-    pass's only (CenterNet does not average it). reg is None without reg_offset."""
+    """(hm, wh, reg) for ctdet_decode from the heads' raw outputs of B images, or with flip_test of
+    2B images where each image is followed by its mirrored copy (as prepare_test_image stacks them):
+    hm = sigmoid (not clamped, as the reference's test); with flip_test hm and wh are averaged with
+    the mirrored pass flipped back, reg is the unflipped pass's only (CenterNet does not average it).
+    reg is None without reg_offset."""
     hm = outputs['hm'].sigmoid()
     wh = outputs['wh']
     reg = outputs['reg'] if reg_offset else None
     if flip_test:
-        hm = (hm[0:1] + torch.flip(hm[1:2], [3])) / 2
-        wh = (wh[0:1] + torch.flip(wh[1:2], [3])) / 2
-        reg = reg[0:1] if reg is not None else None
+        hm = (hm[0::2] + torch.flip(hm[1::2], [3])) / 2
+        wh = (wh[0::2] + torch.flip(wh[1::2], [3])) / 2
+        reg = reg[0::2] if reg is not None else None
     return hm, wh, reg
 
 
@@ -260,33 +261,75 @@ def ctdet_test_maps(outputs, flip_test=False, reg_offset=True):
 
 def ctdet_post_process(dets, c, s, h, w, num_classes):
     """CenterNet's ctdet_post_process: decoded dets (B, K, 6) in output-grid pixels -> one dict per
-    image {class + 1: float32 (n, 5) [x1, y1, x2, y2, score]} in input-image pixels.
+    image {class + 1: float32 (n, 5) [x1, y1, x2, y2, score]} in input-image pixels, each class's
+    rows in decode order.
 
     Both corners go through get_affine_transform(c[i], s[i], 0, (w, h), inv=1) and are stored back
     as float32 (dets are float32, as the decoder's output). c, s: per-image centres and scales
     (meta['c'], meta['s']); h, w: the output grid (meta['out_height'], meta['out_width']).
     """
-    dets = np.array(dets, dtype=np.float32)
-    ret = []
-    for i in range(dets.shape[0]):
-        trans = get_affine_transform(c[i], s[i], 0, (w, h), inv=1)
-        dets[i, :, 0:2] = affine_transform_points(dets[i, :, 0:2], trans)
-        dets[i, :, 2:4] = affine_transform_points(dets[i, :, 2:4], trans)
-        classes = dets[i, :, -1]
-        ret.append({j + 1: dets[i, classes == j, :5] for j in range(num_classes)})
-    return ret
+    dets = np.asarray(dets, dtype=np.float32)
+    return [_class_dict(split_by_class(_input_image_boxes(d, c[i], s[i], h, w), d[:, 5], num_classes))
+            for i, d in enumerate(dets)]
+
+
+def image_detections(dets, meta, scale):
+    """One image's decoded dets (K, 6) (or (1, K, 6)) at test scale `scale`, with its meta from
+    ctdet_test_inputs -> (boxes float32 (K, 5) [x1, y1, x2, y2, score] in original-image pixels,
+    classes (K,) as decoded): ctdet_post_process, then the boxes divided by scale
+    (CtdetDetector.post_process), before the split into classes."""
+    dets = np.asarray(dets, dtype=np.float32).reshape(-1, 6)
+    boxes = _input_image_boxes(dets, meta['c'], meta['s'], meta['out_height'], meta['out_width'])
+    boxes[:, :4] /= scale
+    return boxes, dets[:, 5]
 
 
 def ctdet_scale_detections(dets, meta, scale, num_classes):
     """CtdetDetector.post_process: one image's decoded dets (1, K, 6) at test scale `scale` with
     its meta from ctdet_test_inputs -> {class + 1: float32 (n, 5)} in original-image pixels
     (boxes divided by scale)."""
-    dets = np.asarray(dets, dtype=np.float32).reshape(1, -1, 6)
-    results = ctdet_post_process(dets, [meta['c']], [meta['s']], meta['out_height'],
-                                 meta['out_width'], num_classes)[0]
-    for j in results:
-        results[j][:, :4] /= scale
-    return results
+    return _class_dict(split_by_class(*image_detections(dets, meta, scale), num_classes))
+
+
+def _input_image_boxes(dets, c, s, h, w):
+    """Decoded dets (K, 6) of one image -> float32 (K, 5) [x1, y1, x2, y2, score], both corners
+    through the inverse affine of (c, s) and the (w, h) output grid."""
+    trans = get_affine_transform(c, s, 0, (w, h), inv=1)
+    boxes = np.empty((dets.shape[0], 5), dtype=np.float32)
+    boxes[:, :4] = _affine_corners(dets[:, :4], trans)
+    boxes[:, 4] = dets[:, 4]
+    return boxes
+
+
+def _affine_corners(corners, trans):
+    """Both points of each row of corners (N, 4) through the 2x3 affine trans: float64 (N, 4),
+    bit for bit affine_transform_points on each point.
+
+    That function's (and CenterNet's) one np.dot per point is a BLAS gemv; np.matmul of trans with
+    a stack of (3, 1) points calls the same gemv once per point from C. One (N, 3) x (3, 2) product
+    (gemm) or elementwise arithmetic rounds differently in the last float64 place for some points
+    when cv2's solve leaves a ~1e-16 off-diagonal term (non-square output grids).
+    """
+    points = np.ones((corners.shape[0] * 2, 3, 1), dtype=np.float64)
+    points[:, :2, 0] = corners.reshape(-1, 2)
+    return np.matmul(trans, points).reshape(-1, 4)
+
+
+def split_by_class(rows, classes, num_classes):
+    """[rows of class j, in their order, for j in 0..num_classes - 1]: what rows[classes == j] gives
+    for each j (rows of any other class value are left out), from one stable sort by class.
+    The arrays are views of one copy of rows."""
+    order = np.argsort(classes, kind='stable')
+    sorted_classes = classes[order]
+    rows = rows[order]
+    ids = np.arange(num_classes, dtype=sorted_classes.dtype)
+    starts = np.searchsorted(sorted_classes, ids, side='left').tolist()
+    ends = np.searchsorted(sorted_classes, ids, side='right').tolist()
+    return [rows[a:b] for a, b in zip(starts, ends)]
+
+
+def _class_dict(per_class):
+    return {j + 1: rows for j, rows in enumerate(per_class)}
 
 
 def gaussian_soft_nms_(boxes, sigma=0.5, threshold=0.001):
@@ -375,18 +418,51 @@ def merge_outputs(detections, num_classes, max_per_image=100, use_soft_nms=False
         results[j] = np.concatenate([d[j] for d in detections], axis=0).astype(np.float32)
         if use_soft_nms:
             gaussian_soft_nms_(results[j])
-    scores = np.hstack([results[j][:, 4] for j in range(1, num_classes + 1)])
-    if len(scores) > max_per_image:
-        kth = len(scores) - max_per_image
-        thresh = np.partition(scores, kth)[kth]
+    thresh = _cap_threshold(np.hstack([results[j][:, 4] for j in range(1, num_classes + 1)]), max_per_image)
+    if thresh is not None:
         for j in range(1, num_classes + 1):
             results[j] = results[j][results[j][:, 4] >= thresh]
     return results
 
 
+def merge_image_detections(per_scale, num_classes, max_per_image=100, use_soft_nms=False):
+    """to_cls_boxes(merge_outputs(...)) of one image from its per-scale (boxes, classes) pairs
+    (image_detections), the same arrays.
+
+    Without soft-NMS nothing needs per-class arrays before the end: concatenating each class over
+    the scales is one stable sort by class of all the scales' rows, and the cap does not depend on
+    the order of the scores.
+    """
+    if use_soft_nms:
+        detections = [_class_dict(split_by_class(boxes, classes, num_classes)) for boxes, classes in per_scale]
+        return to_cls_boxes(merge_outputs(detections, num_classes, max_per_image, use_soft_nms=True), num_classes)
+    boxes = np.concatenate([b for b, _ in per_scale]) if len(per_scale) > 1 else per_scale[0][0]
+    classes = np.concatenate([c for _, c in per_scale]) if len(per_scale) > 1 else per_scale[0][1]
+    if len(boxes) > max_per_image:
+        # Only the rows split_by_class keeps take part in the cap, as in merge_outputs.
+        counted = np.isin(classes, np.arange(num_classes))
+        thresh = _cap_threshold(boxes[counted, 4], max_per_image)
+        if thresh is not None:
+            keep = boxes[:, 4] >= thresh
+            boxes, classes = boxes[keep], classes[keep]
+    return [_no_boxes()] + split_by_class(boxes, classes, num_classes)
+
+
+def _cap_threshold(scores, max_per_image):
+    """The max_per_image-th best of scores, or None when there are no more than max_per_image."""
+    if len(scores) <= max_per_image:
+        return None
+    kth = len(scores) - max_per_image
+    return np.partition(scores, kth)[kth]
+
+
+def _no_boxes():
+    return np.zeros((0, 5), dtype=np.float32)
+
+
 def to_cls_boxes(results, num_classes):
     """Detectron's cls_boxes from a {class + 1: (n, 5)} dict: index 0 (background) an empty
     (0, 5) float32 array, index j the detections of class j - 1 as float32 (n, 5)."""
-    return [np.zeros((0, 5), dtype=np.float32)] + [
+    return [_no_boxes()] + [
         np.asarray(results.get(j, np.zeros((0, 5))), dtype=np.float32).reshape(-1, 5)
         for j in range(1, num_classes + 1)]

@@ -1,7 +1,8 @@
 """CenterNet heads, losses, decoding, post-processing and the multi-scale merge.
 
 Expected values are hand-computed (derivations in the comments) or come from plain loops written
-here from the reference's formulas.
+here from the reference's formulas (the _reference_* transcriptions of CenterNet's per-point
+post-processing and merge, which the vectorised code must match bit for bit).
 """
 import math
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from detectron.modeling import centernet_heads as ch
+from detectron.roi_data.centernet import get_affine_transform
 from detectron.utils import cython_nms
 from detectron.utils.errors import ConfigValueError
 
@@ -319,6 +321,23 @@ def test_test_maps_flip_averages_hm_and_wh_not_reg():
     assert hm1[0, 0, 0, 0].item() == pytest.approx(s(2.0)) and reg1 is None   # plain sigmoid
 
 
+def test_test_maps_flip_pairs_of_a_batch():
+    # 3 images, each followed by its mirrored pass: image b averages rows 2b and 2b + 1 only.
+    gen = torch.Generator().manual_seed(0)
+    logits, wh, reg = (torch.randn(6, c, 3, 4, generator=gen) for c in (2, 2, 2))
+    hm_b, wh_b, reg_b = ch.ctdet_test_maps({'hm': logits, 'wh': wh, 'reg': reg}, flip_test=True)
+    assert hm_b.shape == (3, 2, 3, 4) and reg_b.shape == (3, 2, 3, 4)
+    # The sigmoid of the whole tensor: torch's CPU kernel rounds a vector loop's scalar tail
+    # differently, so the sigmoid of one image's slice alone may differ in the last bit.
+    prob = torch.sigmoid(logits)
+    for b in range(3):
+        img, mirrored = 2 * b, 2 * b + 1
+        expected_hm = (prob[img] + prob[mirrored].flip(2)) / 2
+        assert torch.equal(hm_b[b], expected_hm)
+        assert torch.equal(wh_b[b], (wh[img] + wh[mirrored].flip(2)) / 2)
+        assert torch.equal(reg_b[b], reg[img])
+
+
 # ------------------------------------------------------------------------------------------------
 # post-processing
 # ------------------------------------------------------------------------------------------------
@@ -340,6 +359,137 @@ def test_post_process_by_hand():
     np.testing.assert_allclose(res2[3], [[50, 30, 54, 34, 0.8], [-14, -2, -10, 2, 0.1]], atol=1e-5)
     np.testing.assert_allclose(res2[1], [[-14 + 16, -2 + 16, -14 + 32, -2 + 32, 0.2]], atol=1e-5)
     assert all(v.dtype == np.float32 for v in res[0].values())
+
+
+def _reference_post_process(dets, c, s, h, w, num_classes):
+    """CenterNet's ctdet_post_process as written there: each corner through np.dot with the
+    inverse affine (a float32 point with 1 appended), stored into the float32 dets, then one
+    boolean mask per class."""
+    ret = []
+    for i in range(dets.shape[0]):
+        d = np.array(dets[i], dtype=np.float32)
+        trans = get_affine_transform(c[i], s[i], 0, (w, h), inv=1)
+        for k in range(d.shape[0]):
+            for col in (0, 2):
+                d[k, col:col + 2] = np.dot(trans, np.array([d[k, col], d[k, col + 1], 1.], dtype=np.float32))
+        ret.append({j + 1: d[d[:, 5] == j, :5] for j in range(num_classes)})
+    return ret
+
+
+def _reference_scale_detections(dets, meta, scale, num_classes):
+    results = _reference_post_process(dets.reshape(1, -1, 6), [meta['c']], [meta['s']], meta['out_height'],
+                                      meta['out_width'], num_classes)[0]
+    for j in results:
+        results[j][:, :4] /= scale
+    return results
+
+
+def _reference_merge(detections, num_classes, max_per_image, soft_nms):
+    """CtdetDetector.merge_outputs: concatenate each class over the scales, soft-NMS (the loop
+    transcription below) with its keep list ignored, keep scores >= the max_per_image-th best."""
+    results = {}
+    for j in range(1, num_classes + 1):
+        results[j] = np.concatenate([d[j] for d in detections], axis=0).astype(np.float32)
+        if soft_nms:
+            _soft_nms_loop(results[j])
+    scores = np.hstack([results[j][:, 4] for j in range(1, num_classes + 1)])
+    if len(scores) > max_per_image:
+        thresh = np.sort(scores)[::-1][max_per_image - 1]
+        results = {j: r[r[:, 4] >= thresh] for j, r in results.items()}
+    return results
+
+
+def _reference_cls_boxes(results, num_classes):
+    return [np.zeros((0, 5), np.float32)] + [results[j] for j in range(1, num_classes + 1)]
+
+
+def assert_same_arrays(got, expected):
+    """Same keys or length, and per entry the same float32 bits and shape."""
+    keys = sorted(expected) if isinstance(expected, dict) else range(len(expected))
+    assert (sorted(got) if isinstance(got, dict) else range(len(got))) == keys
+    for k in keys:
+        assert got[k].dtype == np.float32 and got[k].shape == expected[k].shape, k
+        np.testing.assert_array_equal(got[k].view(np.int32), expected[k].view(np.int32))
+
+
+def _random_decoded(rng, batch, K, num_classes, grid):
+    """Decoded-looking dets (batch, K, 6): boxes around random centres (some off the grid), scores
+    rounded so that many tie, classes drawn from a subset so that some classes are empty."""
+    centres = rng.uniform(-3, grid + 3, (batch, K, 2))
+    half = rng.uniform(0, grid / 4, (batch, K, 2))
+    scores = np.round(rng.uniform(0, 1, (batch, K, 1)), 1)
+    classes = rng.choice(np.arange(num_classes)[::2], (batch, K, 1)).astype(np.float64)
+    return np.concatenate([centres - half, centres + half, scores, classes], axis=2).astype(np.float32)
+
+
+def _random_meta(rng, keep_res):
+    if keep_res:   # pure translation: c = (new_w // 2, new_h // 2), s = [inp_w, inp_h]
+        w, h = (rng.randint(1, 20, 2) * 32)
+        return {'c': np.array([rng.randint(w // 3, w // 2), rng.randint(h // 3, h // 2)], np.float32),
+                's': np.array([w, h], np.float32), 'out_height': int(h // 4), 'out_width': int(w // 4)}
+    c = rng.uniform(10, 400, 2).astype(np.float32)
+    return {'c': c, 's': float(rng.uniform(50, 900)), 'out_height': 128, 'out_width': 128}
+
+
+@pytest.mark.parametrize('keep_res', [False, True])
+def test_post_process_matches_the_per_point_reference_bit_for_bit(keep_res):
+    rng = np.random.RandomState(1 + keep_res)
+    metas = [_random_meta(rng, keep_res) for _ in range(3)]
+    h, w = metas[0]['out_height'], metas[0]['out_width']
+    dets = _random_decoded(rng, 3, 100, 80, w)
+    c, s = [m['c'] for m in metas], [m['s'] for m in metas]
+    got = ch.ctdet_post_process(dets, c, s, h, w, 80)
+    expected = _reference_post_process(dets, c, s, h, w, 80)
+    assert len(got) == 3
+    for g, e in zip(got, expected):
+        assert_same_arrays(g, e)
+    assert sum(len(v) == 0 for v in got[0].values()) >= 40   # odd classes are empty
+
+
+def test_affine_corners_match_one_np_dot_per_point_in_float64():
+    # The float64 bits, not only the float32 values. With a non-square grid cv2's solve leaves a
+    # ~1e-16 off-diagonal term in the inverse affine; then one batched product (gemm) or elementwise
+    # arithmetic differs from the per-point np.dot in the last place for some points.
+    rng = np.random.RandomState(3)
+    off_diagonal = 0
+    for trial in range(40):
+        if trial % 2:
+            c, s = rng.uniform(0, 700, 2).astype(np.float32), float(rng.uniform(50, 1500))
+        else:
+            c, s = np.floor(rng.uniform(0, 700, 2)).astype(np.float32), rng.randint(32, 1500, 2).astype(np.float32)
+        trans = get_affine_transform(c, s, 0, tuple(rng.randint(8, 400, 2)), inv=1)
+        off_diagonal += trans[0, 1] != 0 or trans[1, 0] != 0
+        corners = rng.uniform(-20, 420, (200, 4)).astype(np.float32)
+        expected = np.array([[np.dot(trans, np.array([x, y, 1.], dtype=np.float32)) for x, y in row.reshape(2, 2)]
+                             for row in corners]).reshape(-1, 4)
+        got = ch._affine_corners(corners, trans)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got.view(np.int64), expected.view(np.int64))
+    assert off_diagonal >= 5
+
+
+def test_split_by_class_is_one_mask_per_class_in_order():
+    rows = np.arange(24, dtype=np.float32).reshape(8, 3)
+    classes = np.array([2, 0, 2, np.nan, 1.5, -1, 0, 7], np.float32)   # nan, 1.5, -1 and 7 belong to none
+    got = ch.split_by_class(rows, classes, 3)
+    assert len(got) == 3
+    np.testing.assert_array_equal(got[0], rows[[1, 6]])
+    assert got[1].shape == (0, 3)
+    np.testing.assert_array_equal(got[2], rows[[0, 2]])
+
+
+@pytest.mark.parametrize('scale', [1.0, 0.75, 1.5])
+def test_image_detections_and_scale_detections_match_the_reference(scale):
+    rng = np.random.RandomState(int(scale * 4))
+    meta = _random_meta(rng, keep_res=scale != 1.0)
+    dets = _random_decoded(rng, 1, 50, 6, meta['out_width'])
+    expected = _reference_scale_detections(dets, meta, scale, 6)
+    assert_same_arrays(ch.ctdet_scale_detections(dets, meta, scale, 6), expected)
+    boxes, classes = ch.image_detections(dets, meta, scale)
+    assert boxes.shape == (50, 5) and boxes.dtype == np.float32
+    np.testing.assert_array_equal(classes, dets[0, :, 5])
+    for j in range(6):
+        np.testing.assert_array_equal(boxes[classes == j].view(np.int32), expected[j + 1].view(np.int32))
 
 
 def test_scale_detections_divides_boxes_by_scale():
@@ -458,6 +608,45 @@ def test_merge_outputs_keeps_stale_rows_and_limits_with_ties():
     few = ch.merge_outputs([scale_1], 2, max_per_image=100, use_soft_nms=False)
     np.testing.assert_array_equal(few[1], _as_dets([A, B]))
     assert all(v.dtype == np.float32 for v in merged.values())
+
+
+@pytest.mark.parametrize('scales, max_per_image, soft_nms', [
+    (1, 100, False),    # CenterNet's default: exactly K = 100 rows, nothing to cap
+    (1, 30, False),     # the cap with ties at the threshold (scores on a 0.1 grid)
+    (3, 100, False),    # several scales, --nms off
+    (3, 40, True),      # several scales: soft-NMS, stale rows, then the cap
+    (2, 500, True),
+])
+def test_merge_image_detections_matches_the_reference_merge(scales, max_per_image, soft_nms):
+    rng = np.random.RandomState(scales * 1000 + max_per_image)
+    per_scale, dicts = [], []
+    for _ in range(scales):
+        meta = _random_meta(rng, keep_res=False)
+        dets = _random_decoded(rng, 1, 100, 8, meta['out_width'])
+        dets[0, :, 4] = np.where(rng.uniform(size=100) < 0.2, np.float32(0.0015), dets[0, :, 4])
+        per_scale.append(ch.image_detections(dets, meta, 1.0))
+        dicts.append(_reference_scale_detections(dets, meta, 1.0, 8))
+    expected = _reference_cls_boxes(_reference_merge(dicts, 8, max_per_image, soft_nms), 8)
+    got = ch.merge_image_detections(per_scale, 8, max_per_image=max_per_image, use_soft_nms=soft_nms)
+    assert_same_arrays(got, expected)
+    assert_same_arrays(ch.to_cls_boxes(ch.merge_outputs(dicts, 8, max_per_image, soft_nms), 8), expected)
+    kept = sum(len(b) for b in got)
+    if max_per_image >= 100 * scales:
+        assert kept == 100 * scales
+    elif soft_nms:
+        assert kept >= max_per_image
+    else:
+        assert kept > max_per_image   # ties at the threshold (scores on a 0.1 grid) are all kept
+
+
+def test_merge_image_detections_caps_only_the_rows_of_known_classes():
+    # merge_outputs counts the scores of classes 1..num_classes only: a row of class index 5 with 2
+    # classes takes no part in the cap (nor in the output).
+    boxes = _as_dets([A, C, [50, 50, 60, 60, 0.4], [1, 1, 2, 2, 0.95]])
+    classes = np.array([0, 1, 1, 5], np.float32)
+    got = ch.merge_image_detections([(boxes, classes)], 2, max_per_image=2)
+    np.testing.assert_array_equal(got[1], _as_dets([A]))
+    np.testing.assert_array_equal(got[2], _as_dets([C]))   # 0.9 and 0.8 are the 2 best, not 0.95
 
 
 def test_to_cls_boxes():

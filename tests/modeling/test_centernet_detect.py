@@ -1,0 +1,129 @@
+"""CenterNet's test path (modeling/centernet.py detect and detect_batch) against the reference's
+per-image pipeline: per scale a forward, the flip-averaged maps and the decode, then the plain
+per-point / per-mask transcriptions of ctdet_post_process and merge_outputs from
+test_centernet_heads. Bit for bit, on random head maps with ties, several scales, flip, keep_res
+and cat_spec_wh.
+"""
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from detectron.modeling import centernet
+from detectron.modeling import centernet_heads as ch
+from detectron.roi_data.centernet import CtdetParams
+from detectron.utils.errors import ConfigValueError
+from test_centernet_heads import (_reference_cls_boxes, _reference_merge, _reference_scale_detections,
+                                  assert_same_arrays)
+
+
+class _RandomHeads(torch.nn.Module):
+    """Random raw head outputs that depend only on each input image (seeded by a checksum of its
+    pixels), so a batch gives every image the maps it gets alone. With ties the logits lie on a
+    0.5 grid: many scores tie exactly."""
+
+    def __init__(self, num_classes, wh_channels, ties=True):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(()))
+        self.num_classes, self.wh_channels, self.ties = num_classes, wh_channels, ties
+
+    def forward(self, images):
+        outputs = {'hm': [], 'wh': [], 'reg': []}
+        for image in images.cpu():
+            gen = torch.Generator().manual_seed(zlib.crc32(image.numpy().tobytes()))
+            shape = (image.shape[1] // 4, image.shape[2] // 4)
+            logits = torch.randn(self.num_classes, *shape, generator=gen) * 3
+            outputs['hm'].append(torch.round(logits * 2) / 2 if self.ties else logits)
+            outputs['wh'].append(torch.rand(self.wh_channels, *shape, generator=gen) * 12)
+            outputs['reg'].append(torch.rand(2, *shape, generator=gen))
+        return {k: torch.stack(v).to(images.device) + self.anchor for k, v in outputs.items()}
+
+
+def _model(params):
+    classes = params.input.num_classes
+    return _RandomHeads(classes, 2 * classes if params.input.cat_spec_wh else 2)
+
+
+def _reference_detect(model, sample, params):
+    """CenterNet's CtdetDetector.run on one image, with the port's (unchanged) maps and decode."""
+    per_scale = []
+    for scale, images, meta in zip(params.scales, sample['inputs'], sample['metas']):
+        with torch.no_grad():
+            hm, wh, reg = ch.ctdet_test_maps(model(torch.as_tensor(images)), flip_test=params.flip,
+                                             reg_offset=params.input.reg_offset)
+            dets = ch.ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
+        per_scale.append(_reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
+    merged = _reference_merge(per_scale, params.input.num_classes, params.max_per_image, len(params.scales) > 1)
+    return _reference_cls_boxes(merged, params.input.num_classes)
+
+
+# Input sizes are multiples of 32, so each image's heat map holds a multiple of 64 values: torch's
+# CPU sigmoid, which rounds a vector loop's scalar tail differently, then treats every value of a
+# batch as it does alone (and these maps are too small to be split over threads).
+CASES = {
+    'one scale, K = max_per_image': dict(K=100),
+    'one scale, flip, cap with ties': dict(flip=True, K=40, max_per_image=10),
+    'scales, flip (soft-NMS)': dict(scales=(0.5, 1.0, 1.25), flip=True, K=30, max_per_image=50),
+    'keep_res, cat_spec_wh': dict(keep_res=True, cat_spec_wh=True, K=50, max_per_image=20),
+    'keep_res, scales, no reg offset': dict(keep_res=True, scales=(0.75, 1.0), reg_offset=False, K=20),
+}
+
+
+def _params(case):
+    case = dict(case)
+    inputs = CtdetParams(input_h=64, input_w=96, num_classes=5, cat_spec_wh=case.pop('cat_spec_wh', False),
+                         reg_offset=case.pop('reg_offset', True))
+    return centernet.TestParams(input=inputs, **case)
+
+
+def _samples(params, count, seed):
+    rng = np.random.RandomState(seed)
+    height, width = (50, 70) if params.keep_res else (80, 60)
+    return [centernet.prepare_test_image(rng.randint(0, 256, (height, width, 3)).astype(np.uint8), params)
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize('name', sorted(CASES))
+def test_detect_and_detect_batch_match_the_reference_pipeline(name):
+    params = _params(CASES[name])
+    model = _model(params)
+    samples = _samples(params, 3, seed=len(name))
+    batch = centernet.detect_batch(model, samples, params)
+    assert len(batch) == 3
+    for sample, batched in zip(samples, batch):
+        expected = _reference_detect(model, sample, params)
+        assert len(expected) == params.input.num_classes + 1
+        assert_same_arrays(centernet.detect(model, sample, params), expected)
+        assert_same_arrays(batched, expected)
+    if params.max_per_image < params.K * len(params.scales):
+        assert sum(len(b) for b in batch[0]) >= params.max_per_image
+
+
+def test_detect_batch_of_one_image_and_of_none():
+    params = _params(CASES['one scale, K = max_per_image'])
+    sample = _samples(params, 1, seed=0)[0]
+    model = _model(params)
+    assert_same_arrays(centernet.detect_batch(model, [sample], params)[0], _reference_detect(model, sample, params))
+    assert centernet.detect_batch(model, [], params) == []
+
+
+def test_detect_batch_refuses_images_of_different_input_sizes():
+    params = _params(CASES['keep_res, cat_spec_wh'])
+    small = centernet.prepare_test_image(np.zeros((50, 70, 3), np.uint8), params)
+    large = centernet.prepare_test_image(np.zeros((90, 70, 3), np.uint8), params)
+    with pytest.raises(ConfigValueError, match='different input sizes'):
+        centernet.detect_batch(_model(params), [small, large], params)
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_detect_batch_matches_detect_on_cuda():
+    # Continuous logits (no exact ties) through torch's CUDA topk, which runs another kernel for
+    # one image than for a batch of 64 (the benchmark's).
+    params = _params(CASES['scales, flip (soft-NMS)'])
+    model = _RandomHeads(params.input.num_classes, 2, ties=False).cuda()
+    samples = _samples(params, 64, seed=5)
+    batch = centernet.detect_batch(model, samples, params)
+    for sample, batched in zip(samples, batch):
+        assert_same_arrays(batched, centernet.detect(model, sample, params))
