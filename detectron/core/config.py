@@ -364,6 +364,7 @@ __C.CENTERNET.K = 100
 __C.CENTERNET.FLIP_TEST = False
 __C.CENTERNET.TEST_SCALES = (1.0,)
 __C.CENTERNET.KEEP_RES = False
+__C.CENTERNET.CUDA_GRAPHS = True  # port: test-time forward + decode replayed from CUDA graphs (per input size)
 __C.CENTERNET.NUM_EPOCHS = 140
 __C.CENTERNET.LR_STEP = (90, 120)
 __C.CENTERNET.LR = 1.25e-4  # the LR for LR_BATCH_SIZE images: SOLVER.BASE_LR = LR x BATCH_SIZE / LR_BATCH_SIZE

@@ -8,6 +8,8 @@ merge) and returns Detectron's `cls_boxes`; `detect_batch(model, samples, params
 for several images with one forward and one decode per scale; `prepare_test_image` makes `sample`
 in a loader worker.
 """
+import functools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +18,7 @@ from torch import nn
 from detectron.modeling.centernet_heads import (ctdet_decode, ctdet_loss, ctdet_test_maps, image_detections,
                                                 merge_image_detections)
 from detectron.roi_data.centernet import CtdetParams, ctdet_test_inputs
+from detectron.utils.cuda_graphs import GraphedCallable
 from detectron.utils.errors import ConfigValueError
 
 
@@ -56,6 +59,7 @@ class TestParams:
     pad: int = 31
     K: int = 100
     max_per_image: int = 100
+    cuda_graphs: bool = True  # replay forward + decode from CUDA graphs (fixed input sizes)
 
 
 def prepare_test_image(im, params):
@@ -90,20 +94,39 @@ def detect_batch(model, samples, params):
     if not samples:
         return []
     device = next(model.parameters()).device
+    forward_decode = _graphed_forward_decode(model, params) if params.cuda_graphs and device.type == 'cuda' \
+        else functools.partial(_forward_decode, model, params)
     dets = []
     with torch.no_grad():
         for i in range(len(params.scales)):
             images = _stack_inputs([sample['inputs'][i] for sample in samples])
-            outputs = model(images.to(device, non_blocking=True))
-            hm, wh, reg = ctdet_test_maps({k: v.float() for k, v in outputs.items()}, flip_test=params.flip,
-                                          reg_offset=params.input.reg_offset)
-            dets.append(ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K))
+            # clone: a graph's output buffer is rewritten by the next scale's replay
+            dets.append(forward_decode(images.to(device, non_blocking=True)).clone())
     dets = torch.stack(dets).cpu().numpy()
     return [merge_image_detections([image_detections(dets[i, b], sample['metas'][i], scale)
                                     for i, scale in enumerate(params.scales)],
                                    params.input.num_classes, max_per_image=params.max_per_image,
                                    use_soft_nms=len(params.scales) > 1)
             for b, sample in enumerate(samples)]
+
+
+def _forward_decode(model, params, images):
+    """(B, K, 6) decoded detections of a batch of network inputs, on the model's device."""
+    outputs = model(images)
+    hm, wh, reg = ctdet_test_maps({k: v.float() for k, v in outputs.items()}, flip_test=params.flip,
+                                  reg_offset=params.input.reg_offset)
+    return ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
+
+
+# One GraphedCallable per (model, test settings); a model that is garbage-collected drops its graphs.
+_GRAPHS = weakref.WeakKeyDictionary()
+
+
+def _graphed_forward_decode(model, params):
+    per_model = _GRAPHS.setdefault(model, {})
+    if params not in per_model:
+        per_model[params] = GraphedCallable(functools.partial(_forward_decode, model, params))
+    return per_model[params]
 
 
 def _stack_inputs(inputs):

@@ -1,0 +1,63 @@
+"""Replaying a fixed-shape GPU computation from a CUDA graph instead of launching its kernels one
+by one: at batch 1 a detector's forward is a few hundred small kernels, and launching them costs more
+than running them."""
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class GraphedCallable:
+    """fn(x) -> a tensor (or a tuple of tensors), replayed from one CUDA graph per input shape and
+    dtype and autocast state; CPU tensors and shapes beyond max_graphs run fn directly.
+
+    fn must be free of host synchronisation and of data-dependent shapes. The returned tensors are
+    the graph's own output buffers: read (copy) them before the next call.
+    """
+
+    def __init__(self, fn, max_graphs=4, warmup_calls=2):
+        self.fn = fn
+        self.max_graphs = max_graphs
+        self.warmup_calls = warmup_calls
+        self._graphs = {}
+
+    def __call__(self, x):
+        if x.device.type != 'cuda':
+            return self.fn(x)
+        autocast = torch.is_autocast_enabled('cuda')
+        key = (tuple(x.shape), x.dtype, x.device, autocast, torch.get_autocast_dtype('cuda') if autocast else None)
+        entry = self._graphs.get(key)
+        if entry is None and len(self._graphs) < self.max_graphs:
+            entry = self._graphs[key] = self._capture(x, autocast)
+        if not entry:  # capture failed, or too many shapes: run the kernels one by one
+            return self.fn(x)
+        static_input, graph, static_output = entry
+        static_input.copy_(x)
+        graph.replay()
+        return static_output
+
+    def _call_fn(self, x, autocast):
+        if not autocast:
+            return self.fn(x)
+        # Autocast's cast cache must be off while a graph is captured (and while it warms up).
+        with torch.autocast('cuda', dtype=torch.get_autocast_dtype('cuda'), cache_enabled=False):
+            return self.fn(x)
+
+    def _capture(self, x, autocast):
+        static_input = x.clone()
+        try:
+            side = torch.cuda.Stream(device=x.device)
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_calls):  # cuDNN autotuning and lazy init happen here
+                    self._call_fn(static_input, autocast)
+            torch.cuda.current_stream(x.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_output = self._call_fn(static_input, autocast)
+        except RuntimeError as err:
+            logger.warning('CUDA graph capture of input %s failed, running without it: %s', tuple(x.shape),
+                           str(err).splitlines()[0] if str(err) else type(err).__name__)
+            return False
+        return static_input, graph, static_output
