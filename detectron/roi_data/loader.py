@@ -20,7 +20,7 @@ import pickle
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.distributed import die_with_parent
@@ -79,6 +79,24 @@ class TrainingDataset(Dataset):
             return self._prepare(self._entries[index], scale_rng(self._seed, iteration, index))
         except DatasetError as err:
             return err
+
+
+def stacked_batch(arrays):
+    """np.stack(arrays) (equal shapes and dtypes) as a torch tensor, with the data copied once.
+
+    In a DataLoader worker the tensor is allocated in shared memory (as torch's default_collate
+    does), so the batch reaches the main process as a file descriptor; a tensor in ordinary memory
+    would be copied into shared memory once more when the worker sends it.
+    """
+    dtype = torch.from_numpy(arrays[0]).dtype
+    shape = (len(arrays),) + arrays[0].shape
+    if get_worker_info() is None:
+        batch = torch.empty(shape, dtype=dtype)
+    else:
+        nbytes = int(np.prod(shape)) * arrays[0].itemsize
+        batch = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)
+    np.stack(arrays, out=batch.numpy())
+    return batch
 
 
 def _collate_or_error(items, collate):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from detectron.roi_data.loader import (PackedList, TrainingDataset, aspect_ratio_groups, build_test_loader,
-                                       build_train_loader)
+                                       build_train_loader, stacked_batch)
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
@@ -69,6 +69,30 @@ def test_packed_list_round_trip():
     assert packed[0]['image'] == 'a.jpg'
     assert (packed[1], packed[2]) == ('b', 3)
     assert len(PackedList([])) == 0
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.int64, np.uint8])
+def test_stacked_batch_is_np_stack_as_a_tensor(dtype):
+    arrays = [np.random.RandomState(i).randint(0, 200, (3, 4, 5)).astype(dtype) for i in range(3)]
+    batch = stacked_batch(arrays)
+    assert batch.dtype == torch.from_numpy(arrays[0]).dtype and batch.shape == (3, 3, 4, 5)
+    np.testing.assert_array_equal(batch.numpy(), np.stack(arrays))
+    assert not batch.is_shared()   # the main process keeps ordinary memory
+
+
+def _stack_in_worker(arrays):
+    batch = stacked_batch(arrays)
+    return batch, batch.is_shared()
+
+
+def test_stacked_batch_of_a_worker_is_built_in_shared_memory():
+    # Built in shared memory, the batch is sent as a handle; built elsewhere it would be copied into
+    # shared memory again on the way.
+    arrays = [np.random.RandomState(i).rand(2, 6).astype(np.float32) for i in range(4)]
+    loader = torch.utils.data.DataLoader(arrays, batch_size=4, num_workers=1, collate_fn=_stack_in_worker)
+    (batch, shared_in_worker), = list(loader)
+    assert shared_in_worker
+    np.testing.assert_array_equal(batch.numpy(), np.stack(arrays))
 
 
 def test_train_batches_follow_the_contract(roidb):
