@@ -71,28 +71,47 @@ def test_packed_list_round_trip():
     assert len(PackedList([])) == 0
 
 
+def _planes(seed, dtype=np.float32):
+    """(4, 3, 5) arrays, mostly zero: plane 1 random, plane 3 one -0.0 (zero, but not zero bits)."""
+    planes = np.zeros((4, 3, 5), dtype=dtype)
+    planes[1] = np.random.RandomState(seed).randint(1, 200, (3, 5))
+    if dtype == np.float32:
+        planes[3, 2, 4] = -0.0
+    return planes
+
+
+def _assert_same_bits(batch, arrays):
+    expected = np.stack(arrays)
+    assert batch.dtype == torch.from_numpy(expected).dtype and tuple(batch.shape) == expected.shape
+    assert batch.numpy().tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize('mostly_zero', [False, True])
 @pytest.mark.parametrize('dtype', [np.float32, np.int64, np.uint8])
-def test_stacked_batch_is_np_stack_as_a_tensor(dtype):
-    arrays = [np.random.RandomState(i).randint(0, 200, (3, 4, 5)).astype(dtype) for i in range(3)]
-    batch = stacked_batch(arrays)
-    assert batch.dtype == torch.from_numpy(arrays[0]).dtype and batch.shape == (3, 3, 4, 5)
-    np.testing.assert_array_equal(batch.numpy(), np.stack(arrays))
+def test_stacked_batch_is_np_stack_as_a_tensor(dtype, mostly_zero):
+    arrays = [_planes(seed, dtype) for seed in range(3)]
+    arrays[2][0, 0, 0] = 7
+    batch = stacked_batch(arrays, mostly_zero=mostly_zero)
+    _assert_same_bits(batch, arrays)
+    assert np.signbit(batch.numpy()).any() == (dtype == np.float32)   # -0.0 kept
     assert not batch.is_shared()   # the main process keeps ordinary memory
 
 
-def _stack_in_worker(arrays):
-    batch = stacked_batch(arrays)
+def _stack_in_worker(arrays, mostly_zero):
+    batch = stacked_batch(arrays, mostly_zero=mostly_zero)
     return batch, batch.is_shared()
 
 
-def test_stacked_batch_of_a_worker_is_built_in_shared_memory():
+@pytest.mark.parametrize('mostly_zero', [False, True])
+def test_stacked_batch_of_a_worker_is_built_in_shared_memory(mostly_zero):
     # Built in shared memory, the batch is sent as a handle; built elsewhere it would be copied into
     # shared memory again on the way.
-    arrays = [np.random.RandomState(i).rand(2, 6).astype(np.float32) for i in range(4)]
-    loader = torch.utils.data.DataLoader(arrays, batch_size=4, num_workers=1, collate_fn=_stack_in_worker)
+    arrays = [_planes(seed) for seed in range(4)]
+    loader = torch.utils.data.DataLoader(arrays, batch_size=4, num_workers=1,
+                                         collate_fn=functools.partial(_stack_in_worker, mostly_zero=mostly_zero))
     (batch, shared_in_worker), = list(loader)
     assert shared_in_worker
-    np.testing.assert_array_equal(batch.numpy(), np.stack(arrays))
+    _assert_same_bits(batch, arrays)
 
 
 def test_train_batches_follow_the_contract(roidb):
