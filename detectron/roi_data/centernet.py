@@ -261,7 +261,12 @@ def normalised_input(image, mean, std, jitter=None):
         for channel in range(3):
             cv2.LUT(planes[channel], tables[channel], dst=out[channel])
         return out
-    gray = cv2.cvtColor(cv2.LUT(image, _UNIT_VALUES), cv2.COLOR_BGR2GRAY)
+    # cvtColor of image / 255 as the reference, a block of rows at a time (OpenCV converts row by
+    # row): the float32 HWC image is never made whole.
+    gray = np.empty((height, width), dtype=np.float32)
+    for start in range(0, height, _BLOCK_ROWS):
+        rows = slice(start, start + _BLOCK_ROWS)
+        cv2.cvtColor(cv2.LUT(image[rows], _UNIT_VALUES), cv2.COLOR_BGR2GRAY, dst=gray[rows])
     gray_mean = gray.mean()
     ops = list(zip(jitter.order, jitter.alphas))
     first_pixel_op = jitter.order.index(_SATURATION)
