@@ -10,6 +10,7 @@ All functions take plain arguments; a builder fills CtdetParams from cfg.CENTERN
 """
 
 import dataclasses
+import functools
 import math
 
 import cv2
@@ -96,12 +97,21 @@ def gaussian2D(shape, sigma=1):
     return g
 
 
+@functools.lru_cache(maxsize=1024)
+def _splat(radius):
+    """The (2r+1)^2 Gaussian of draw_umich_gaussian, computed once per radius (a sample draws many
+    boxes, mostly of a few small radii); read-only, as every caller shares it."""
+    diameter = 2 * radius + 1
+    gaussian = gaussian2D((diameter, diameter), sigma=diameter / 6)
+    gaussian.flags.writeable = False
+    return gaussian
+
+
 def draw_umich_gaussian(heatmap, center, radius, k=1):
     """Splat a (2r+1)^2 Gaussian (sigma (2r+1)/6) scaled by k onto heatmap (H, W) at the integer
     part of center = (x, y), in place, as the element-wise max with what is there; the window is
     clipped at the borders. Returns heatmap."""
-    diameter = 2 * radius + 1
-    gaussian = gaussian2D((diameter, diameter), sigma=diameter / 6)
+    gaussian = _splat(radius)
     x, y = int(center[0]), int(center[1])
     height, width = heatmap.shape[0:2]
     left, right = min(x, radius), min(width - x, radius + 1)
@@ -170,8 +180,12 @@ def affine_transform_points(pts, t):
 
 
 # ------------------------------------------------------------------------------------------------
-# Colour augmentation
+# Colour augmentation and normalisation
 # ------------------------------------------------------------------------------------------------
+
+# float32(v) / 255 for every uint8 value v: the reference's inp.astype(np.float32) / 255., as a table.
+_UNIT_VALUES = np.arange(256, dtype=np.float32) / 255.
+
 
 def _blend(image, alpha, other):
     image *= alpha
@@ -187,32 +201,92 @@ def _contrast(image, alpha, gray, gray_mean):
 
 
 def _saturation(image, alpha, gray, gray_mean):
-    _blend(image, alpha, gray[:, :, None])
+    _blend(image, alpha, gray)
 
 
 _COLOR_OPS = (_brightness, _contrast, _saturation)
+_SATURATION = _COLOR_OPS.index(_saturation)
 
 
-def color_aug(rng, image, eig_val=COCO_EIG_VAL, eig_vec=COCO_EIG_VEC):
-    """CenterNet's (CornerNet's) colour jitter of a float32 BGR image in [0, 1], in place.
+@dataclasses.dataclass(frozen=True)
+class ColorJitter:
+    """One draw of CenterNet's (CornerNet's) colour jitter: the order of the ops (indices into
+    brightness, contrast, saturation), their alphas in that order, and the PCA lighting offset
+    eig_vec . (eig_val * N(0, 0.1)^3) per BGR channel (float64, as the reference adds it)."""
+    order: tuple
+    alphas: tuple
+    lighting: np.ndarray
 
-    Brightness, contrast and saturation in a random order, each with alpha = 1 + U(-0.4, 0.4)
-    (contrast blends with the mean gray, saturation with the gray image, both computed once before
-    the three ops), then PCA lighting image += eig_vec . (eig_val * N(0, 0.1)^3).
 
-    Deviation from the reference: every draw, the order included, comes from `rng` (a numpy
-    RandomState). CenterNet shuffles with Python's `random` and draws the rest from one
-    RandomState(123) made at dataset construction, which every DataLoader worker copies (and
-    re-copies each epoch), so its jitter sequence repeats per worker and epoch.
+def draw_color_jitter(rng, eig_val=COCO_EIG_VAL, eig_vec=COCO_EIG_VEC):
+    """The jitter's random draws from `rng` (a numpy RandomState), in the reference's order: the op
+    order (a permutation of 3), one alpha = 1 + U(-0.4, 0.4) per op, then 3 lighting normals.
+
+    Deviation from the reference: every draw, the order included, comes from `rng`. CenterNet
+    shuffles with Python's `random` and draws the rest from one RandomState(123) made at dataset
+    construction, which every DataLoader worker copies (and re-copies each epoch), so its jitter
+    sequence repeats per worker and epoch.
     """
-    order = rng.permutation(len(_COLOR_OPS))
-    gray = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
+    order = tuple(int(op) for op in rng.permutation(len(_COLOR_OPS)))
+    alphas = tuple(1. + rng.uniform(low=-_COLOR_JITTER, high=_COLOR_JITTER) for _ in order)
+    lighting = np.dot(eig_vec, eig_val * rng.normal(scale=_LIGHTING_STD, size=(3,)))
+    return ColorJitter(order, alphas, lighting)
+
+
+# Rows of the CHW input processed together: 64 rows of 3 x 512 float32 (384 KiB) stay in the L2
+# cache through all the steps, where a pass over the whole 3 MiB image per step would not.
+_BLOCK_ROWS = 64
+
+
+def normalised_input(image, mean, std, jitter=None):
+    """CHW float32 network input of a BGR uint8 (H, W, 3) image: image / 255, the colour jitter
+    (a ColorJitter or None), then (x - mean) / std, as CenterNet's ctdet.py and color_aug.
+
+    Every value is bit-identical to the reference's float32 steps on the HWC image (astype / 255;
+    gray = cvtColor of that, its mean; brightness x *= a, contrast x = x * a + mean_gray * (1 - a),
+    saturation x = x * a + gray * (1 - a) in the drawn order; x += lighting in float64 rounded to
+    float32; - mean; / std), in fewer passes: the steps are element-wise, so the ops before
+    saturation, which see only the pixel's own uint8 value, are applied to a 256-entry table looked
+    up per plane, and the rest run in place on the contiguous CHW planes (no transpose copy), a
+    block of rows at a time.
+    """
+    height, width = image.shape[0:2]
+    out = np.empty((3, height, width), dtype=np.float32)
+    planes = cv2.split(image)
+    mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+    std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+    if jitter is None:
+        # No pixel-dependent step at all: each channel is one table of its 256 normalised values.
+        tables = (_UNIT_VALUES.reshape(1, 256) - mean.reshape(3, 1)) / std.reshape(3, 1)
+        for channel in range(3):
+            cv2.LUT(planes[channel], tables[channel], dst=out[channel])
+        return out
+    # cvtColor of image / 255 as the reference, a block of rows at a time (OpenCV converts row by
+    # row): the float32 HWC image is never made whole.
+    gray = np.empty((height, width), dtype=np.float32)
+    for start in range(0, height, _BLOCK_ROWS):
+        rows = slice(start, start + _BLOCK_ROWS)
+        cv2.cvtColor(cv2.LUT(image[rows], _UNIT_VALUES), cv2.COLOR_BGR2GRAY, dst=gray[rows])
     gray_mean = gray.mean()
-    for op in order:
-        alpha = 1. + rng.uniform(low=-_COLOR_JITTER, high=_COLOR_JITTER)
-        _COLOR_OPS[op](image, alpha, gray, gray_mean)
-    image += np.dot(eig_vec, eig_val * rng.normal(scale=_LIGHTING_STD, size=(3,)))
-    return image
+    ops = list(zip(jitter.order, jitter.alphas))
+    first_pixel_op = jitter.order.index(_SATURATION)
+    table = _UNIT_VALUES.copy()
+    for op, alpha in ops[:first_pixel_op]:
+        _COLOR_OPS[op](table, alpha, None, gray_mean)
+    # A (3, 1, 1) float64 array, not per-channel scalars: the sum is formed in float64 as the
+    # reference's (3,) float64 vector does, under numpy 1's scalar casting rules too.
+    lighting = jitter.lighting.reshape(3, 1, 1)
+    for start in range(0, height, _BLOCK_ROWS):
+        rows = slice(start, start + _BLOCK_ROWS)
+        block = out[:, rows]
+        for channel in range(3):
+            cv2.LUT(planes[channel][rows], table, dst=block[channel])
+        for op, alpha in ops[first_pixel_op:]:
+            _COLOR_OPS[op](block, alpha, gray[rows], gray_mean)
+        block += lighting
+        block -= mean
+        block /= std
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -249,12 +323,8 @@ def _input_image(im, c, s, rng, params):
     trans_input = get_affine_transform(c, s, 0, [params.input_w, params.input_h])
     inp = cv2.warpAffine(im, trans_input, (params.input_w, params.input_h), flags=cv2.INTER_LINEAR,
                          borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-    inp = inp.astype(np.float32) / 255.
-    if rng is not None and params.color_aug:
-        color_aug(rng, inp)
-    mean = np.array(params.mean, dtype=np.float32).reshape(1, 1, 3)
-    std = np.array(params.std, dtype=np.float32).reshape(1, 1, 3)
-    return np.ascontiguousarray(((inp - mean) / std).transpose(2, 0, 1))
+    jitter = draw_color_jitter(rng) if rng is not None and params.color_aug else None
+    return normalised_input(inp, params.mean, params.std, jitter)
 
 
 def _output_boxes(boxes, flipped, width, trans_output, params):
@@ -324,7 +394,7 @@ def _ctdet_sample(im, boxes, classes, rng, params):
         s = _random_centre_scale(rng, c, s, width, height, params)
         if rng.random_sample() < params.flip:
             flipped = True
-            im = np.ascontiguousarray(im[:, ::-1, :])
+            im = cv2.flip(im, 1)  # the mirror image, like im[:, ::-1, :], in one fast copy
             c[0] = width - c[0] - 1
     inp = _input_image(im, c, s, rng, params)
     trans_output = get_affine_transform(c, s, 0, [params.output_w, params.output_h])

@@ -19,16 +19,22 @@ _JPEG_STANDALONE = {0x01} | set(range(0xD0, 0xD8))
 
 
 def read_image(path):
-    """Read an image file as a BGR uint8 HxWx3 array (cv2.imread, like Detectron).
+    """Read an image file as a BGR uint8 HxWx3 array: its bytes are read once and decoded by
+    cv2.imdecode, what cv2.imread (Detectron's reader) does with the file, EXIF orientation included.
 
     A truncated JPEG is refused: libjpeg would decode it with grey rows and only warn "Premature end
     of JPEG file", without the file name.
     """
-    if _is_truncated_jpeg(path):
+    try:
+        with open(path, 'rb') as f:
+            data = f.read()
+    except OSError:
+        data = b''
+    if _is_truncated_jpeg(data):
         raise DatasetError(
             "Image '{}' is a truncated JPEG (it ends before its end-of-image marker, e.g. an interrupted "
             "download or copy); restore the file or remove it from the dataset.".format(path))
-    im = cv2.imread(path)
+    im = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR) if data else None
     if im is None:
         raise DatasetError(
             "Cannot read image '{}': the file is missing, unreadable or not a valid image; "
@@ -40,18 +46,13 @@ def read_image(path):
 TRAINING_KEYS = ('image', 'flipped', 'boxes', 'gt_classes', 'is_crowd')
 
 
-def _is_truncated_jpeg(path):
-    """Whether path is a JPEG whose data stops before the end-of-image marker.
+def _is_truncated_jpeg(data):
+    """Whether the bytes `data` are a JPEG whose data stops before the end-of-image marker.
 
     The header segments are skipped by their lengths up to the first start-of-scan, so that an EXIF
     thumbnail's own end marker does not count; after it, an end marker can only be the image's own
     (entropy-coded data stuffs every 0xFF byte), and bytes after it (some cameras append data) are fine.
     """
-    try:
-        with open(path, 'rb') as f:
-            data = f.read()
-    except OSError:
-        return False  # cv2.imread reports unreadable files
     if not data.startswith(_JPEG_SOI):
         return False
     pos = len(_JPEG_SOI)
@@ -62,7 +63,7 @@ def _is_truncated_jpeg(path):
         elif marker in _JPEG_STANDALONE:
             pos += 2
         elif marker == _JPEG_SOS:
-            return data.find(_JPEG_EOI, pos) < 0
+            return data.rfind(_JPEG_EOI, pos) < 0  # from the end: found at once in a whole file
         else:
             pos += 2 + int.from_bytes(data[pos + 2:pos + 4], 'big')
     return pos + 4 > len(data)  # the file ends inside the header segments

@@ -29,6 +29,10 @@ def single_threaded_opencv():
     cv2.setNumThreads(threads)
 
 
+def _random_image(h, w, seed=0):
+    return np.random.RandomState(seed).randint(0, 256, (h, w, 3)).astype(np.uint8)
+
+
 # ------------------------------------------------------------------------------------------------
 # gaussian_radius, gaussian2D, draw_umich_gaussian
 # ------------------------------------------------------------------------------------------------
@@ -117,6 +121,18 @@ def test_draw_clips_at_borders():
     cn.draw_umich_gaussian(hm, (12, 5), 2)
     np.testing.assert_allclose(hm[3:8, 10:12], g5[:, 0:2], rtol=1e-6)
     assert hm[:, :10].sum() == 0
+
+
+def test_draw_shares_one_gaussian_per_radius_without_changing_it():
+    # Windows of radius 3 drawn with k = 0.25, then 1, then 0.25 again: each is the Gaussian times
+    # its own k (a shared Gaussian scaled in place would carry the first k into the others).
+    hm = np.zeros((3, 20, 20), dtype=np.float32)
+    for channel, k in enumerate((0.25, 1, 0.25)):
+        cn.draw_umich_gaussian(hm[channel], (5 + 4 * channel, 9), 3, k=k)
+    g = cn.gaussian2D((7, 7), sigma=7 / 6)
+    for channel, k in enumerate((0.25, 1, 0.25)):
+        x = 5 + 4 * channel
+        np.testing.assert_array_equal(hm[channel, 6:13, x - 3:x + 4], (g * k).astype(np.float32))
 
 
 def test_draw_k_scales_and_keeps_larger_existing_values():
@@ -212,18 +228,73 @@ def _color_aug_float64(image, rng):
     return x + cn.COCO_EIG_VEC.astype(np.float64) @ (cn.COCO_EIG_VAL.astype(np.float64) * light)
 
 
+def _jittered(image, rng):
+    """The colour jitter alone: image / 255 jittered, CHW (normalised with mean 0 and std 1, exact)."""
+    return cn.normalised_input(image, (0., 0., 0.), (1., 1., 1.), cn.draw_color_jitter(rng))
+
+
 @pytest.mark.parametrize('seed', [0, 1, 2, 3, 4, 5])
 def test_color_aug_against_float64_transcription(seed):
-    image = np.random.RandomState(100 + seed).rand(7, 9, 3).astype(np.float32)
-    expected = _color_aug_float64(image.astype(np.float64), np.random.RandomState(seed))
+    image = _random_image(7, 9, seed=100 + seed)
+    expected = _color_aug_float64(image / 255., np.random.RandomState(seed))
     rng = np.random.RandomState(seed)
-    out = cn.color_aug(rng, image)
-    assert out is image and image.dtype == np.float32
-    np.testing.assert_allclose(image, expected, atol=2e-6)
+    out = _jittered(image, rng)
+    assert out.dtype == np.float32 and out.shape == (3, 7, 9)
+    np.testing.assert_allclose(out.transpose(1, 2, 0), expected, atol=2e-6)
     # Exactly 3 (order) + 3 uniforms + 3 normals were drawn, in that order.
     check = np.random.RandomState(seed)
     check.permutation(3), check.uniform(size=3), check.normal(size=3)
     assert rng.random_sample() == check.random_sample()
+
+
+def _reference_input_float32(image, mean, std, rng=None):
+    """CenterNet's ctdet.py input steps in float32 on the HWC image, op by op in the reference's
+    order (utils/image.py color_aug with its in-place blends), then CHW."""
+    inp = image.astype(np.float32) / 255.
+    if rng is not None:
+        order = rng.permutation(3)
+        gray = cv2.cvtColor(inp, cv2.COLOR_BGR2GRAY)
+        gray_mean = gray.mean()
+        for op in order:
+            alpha = 1. + rng.uniform(low=-0.4, high=0.4)
+            inp *= alpha
+            if op == 1:      # contrast: blend with the mean gray
+                inp += gray_mean * (1 - alpha)
+            elif op == 2:    # saturation: blend with the gray image
+                inp += gray[:, :, None] * (1 - alpha)
+        inp += np.dot(cn.COCO_EIG_VEC, cn.COCO_EIG_VAL * rng.normal(scale=0.1, size=(3,)))
+    inp = (inp - np.asarray(mean, np.float32).reshape(1, 1, 3)) / np.asarray(std, np.float32).reshape(1, 1, 3)
+    return inp.transpose(2, 0, 1)
+
+
+def _assert_same_bits(a, b):
+    assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+# Sizes with partial row blocks and widths that are no multiple of a SIMD vector.
+INPUT_SIZES = [(512, 512), (100, 77), (37, 515), (1, 3), (130, 64)]
+
+
+@pytest.mark.parametrize('size', INPUT_SIZES)
+def test_normalised_input_with_jitter_is_bit_identical_to_the_float32_reference(size):
+    # 24 seeds draw each of the 6 op orders several times; the content spans all 256 values.
+    for seed in range(24):
+        image = _random_image(*size, seed=seed)
+        jitter_rng, reference_rng = np.random.RandomState(seed), np.random.RandomState(seed)
+        out = cn.normalised_input(image, cn.COCO_MEAN, cn.COCO_STD, cn.draw_color_jitter(jitter_rng))
+        _assert_same_bits(out, _reference_input_float32(image, cn.COCO_MEAN, cn.COCO_STD, reference_rng))
+        assert out.flags.c_contiguous
+        assert jitter_rng.random_sample() == reference_rng.random_sample()
+
+
+@pytest.mark.parametrize('size', INPUT_SIZES)
+def test_normalised_input_without_jitter_is_bit_identical_to_the_float32_reference(size):
+    rng = np.random.RandomState(1)
+    for seed in range(4):
+        image = _random_image(*size, seed=seed)
+        mean, std = tuple(rng.uniform(0, 1, 3)), tuple(rng.uniform(0.1, 2, 3))
+        _assert_same_bits(cn.normalised_input(image, mean, std), _reference_input_float32(image, mean, std))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -363,6 +434,25 @@ def test_train_sample_colour_aug_uses_the_same_rng_after_geometry():
     np.testing.assert_allclose(jittered.transpose(1, 2, 0), expected, atol=2e-5)
 
 
+@pytest.mark.parametrize('seed', [0, 1, 2, 3])   # seeds 1 and 3 flip
+def test_train_sample_input_is_the_reference_pipeline_bit_for_bit(seed):
+    # Random crop on a 420 x 300 image (borders 128 on both axes), the flip coin, the warp, then the
+    # float32 colour jitter and normalisation, all from the one rng in this order.
+    im = _random_image(300, 420, seed=seed)
+    rng = np.random.RandomState(seed)
+    sample = cn.ctdet_train_sample(im, BOXES, CLASSES, rng, cn.CtdetParams(num_classes=3))
+    check = np.random.RandomState(seed)
+    s = 420. * check.choice(np.arange(0.6, 1.4, 0.1))
+    c = np.array([check.randint(128, 420 - 128), check.randint(128, 300 - 128)], np.float32)
+    source = im
+    if check.random_sample() < 0.5:
+        source, c[0] = im[:, ::-1, :], 420 - c[0] - 1
+    warped = cv2.warpAffine(np.ascontiguousarray(source), cn.get_affine_transform(c, s, 0, [512, 512]),
+                            (512, 512), flags=cv2.INTER_LINEAR)
+    _assert_same_bits(sample['input'], _reference_input_float32(warped, cn.COCO_MEAN, cn.COCO_STD, check))
+    assert rng.random_sample() == check.random_sample()
+
+
 def test_train_sample_keeps_only_max_objs_annotations():
     params = cn.CtdetParams(num_classes=3, max_objs=3, flip=0.0, rand_crop=False, scale=0.0,
                             shift=0.0, color_aug=False)
@@ -483,10 +573,6 @@ def test_roidb_concatenates_datasets_with_the_same_categories(register):
 # ------------------------------------------------------------------------------------------------
 # test-time input
 # ------------------------------------------------------------------------------------------------
-
-def _random_image(h, w, seed=0):
-    return np.random.RandomState(seed).randint(0, 256, (h, w, 3)).astype(np.uint8)
-
 
 def _normalised64(bgr):
     """Normalisation in float64, then float32 (base_detector); a float32 pipeline differs in the

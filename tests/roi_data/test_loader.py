@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from detectron.roi_data.loader import (PackedList, TrainingDataset, aspect_ratio_groups, build_test_loader,
-                                       build_train_loader)
+                                       build_train_loader, stacked_batch)
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
@@ -69,6 +69,49 @@ def test_packed_list_round_trip():
     assert packed[0]['image'] == 'a.jpg'
     assert (packed[1], packed[2]) == ('b', 3)
     assert len(PackedList([])) == 0
+
+
+def _planes(seed, dtype=np.float32):
+    """(4, 3, 5) arrays, mostly zero: plane 1 random, plane 3 one -0.0 (zero, but not zero bits)."""
+    planes = np.zeros((4, 3, 5), dtype=dtype)
+    planes[1] = np.random.RandomState(seed).randint(1, 200, (3, 5))
+    if dtype == np.float32:
+        planes[3, 2, 4] = -0.0
+    return planes
+
+
+def _assert_same_bits(batch, arrays):
+    expected = np.stack(arrays)
+    assert batch.dtype == torch.from_numpy(expected).dtype and tuple(batch.shape) == expected.shape
+    assert batch.numpy().tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize('mostly_zero', [False, True])
+@pytest.mark.parametrize('dtype', [np.float32, np.int64, np.uint8])
+def test_stacked_batch_is_np_stack_as_a_tensor(dtype, mostly_zero):
+    arrays = [_planes(seed, dtype) for seed in range(3)]
+    arrays[2][0, 0, 0] = 7
+    batch = stacked_batch(arrays, mostly_zero=mostly_zero)
+    _assert_same_bits(batch, arrays)
+    assert np.signbit(batch.numpy()).any() == (dtype == np.float32)   # -0.0 kept
+    assert not batch.is_shared()   # the main process keeps ordinary memory
+
+
+def _stack_in_worker(arrays, mostly_zero):
+    batch = stacked_batch(arrays, mostly_zero=mostly_zero)
+    return batch, batch.is_shared()
+
+
+@pytest.mark.parametrize('mostly_zero', [False, True])
+def test_stacked_batch_of_a_worker_is_built_in_shared_memory(mostly_zero):
+    # Built in shared memory, the batch is sent as a handle; built elsewhere it would be copied into
+    # shared memory again on the way.
+    arrays = [_planes(seed) for seed in range(4)]
+    loader = torch.utils.data.DataLoader(arrays, batch_size=4, num_workers=1,
+                                         collate_fn=functools.partial(_stack_in_worker, mostly_zero=mostly_zero))
+    (batch, shared_in_worker), = list(loader)
+    assert shared_in_worker
+    _assert_same_bits(batch, arrays)
 
 
 def test_train_batches_follow_the_contract(roidb):

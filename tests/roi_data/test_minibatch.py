@@ -65,6 +65,41 @@ def test_a_truncated_jpeg_is_refused_with_its_name(tmp_path, kind):
         "copy); restore the file or remove it from the dataset.".format(truncated))
 
 
+def _with_exif_orientation(jpeg, orientation):
+    """jpeg with an APP1 EXIF segment whose only tag is Orientation (0x0112, one SHORT)."""
+    tiff = (b'II*\x00' + (8).to_bytes(4, 'little') + (1).to_bytes(2, 'little') + (0x0112).to_bytes(2, 'little')
+            + (3).to_bytes(2, 'little') + (1).to_bytes(4, 'little') + orientation.to_bytes(4, 'little')
+            + (0).to_bytes(4, 'little'))
+    payload = b'Exif\x00\x00' + tiff
+    return jpeg[:2] + b'\xff\xe1' + (len(payload) + 2).to_bytes(2, 'big') + payload + jpeg[2:]
+
+
+def test_read_image_decodes_as_cv2_imread_exif_orientation_included(tmp_path):
+    # Orientation 6 (rotate 90 degrees clockwise to display): imread turns the 48 x 64 image to 64 x 48.
+    plain, rotated = tmp_path / 'plain.jpg', tmp_path / 'rotated.jpg'
+    plain.write_bytes(_jpeg_bytes(48, 64, seed=3, params=(cv2.IMWRITE_JPEG_PROGRESSIVE, 1)))
+    rotated.write_bytes(_with_exif_orientation(_jpeg_bytes(48, 64, seed=3), 6))
+    png = _write(tmp_path / 'c.png', np.random.RandomState(4).randint(0, 256, (9, 11, 3)).astype(np.uint8))
+    for path in (plain, rotated, png):
+        np.testing.assert_array_equal(read_image(str(path)), cv2.imread(str(path)))
+    stored = cv2.imread(str(rotated), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    assert stored.shape == (48, 64, 3)
+    np.testing.assert_array_equal(read_image(str(rotated)), np.rot90(stored, -1))   # turned clockwise
+
+
+@pytest.mark.parametrize('kind', ['empty file', 'directory'])
+def test_read_image_unreadable_path_names_it(tmp_path, kind):
+    path = tmp_path / 'im.jpg'
+    if kind == 'directory':
+        path.mkdir()
+    else:
+        path.write_bytes(b'')
+    with pytest.raises(DatasetError) as info:
+        read_image(str(path))
+    assert str(info.value) == ("Cannot read image '{}': the file is missing, unreadable or not a valid image; "
+                               "restore it or remove it from the dataset.".format(path))
+
+
 def test_read_image_corrupt_file_names_it(tmp_path):
     path = tmp_path / 'corrupt.jpg'
     path.write_bytes(b'this is not a jpeg')
