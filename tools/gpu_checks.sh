@@ -231,7 +231,7 @@ centernet_bench() {  # synthetic CenterNet rows (training step, detect at batch 
 }
 
 centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny, bf16, 512x512; GPU utilisation sampled
-  for arch in resdcn18 dla_1x; do
+  for arch in ${CN_ARCHS:-resdcn18 dla_1x}; do
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/util_$arch.txt" &
     local smi=$!
     python3 tools/train_net.py -c configs/centernet/ctdet_coco_$arch.yaml DATASET_CATALOG "$CATALOG" NUM_GPUS 1 \
@@ -242,6 +242,17 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
     grep json_stats "$OUT/cn_$arch.log" | tail -2; grep -E "im_detect.*80/80|copypaste: [0-9]" "$OUT/cn_$arch.log"
     python3 -c "import sys, numpy as np; u = np.loadtxt(sys.argv[1]); print('GPU utilisation while running: mean', u.mean().round(1), 'median', np.median(u))" "$OUT/util_$arch.txt"
   done
+}
+
+gpu_tests() {  # the tests that only run with CUDA (variance voting's Triton path, CenterNet's batched and graphed detectors)
+  python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/utils/test_variance_voting.py 2>&1 | tail -5 \
+    | tee "$OUT/gpu_tests.txt"
+}
+
+rcnn_loops() {  # train_net and test_net on coco_tiny's JPEGs against the synthetic rows of the same model
+  python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
+    --test-dataset coco_tiny_val --batch 2 --loop-iters 200 --loop-warmup 60 --loop-dir /tmp/bench_loops \
+    -- DATA_LOADER.NUM_THREADS 6 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops.md"
 }
 
 demo_run() {  # <name> <config> <overrides...>: a CPU demo config trained and tested (on the GPU, only its AP matters)
