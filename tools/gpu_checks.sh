@@ -224,7 +224,7 @@ PY
 }
 
 centernet_bench() {  # synthetic CenterNet rows (training step, detect at batch 1, net + decode at batch 64) and a profile
-  for cfg in configs/centernet/ctdet_coco_resdcn18.yaml configs/centernet/ctdet_coco_dla_1x.yaml; do
+  for cfg in ${CN_BENCH_CFGS:-configs/centernet/ctdet_coco_resdcn18.yaml configs/centernet/ctdet_coco_dla_1x.yaml}; do
     python3 tools/benchmark.py --cfg $cfg --mode centernet profile --centernet-batch 32 64 --rounds 3 --iters 10 \
       -- NUM_GPUS 1 2>&1 | grep -v '^{' | tee -a "$OUT/centernet_bench.md"
   done
@@ -245,19 +245,21 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
 }
 
 gpu_tests() {  # the tests that only run with CUDA (variance voting's Triton path, CenterNet's batched and graphed detectors)
-  python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/utils/test_variance_voting.py 2>&1 | tail -5 \
-    | tee "$OUT/gpu_tests.txt"
+  python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/utils/test_variance_voting.py \
+    tests/utils/test_checkpoint.py > "$OUT/gpu_tests.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
 }
 
 rcnn_loops() {  # train_net and test_net on coco_tiny's JPEGs against the synthetic rows of the same model
   python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
-    --test-dataset coco_tiny_val --batch 2 --loop-iters 200 --loop-warmup 60 --loop-dir /tmp/bench_loops \
+    --test-dataset coco_tiny_val --batch 2 --loop-iters ${LOOP_ITERS:-200} --loop-warmup ${LOOP_WARMUP:-60} \
+    --loop-dir /tmp/bench_loops \
     -- DATA_LOADER.NUM_THREADS 6 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops.md"
 }
 
 demo_run() {  # <name> <config> <overrides...>: a CPU demo config trained and tested (on the GPU, only its AP matters)
   local name=$1 config=$2; shift 2
-  python3 tools/train_net.py -c configs/getting_started/$config DATA_LOADER.NUM_THREADS 3 \
+  python3 tools/train_net.py -c configs/getting_started/$config DATA_LOADER.NUM_THREADS 2 \
     OUTPUT_DIR /tmp/demo_$name "$@" > $OUT/demo/$name.log 2>&1
   echo "$name $* -> $(grep 'copypaste: [0-9]' $OUT/demo/$name.log | tail -1 | awk '{print $NF}')" >> $OUT/demo/results.txt
 }
@@ -267,7 +269,7 @@ demo_grid() {
   mkdir -p $OUT/demo; : > $OUT/demo/results.txt
   python3 -c "from detectron.datasets.shapes import ensure_shapes_dataset as e; e()"
   export -f demo_run; export OUT
-  printf '%s\n' "${DEMO_RUNS[@]}" | xargs -P ${DEMO_PARALLEL:-5} -L 1 bash -c 'demo_run "$@"' _
+  printf '%s\n' "${DEMO_RUNS[@]}" | xargs -P ${DEMO_PARALLEL:-7} -L 1 bash -c 'demo_run "$@"' _
   sort $OUT/demo/results.txt | tee $OUT/demo_results.txt
   tar czf $OUT/demo_logs.tar.gz -C $OUT demo && rm -r $OUT/demo
 }

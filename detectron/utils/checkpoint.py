@@ -86,7 +86,9 @@ def check_not_diverged(model, optimizer, iteration, path):
     if not named:
         return
     # amax(|t|) <= bound is False for NaN and inf too: one reduction per tensor covers all three.
-    sane = torch.stack([t.detach().abs().amax() <= DIVERGED_MAGNITUDE for _, t in named])
+    # The results meet on one device: optimizer state may hold CPU scalars (Adam's step) beside GPU tensors.
+    device = named[0][1].device
+    sane = torch.stack([(t.detach().abs().amax() <= DIVERGED_MAGNITUDE).to(device) for _, t in named])
     if bool(sane.all()):
         return
     bad = [name for (name, _), ok in zip(named, sane.tolist()) if not ok]

@@ -52,6 +52,13 @@ class GraphedCallable:
             with torch.cuda.stream(side):
                 for _ in range(self.warmup_calls):  # cuDNN autotuning and lazy init happen here
                     self._call_fn(static_input, autocast)
+                # A host synchronisation would break the capture (and the stream with it): find it first.
+                previous = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode('error')
+                try:
+                    self._call_fn(static_input, autocast)
+                finally:
+                    torch.cuda.set_sync_debug_mode(previous)
             torch.cuda.current_stream(x.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):

@@ -329,3 +329,16 @@ def test_full_disk_while_saving_is_one_line_and_keeps_the_old_checkpoint(tmp_pat
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ['model_iter9.pth']
     assert checkpoint.load_checkpoint(path, _ToyNet())['iteration'] == 9
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA'))])
+def test_adam_state_with_cpu_step_counters_checkpoints_on_any_device(tmp_path, device):
+    # torch's Adam keeps its 'step' counters as CPU tensors even for CUDA parameters.
+    model = torch.nn.Linear(3, 2).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3, device=device)).sum().backward()
+    optimizer.step()
+    assert optimizer.state[model.weight]['step'].device.type == 'cpu'
+    checkpoint.save_checkpoint(str(tmp_path / 'model_iter0.pth'), model, optimizer, 0)
+    assert checkpoint.load_checkpoint(str(tmp_path / 'model_iter0.pth'), model, optimizer)['iteration'] == 0

@@ -300,8 +300,8 @@ def test_triton_kernel_refuses_sets_wider_than_its_limit(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Triton kernel, run by Triton's interpreter (TRITON_INTERPRET=1 must be set before triton is
-# imported, hence the subprocess)
+# Triton kernel, compiled on a CUDA machine, else run by Triton's interpreter (TRITON_INTERPRET=1
+# must be set before triton is imported, hence the subprocess)
 # ---------------------------------------------------------------------------------------------
 
 _TRITON_SCRIPT = '''
@@ -310,15 +310,16 @@ import numpy as np
 import torch
 from detectron.utils import variance_voting
 settings = json.loads(sys.argv[2])
+device = 'cuda' if torch.cuda.is_available() else 'cpu'  # the compiled kernel, else the interpreter
 results = {}
 with np.load(sys.argv[1]) as inputs:
     for name in settings:
-        tensors = [torch.from_numpy(inputs[f'{name}/{i}']) for i in range(4)]
+        tensors = [torch.from_numpy(inputs[f'{name}/{i}']).to(device) for i in range(4)]
         if name.endswith('/turns'):  # one set per turn of pair weights
             variance_voting.PAIR_WEIGHTS_BUDGET_BYTES = 1
         outputs = variance_voting.soft_nms_with_variance_voting_triton(*tensors, **settings[name])
         for key, value in zip(('order', 'num_kept', 'voted', 'final'), outputs):
-            results[f'{name}/{key}'] = value.numpy()
+            results[f'{name}/{key}'] = value.cpu().numpy()
 np.savez(sys.argv[3], **results)
 '''
 
@@ -326,7 +327,7 @@ np.savez(sys.argv[3], **results)
 @pytest.fixture(scope='module')
 def triton_results(tmp_path_factory):
     """Outputs of the Triton kernel on every small case (and on 'soft_vote' with one set per
-    turn), computed by a subprocess under Triton's interpreter."""
+    turn), computed by a subprocess: compiled on a CUDA machine, under Triton's interpreter elsewhere."""
     if importlib.util.find_spec('triton') is None:
         pytest.skip('triton is not installed: the Triton kernel cannot run (the CPU kernel, its '
                     'fallback, is tested above)')
@@ -336,8 +337,9 @@ def triton_results(tmp_path_factory):
     np.savez(inputs_path, **{f'{name}/{i}': array for name, (inputs, _) in cases.items()
                              for i, array in enumerate(inputs)})
     settings = json.dumps({name: case_settings for name, (_, case_settings) in cases.items()})
-    env = dict(os.environ, TRITON_INTERPRET='1',
-               PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]))
+    if not torch.cuda.is_available():
+        env['TRITON_INTERPRET'] = '1'
     proc = subprocess.run([sys.executable, '-c', _TRITON_SCRIPT, inputs_path, settings,
                            results_path], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
