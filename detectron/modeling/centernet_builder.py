@@ -109,9 +109,7 @@ def prepare_training_sample(entry, rng, params):
 def collate_samples(samples):
     """Stacked ctdet samples -> (images (B, 3, H, W), targets {name: (B, ...)}) for model(images, targets)."""
     images = stacked_batch([s['input'] for s in samples])
-    # hm: 80 planes of 128 x 128 per image, zero but for the classes drawn (5.2 MB, 60% of a batch).
-    targets = {k: stacked_batch([s[k] for s in samples], mostly_zero=k == 'hm')
-               for k in _TARGET_KEYS if k in samples[0]}
+    targets = {k: stacked_batch([s[k] for s in samples]) for k in _TARGET_KEYS if k in samples[0]}
     return images, targets
 
 
