@@ -30,7 +30,8 @@ row and a Markdown table (BENCHMARKS.md describes every row). Examples:
     python tools/benchmark.py --height 256 --width 256 --iters 2 --rounds 2    # CPU smoke run
 Learning rate: --lr 0 by default. From random init a frozen-norm R-50 diverges within a few dozen
 steps (BENCHMARKS.md) and NaN losses would change what top-k and NMS do; lr 0 keeps all the
-arithmetic of a step and the losses finite.
+arithmetic of a step and the losses finite. train_net (--mode loops) refuses lr 0, so its run uses
+LOOP_MIN_LR instead: the same arithmetic, weights that move by nothing measurable.
 """
 import argparse
 import contextlib
@@ -790,11 +791,15 @@ def _dataset_arg(name):
     return "('{}',)".format(name)
 
 
+LOOP_MIN_LR = 1e-12
+
+
 def run_train_net(args, work, batch, precision):
-    """train_net.py from random init (TRAIN.WEIGHTS '') for --loop-iters iterations at lr --lr."""
+    """train_net.py from random init (TRAIN.WEIGHTS '') for --loop-iters iterations at lr --lr
+    (LOOP_MIN_LR for --lr 0, which train_net rejects)."""
     return run_logged('train_net.py', ['-c', os.path.abspath(args.cfg), '--skip-test'] + _loop_opts(args) + [
         'TRAIN.DATASETS', _dataset_arg(args.train_dataset), 'TRAIN.IMS_PER_BATCH', str(batch),
-        'SOLVER.MAX_ITER', str(args.loop_iters), 'SOLVER.BASE_LR', str(args.lr), 'TRAIN.WEIGHTS', "''",
+        'SOLVER.MAX_ITER', str(args.loop_iters), 'SOLVER.BASE_LR', str(args.lr or LOOP_MIN_LR), 'TRAIN.WEIGHTS', "''",
         'TRAIN.SNAPSHOT_ITERS', '100000000', 'SOLVER.AMP.ENABLED', str(precision != 'fp32'),
         'SOLVER.AMP.DTYPE', 'bfloat16', 'OUTPUT_DIR', os.path.join(work, 'train')],
         os.path.join(work, 'train_net.log'))

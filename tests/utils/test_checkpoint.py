@@ -49,9 +49,9 @@ def test_round_trip_model_optimizer_iteration_extra_and_rng(tmp_path):
     assert (loaded['iteration'], loaded['world_size'], loaded['extra'], loaded['sampler']) == \
         (41, 1, {'cfg': 'NUM_GPUS: 1\n'}, {'seed': 3, 'global_batch_size': 4})
     for key, value in model.state_dict().items():
-        assert torch.equal(other_model.state_dict()[key], value)
+        assert torch.equal(other_model.state_dict()[key].cpu(), value)  # DataParallel moves it to a GPU
     for param, other in zip(model.parameters(), other_model.parameters()):
-        assert torch.equal(other_optimizer.state[other]['momentum_buffer'],
+        assert torch.equal(other_optimizer.state[other]['momentum_buffer'].cpu(),
                            optimizer.state[param]['momentum_buffer'])
     # Plain data only: the file loads without running pickled code.
     assert torch.load(path, map_location='cpu', weights_only=True)['iteration'] == 41
