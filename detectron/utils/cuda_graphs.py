@@ -13,7 +13,9 @@ class GraphedCallable:
     dtype and autocast state; CPU tensors and shapes beyond max_graphs run fn directly.
 
     fn must be free of host synchronisation and of data-dependent shapes. The returned tensors are
-    the graph's own output buffers: read (copy) them before the next call.
+    the graph's own output buffers: read (copy) them before the next call. A capture is kept only
+    if its first replay gives bit for bit what running fn's kernels one by one gave on the same
+    input: a kernel that is not safe to capture then costs speed, not correctness.
     """
 
     def __init__(self, fn, max_graphs=4, warmup_calls=2):
@@ -56,15 +58,32 @@ class GraphedCallable:
                 previous = torch.cuda.get_sync_debug_mode()
                 torch.cuda.set_sync_debug_mode('error')
                 try:
-                    self._call_fn(static_input, autocast)
+                    eager_output = _cloned(self._call_fn(static_input, autocast))
                 finally:
                     torch.cuda.set_sync_debug_mode(previous)
             torch.cuda.current_stream(x.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 static_output = self._call_fn(static_input, autocast)
+            graph.replay()
         except RuntimeError as err:
             logger.warning('CUDA graph capture of input %s failed, running without it: %s', tuple(x.shape),
                            str(err).splitlines()[0] if str(err) else type(err).__name__)
             return False
+        if not _all_equal(static_output, eager_output):
+            logger.warning('CUDA graph replay of input %s differs from running its kernels one by one; '
+                           'running without the graph', tuple(x.shape))
+            return False
         return static_input, graph, static_output
+
+
+def _as_tuple(output):
+    return output if isinstance(output, (tuple, list)) else (output,)
+
+
+def _cloned(output):
+    return tuple(t.clone() for t in _as_tuple(output))
+
+
+def _all_equal(output, expected):
+    return all(torch.equal(a, b) for a, b in zip(_as_tuple(output), expected))

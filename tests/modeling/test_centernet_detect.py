@@ -138,14 +138,15 @@ def test_graphed_callable_runs_cpu_tensors_directly():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
-@pytest.mark.parametrize('flip, batch', [(False, 1), (True, 1), (False, 3)])
-def test_cuda_graph_replay_gives_the_eager_detections(flip, batch):
+@pytest.mark.parametrize('arch, flip, batch', [('res_18', False, 1), ('res_18', True, 1), ('res_18', False, 3),
+                                               ('resdcn_18', False, 1), ('resdcn_18', True, 3)])
+def test_cuda_graph_replay_gives_the_eager_detections(arch, flip, batch):
     from detectron.modeling.centernet_backbones import build_centernet_backbone
     from detectron.modeling.centernet_heads import CenterNetHeads
     torch.manual_seed(0)
-    backbone = build_centernet_backbone('resdcn_18')
-    model = centernet.CenterNet(backbone, CenterNetHeads(64, {'hm': 80, 'wh': 2, 'reg': 2}, 64, 'resdcn'))
-    model = model.cuda().eval()
+    backbone = build_centernet_backbone(arch)
+    heads = CenterNetHeads(backbone.out_channels, {'hm': 80, 'wh': 2, 'reg': 2}, 64, 'resdcn')
+    model = centernet.CenterNet(backbone, heads).cuda().eval()
     rng = np.random.RandomState(0)
     samples = [centernet.prepare_test_image(rng.randint(0, 255, (120, 160, 3)).astype(np.uint8),
                                             centernet.TestParams(input=CtdetParams(input_h=128, input_w=128),
@@ -159,4 +160,8 @@ def test_cuda_graph_replay_gives_the_eager_detections(flip, batch):
             for a, b in zip(got, want):
                 np.testing.assert_array_equal(a, b)
     captured = centernet._GRAPHS[model][graphed]._graphs
-    assert len(captured) == 1 and all(captured.values())  # replayed, not the eager fallback
+    assert len(captured) == 1
+    if arch == 'res_18':
+        assert all(captured.values())  # replayed, not the eager fallback
+    # resdcn_18: torchvision's deform_conv2d replays wrong values from a CUDA graph (measured on an
+    # H200 with torch 2.11 / torchvision 0.26), so GraphedCallable's check keeps the eager kernels.
