@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.distributed import die_with_parent
-from detectron.utils.errors import DatasetError, LoaderWorkerError
+from detectron.utils.errors import DatasetError, as_loader_worker_error
 
 class PackedList:
     """Read-only list stored as one pickled byte buffer.
@@ -133,11 +133,10 @@ class RaisingLoader:
                     raise item
                 yield item
         except RuntimeError as err:
-            if not str(err).startswith('DataLoader worker'):
+            translated = as_loader_worker_error(err)
+            if translated is None:
                 raise
-            raise LoaderWorkerError('{} (the out-of-memory killer, see dmesg, or a kill); lower '
-                                    'DATA_LOADER.NUM_THREADS if memory is short'.format(
-                                        str(err).strip().splitlines()[0].rstrip('. '))) from None
+            raise translated from None
 
 
 def _init_worker(worker_id):

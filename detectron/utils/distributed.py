@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from detectron.utils.errors import DetectronError, LaunchError, termination_signals_raise
+from detectron.utils.errors import DetectronError, LaunchError, as_loader_worker_error, termination_signals_raise
 from detectron.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -332,6 +332,7 @@ def _spawned_worker(rank, world_size, port, main_fn, args, options, report_dir):
 
 
 def _failure_report(err):
+    err = as_loader_worker_error(err) or err
     report = {'time': time.time(), 'error': '{}: {}'.format(type(err).__name__, err),
               'traceback': traceback.format_exc(), 'user_error': None}
     if isinstance(err, DetectronError):

@@ -55,6 +55,19 @@ class LoaderWorkerError(DetectronError, RuntimeError):
     """A data-loader worker process died (killed by a signal, often the out-of-memory killer)."""
 
 
+def as_loader_worker_error(err):
+    """torch's RuntimeError for a dead DataLoader worker as a LoaderWorkerError, else None.
+
+    torch raises it from the loader's iterator or, through its SIGCHLD handler, at whatever line the
+    main thread is running, so both the loader and the tools' top levels translate it."""
+    if isinstance(err, LoaderWorkerError):
+        return err
+    if not (isinstance(err, RuntimeError) and str(err).startswith('DataLoader worker')):
+        return None
+    return LoaderWorkerError('{} (the out-of-memory killer, see dmesg, or a kill); lower DATA_LOADER.NUM_THREADS '
+                             'if memory is short'.format(str(err).strip().splitlines()[0].rstrip('. ')))
+
+
 class OutputDirError(DetectronError, OSError):
     """OUTPUT_DIR cannot be used: not a writable directory, full, or in use by another run."""
 
@@ -102,7 +115,13 @@ def run_tool(main, argv):
     error's own `exit_status` (128 + the signal for a run stopped by SIGTERM or SIGINT)."""
     try:
         with termination_signals_raise():
-            main(argv)
+            try:
+                main(argv)
+            except RuntimeError as err:
+                translated = as_loader_worker_error(err)
+                if translated is None:
+                    raise
+                raise translated from None
     except DetectronError as err:
         print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
         sys.exit(getattr(err, 'exit_status', 2))

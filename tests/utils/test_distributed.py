@@ -198,6 +198,43 @@ def test_user_error_in_a_worker_keeps_its_type_and_one_line_message():
     assert str(info.value) == "rank 1: dataset 'my_set' is not registered; register it in every worker"
 
 
+
+def _rank1_loader_worker_dies():
+    if distributed.get_rank() == 1:
+        # What torch's SIGCHLD handler raises at whatever line the rank runs when a worker is killed.
+        raise RuntimeError('DataLoader worker (pid 4242) is killed by signal: Killed. ')
+    time.sleep(60)
+
+
+def test_a_dead_loader_worker_raised_outside_the_loader_is_one_line():
+    from detectron.utils.errors import LoaderWorkerError
+    with pytest.raises(LoaderWorkerError) as info:
+        distributed.launch(_rank1_loader_worker_dies, 2, device='cpu')
+    assert str(info.value) == ('rank 1: DataLoader worker (pid 4242) is killed by signal: Killed (the out-of-memory '
+                               'killer, see dmesg, or a kill); lower DATA_LOADER.NUM_THREADS if memory is short')
+
+
+def test_run_tool_reports_a_dead_loader_worker_as_one_error_line(capsys):
+    from detectron.utils.errors import run_tool
+
+    def main(argv):
+        raise RuntimeError('DataLoader worker (pid 7) exited unexpectedly with exit code 1.')
+    with pytest.raises(SystemExit) as info:
+        run_tool(main, [])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ['error: DataLoader worker (pid 7) exited unexpectedly with exit code 1 (the out-of-memory killer, '
+                   'see dmesg, or a kill); lower DATA_LOADER.NUM_THREADS if memory is short']
+
+
+def test_run_tool_keeps_other_runtime_errors_as_they_are():
+    from detectron.utils.errors import run_tool
+
+    def main(argv):
+        raise RuntimeError('CUDA out of memory')
+    with pytest.raises(RuntimeError, match='CUDA out of memory'):
+        run_tool(main, [])
+
 # ----------------------------------------------------------------------------------------------
 # jobs started by a launcher
 
