@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.distributed import die_with_parent
-from detectron.utils.errors import DatasetError, as_loader_worker_error
+from detectron.utils.errors import DatasetError, LoaderWorkerError, as_loader_worker_error
 
 class PackedList:
     """Read-only list stored as one pickled byte buffer.
@@ -137,6 +137,11 @@ class RaisingLoader:
             if translated is None:
                 raise
             raise translated from None
+        except ConnectionError as err:
+            # A worker killed while its batch was being received (torch's SIGCHLD error follows).
+            raise LoaderWorkerError('a DataLoader worker died while sending a batch ({}: {}); the out-of-memory '
+                                    'killer (see dmesg) or a kill; lower DATA_LOADER.NUM_THREADS if memory is short'
+                                    .format(type(err).__name__, err)) from None
 
 
 def _init_worker(worker_id):

@@ -324,7 +324,11 @@ def _spawned_worker(rank, world_size, port, main_fn, args, options, report_dir):
         result = _run_worker(main_fn, args, JobSpec(rank, world_size, rank, 'launch'), options)
         _write_report(report_dir, rank, {'result': result if rank == 0 else None})
     except BaseException as err:  # Ctrl-C and SystemExit end this rank too: report them
-        _write_report(report_dir, rank, _failure_report(err))
+        try:
+            report = _failure_report(err)
+        except BaseException as later:  # e.g. torch's SIGCHLD handler raising while the first is formatted
+            report = _failure_report(later)
+        _write_report(report_dir, rank, report)
         _exit_now(1)
     # The work is done and reported: skip interpreter teardown, where a process group or loader
     # thread of a finished rank can still fail and turn a completed job into a failed one.
@@ -394,11 +398,14 @@ def _stop(workers):
 
 def _raise_worker_failure(failed, workers, report_dir):
     """Raise the error of the worker that failed first (the others usually failed because of it)."""
-    reports = {rank: _read_report(report_dir, rank) for rank in failed}
+    reports = {rank: _read_report(report_dir, rank) for rank in range(len(workers))}
     # A worker killed by a signal leaves no report and is the cause (the OOM killer, a user's kill);
     # among Python errors the earliest is the cause, later ones are peers losing their connection.
+    # The earliest may belong to a rank still shutting down when a peer's exit was seen first (its
+    # loader worker died; the peer lost the connection to it), so every rank's report counts.
     killed = [rank for rank in failed if reports[rank] is None or 'error' not in reports[rank]]
-    rank = killed[0] if killed else min(failed, key=lambda r: reports[r]['time'])
+    errors = [rank for rank, report in reports.items() if report is not None and 'error' in report]
+    rank = killed[0] if killed else min(errors, key=lambda r: reports[r]['time'])
     report, exitcode, world_size = reports[rank], workers[rank].exitcode, len(workers)
     if report is None or 'error' not in report:
         raise WorkerKilled(_describe_exit(rank, world_size, exitcode))

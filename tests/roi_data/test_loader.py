@@ -227,3 +227,21 @@ def test_a_killed_loader_worker_is_one_line(roidb):
     message = str(info.value)
     assert message.startswith('DataLoader worker (pid') and ('killed by signal' in message or 'exited' in message)
     assert '\n' not in message and 'DATA_LOADER.NUM_THREADS' in message
+
+
+def test_a_worker_dying_while_its_batch_is_received_is_one_line():
+    # Seen in fault case 13: the worker is killed mid-transfer, the receiving end gets a
+    # ConnectionResetError before torch's SIGCHLD check reports the death.
+    from detectron.roi_data.loader import RaisingLoader
+    from detectron.utils.errors import LoaderWorkerError
+
+    def batches():
+        yield 'first batch'
+        raise ConnectionResetError(104, 'Connection reset by peer')
+    got = []
+    with pytest.raises(LoaderWorkerError) as info:
+        for batch in RaisingLoader(batches()):
+            got.append(batch)
+    assert got == ['first batch']
+    assert str(info.value).startswith('a DataLoader worker died while sending a batch (ConnectionResetError: ')
+    assert '\n' not in str(info.value)

@@ -235,6 +235,21 @@ def test_run_tool_keeps_other_runtime_errors_as_they_are():
     with pytest.raises(RuntimeError, match='CUDA out of memory'):
         run_tool(main, [])
 
+
+def test_the_earliest_error_wins_also_from_a_rank_not_yet_exited(tmp_path):
+    # Rank 0's loader worker died (its report is written first) while rank 1, which lost the
+    # connection to rank 0, happened to exit first: rank 0's one-line error is the job's.
+    import pickle
+    from types import SimpleNamespace
+    first = DatasetError('DataLoader worker (pid 9) is killed by signal: Killed')
+    distributed._write_report(str(tmp_path), 0, {'time': 10.0, 'error': 'LoaderWorkerError: ...', 'traceback': '',
+                                                  'user_error': pickle.dumps(first)})
+    distributed._write_report(str(tmp_path), 1, {'time': 10.4, 'error': 'RuntimeError: Connection closed by peer',
+                                                  'traceback': 'gloo', 'user_error': None})
+    workers = [SimpleNamespace(exitcode=None), SimpleNamespace(exitcode=1)]
+    with pytest.raises(DatasetError, match='^rank 0: DataLoader worker'):
+        distributed._raise_worker_failure([1], workers, str(tmp_path))
+
 # ----------------------------------------------------------------------------------------------
 # jobs started by a launcher
 
