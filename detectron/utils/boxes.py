@@ -291,23 +291,17 @@ def clip_tiled_boxes(boxes, im_shape):
     return boxes
 
 
-def _coding_from_cfg():
-    # Read at every call, since KL-Loss switches the coding globally; imported here so that the
-    # torch functions, which take the coding as arguments, work without the config package.
-    from detectron.core.config import cfg
-    return dict(xyxy=bool(cfg.XYXY), clip=float(cfg.BBOX_XFORM_CLIP),
-                clip_xyxy=float(cfg.BBOX_XFORM_CLIPe))
+def bbox_transform(boxes, deltas, weights=(1.0, 1.0, 1.0, 1.0), xyxy=False, clip=DEFAULT_XFORM_CLIP,
+                   clip_xyxy=DEFAULT_XFORM_CLIP_XYXY):
+    """Decode deltas (N, 4k) against boxes (N, 4), numpy in and out; see bbox_transform_t. The
+    coding and clamps are Detectron's cfg.XYXY / BBOX_XFORM_CLIP / BBOX_XFORM_CLIPe, passed in by
+    the caller (Detectron's function reads them from the config itself)."""
+    return bbox_transform_t(_to_tensor(boxes), _to_tensor(deltas), weights, xyxy=xyxy, clip=clip,
+                            clip_xyxy=clip_xyxy).numpy()
 
 
-def bbox_transform(boxes, deltas, weights=(1.0, 1.0, 1.0, 1.0)):
-    """Decode deltas (N, 4k) against boxes (N, 4) with the coding selected by cfg.XYXY and the
-    clamps cfg.BBOX_XFORM_CLIP / cfg.BBOX_XFORM_CLIPe; see bbox_transform_t."""
-    return bbox_transform_t(_to_tensor(boxes), _to_tensor(deltas), weights, **_coding_from_cfg()).numpy()
-
-
-def bbox_transform_inv(boxes, gt_boxes, weights=(1.0, 1.0, 1.0, 1.0)):
-    """Regression targets (N, 4) of gt_boxes w.r.t. boxes, coding selected by cfg.XYXY."""
-    xyxy = _coding_from_cfg()['xyxy']
+def bbox_transform_inv(boxes, gt_boxes, weights=(1.0, 1.0, 1.0, 1.0), xyxy=False):
+    """Regression targets (N, 4) of gt_boxes w.r.t. boxes, numpy in and out; xyxy as cfg.XYXY."""
     return bbox_transform_inv_t(_to_tensor(boxes), _to_tensor(gt_boxes), weights, xyxy=xyxy).numpy()
 
 

@@ -26,6 +26,29 @@ def _run(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+def _random_image_folder(tmp_path, seed, shape):
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    image = np.random.RandomState(seed).randint(0, 255, size=shape).astype(np.uint8)
+    cv2.imwrite(str(folder / 'one.jpg'), image)
+    return folder
+
+
+def _infer_with_random_weights(tmp_path, config, folder, overrides):
+    """Save a random-weight model of config + overrides, run infer_simple on folder with it; returns
+    (the tool's result, the model as test_net would load it)."""
+    merge_cfg_from_file(config)
+    merge_cfg_from_list(overrides)
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    weights = tmp_path / 'random.pth'
+    torch.save({'model': model_builder.create(cfg).state_dict()}, weights)
+    result = _run('--cfg', config, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
+                  '--thresh', '0.0', str(folder), *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+
+
 def _write_inputs(root):
     """Two JPEGs (and a PNG the default --image-ext skips), random-init weights, a names-only catalog."""
     rng = np.random.RandomState(0)
@@ -78,22 +101,10 @@ def test_without_arguments_prints_usage_and_exits_1():
 def test_coco_model_without_coco_on_disk_is_labelled_with_coco_names(tmp_path):
     """An 81-class model whose TEST.DATASETS (coco_2017_val) is absent still labels its boxes, with
     the COCO names, as Detectron's demo does; detections are the same as drawn with those names."""
-    folder = tmp_path / 'images'
-    folder.mkdir()
-    image = np.random.RandomState(1).randint(0, 255, size=(64, 96, 3)).astype(np.uint8)
-    cv2.imwrite(str(folder / 'one.jpg'), image)
+    folder = _random_image_folder(tmp_path, 1, (64, 96, 3))
     # A random 81-class head scores every class near 1/81: no score threshold, so boxes get drawn.
     overrides = ['MODEL.NUM_CLASSES', '81', 'TEST.DATASETS', "('coco_2017_val',)", 'TEST.SCORE_THRESH', '0.0']
-    merge_cfg_from_file(SHAPES_CFG)
-    merge_cfg_from_list(overrides)
-    assert_and_infer_cfg()
-    torch.manual_seed(0)
-    weights = tmp_path / 'coco_like.pth'
-    torch.save({'model': model_builder.create(cfg).state_dict()}, weights)
-    result = _run('--cfg', SHAPES_CFG, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
-                  '--thresh', '0.0', str(folder), *overrides)
-    assert result.returncode == 0, result.stderr[-3000:]
-    model = load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    model = _infer_with_random_weights(tmp_path, SHAPES_CFG, folder, overrides)
     image = cv2.imread(str(folder / 'one.jpg'))
     cls_boxes = im_detect_all(model, image)
     assert sum(len(boxes) for boxes in cls_boxes[1:]) > 0
@@ -105,21 +116,8 @@ def test_coco_model_without_coco_on_disk_is_labelled_with_coco_names(tmp_path):
 def test_centernet_model_through_infer_simple(tmp_path):
     """The same tool runs a CenterNet: its detector draws the boxes test_net would report."""
     config = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml')
-    folder = tmp_path / 'images'
-    folder.mkdir()
-    image = np.random.RandomState(2).randint(0, 255, size=(70, 90, 3)).astype(np.uint8)
-    cv2.imwrite(str(folder / 'one.jpg'), image)
-    overrides = ['TEST.DATASETS', '()', 'CENTERNET.INPUT_RES', '64']
-    merge_cfg_from_file(config)
-    merge_cfg_from_list(overrides)
-    assert_and_infer_cfg()
-    torch.manual_seed(0)
-    weights = tmp_path / 'centernet.pth'
-    torch.save({'model': model_builder.create(cfg).state_dict()}, weights)
-    result = _run('--cfg', config, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
-                  '--thresh', '0.0', str(folder), *overrides)
-    assert result.returncode == 0, result.stderr[-3000:]
-    model = load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    folder = _random_image_folder(tmp_path, 2, (70, 90, 3))
+    model = _infer_with_random_weights(tmp_path, config, folder, ['TEST.DATASETS', '()', 'CENTERNET.INPUT_RES', '64'])
     cls_boxes = im_detect_all(model, cv2.imread(str(folder / 'one.jpg')))
     assert len(cls_boxes) == 4 and sum(len(boxes) for boxes in cls_boxes[1:]) == 100  # CenterNet's K
     written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))

@@ -6,7 +6,6 @@ import torch
 import torchvision
 from pycocotools import mask as coco_mask
 
-from detectron.core.config import cfg
 from detectron.utils import boxes as box_utils
 
 F32 = np.float32
@@ -188,17 +187,17 @@ def test_edge_deltas_are_clamped_symmetrically_at_62_5():
     np.testing.assert_allclose(out.numpy(), [[625, -625, 9 - 625, 9 + 625]])
 
 
-def test_cfg_xyxy_switches_the_numpy_coding():
+def test_numpy_coding_follows_xyxy_and_the_edge_clamp():
     rng = np.random.default_rng(6)
     boxes, gt = valid_random_boxes(rng, 6, F32), valid_random_boxes(rng, 6, F32)
     center_targets = box_utils.bbox_transform_inv(boxes, gt, BOX_REG_WEIGHTS)
-    cfg.XYXY = True
-    edge_targets = box_utils.bbox_transform_inv(boxes, gt, BOX_REG_WEIGHTS)
+    edge_targets = box_utils.bbox_transform_inv(boxes, gt, BOX_REG_WEIGHTS, xyxy=True)
     np.testing.assert_allclose(edge_targets, encode_edges_by_loops(boxes, gt, BOX_REG_WEIGHTS), rtol=1e-5)
     assert not np.allclose(edge_targets, center_targets)
-    np.testing.assert_allclose(box_utils.bbox_transform(boxes, edge_targets, BOX_REG_WEIGHTS), gt, atol=1e-3)
-    cfg.BBOX_XFORM_CLIPe = 0.5
-    out = box_utils.bbox_transform(np.array([[0, 0, 9, 9]], F32), np.array([[100, 0, 0, 0]], F32))
+    np.testing.assert_allclose(box_utils.bbox_transform(boxes, edge_targets, BOX_REG_WEIGHTS, xyxy=True), gt,
+                               atol=1e-3)
+    out = box_utils.bbox_transform(np.array([[0, 0, 9, 9]], F32), np.array([[100, 0, 0, 0]], F32), xyxy=True,
+                                   clip_xyxy=0.5)
     np.testing.assert_allclose(out, [[5, 0, 9, 9]])  # x1 moves by at most 0.5 widths
 
 
