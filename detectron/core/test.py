@@ -5,6 +5,8 @@
 names (with KL-Loss's variance voting when cfg.STD_NMS): they read cfg like Detectron's and call
 the plain-argument implementations in detectron/modeling/rcnn_inference.py.
 """
+import dataclasses
+
 from detectron.core.config import cfg
 from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
 from detectron.utils.errors import ConfigValueError
@@ -29,8 +31,7 @@ def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
         raise ConfigValueError(
             'im_detect_bbox got precomputed proposals, but only Faster R-CNN (RPN proposals) is '
             'supported: call it without boxes')
-    image_params = rcnn_inference.ImageParams(scale=target_scale, max_size=target_max_size,
-                                              pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE)
+    image_params = dataclasses.replace(rcnn_builder.image_params(cfg), scale=target_scale, max_size=target_max_size)
     scores, pred_boxes, confs, im_scale = rcnn_inference.detect_boxes(
         model, im, image_params, rcnn_builder.decode_params(cfg))
     confs = None if confs is None else confs.cpu().numpy()

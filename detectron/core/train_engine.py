@@ -24,7 +24,7 @@ import torch
 from detectron.core.config import adopt_cfg, cfg, get_output_dir, images_per_iter
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
-from detectron.modeling.optimizer import build_optimizer, set_lr
+from detectron.modeling.optimizer import build_optimizer, lr_change_ratio, set_lr
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed, run_lock
@@ -323,8 +323,7 @@ class TrainLoop:
 
     def _set_lr(self, lr, cur_iter, previous_lr):
         if previous_lr is not None and lr != previous_lr:
-            ratio = max(lr / previous_lr, previous_lr / lr) if lr > 0 and previous_lr > 0 else float('inf')
-            if ratio > self.options.log_lr_change_threshold:
+            if lr_change_ratio(previous_lr, lr) > self.options.log_lr_change_threshold:
                 logger.info('Changing learning rate %.6f -> %.6f at iter %d', previous_lr, lr, cur_iter)
         set_lr(self.optimizer, lr)
 

@@ -16,6 +16,12 @@ import torch
 from detectron.utils.errors import ConfigValueError
 
 
+
+def lr_change_ratio(old_lr, new_lr):
+    """How large a change from old_lr to new_lr is, either way (>= 1; inf when either is not positive),
+    Detectron's measure for logging an LR change and for rescaling momentum."""
+    return max(new_lr / old_lr, old_lr / new_lr) if old_lr > 0 and new_lr > 0 else float('inf')
+
 class DetectronSGD(torch.optim.Optimizer):
     """Momentum SGD in Caffe2's form. The learning rate is set through param_groups (set_lr below);
     each group's lr is base LR x its lr_mult."""
@@ -39,8 +45,7 @@ class DetectronSGD(torch.optim.Optimizer):
         old_lr = self.base_lr
         if new_lr == old_lr:
             return
-        ratio = max(new_lr / old_lr, old_lr / new_lr) if old_lr > 0 and new_lr > 0 else float('inf')
-        if self.scale_momentum and old_lr > 1e-7 and ratio > self.scale_momentum_threshold:
+        if self.scale_momentum and old_lr > 1e-7 and lr_change_ratio(old_lr, new_lr) > self.scale_momentum_threshold:
             for group in self.param_groups:
                 for p in group['params']:
                     buf = self.state[p].get('momentum_buffer')

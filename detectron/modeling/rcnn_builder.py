@@ -9,7 +9,7 @@ from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, ProposalParams, RCNNParams
 from detectron.modeling.model_type import ModelType
 from detectron.modeling.rpn_heads import FPNRPNHead
-from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups
+from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, prepare_training_entry
 from detectron.utils.c2_weights import load_weights
 from detectron.utils.errors import ConfigValueError
@@ -64,15 +64,11 @@ class GeneralizedRCNNType(ModelType):
 
     def test_inputs(self, cfg):
         # The image is resized on the model's device (blob.get_image_blob_t), not in the workers.
-        return original_image
+        return image_only
 
     def detector(self, cfg):
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg))
-
-
-def original_image(im):
-    return {'image': im}
 
 
 def _detect(model, sample, image_params, decode_params, nms_params):

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.distributed import die_with_parent
-from detectron.utils.errors import DatasetError, LoaderWorkerError, as_loader_worker_error
+from detectron.utils.errors import DEAD_WORKER_HINT, DatasetError, LoaderWorkerError, dead_loader_workers_as_errors
 
 class PackedList:
     """Read-only list stored as one pickled byte buffer.
@@ -128,20 +128,15 @@ class RaisingLoader:
 
     def __iter__(self):
         try:
-            for item in self.data_loader:
-                if isinstance(item, DatasetError):
-                    raise item
-                yield item
-        except RuntimeError as err:
-            translated = as_loader_worker_error(err)
-            if translated is None:
-                raise
-            raise translated from None
+            with dead_loader_workers_as_errors():
+                for item in self.data_loader:
+                    if isinstance(item, DatasetError):
+                        raise item
+                    yield item
         except ConnectionError as err:
             # A worker killed while its batch was being received (torch's SIGCHLD error follows).
-            raise LoaderWorkerError('a DataLoader worker died while sending a batch ({}: {}); the out-of-memory '
-                                    'killer (see dmesg) or a kill; lower DATA_LOADER.NUM_THREADS if memory is short'
-                                    .format(type(err).__name__, err)) from None
+            raise LoaderWorkerError('a DataLoader worker died while sending a batch ({}: {}) {}'.format(
+                type(err).__name__, err, DEAD_WORKER_HINT)) from None
 
 
 def _init_worker(worker_id):
@@ -201,11 +196,12 @@ def _unchanged(sample):
     return sample
 
 
-def _image_only(im):
+def image_only(im):
+    """A test-time sample of just the BGR image (models that preprocess on their device)."""
     return {'image': im}
 
 
-def build_test_loader(roidb, indices, num_workers, prepare=_image_only):
+def build_test_loader(roidb, indices, num_workers, prepare=image_only):
     """Iterable of (prepare(BGR uint8 HxWx3 image), roidb index) for `indices`, in their order."""
     _single_threaded_opencv_before_fork(num_workers)
     return RaisingLoader(DataLoader(

@@ -55,6 +55,10 @@ class LoaderWorkerError(DetectronError, RuntimeError):
     """A data-loader worker process died (killed by a signal, often the out-of-memory killer)."""
 
 
+# What a dead DataLoader worker's one line says after naming the worker.
+DEAD_WORKER_HINT = '(the out-of-memory killer, see dmesg, or a kill); lower DATA_LOADER.NUM_THREADS if memory is short'
+
+
 def as_loader_worker_error(err):
     """torch's RuntimeError for a dead DataLoader worker as a LoaderWorkerError, else None.
 
@@ -64,8 +68,19 @@ def as_loader_worker_error(err):
         return err
     if not (isinstance(err, RuntimeError) and str(err).startswith('DataLoader worker')):
         return None
-    return LoaderWorkerError('{} (the out-of-memory killer, see dmesg, or a kill); lower DATA_LOADER.NUM_THREADS '
-                             'if memory is short'.format(str(err).strip().splitlines()[0].rstrip('. ')))
+    return LoaderWorkerError('{} {}'.format(str(err).strip().splitlines()[0].rstrip('. '), DEAD_WORKER_HINT))
+
+
+@contextlib.contextmanager
+def dead_loader_workers_as_errors():
+    """Re-raise torch's RuntimeError for a dead DataLoader worker as one LoaderWorkerError line."""
+    try:
+        yield
+    except RuntimeError as err:
+        translated = as_loader_worker_error(err)
+        if translated is None:
+            raise
+        raise translated from None
 
 
 class OutputDirError(DetectronError, OSError):
@@ -114,14 +129,8 @@ def run_tool(main, argv):
     stderr with exit status 2 (a bad config, dataset or weights file needs no traceback), or the
     error's own `exit_status` (128 + the signal for a run stopped by SIGTERM or SIGINT)."""
     try:
-        with termination_signals_raise():
-            try:
-                main(argv)
-            except RuntimeError as err:
-                translated = as_loader_worker_error(err)
-                if translated is None:
-                    raise
-                raise translated from None
+        with termination_signals_raise(), dead_loader_workers_as_errors():
+            main(argv)
     except DetectronError as err:
         print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
         sys.exit(getattr(err, 'exit_status', 2))
