@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectron.roi_data.centernet import get_affine_transform
+from detectron.roi_data.centernet import affine_transform_points, get_affine_transform
 from detectron.utils.errors import ConfigValueError
 
 # Prior 0.1 for the heatmap logits: -log((1 - 0.1) / 0.1) ~ -2.19, the value CenterNet writes.
@@ -302,17 +302,9 @@ def _input_image_boxes(dets, c, s, h, w):
 
 
 def _affine_corners(corners, trans):
-    """Both points of each row of corners (N, 4) through the 2x3 affine trans: float64 (N, 4),
-    bit for bit affine_transform_points on each point.
-
-    That function's (and CenterNet's) one np.dot per point is a BLAS gemv; np.matmul of trans with
-    a stack of (3, 1) points calls the same gemv once per point from C. One (N, 3) x (3, 2) product
-    (gemm) or elementwise arithmetic rounds differently in the last float64 place for some points
-    when cv2's solve leaves a ~1e-16 off-diagonal term (non-square output grids).
-    """
-    points = np.ones((corners.shape[0] * 2, 3, 1), dtype=np.float64)
-    points[:, :2, 0] = corners.reshape(-1, 2)
-    return np.matmul(trans, points).reshape(-1, 4)
+    """Both points of each row of float32 corners (N, 4) through the 2x3 affine trans: float64 (N, 4),
+    bit for bit CenterNet's one np.dot per point (see affine_transform_points)."""
+    return affine_transform_points(corners.reshape(-1, 2), trans).reshape(-1, 4)
 
 
 def split_by_class(rows, classes, num_classes):

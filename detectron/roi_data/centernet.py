@@ -171,12 +171,17 @@ def affine_transform(pt, t):
 
 
 def affine_transform_points(pts, t):
-    """affine_transform of each row of pts (N, 2): float64 (N, 2).
+    """affine_transform of each row of pts (N, 2), bit for bit: float64 (N, 2).
 
-    One np.dot per point on purpose: a batched product takes another BLAS path whose float64 bits
-    can differ in the last place (they round to the same float32 values almost always).
+    affine_transform's (and CenterNet's) one np.dot per point is a BLAS gemv; np.matmul of t with a
+    stack of (3, 1) points calls the same gemv once per point from C, without a Python loop. One
+    (N, 3) x (3, 2) product (gemm) or elementwise arithmetic rounds differently in the last float64
+    place for some points when cv2's solve leaves a ~1e-16 off-diagonal term (non-square grids).
     """
-    return np.array([affine_transform(pt, t) for pt in pts], dtype=np.float64).reshape(-1, 2)
+    pts = np.asarray(pts, dtype=np.float32).reshape(-1, 2)  # affine_transform's float32 cast
+    points = np.ones((pts.shape[0], 3, 1), dtype=np.float64)
+    points[:, :2, 0] = pts
+    return np.matmul(t, points).reshape(-1, 2)
 
 
 # ------------------------------------------------------------------------------------------------
