@@ -40,9 +40,10 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
             raise ConfigValueError('--range needs exactly one TEST.DATASETS entry, got {}; set TEST.DATASETS to '
                                    'the one dataset to slice'.format(cfg.TEST.DATASETS))
         name = cfg.TEST.DATASETS[0]
-        check_range(ind_range, name)
+        dataset = JsonDataset(name)  # parsed once, for the check and the testing
+        check_range(ind_range, dataset)
         output_dir = get_output_dir((name,), training=False)
-        all_boxes = test_net(weights_file, name, output_dir, ind_range)[1]
+        all_boxes = test_net(weights_file, name, output_dir, ind_range, dataset=dataset)[1]
         path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
         save_object({'all_boxes': all_boxes, 'cfg': cfg.dump()}, path)
         logger.info('Wrote detections of range %s to %s', ind_range, path)
@@ -112,14 +113,15 @@ def load_test_model(weights_file, device):
     return model.to(device).eval()
 
 
-def test_net(weights_file, name, output_dir, ind_range=None):
+def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes).
+    dataset: its JsonDataset when the caller has one already.
 
     Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs;
     with cfg.VIS the detections scoring at least VIS_TH are drawn into <output_dir>/vis.
     """
     model_type = model_builder.get_model_type(cfg)
-    dataset = JsonDataset(name)
+    dataset = dataset or JsonDataset(name)
     dataset.check_model_classes(model_type.output_classes(cfg))
     roidb = dataset.get_roidb()
     total = len(roidb)
@@ -143,10 +145,10 @@ def test_net(weights_file, name, output_dir, ind_range=None):
     return roidb[start:end], all_boxes
 
 
-def check_range(ind_range, name):
-    """--range START END must lie inside the dataset (else test_net would index past its images)."""
+def check_range(ind_range, dataset):
+    """--range START END must lie inside the JsonDataset (else test_net would index past its images)."""
     start, end = ind_range
-    total = len(JsonDataset(name).get_image_ids())
+    name, total = dataset.name, len(dataset.get_image_ids())
     if not 0 <= start < end <= total:
         raise ConfigValueError('--range {} {} does not fit dataset {} of {} images; use 0 <= START < END <= {}'
                                .format(start, end, name, total, total))

@@ -188,3 +188,16 @@ def test_vis_draws_each_tested_image_with_its_detections(tiny_catalog, random_we
     expected = vis_one_image(original, cls_boxes, JsonDataset('tiny_val').classes, 0.0)
     drawn = cv2.imread(os.path.join(test_dir, 'vis', names[0]))
     assert np.array_equal(drawn, expected) and not np.array_equal(drawn, original)
+
+
+def test_a_range_outside_the_dataset_is_one_config_error():
+    from types import SimpleNamespace
+    from detectron.core.test_engine import check_range
+    from detectron.utils.errors import ConfigValueError
+    five = SimpleNamespace(name='five_val', get_image_ids=lambda: [1, 2, 3, 4, 5])
+    check_range((0, 5), five)
+    check_range((4, 5), five)
+    for bad in ((0, 6), (5, 5), (3, 2)):
+        with pytest.raises(ConfigValueError, match=r'^--range {} {} does not fit dataset five_val of 5 images; '
+                                                   r'use 0 <= START < END <= 5$'.format(*bad)):
+            check_range(bad, five)
