@@ -12,7 +12,6 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from detectron.utils import boxes as box_utils
 from detectron.utils.io import save_object
 
 logger = logging.getLogger(__name__)
@@ -85,10 +84,8 @@ def _coco_bbox_results_one_category(boxes, image_ids, category_id, results_forma
         if len(dets) == 0:
             continue
         dets = np.asarray(dets, dtype=np.float64)
-        if results_format == DETECTRON_RESULTS:
-            xywh = box_utils.xyxy_to_xywh(dets[:, :4])
-        else:
-            xywh = np.hstack([dets[:, :2], dets[:, 2:4] - dets[:, :2] + results_format.box_width_offset])
+        # Detectron's xyxy_to_xywh with offset 1 (the same float64 arithmetic), CenterNet's with 0.
+        xywh = np.hstack([dets[:, :2], dets[:, 2:4] - dets[:, :2] + results_format.box_width_offset])
         xywh, scores = xywh.tolist(), dets[:, 4].tolist()
         if results_format.decimals is not None:
             # CenterNet's float('{:.2f}'.format(v)) of every box value and score.
