@@ -9,12 +9,16 @@ CENTERNET_ARCHS = tuple(
     + ['dla_34'])
 
 
-def build_centernet_backbone(arch):
-    """'resdcn_<depth>' | 'res_<depth>' (depth 18, 34, 50, 101) | 'dla_34' -> a module whose
-    forward(x) returns its stride-4 feature map of `out_channels` channels."""
+def check_centernet_arch(arch):
     if arch not in CENTERNET_ARCHS:
         raise ConfigValueError('CENTERNET.ARCH {!r} is not a supported backbone; choose one of {}'
                                .format(arch, ', '.join(CENTERNET_ARCHS)))
+
+
+def build_centernet_backbone(arch):
+    """'resdcn_<depth>' | 'res_<depth>' (depth 18, 34, 50, 101) | 'dla_34' -> a module whose
+    forward(x) returns its stride-4 feature map of `out_channels` channels."""
+    check_centernet_arch(arch)
     if arch == 'dla_34':
         return CenterNetDLA()
     kind, depth = arch.split('_')

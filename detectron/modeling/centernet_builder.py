@@ -8,7 +8,7 @@ import torch
 
 from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
-from detectron.modeling.centernet_backbones import CENTERNET_ARCHS, build_centernet_backbone
+from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
 from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import ModelType
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
@@ -32,9 +32,7 @@ class CenterNetType(ModelType):
 
     def check(self, cfg):
         c = cfg.CENTERNET
-        if c.ARCH not in CENTERNET_ARCHS:
-            raise ConfigValueError('CENTERNET.ARCH {!r} is not a supported backbone; choose one of {}'
-                                   .format(c.ARCH, ', '.join(CENTERNET_ARCHS)))
+        check_centernet_arch(c.ARCH)
         if c.NUM_CLASSES < 1:
             raise ConfigValueError('CENTERNET.NUM_CLASSES must be at least 1 (heatmaps, no background), '
                                    'got {}'.format(c.NUM_CLASSES))
