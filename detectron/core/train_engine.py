@@ -38,6 +38,9 @@ from detectron.utils.training_curves import write_training_curves
 logger = logging.getLogger(__name__)
 
 LOG_PERIOD = 20  # Detectron logs json_stats every 20 iterations
+# Seconds per iteration measured on the host, logged as means (the losses as medians): the whole
+# iteration, and the part spent waiting for the loader's next batch (detectron2's data_time).
+_HOST_TIMES = ('time', 'data_time')
 
 # Buffers (BN statistics, rank 0's saved) are not re-broadcast before every forward. torch >= 2.14
 # names this forward_sync_buffers (broadcast_buffers warns there); the GPU machines' 2.11 does not.
@@ -352,15 +355,19 @@ class TrainLoop:
             lr, previous_lr = self.lr_at_iter(cur_iter), lr
             self._set_lr(lr, cur_iter, previous_lr)
             self.optimizer.zero_grad(set_to_none=True)
+            data_time = 0.0
             for micro in range(options.iter_size):
-                total, outputs = self._micro_step(next(self.batches), sync=micro == options.iter_size - 1)
+                data_tic = time.time()
+                batch = next(self.batches)
+                data_time += time.time() - data_tic
+                total, outputs = self._micro_step(batch, sync=micro == options.iter_size - 1)
                 self._note_nonfinite(total, cur_iter)
             self._optimizer_step()
             checkpoint_now = (cur_iter + 1) % options.checkpoint_period == 0 and cur_iter > self.start_iter
             last = cur_iter == options.max_iter - 1
             if cur_iter % LOG_PERIOD == 0 or checkpoint_now or last:
                 self._raise_if_nonfinite(outputs)
-            self._record(cur_iter, lr, total, outputs, time.time() - tic)
+            self._record(cur_iter, lr, total, outputs, time.time() - tic, data_time)
             tic = time.time()
             if checkpoint_now:
                 self.save(checkpoint.checkpoint_name(cur_iter), cur_iter)
@@ -392,18 +399,19 @@ class TrainLoop:
             return
         self.history = list(progress['history'])
         for k, values in progress['windows'].items():
-            as_tensor = (lambda v: v) if k == 'time' else (lambda v: torch.tensor(v, device=self.device))
+            as_tensor = (lambda v: v) if k in _HOST_TIMES else (lambda v: torch.tensor(v, device=self.device))
             self.window[k].extend(as_tensor(v) for v in values)
 
-    def _record(self, cur_iter, lr, total, outputs, iter_time):
+    def _record(self, cur_iter, lr, total, outputs, iter_time, data_time):
         self.window['time'].append(iter_time)
+        self.window['data_time'].append(data_time)
         self.window['loss'].append(total.detach().float())
         for k, v in outputs.items():
             self.window[k].append(v.detach().float())
         if cur_iter % LOG_PERIOD and cur_iter != self.options.max_iter - 1:
             return
         # Detectron logs the median of the last 20 values, averaged over GPUs.
-        medians = {k: torch.stack(list(q)).median() for k, q in self.window.items() if k != 'time'}
+        medians = {k: torch.stack(list(q)).median() for k, q in self.window.items() if k not in _HOST_TIMES}
         medians = distributed.reduce_dict(medians, average=True)
         if not distributed.is_main_process():
             return
@@ -419,6 +427,7 @@ class TrainLoop:
         mean_time = float(np.mean(self.window['time']))
         eta = datetime.timedelta(seconds=int(mean_time * (self.options.max_iter - cur_iter)))
         stats = {'iter': cur_iter, 'lr': float(lr), 'time': mean_time, 'eta': str(eta),
+                 'data_time': float(np.mean(self.window['data_time'])),
                  'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
         stats.update({k: float(v) for k, v in medians.items()})
         return stats

@@ -9,9 +9,11 @@ for several images with one forward and one decode per scale; `prepare_test_imag
 in a loader worker.
 """
 import functools
+import math
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -45,8 +47,42 @@ class CenterNet(nn.Module):
         w = self.loss_weights
         # The focal loss takes logs of probabilities near 1e-4: always in float32, also under autocast.
         outputs = {k: v.float() for k, v in outputs.items()}
+        targets = with_dense_heatmap(targets, outputs['hm'].shape)
         return ctdet_loss(outputs, targets, hm_weight=w.hm, wh_weight=w.wh, off_weight=w.off,
                           reg_offset=w.reg_offset, cat_spec_wh=w.cat_spec_wh)
+
+
+def sparse_heatmap_targets(heatmaps):
+    """Equal-shape float32 heatmaps (numpy) -> {'hm_index': int32 or int64 positions of their nonzero
+    entries in the stacked (B, ...) batch, flattened; 'hm_value': those entries}: exact, and a few
+    hundred KB where the dense batch takes MBs per image."""
+    size = heatmaps[0].size
+    index_dtype = heatmap_index_dtype(size * len(heatmaps))
+    indices, values = [], []
+    for i, hm in enumerate(heatmaps):
+        flat = hm.reshape(-1)
+        nonzero = np.flatnonzero(flat)
+        indices.append((nonzero + i * size).astype(index_dtype))
+        values.append(flat[nonzero])
+    return {'hm_index': torch.from_numpy(np.concatenate(indices)), 'hm_value': torch.from_numpy(np.concatenate(values))}
+
+
+def heatmap_index_dtype(num_elements):
+    """int32 positions (half the bytes) while a batch's heatmap elements fit, else int64."""
+    return np.int32 if num_elements - 1 <= np.iinfo(np.int32).max else np.int64
+
+
+def with_dense_heatmap(targets, shape):
+    """targets with 'hm' of `shape` scattered from 'hm_index' / 'hm_value' (sparse_heatmap_targets),
+    on their device; targets that carry a dense 'hm' are returned as they are."""
+    if 'hm' in targets:
+        return targets
+    targets = dict(targets)
+    values = targets.pop('hm_value')
+    hm = values.new_zeros(math.prod(shape))
+    hm[targets.pop('hm_index').long()] = values
+    targets['hm'] = hm.view(shape)
+    return targets
 
 
 @dataclass(frozen=True)

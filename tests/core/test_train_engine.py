@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import struct
+import time
 
 import cv2
 import numpy as np
@@ -167,7 +168,7 @@ def test_json_stats_lines_follow_detectron(uninterrupted_run):
     assert [s['iter'] for s in stats] == [0, 3]
     loss_keys = ['loss_cls', 'loss_bbox'] + ['loss_rpn_{}_fpn{}'.format(kind, level)
                                              for kind in ('cls', 'bbox') for level in range(2, 7)]
-    expected_keys = sorted(['iter', 'lr', 'time', 'eta', 'mb_qsize', 'mem', 'loss', 'accuracy_cls'] + loss_keys)
+    expected_keys = sorted(['iter', 'lr', 'time', 'data_time', 'eta', 'mb_qsize', 'mem', 'loss', 'accuracy_cls'] + loss_keys)
     for line, entry in zip(raw, stats):
         assert re.findall(r'"(\w+)": ', line) == expected_keys  # sorted, as json.dumps(sort_keys=True)
         floats = [k for k in expected_keys if k not in ('iter', 'eta', 'mb_qsize', 'mem')]
@@ -305,9 +306,48 @@ def test_resume_keeps_the_logged_history_and_smoothing_windows(uninterrupted_run
     _, resumed = json_stats(capsys.readouterr().out)
     _, uninterrupted = json_stats(uninterrupted_run['stdout'])
     # The medians over the last 20 iterations include the iterations before the resume.
-    timing = ('time', 'eta', 'mem')
+    timing = ('time', 'data_time', 'eta', 'mem')
     assert {k: v for k, v in resumed[-1].items() if k not in timing} == \
         {k: v for k, v in uninterrupted[-1].items() if k not in timing}
     # The checkpoint's history goes on: the final checkpoint knows every logged iteration.
     final = torch.load(train_dir / 'model_final.pth', weights_only=True)
     assert [stats['iter'] for stats in final['extra']['progress']['history']] == [0, 3]
+
+
+class _SlowBatches:
+    """A batch iterator that takes `delay` seconds per batch: a loader the loop waits for."""
+
+    def __init__(self, delay):
+        self.delay = delay
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        time.sleep(self.delay)
+        return (torch.ones(2, 3),)
+
+
+class _MeanModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        time.sleep(0.02)  # the step's own time, which data_time must not include
+        return {'loss': (x * self.w).sum()}
+
+
+def test_json_stats_data_time_is_the_wait_for_the_loader(tmp_path, capsys):
+    model = _MeanModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = train_engine.TrainLoop(model, optimizer, lambda it: 0.1, _SlowBatches(0.05), torch.device('cpu'),
+                                  str(tmp_path), 0, train_engine.TrainOptions(max_iter=3, iter_size=2))
+    loop.run()
+    _, stats = json_stats(capsys.readouterr().out)
+    last = stats[-1]
+    data_time, iter_time = float(last['data_time']), float(last['time'])
+    # Two micro-batches per iteration: at least 2 x 50 ms of waiting; the 2 x 20 ms forwards are in
+    # the iteration's time only.
+    assert data_time >= 0.1
+    assert iter_time >= data_time + 0.04
