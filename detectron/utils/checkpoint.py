@@ -66,7 +66,7 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
     _check_plain(extra, 'extra')
     _check_plain(sampler_state, 'sampler_state')
     check_not_diverged(model, optimizer, iteration, path)
-    checkpoint = {
+    checkpoint = _on_host({
         'model': unwrap_model(model).state_dict(),
         'optimizer': optimizer.state_dict(),
         'iteration': int(iteration),
@@ -74,8 +74,20 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
         'rng_states': rng_states if rng_states is not None else {get_rank(): capture_rng_state()},
         'sampler': sampler_state,
         'extra': extra if extra is not None else {},
-    }
+    })
     _write_atomically(path, lambda f: torch.save(with_digest(checkpoint), f))
+
+
+def _on_host(value):
+    """value with its tensors in host memory: device tensors are copied once here, where the digest
+    and torch.save would each copy them again."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(v) for v in value)
+    return value
 
 
 def check_not_diverged(model, optimizer, iteration, path):
