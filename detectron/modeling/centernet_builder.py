@@ -4,7 +4,6 @@ sizes, its test-time detector and how CenterNet / ImageNet weight files map onto
 import functools
 import logging
 
-import torch
 
 from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
@@ -15,8 +14,10 @@ from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_tra
 from detectron.roi_data.loader import TrainingDataset, stacked_batch
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
+from detectron.utils.c2_weights import load_state_dict_by_key
 from detectron.utils.c2_weights import load_weights as load_port_weights
-from detectron.utils.centernet_weights import load_centernet_checkpoint, load_imagenet_backbone
+from detectron.utils.centernet_weights import is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone
+from detectron.utils.torch_file import read_torch_file
 from detectron.utils.errors import ConfigValueError
 
 logger = logging.getLogger(__name__)
@@ -171,19 +172,14 @@ def derive_training_cfg(cfg):
     ]
 
 
-def _without_module_prefix(key):
-    return key[len('module.'):] if key.startswith('module.') else key
-
-
 def load_weights(model, path, arch):
     """Our own .pth (a 'model' state dict), a CenterNet checkpoint ({'epoch', 'state_dict'} or its
     bare state dict with reference names) or an ImageNet backbone file; returns (missing, unused)."""
     if not str(path).endswith('.pth'):
         return load_port_weights(model, path)  # reports what it cannot read
-    content = torch.load(path, map_location='cpu', weights_only=True)
-    if not isinstance(content, dict) or isinstance(content.get('model'), dict):
-        return load_port_weights(model, path)
-    state_dict = content.get('state_dict', content)
-    if any(_without_module_prefix(key).startswith('hm.') for key in state_dict):
-        return load_centernet_checkpoint(model, path)
-    return load_imagenet_backbone(model.backbone, path, arch)
+    content = read_torch_file(path)  # read once; digest-checked; one sentence for a bad file
+    if isinstance(content, dict) and isinstance(content.get('model'), dict):
+        return load_state_dict_by_key(model, content['model'], path)
+    if is_centernet_checkpoint(content):
+        return load_centernet_checkpoint(model, path, content)
+    return load_imagenet_backbone(model.backbone, path, arch, content)

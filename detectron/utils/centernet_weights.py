@@ -17,11 +17,11 @@ with a fixed momentum BatchNorm does not read them, and 2018 files do not have t
 """
 
 import logging
-import os
 
 import torch
 
 from detectron.utils.errors import ConfigValueError, WeightsError
+from detectron.utils.torch_file import read_torch_file
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +42,26 @@ def centernet_key_to_ours(key):
     return ('heads.' if top in CENTERNET_HEADS else 'backbone.') + key
 
 
-def load_centernet_checkpoint(model, path):
+def _state_dict_of(content):
+    return content.get('state_dict', content) if isinstance(content, dict) else content
+
+
+def is_centernet_checkpoint(content):
+    """Whether a loaded .pth holds a CenterNet model (its heatmap head `hm.*`), not an ImageNet trunk."""
+    state_dict = _state_dict_of(content)
+    return isinstance(state_dict, dict) and any(
+        isinstance(key, str) and _without_data_parallel_prefix(key).startswith('hm.') for key in state_dict)
+
+
+def load_centernet_checkpoint(model, path, content=None):
     """Load a CenterNet .pth (`{'epoch': e, 'state_dict': sd, ...}` or a bare state dict, with or
-    without `module.` prefixes) into our CenterNet model.
+    without `module.` prefixes) into our CenterNet model; `content`: the file as already read.
 
     Returns (missing, unused): our keys the file did not provide (they keep their init) and the
     file's keys (CenterNet names, without `module.`) that the model has no place for.
     """
-    content = _read_torch_file(path, 'CenterNet checkpoint')
-    state_dict = content.get('state_dict', content) if isinstance(content, dict) else content
+    content = read_torch_file(path) if content is None else content
+    state_dict = _state_dict_of(content)
     _check_state_dict(state_dict, path, 'a CenterNet checkpoint ({"epoch", "state_dict"})')
     renamed = {}
     for key, value in state_dict.items():
@@ -63,18 +74,19 @@ def load_centernet_checkpoint(model, path):
     return missing, unused
 
 
-def load_imagenet_backbone(backbone, path, arch):
+def load_imagenet_backbone(backbone, path, arch, content=None):
     """Load ImageNet weights into a CenterNet backbone module (before training, as CenterNet does):
     a torchvision ResNet .pth (e.g. resnet18-5c106cde.pth) for arch 'res_<depth>' /
     'resdcn_<depth>', or DLA's dla34-ba72cf86.pth for 'dla_34'.
 
     Returns (missing, unused) like load_centernet_checkpoint: missing are the backbone's keys the
-    file did not provide (the upsampling path), unused the file's keys (its classifier `fc.*`).
+    file did not provide (the upsampling path), unused the file's keys (its classifier `fc.*`);
+    `content`: the file as already read.
     A file that does not cover the whole ImageNet trunk (e.g. ResNet-18 weights for resdcn_34) is a
     WeightsError: CenterNet would start training from a partly random trunk without a word.
     """
     trunk_prefix, upsampling_prefixes = _imagenet_layout(arch)
-    state_dict = _read_torch_file(path, 'ImageNet weights')
+    state_dict = read_torch_file(path) if content is None else content
     _check_state_dict(state_dict, path, 'an ImageNet state dict')
     renamed = {trunk_prefix + key: (key, value) for key, value in state_dict.items()}
     cause = 'ImageNet weights of another trunk than {}\'s: check CENTERNET.ARCH'.format(arch)
@@ -99,17 +111,6 @@ def _imagenet_layout(arch):
         return '', ('deconv_layers.',)
     raise ConfigValueError('CENTERNET.ARCH {!r} has no ImageNet weights layout; use res_<depth>, '
                            'resdcn_<depth> or dla_34'.format(arch))
-
-
-def _read_torch_file(path, what):
-    if not os.path.isfile(path):
-        raise WeightsError('{} file {} does not exist; check the path'.format(what, path))
-    try:
-        return torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:  # torch.load reports garbage as KeyError, UnpicklingError, ...
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise WeightsError('{} is not a readable {} (torch.load with weights_only: {})'.format(
-            path, what, first_line)) from e
 
 
 def _check_state_dict(state_dict, path, expected):

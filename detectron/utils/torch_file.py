@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 DIGEST_KEY = 'digest'
 _ZIP_MAGIC = b'PK\x03\x04'
+_REFUSED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')  # in torch's message for a refused pickled global
 
 
 def looks_like_torch_file(path):
@@ -78,7 +79,9 @@ def read_torch_file(path):
     try:
         content = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
-        if 'Weights only load failed' in str(e):
+        # weights_only refuses a pickled global (code) by name; other bytes it cannot parse at all
+        # ("Unsupported operand": a text file, say) are no torch file, not a dangerous one.
+        if 'Weights only load failed' in str(e) and _REFUSED_GLOBAL.search(str(e)):
             raise WeightsError(_refused_code_message(path, str(e))) from e
         raise WeightsError(_unreadable_message(path, e)) from e
     except Exception as e:  # torch reports a damaged file with several exception types
@@ -120,7 +123,7 @@ def _has_zip_end(path):
 
 
 def _refused_code_message(path, torch_message):
-    found = re.search(r'GLOBAL ([\w.]+)', torch_message)
+    found = _REFUSED_GLOBAL.search(torch_message)
     what = ' ({})'.format(found.group(1)) if found else ''
     return ('{} contains code objects{} that a weights file never needs; it is refused for safety: do not '
             'load it, get the weights from a source you trust'.format(path, what))

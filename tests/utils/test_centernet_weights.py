@@ -173,8 +173,9 @@ def test_unreadable_files_are_one_line_weights_errors(models, tmp_path):
     with open(tmp_path / 'unsafe.pkl', 'wb') as f:
         # A global that weights_only refuses to unpickle.
         pickle.dump({'weight': os.getcwd}, f, protocol=2)
-    cases = [(str(text), 'is not a readable CenterNet checkpoint'),
-             (str(tmp_path / 'unsafe.pkl'), 'is not a readable CenterNet checkpoint'),
+    # The reader of every weights file (utils/torch_file.py), with its wording.
+    cases = [(str(text), 'is not a readable torch file'),
+             (str(tmp_path / 'unsafe.pkl'), 'contains code objects'),
              (str(tmp_path / 'absent.pth'), 'does not exist'),
              (listed, 'does not hold a CenterNet checkpoint')]
     for path, expected in cases:

@@ -142,3 +142,14 @@ def test_a_file_with_code_is_refused_without_suggesting_to_run_it(tmp_path):
                            'refused for safety: do not load it, get the weights from a source you trust'.format(path))
         assert 'weights_only' not in message
     assert not marker.exists()
+
+
+def test_a_text_file_is_unreadable_not_code(tmp_path):
+    # weights_only cannot parse it at all ("Unsupported operand"): no global is refused, so no warning
+    # about code, the one-line "not a readable torch file" instead.
+    path = tmp_path / 'notes.pth'
+    path.write_text('not a checkpoint\n')
+    with pytest.raises(WeightsError) as err:
+        read_torch_file(str(path))
+    assert str(err.value).startswith('{} is not a readable torch file ('.format(path))
+    assert 'code objects' not in str(err.value) and '\n' not in str(err.value)
