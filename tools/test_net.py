@@ -12,8 +12,7 @@ The model is TEST.WEIGHTS (a .pth of this port, a Detectron .pkl or a URL). KEY 
 import argparse
 import sys
 
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
-from detectron.utils import distributed
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_command_line
 from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import setup_logging
@@ -47,10 +46,7 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     setup_logging(__name__)
-    if args.cfg_file is not None:
-        merge_cfg_from_file(args.cfg_file)
-    merge_cfg_from_list(args.opts + (['VIS', 'True'] if args.vis else []))
-    cfg.NUM_GPUS = distributed.resolve_num_gpus(cfg.NUM_GPUS, explicit='NUM_GPUS' in args.opts[0::2])
+    merge_cfg_from_command_line(args.cfg_file, args.opts + (['VIS', 'True'] if args.vis else []))
     assert_and_infer_cfg()
     if args.print_config:
         print(cfg.dump())

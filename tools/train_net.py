@@ -11,9 +11,8 @@ KEY VALUE pairs (before or after the flags) override the config file (see docs/C
 import argparse
 import sys
 
-from detectron.core.config import (assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_file,
-                                   merge_cfg_from_list, scale_schedule_to_global_batch)
-from detectron.utils import distributed
+from detectron.core.config import (assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_command_line,
+                                   scale_schedule_to_global_batch)
 from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import run_tool
 from detectron.utils.logging import setup_logging
@@ -42,10 +41,7 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
-    if args.cfg_file is not None:
-        merge_cfg_from_file(args.cfg_file)
-    merge_cfg_from_list(args.opts)
-    cfg.NUM_GPUS = distributed.resolve_num_gpus(cfg.NUM_GPUS, explicit='NUM_GPUS' in args.opts[0::2])
+    merge_cfg_from_command_line(args.cfg_file, args.opts)
     from detectron.core import test_engine, train_engine
     from detectron.datasets import dataset_catalog
     from detectron.modeling import model_builder

@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 from yacs.config import CfgNode as _YacsCfgNode
 
+from detectron.utils import distributed
 from detectron.utils.errors import (
     ConfigKeyError, ConfigValueError, OutputDirError, OverridesFormatError, OverridesKeyError,
 )
@@ -481,6 +482,15 @@ def merge_cfg_from_file(cfg_filename):
 def merge_cfg_from_cfg(cfg_other):
     """Merge another (possibly partial) config mapping into the global cfg."""
     _merge_mapping(cfg_other, 'merged config')
+
+
+def merge_cfg_from_command_line(cfg_file, opts):
+    """A tool's config: cfg_file (if any), then its KEY VALUE overrides; the world size of a launcher
+    (torchrun, SLURM) replaces a NUM_GPUS from the file, and a typed NUM_GPUS must equal it."""
+    if cfg_file is not None:
+        merge_cfg_from_file(cfg_file)
+    merge_cfg_from_list(opts)
+    __C.NUM_GPUS = distributed.resolve_num_gpus(__C.NUM_GPUS, explicit='NUM_GPUS' in opts[0::2])
 
 
 def merge_cfg_from_list(cfg_list):
