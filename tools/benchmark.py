@@ -746,6 +746,14 @@ def train_log_images_per_s(stats, global_batch, warmup_iter):
     return [global_batch / t for t in times]
 
 
+def train_log_data_fraction(stats, warmup_iter):
+    """Median over the json_stats lines at iteration >= warmup_iter of data_time / time: the share of
+    an iteration spent waiting for the loader (None for logs without data_time)."""
+    fractions = [float(s['data_time']) / float(s['time']) for s in stats
+                 if int(s['iter']) >= warmup_iter and 'data_time' in s]
+    return float(np.median(fractions)) if fractions else None
+
+
 def test_log_ms_per_image(log_text, warmup_images=LOOP_TEST_WARMUP_IMAGES):
     """ms per image after the first warmup_images, from test_net's running means (`im_detect: ...
     done/total <mean seconds>s`): (mean_b * n_b - mean_a * n_a) / (n_b - n_a) between the first
@@ -845,7 +853,8 @@ def run_loops(args, device, precision, report):
                     values=train_log_images_per_s(stats, batch, args.loop_warmup),
                     # json_stats 'mem': max_memory_allocated in MiB (0 off CUDA), the peak column
                     peaks_mib=[max(float(s.get('mem', 0)) for s in stats)],
-                    info={'iters': args.loop_iters, 'log': os.path.join(work, 'train_net.log')})
+                    info={'iters': args.loop_iters, 'data_time_fraction': train_log_data_fraction(stats, args.loop_warmup),
+                          'log': os.path.join(work, 'train_net.log')})
     test_ms, running_mean_ms = test_log_ms_per_image(run_test_net(args, work, weights))
     test_net = Row('test', 'test_net.py on {} (im_detect lines), loaded weights'.format(args.test_dataset), None, 1,
                    values=[test_ms], info={'running_mean_ms_incl_first_images': running_mean_ms,
@@ -955,9 +964,10 @@ def _fmt(value):
 
 
 def _notes(record):
-    keys = ('box_rois_per_image', 'trainable_params', 'loss_finite', 'rois', 'candidates', 'detections')
+    keys = ('box_rois_per_image', 'trainable_params', 'loss_finite', 'rois', 'candidates', 'detections',
+            'data_time_fraction')
     notes = ['{} {}'.format(k, _fmt(record[k]) if isinstance(record[k], float) else record[k])
-             for k in keys if k in record]
+             for k in keys if record.get(k) is not None]
     if record['section'] == 'ratio' and len(record['rounds']) > 1:
         notes.append('median of {} per-round ratios'.format(len(record['rounds'])))
     return ', '.join(notes)

@@ -173,9 +173,9 @@ def test_realistic_classifier_lets_about_the_asked_candidates_through():
 TRAIN_LOG = """INFO train_net.py:  57: MAX_ITER: 60 iterations
 json_stats: {"iter": 0, "loss": "2.1", "time": "0.500000"}
 INFO train_engine.py: 269: [1/60] loss 2.1
-json_stats: {"iter": 20, "loss": "2.0", "time": "0.250000"}
-json_stats: {"iter": 40, "loss": "2.0", "time": "0.200000"}
-json_stats: {"iter": 59, "loss": "1.9", "time": "0.400000"}
+json_stats: {"data_time": "0.050000", "iter": 20, "loss": "2.0", "time": "0.250000"}
+json_stats: {"data_time": "0.010000", "iter": 40, "loss": "2.0", "time": "0.200000"}
+json_stats: {"data_time": "0.300000", "iter": 59, "loss": "1.9", "time": "0.400000"}
 """
 
 TEST_LOG = """INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 1/30 2.000s (eta: 0:00:58)
@@ -191,6 +191,10 @@ def test_training_log_images_per_second_after_warmup():
     assert bm.train_log_images_per_s(stats, global_batch=2, warmup_iter=20) == [8.0, 10.0, 5.0]
     with pytest.raises(ConfigValueError):
         bm.train_log_images_per_s(stats, global_batch=2, warmup_iter=60)
+    # data_time / time at iterations 20, 40, 59: 0.2, 0.05, 0.75 -> median 0.2; the first line has none.
+    assert bm.train_log_data_fraction(stats, warmup_iter=20) == pytest.approx(0.2)
+    assert bm.train_log_data_fraction(stats, warmup_iter=0) == pytest.approx(0.2)
+    assert bm.train_log_data_fraction(stats[:1], warmup_iter=0) is None
 
 
 def test_test_log_ms_per_image_excludes_the_first_images():
