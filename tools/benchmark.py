@@ -646,11 +646,17 @@ def summarise_profile(events, steps, wall_s):
     }
 
 
+def trace_path(args, name):
+    """Where the profiler trace of `name` goes (--trace-dir), or None."""
+    if not args.trace_dir:
+        return None
+    os.makedirs(args.trace_dir, exist_ok=True)
+    return os.path.join(args.trace_dir, 'trace_{}.json'.format(name))
+
+
 def profile_train_rows(rows, args, device, report, context):
-    if args.trace_dir:
-        os.makedirs(args.trace_dir, exist_ok=True)
     for name, row in zip(('ours', 'torchvision'), rows):
-        trace = os.path.join(args.trace_dir, 'trace_train_{}.json'.format(name)) if args.trace_dir else None
+        trace = trace_path(args, 'train_' + name)
         report.add_profile(row.name, profile_row(row, args.profile_steps, args.warmup, device, trace), **context)
 
 
@@ -711,16 +717,16 @@ def centernet_rows(args, device, precision):
                 resident=resident, info={'inference_batch': test_batch})]
 
 
-def run_centernet(args, device, precision, report):
+def run_centernet(args, precision, report, timing):
+    device = timing['device']
     rows = centernet_rows(args, device, precision)
-    timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
-                  device=device)
     run_interleaved(rows, **timing)
     res = cfg.CENTERNET.INPUT_RES
     for row in rows:
         report.add_row(row, batch=row.images_per_step, precision=precision, size=[res, res])
     if 'profile' in args.mode:
-        report.add_profile(rows[0].name, profile_row(rows[0], args.profile_steps, args.warmup, device),
+        trace = trace_path(args, 'train_centernet')
+        report.add_profile(rows[0].name, profile_row(rows[0], args.profile_steps, args.warmup, device, trace),
                            batch=rows[0].images_per_step, precision=precision)
 
 
@@ -990,9 +996,16 @@ def main(argv):
     timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
                   device=device)
     if 'centernet' in args.mode:
-        run_centernet(args, device, precision, report)
-        print('\n' + report.markdown(), flush=True)
-        return report
+        run_centernet(args, precision, report, timing)
+    else:
+        run_rcnn_sections(args, precision, report, timing)
+    print('\n' + report.markdown(), flush=True)
+    return report
+
+
+def run_rcnn_sections(args, precision, report, timing):
+    """--mode train / test / profile / loops with an R-CNN --cfg."""
+    device = timing['device']
     if 'train' in args.mode or 'profile' in args.mode:
         for i, batch in enumerate(args.batch):
             rows = build_train_rows(args, batch, device, precision)
@@ -1019,8 +1032,6 @@ def main(argv):
         free_device_memory(device)
     if 'loops' in args.mode:
         run_loops(args, device, precision, report)
-    print('\n' + report.markdown(), flush=True)
-    return report
 
 
 if __name__ == '__main__':
