@@ -4,7 +4,6 @@ sizes, its test-time detector and how CenterNet / ImageNet weight files map onto
 import functools
 import logging
 
-
 from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
@@ -14,11 +13,11 @@ from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_tra
 from detectron.roi_data.loader import TrainingDataset, stacked_batch
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
-from detectron.utils.c2_weights import load_state_dict_by_key
+from detectron.utils.c2_weights import load_state_dict_by_key, require_weights_file
 from detectron.utils.c2_weights import load_weights as load_port_weights
 from detectron.utils.centernet_weights import is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone
-from detectron.utils.torch_file import read_torch_file
 from detectron.utils.errors import ConfigValueError
+from detectron.utils.torch_file import read_torch_file
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +176,7 @@ def load_weights(model, path, arch):
     bare state dict with reference names) or an ImageNet backbone file; returns (missing, unused)."""
     if not str(path).endswith('.pth'):
         return load_port_weights(model, path)  # reports what it cannot read
+    require_weights_file(path)
     content = read_torch_file(path)  # read once; digest-checked; one sentence for a bad file
     if isinstance(content, dict) and isinstance(content.get('model'), dict):
         return load_state_dict_by_key(model, content['model'], path)

@@ -63,12 +63,16 @@ class _BlobUnpickler(pickle.Unpickler):
             'containers; this file could run code, do not use it'.format(module, name))
 
 
+def require_weights_file(path):
+    """One line for a TRAIN.WEIGHTS / TEST.WEIGHTS that names no file."""
+    if not os.path.isfile(path):
+        raise WeightsError('weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'.format(path))
+
+
 def read_detectron_pickle(path):
     """Return (blobs, cfg_yaml or None) of a Detectron .pkl: an ImageNet file (flat blob dict) or
     a checkpoint `{'blobs': ..., 'cfg': yaml string}`."""
-    if not os.path.isfile(path):
-        raise WeightsError('weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'
-                           .format(path))
+    require_weights_file(path)
     try:
         content = load_object(path, unpickler=_BlobUnpickler)
     except WeightsError:
@@ -449,9 +453,7 @@ def load_weights(model, path):
       their digest checked when they carry one (utils/torch_file.py);
     - torchvision ResNet state_dicts (see load_torchvision_resnet for PIXEL_MEANS).
     """
-    if not os.path.isfile(path):
-        raise WeightsError('weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'
-                           .format(path))
+    require_weights_file(path)
     if not looks_like_torch_file(path):
         return load_detectron_weights(model, path)
     content = read_torch_file(path)

@@ -20,7 +20,7 @@ from detectron.roi_data.centernet import get_affine_transform
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import distributed
-from detectron.utils.errors import ConfigValueError
+from detectron.utils.errors import ConfigValueError, WeightsError
 from test_train_engine import write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -207,6 +207,14 @@ def test_weight_files_are_recognised(catalog, tmp_path):
     fresh = model_builder.create(cfg)
     _, unused = model_type.load_weights(cfg, fresh, str(tmp_path / 'resnet18.pth'))
     assert unused == ['fc.weight'] and torch.equal(fresh.backbone.conv1.weight, reference['conv1.weight'])
+    # Our own checkpoint (a 'model' state dict) loads by key; a missing file names the keys to check.
+    torch.save({'model': fresh.state_dict()}, tmp_path / 'ours.pth')
+    assert model_type.load_weights(cfg, model, str(tmp_path / 'ours.pth')) == ([], [])
+    assert torch.equal(model.backbone.conv1.weight, reference['conv1.weight'])
+    missing_file = str(tmp_path / 'absent.pth')
+    with pytest.raises(WeightsError) as err:
+        model_type.load_weights(cfg, model, missing_file)
+    assert str(err.value) == 'weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'.format(missing_file)
 
 
 # ---------------------------------------------------------------------------------------------
