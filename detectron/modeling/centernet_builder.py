@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 # CenterNet's coco.py convert_eval_format: w = x2 - x1, boxes and scores rounded to 2 decimals.
 CENTERNET_RESULTS = ResultsFormat(box_width_offset=0.0, decimals=2)
 
-_TARGET_KEYS = ('hm', 'reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
+# Stacked as they are; the heatmaps 'hm' travel sparse (collate_samples).
+_STACKED_TARGET_KEYS = ('reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
 
 
 class CenterNetType(ModelType):
@@ -111,7 +112,7 @@ def collate_samples(samples):
     scatters them back): a dense (B, classes, H/4, W/4) float32 batch is mostly zeros, 168 MB for 32
     COCO images at 512 px, and copying it to pinned memory held the GPU back."""
     images = stacked_batch([s['input'] for s in samples])
-    targets = {k: stacked_batch([s[k] for s in samples]) for k in _TARGET_KEYS if k in samples[0] and k != 'hm'}
+    targets = {k: stacked_batch([s[k] for s in samples]) for k in _STACKED_TARGET_KEYS if k in samples[0]}
     targets.update(centernet.sparse_heatmap_targets([s['hm'] for s in samples]))
     return images, targets
 

@@ -16,11 +16,11 @@ import torch
 from detectron.utils.errors import ConfigValueError
 
 
-
 def lr_change_ratio(old_lr, new_lr):
     """How large a change from old_lr to new_lr is, either way (>= 1; inf when either is not positive),
     Detectron's measure for logging an LR change and for rescaling momentum."""
     return max(new_lr / old_lr, old_lr / new_lr) if old_lr > 0 and new_lr > 0 else float('inf')
+
 
 class DetectronSGD(torch.optim.Optimizer):
     """Momentum SGD in Caffe2's form. The learning rate is set through param_groups (set_lr below);
