@@ -17,7 +17,8 @@ Sections (--mode):
            "realistic" few hundred candidates per class, or a "loaded" 1000 RoIs x 5 classes, reach
            post-processing; ours with STD_NMS False and True (variance voting);
   profile  a torch.profiler trace of a few training steps of ours and torchvision's at the first
-           --batch, summarised (--profile is the same as adding it to --mode);
+           --batch, and with test of a few realistic inferences (ours with STD_NMS False), summarised
+           (--profile is the same as adding it to --mode);
   loops    tools/train_net.py and tools/test_net.py run as subprocesses on real datasets, timed
            from their own logs, next to synthetic rows of the same model, batch, size and precision.
 Rows are timed in interleaved rounds (ours, torchvision, ours, ...): each value is the median over
@@ -660,6 +661,15 @@ def profile_train_rows(rows, args, device, report, context):
         report.add_profile(row.name, profile_row(row, args.profile_steps, args.warmup, device, trace), **context)
 
 
+def profile_test_rows(rows, args, device, report):
+    """The realistic case's inference, ours (STD_NMS False) and torchvision's, one image per step."""
+    for row in rows:
+        if row.name in ('ours, realistic, STD_NMS False', 'torchvision (equal work), realistic'):
+            trace = trace_path(args, 'test_' + row.name.split(',')[0].split()[0])
+            report.add_profile(row.name, profile_row(row, args.profile_steps, args.warmup, device, trace),
+                               batch=1, size=[args.height, args.width])
+
+
 # ---------------------------------------------------------------------------------------------
 # CenterNet (--mode centernet, --cfg a CenterNet config): training step, inference at batch 1 and B
 # ---------------------------------------------------------------------------------------------
@@ -950,13 +960,13 @@ class Report:
                     _fmt(r['max']), r['unit'], _fmt(r.get('peak_mem_mib')), _notes(r)))
         profiles = [r for r in self.records if r['section'] == 'profile']
         if profiles:
-            lines += ['', '| profiled training | wall ms/step | GPU busy ms/step | GPU busy | kernel sum ms/step '
+            lines += ['', '| profiled row | wall ms/step | GPU busy ms/step | GPU busy | kernel sum ms/step '
                       '| GPU ops/step | host syncs/step | D2H copies/step |', '|---|---|---|---|---|---|---|---|']
             lines += ['| {} | {} | {} | {:.0%} | {} | {} | {} | {} |'.format(
                 r['row'], _fmt(r['wall_ms_per_step']), _fmt(r['gpu_busy_ms_per_step']), r['gpu_busy_fraction'],
                 _fmt(r['gpu_kernel_sum_ms_per_step']), _fmt(r['gpu_ops_per_step']), _fmt(r['host_syncs_per_step']),
                 _fmt(r['d2h_copies_per_step'])) for r in profiles]
-            lines += ['', '| profiled training | top GPU kernels | ms/step | calls/step |', '|---|---|---|---|']
+            lines += ['', '| profiled row | top GPU kernels | ms/step | calls/step |', '|---|---|---|---|']
             lines += ['| {} | `{}` | {} | {} |'.format(r['row'], k['name'][:90], _fmt(k['ms_per_step']),
                                                        _fmt(k['calls_per_step']))
                       for r in profiles for k in r['top_kernels']]
@@ -1028,6 +1038,8 @@ def run_rcnn_sections(args, precision, report, timing):
             report.add_row(row, batch=1, precision=precision, size=[args.height, args.width])
         for name, numerator, denominator in ratios:
             report.add_ratio(name, per_round_ratios(numerator.values, denominator.values))
+        if 'profile' in args.mode:
+            profile_test_rows(rows, args, device, report)
         del rows, ratios
         free_device_memory(device)
     if 'loops' in args.mode:

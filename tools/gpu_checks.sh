@@ -183,9 +183,15 @@ bench_before_after() {  # the same benchmark command on .old's package and on th
   (cd .old && python3 setup.py -q build_ext --inplace > /dev/null 2>&1)
   for tree in new old; do
     local path=$ROOT; [ $tree = old ] && path=$ROOT/.old
-    PYTHONPATH=$path:$PYTHONPATH python3 tools/benchmark.py --mode train test --batch 2 --rounds 3 --iters 15 \
+    PYTHONPATH=$path:$PYTHONPATH python3 tools/benchmark.py ${BENCH_ARGS:---mode train test --batch 2 --rounds 3 --iters 15} \
       2>&1 | grep -v '^{' | tee "$OUT/bench_$tree.md"
   done
+}
+
+rcnn_batches() {  # R-CNN training at larger per-GPU batches, then inference with its profile
+  python3 tools/benchmark.py --mode train --batch ${RCNN_BATCHES:-16 32} --rounds 3 --iters 8 2>&1 | grep -v '^{' \
+    | tee "$OUT/rcnn_batches.md"
+  python3 tools/benchmark.py --mode test profile --rounds 3 --iters 15 2>&1 | grep -v '^{' | tee "$OUT/rcnn_test_profile.md"
 }
 
 varvote_gpu() {  # Triton variance voting equals the compiled CPU kernel on the GPU; its time against plain NMS
@@ -245,7 +251,7 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
 }
 
 gpu_tests() {  # the tests that only run with CUDA (variance voting's Triton path, CenterNet's batched and graphed detectors)
-  python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/utils/test_variance_voting.py \
+  python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/modeling/test_dcn.py tests/utils/test_variance_voting.py \
     tests/utils/test_checkpoint.py > "$OUT/gpu_tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
 }

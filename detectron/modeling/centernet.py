@@ -146,9 +146,19 @@ def detect_batch(model, samples, params):
             for b, sample in enumerate(samples)]
 
 
+def normalize_test_images(images, mean, std):
+    """CenterNet's test-time normalisation of uint8 images (B, 3, H, W) on their device: float64
+    (x / 255 - mean) / std with mean and std as float32 values, then float32, bit for bit
+    BaseDetector.pre_process's numpy arithmetic. Python scalars rather than small device tensors, so
+    that nothing is copied to the device while a CUDA graph is captured."""
+    x = images.to(torch.float64) / 255.
+    channels = [(x[:, c] - float(np.float32(mean[c]))) / float(np.float32(std[c])) for c in range(3)]
+    return torch.stack(channels, dim=1).to(torch.float32)
+
+
 def _forward_decode(model, params, images):
-    """(B, K, 6) decoded detections of a batch of network inputs, on the model's device."""
-    outputs = model(images)
+    """(B, K, 6) decoded detections of a batch of uint8 network inputs, on the model's device."""
+    outputs = model(normalize_test_images(images, params.input.mean, params.input.std))
     hm, wh, reg = ctdet_test_maps({k: v.float() for k, v in outputs.items()}, flip_test=params.flip,
                                   reg_offset=params.input.reg_offset)
     return ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)

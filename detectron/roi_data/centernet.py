@@ -498,9 +498,11 @@ def ctdet_test_inputs(im, scale, params, keep_res=False, flip=False, pad=31):
     (n | pad) + 1 per side (always a strictly larger multiple of pad + 1), c = (new_w // 2,
     new_h // 2), s = [inp_w, inp_h]: a pure translation. Otherwise (fix_res) params.input_h x
     input_w with c = centre of the resized image and s = max(h, w) of the ORIGINAL image, as the
-    reference. Normalised in float64, then cast to float32.
+    reference. The warped image stays uint8: the normalisation (CenterNet's, in float64, then
+    float32) runs on the model's device (modeling.centernet.normalize_test_images), so a quarter of
+    the bytes travel from the loader workers and to the GPU.
 
-    Returns (images float32 (1, 3, inp_h, inp_w), or (2, ...) with the mirrored copy when flip,
+    Returns (images uint8 (1, 3, inp_h, inp_w), or (2, ...) with the mirrored copy when flip,
     meta {'c', 's', 'out_height', 'out_width'}) with out_* = inp_* // params.down_ratio.
     """
     height, width = im.shape[0:2]
@@ -517,9 +519,6 @@ def ctdet_test_inputs(im, scale, params, keep_res=False, flip=False, pad=31):
     resized = cv2.resize(im, (new_width, new_height))
     inp = cv2.warpAffine(resized, trans_input, (inp_width, inp_height), flags=cv2.INTER_LINEAR,
                          borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-    mean = np.array(params.mean, dtype=np.float32).reshape(1, 1, 3)
-    std = np.array(params.std, dtype=np.float32).reshape(1, 1, 3)
-    inp = ((inp / 255. - mean) / std).astype(np.float32)
     images = inp.transpose(2, 0, 1).reshape(1, 3, inp_height, inp_width)
     if flip:
         images = np.concatenate((images, images[:, :, :, ::-1]), axis=0)

@@ -12,7 +12,7 @@ import torch
 
 from detectron.modeling import centernet
 from detectron.modeling import centernet_heads as ch
-from detectron.roi_data.centernet import CtdetParams
+from detectron.roi_data.centernet import COCO_MEAN, COCO_STD, CtdetParams
 from detectron.utils.errors import ConfigValueError
 from test_centernet_heads import (_reference_cls_boxes, _reference_merge, _reference_scale_detections,
                                   assert_same_arrays)
@@ -45,12 +45,20 @@ def _model(params):
     return _RandomHeads(classes, 2 * classes if params.input.cat_spec_wh else 2)
 
 
+def _normalised(images, inputs):
+    """base_detector's normalisation of uint8 (B, 3, H, W) inputs: float64, then float32."""
+    mean = np.array(inputs.mean, np.float32).reshape(1, 3, 1, 1)
+    std = np.array(inputs.std, np.float32).reshape(1, 3, 1, 1)
+    return ((images / 255. - mean) / std).astype(np.float32)
+
+
 def _reference_detect(model, sample, params):
     """CenterNet's CtdetDetector.run on one image, with the port's (unchanged) maps and decode."""
     per_scale = []
     for scale, images, meta in zip(params.scales, sample['inputs'], sample['metas']):
         with torch.no_grad():
-            hm, wh, reg = ch.ctdet_test_maps(model(torch.as_tensor(images)), flip_test=params.flip,
+            hm, wh, reg = ch.ctdet_test_maps(model(torch.as_tensor(_normalised(images, params.input))),
+                                             flip_test=params.flip,
                                              reg_offset=params.input.reg_offset)
             dets = ch.ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
         per_scale.append(_reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
@@ -161,7 +169,22 @@ def test_cuda_graph_replay_gives_the_eager_detections(arch, flip, batch):
                 np.testing.assert_array_equal(a, b)
     captured = centernet._GRAPHS[model][graphed]._graphs
     assert len(captured) == 1
-    if arch == 'res_18':
-        assert all(captured.values())  # replayed, not the eager fallback
-    # resdcn_18: torchvision's deform_conv2d replays wrong values from a CUDA graph (measured on an
-    # H200 with torch 2.11 / torchvision 0.26), so GraphedCallable's check keeps the eager kernels.
+    # replayed, not the eager fallback (DCN too: torchvision's deform_conv2d, used before, replayed
+    # wrong values and was refused here)
+    assert all(captured.values())
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA'))])
+def test_test_images_are_normalised_as_centernet_in_float64_then_float32(device):
+    """base_detector's ((x / 255. - mean) / std).astype(float32) with float32 mean / std arrays: every
+    uint8 value of each channel, bit for bit (a float32 pipeline differs in the last bit for many)."""
+    values = np.arange(256, dtype=np.uint8)
+    bgr = np.stack([values, values[::-1], np.roll(values, 7)], axis=-1).reshape(16, 16, 3)
+    expected = ((bgr / 255. - np.float32(COCO_MEAN)) / np.float32(COCO_STD)).astype(np.float32)
+    images = torch.as_tensor(bgr.transpose(2, 0, 1)[None].copy()).to(device)
+    got = centernet.normalize_test_images(images, COCO_MEAN, COCO_STD).cpu()
+    assert got.dtype == torch.float32
+    np.testing.assert_array_equal(got[0].numpy().transpose(1, 2, 0), expected)
+    in_float32 = ((bgr.astype(np.float32) / np.float32(255) - np.float32(COCO_MEAN)) / np.float32(COCO_STD))
+    assert (in_float32 != expected).any()  # the test can tell the two apart

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from detectron.modeling.dcn import DCN
+from detectron.modeling.dcn import DCN, modulated_deform_conv2d
 
 
 def _conv_numpy(x, weight, bias, stride, pad):
@@ -125,3 +125,47 @@ def test_dcn_gradients_reach_weights_and_offset_predictor():
     dcn(torch.randn(1, 2, 5, 5, dtype=torch.float64)).square().sum().backward()
     for name, p in dcn.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def _random_dcn_inputs(seed, n=2, channels=3, height=9, width=11, out_channels=4):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, channels, height, width, dtype=torch.float64, generator=generator)
+    offset = 3 * torch.randn(n, 18, height, width, dtype=torch.float64, generator=generator)
+    mask = torch.rand(n, 9, height, width, dtype=torch.float64, generator=generator)
+    weight = torch.randn(out_channels, channels, 3, 3, dtype=torch.float64, generator=generator)
+    bias = torch.randn(out_channels, dtype=torch.float64, generator=generator)
+    return x, offset, mask, weight, bias
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA'))])
+def test_modulated_deform_conv2d_gradients_equal_torchvision_deform_conv2d(device):
+    from torchvision.ops import deform_conv2d
+    inputs = [t.to(device) for t in _random_dcn_inputs(seed=11)]
+    ours = [t.clone().requires_grad_() for t in inputs]
+    theirs = [t.clone().requires_grad_() for t in inputs]
+    x, offset, mask, weight, bias = ours
+    out = modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=1)
+    x, offset, mask, weight, bias = theirs
+    expected = deform_conv2d(x, offset, weight, bias, stride=1, padding=1, mask=mask)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    upstream = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+    (out * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    for name, a, b in zip(('x', 'offset', 'mask', 'weight', 'bias'), ours, theirs):
+        # Offsets that land exactly on a pixel have a one-sided derivative; random ones do not.
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-8, msg=name)
+
+
+def test_modulated_deform_conv2d_samples_in_float32_under_bfloat16_autocast():
+    """Under autocast the previous layers hand over bfloat16 features and offsets; only the matmul
+    may round to bfloat16: the sampling positions (here up to 200 px) stay float32, where bfloat16
+    would misplace them by up to half a pixel."""
+    x, offset, mask, weight, bias = (t.float() for t in _random_dcn_inputs(seed=5, width=200))
+    x, offset = x.bfloat16(), (offset + 0.37).bfloat16()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        mixed = modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
+    assert mixed.dtype == torch.bfloat16
+    reference = modulated_deform_conv2d(x.float(), offset.float(), mask, weight, bias, padding=1)
+    error = (mixed.float() - reference).abs().max() / reference.abs().max()
+    assert error < 0.02, error

@@ -574,24 +574,18 @@ def test_roidb_concatenates_datasets_with_the_same_categories(register):
 # test-time input
 # ------------------------------------------------------------------------------------------------
 
-def _normalised64(bgr):
-    """Normalisation in float64, then float32 (base_detector); a float32 pipeline differs in the
-    last bit for many pixel values."""
-    return ((np.asarray(bgr) / 255. - MEAN) / STD).astype(np.float32)
-
-
 def test_test_inputs_keep_res_is_a_translation():
     # 60 x 100: canvas ((60 | 31) + 1, (100 | 31) + 1) = (64, 128); c = (50, 30), s = (128, 64):
     # x' = x - 50 + 64 = x + 14, y' = y - 30 + 32 = y + 2.
     im = _random_image(60, 100)
     images, meta = cn.ctdet_test_inputs(im, 1.0, cn.CtdetParams(), keep_res=True)
-    assert images.shape == (1, 3, 64, 128) and images.dtype == np.float32
+    assert images.shape == (1, 3, 64, 128) and images.dtype == np.uint8
     np.testing.assert_array_equal(meta['c'], [50, 30])
     np.testing.assert_array_equal(meta['s'], [128, 64])
     assert meta['c'].dtype == meta['s'].dtype == np.float32
     assert (meta['out_height'], meta['out_width']) == (16, 32)
-    np.testing.assert_array_equal(images[0].transpose(1, 2, 0)[2:62, 14:114], _normalised64(im))
-    np.testing.assert_array_equal(images[0, :, 0, 0], _normalised64([0, 0, 0]))
+    np.testing.assert_array_equal(images[0].transpose(1, 2, 0)[2:62, 14:114], im)
+    np.testing.assert_array_equal(images[0, :, 0, 0], [0, 0, 0])
 
 
 def test_test_inputs_keep_res_pads_to_a_strictly_larger_multiple_of_32():
@@ -611,9 +605,9 @@ def test_test_inputs_fix_res_uses_original_size_for_s():
     assert meta['s'] == 100.0                            # max(h, w) of the original, not 50
     assert (meta['out_height'], meta['out_width']) == (96, 128)
     # zoom 512 / 100 on the 50 x 30 resized image: content spans x in 256 +- 128, y in 192 +- 76.8
-    np.testing.assert_array_equal(images[0, :, 192, 256], _normalised64([77, 77, 77]))
-    np.testing.assert_array_equal(images[0, :, 192, 100], _normalised64([0, 0, 0]))
-    np.testing.assert_array_equal(images[0, :, 100, 256], _normalised64([0, 0, 0]))
+    np.testing.assert_array_equal(images[0, :, 192, 256], [77, 77, 77])
+    np.testing.assert_array_equal(images[0, :, 192, 100], [0, 0, 0])
+    np.testing.assert_array_equal(images[0, :, 100, 256], [0, 0, 0])
 
 
 def test_test_inputs_flip_adds_the_mirrored_copy():

@@ -268,7 +268,9 @@ def test_main_runs_every_cpu_section_at_tiny_settings(monkeypatch, capsys):
     for r in records:
         by_section.setdefault(r['section'], []).append(r)
         assert r['device'].startswith('cpu') and r['torch'] == torch.__version__ and 'benchmark.py' in r['command']
-    assert [len(by_section[s]) for s in ('train', 'test', 'ratio', 'profile')] == [3, 6, 2 + 4, 2]
+    assert [len(by_section[s]) for s in ('train', 'test', 'ratio', 'profile')] == [3, 6, 2 + 4, 2 + 2]
+    assert [p['row'] for p in by_section['profile']][2:] == ['ours, realistic, STD_NMS False',
+                                                            'torchvision (equal work), realistic']
     for r in by_section['train'] + by_section['test'] + by_section['ratio']:
         assert len(r['rounds']) == 2 and r['median'] == pytest.approx(float(np.median(r['rounds'])))
         assert (r['min'], r['max']) == (min(r['rounds']), max(r['rounds']))
