@@ -116,6 +116,7 @@ __C.TEST.COMPETITION_MODE = True
 __C.TEST.FORCE_JSON_DATASET_EVAL = False
 __C.TEST.PRECOMPUTED_PROPOSALS = True  # inferred: False whenever an RPN is built
 __C.TEST.CLASS_SPECIFIC_AR = False
+__C.TEST.CUDA_GRAPHS = True  # port: on a GPU, the R-CNN body and RPN head replayed from CUDA graphs (per padded size)
 
 __C.TEST.BBOX_AUG = CfgNode()
 __C.TEST.BBOX_AUG.ENABLED = False

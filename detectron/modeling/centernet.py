@@ -10,7 +10,6 @@ in a loader worker.
 """
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +19,7 @@ from torch import nn
 from detectron.modeling.centernet_heads import (ctdet_decode, ctdet_loss, ctdet_test_maps, image_detections,
                                                 merge_image_detections)
 from detectron.roi_data.centernet import CtdetParams, ctdet_test_inputs
-from detectron.utils.cuda_graphs import GraphedCallable
+from detectron.utils.cuda_graphs import graphed_method
 from detectron.utils.errors import ConfigValueError
 
 
@@ -135,9 +134,9 @@ def detect_batch(model, samples, params):
     dets = []
     with torch.no_grad():
         for i in range(len(params.scales)):
-            images = _stack_inputs([sample['inputs'][i] for sample in samples])
+            images = _inputs_on_device([sample['inputs'][i] for sample in samples], device)
             # clone: a graph's output buffer is rewritten by the next scale's replay
-            dets.append(forward_decode(images.to(device, non_blocking=True)).clone())
+            dets.append(forward_decode(images).clone())
     dets = torch.stack(dets).cpu().numpy()
     return [merge_image_detections([image_detections(dets[i, b], sample['metas'][i], scale)
                                     for i, scale in enumerate(params.scales)],
@@ -164,24 +163,24 @@ def _forward_decode(model, params, images):
     return ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
 
 
-# One GraphedCallable per (model, test settings); a model that is garbage-collected drops its graphs.
-_GRAPHS = weakref.WeakKeyDictionary()
-
-
 def _graphed_forward_decode(model, params):
-    per_model = _GRAPHS.setdefault(model, {})
-    if params not in per_model:
-        per_model[params] = GraphedCallable(functools.partial(_forward_decode, model, params))
-    return per_model[params]
+    return graphed_method(model, params, lambda owner, images: _forward_decode(owner, params, images))
 
 
-def _stack_inputs(inputs):
-    """One tensor of the images' inputs at one scale (a single image's as it is, not copied)."""
+def _inputs_on_device(inputs, device):
+    """One device tensor of the images' inputs at one scale. Each image is copied into its slice
+    of the batch: stacking them on the host first would write every byte once more there."""
     shapes = {tuple(x.shape[1:]) for x in inputs}
     if len(shapes) > 1:
         raise ConfigValueError('detect_batch got images of different input sizes {}; batch only images of one '
                                'size (keep_res gives each image size its own input), or call detect on each'
                                .format(sorted(shapes)))
     if len(inputs) == 1:
-        return torch.as_tensor(inputs[0])
-    return torch.cat([torch.as_tensor(x) for x in inputs])
+        return torch.as_tensor(inputs[0]).to(device)
+    inputs = [torch.as_tensor(x) for x in inputs]
+    batch = torch.empty((sum(len(x) for x in inputs),) + inputs[0].shape[1:], dtype=inputs[0].dtype, device=device)
+    start = 0
+    for x in inputs:
+        batch[start:start + len(x)].copy_(x)
+        start += len(x)
+    return batch

@@ -53,7 +53,12 @@ class RCNNParams:
 
 
 class GeneralizedRCNN(nn.Module):
-    """`model(images, im_info, targets)` -> losses in training; raw head outputs in inference."""
+    """`model(images, im_info, targets)` -> losses in training; raw head outputs in inference.
+
+    `body_and_rpn_head(images)` is the part of the forward with fixed shapes for a given image size
+    (no host synchronisation), so the test path can replay it from a CUDA graph: `model(images,
+    im_info, body=...)` takes its outputs from `body` instead.
+    """
 
     def __init__(self, conv_body, rpn, box_head, box_outs, params: RCNNParams):
         super().__init__()
@@ -63,15 +68,21 @@ class GeneralizedRCNN(nn.Module):
         self.box_outs = box_outs
         self.params = params
 
-    def forward(self, images, im_info, targets=None):
-        features = self.conv_body(images)
-        logits, deltas = self.rpn(features)
+    def forward(self, images, im_info, targets=None, body=None):
+        features, logits, deltas = _split_in_three((body or self.body_and_rpn_head)(images))
         anchors = rpn_heads.fpn_anchors(
             [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,
             self.params.aspect_ratios, device=images.device)
         if self.training:
             return self._losses(features, logits, deltas, anchors, im_info, targets)
         return self._inference(features, logits, deltas, anchors, im_info)
+
+    def body_and_rpn_head(self, images):
+        """The FPN features, RPN logits and RPN deltas of every level, as one flat tuple (the three
+        lists one after the other, equally long: the RPN sees every FPN level)."""
+        features = self.conv_body(images)
+        logits, deltas = self.rpn(features)
+        return tuple(features) + tuple(logits) + tuple(deltas)
 
     def _proposals(self, logits, deltas, anchors, im_info, proposal_params, training):
         with torch.no_grad():
@@ -125,3 +136,8 @@ class GeneralizedRCNN(nn.Module):
         if 'bbox_pred_std' in out:
             result['bbox_pred_std'] = out['bbox_pred_std'].float()
         return result
+
+
+def _split_in_three(flat):
+    n = len(flat) // 3
+    return list(flat[:n]), list(flat[n:2 * n]), list(flat[2 * n:])

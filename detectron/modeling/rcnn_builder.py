@@ -68,11 +68,12 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self, cfg):
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg))
+                                 nms_params=nms_params(cfg), cuda_graphs=cfg.TEST.CUDA_GRAPHS)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params):
-    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params)
+def _detect(model, sample, image_params, decode_params, nms_params, cuda_graphs):
+    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
+                                        cuda_graphs=cuda_graphs)
 
 
 def check_supported(cfg):

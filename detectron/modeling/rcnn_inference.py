@@ -12,6 +12,7 @@ import torch
 
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
+from detectron.utils.cuda_graphs import graphed_method
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.variance_voting import soft_nms_with_variance_voting
 
@@ -70,24 +71,29 @@ def model_device(model):
     return tensor.device if tensor is not None else torch.device('cpu')
 
 
-def detect_boxes(model, im, image_params, decode_params):
+def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False):
     """Run an R-CNN in eval mode on one BGR image: (scores, boxes, confs, im_scale) as tensors
-    on the model's device (see decode_detections)."""
+    on the model's device (see decode_detections). cuda_graphs: on a GPU, replay the body and RPN
+    head from one CUDA graph per padded input size (a few sizes; others run eagerly): at batch 1
+    launching their few hundred kernels costs more host time than the GPU spends on them."""
     if model.training:
         raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
     # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
     blob, im_scale, im_info = blob_utils.get_image_blob_t(
         im, image_params.scale, image_params.max_size, image_params.pixel_means, image_params.stride,
         model_device(model))
+    graphed = {}
+    if cuda_graphs and blob.is_cuda:
+        graphed['body'] = graphed_method(model, 'body_and_rpn_head', type(model).body_and_rpn_head)
     with torch.no_grad():
-        out = model(blob, im_info)
+        out = model(blob, im_info, **graphed)
     scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
     return scores, boxes, confs, im_scale
 
 
-def im_detect_all(model, im, image_params, decode_params, nms_params):
+def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False):
     """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3)."""
-    scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params)
+    scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params, cuda_graphs=cuda_graphs)
     return box_results_with_nms_and_limit(scores, boxes, confs, nms_params)[2]
 
 

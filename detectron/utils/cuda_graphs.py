@@ -2,10 +2,25 @@
 by one: at batch 1 a detector's forward is a few hundred small kernels, and launching them costs more
 than running them."""
 import logging
+import weakref
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+# owner (e.g. a model) -> {key: GraphedCallable}; an owner that is garbage-collected drops its graphs.
+_PER_OWNER = weakref.WeakKeyDictionary()
+
+
+def graphed_method(owner, key, fn):
+    """The GraphedCallable of x -> fn(owner, x) for this owner and key, made on first use. It holds
+    the owner weakly, so the graphs (and their memory pools) go with the owner."""
+    per_owner = _PER_OWNER.setdefault(owner, {})
+    if key not in per_owner:
+        owner_ref = weakref.ref(owner)
+        per_owner[key] = GraphedCallable(lambda x: fn(owner_ref(), x))
+    return per_owner[key]
 
 
 class GraphedCallable:

@@ -13,6 +13,7 @@ import torch
 from detectron.modeling import centernet
 from detectron.modeling import centernet_heads as ch
 from detectron.roi_data.centernet import COCO_MEAN, COCO_STD, CtdetParams
+from detectron.utils import cuda_graphs
 from detectron.utils.errors import ConfigValueError
 from test_centernet_heads import (_reference_cls_boxes, _reference_merge, _reference_scale_detections,
                                   assert_same_arrays)
@@ -167,7 +168,7 @@ def test_cuda_graph_replay_gives_the_eager_detections(arch, flip, batch):
         for got, want in zip(centernet.detect_batch(model, samples, graphed), expected):
             for a, b in zip(got, want):
                 np.testing.assert_array_equal(a, b)
-    captured = centernet._GRAPHS[model][graphed]._graphs
+    captured = cuda_graphs._PER_OWNER[model][graphed]._graphs
     assert len(captured) == 1
     # replayed, not the eager fallback (DCN too: torchvision's deform_conv2d, used before, replayed
     # wrong values and was refused here)
