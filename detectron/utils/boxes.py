@@ -169,6 +169,7 @@ def torchvision_nms_thresh(thresh):
 
 # Above this many box pairs per call the matrix NMS would hold too much memory: torchvision's kernel.
 MATRIX_NMS_MAX_PAIRS = 2 ** 26
+_NMS_ROUNDS_PER_CHECK = 8
 
 
 def batched_nms_t(boxes, scores, idxs, thresh):
@@ -212,12 +213,15 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
     iou = inter / (area[:, :, None] + area[:, None, :] - inter)
     earlier = torch.ones(valid.shape[1], valid.shape[1], dtype=torch.bool, device=order.device).triu(1)
     suppresses = (iou > thresh) & earlier & valid[:, :, None]
-    keep = valid
+    # Each convergence check is a host synchronisation: check after 1, 2, 4, then every 8 rounds
+    # (rounds past the fixed point change nothing).
+    keep, rounds = valid, 1
     while True:
-        new_keep = valid & ~(suppresses & keep[:, :, None]).any(dim=1)
-        if torch.equal(new_keep, keep):
+        for _ in range(rounds):
+            previous, keep = keep, valid & ~(suppresses & keep[:, :, None]).any(dim=1)
+        if torch.equal(previous, keep):
             break
-        keep = new_keep
+        rounds = min(2 * rounds, _NMS_ROUNDS_PER_CHECK)
     kept = slots[keep]
     return kept[scores[kept].argsort(descending=True, stable=True)]
 

@@ -25,7 +25,9 @@ def graphed_method(owner, key, fn):
 
 class GraphedCallable:
     """fn(x) -> a tensor (or a tuple of tensors), replayed from one CUDA graph per input shape and
-    dtype and autocast state; CPU tensors and shapes beyond max_graphs run fn directly.
+    dtype and autocast state; CPU tensors and shapes beyond max_graphs run fn directly. A shape is
+    captured the second time it comes (the first runs fn directly): a size seen once, e.g. a rare
+    image size in testing, neither pays for a capture nor takes one of the max_graphs places.
 
     fn must be free of host synchronisation and of data-dependent shapes. The returned tensors are
     the graph's own output buffers: read (copy) them before the next call. A capture is kept only
@@ -38,6 +40,7 @@ class GraphedCallable:
         self.max_graphs = max_graphs
         self.warmup_calls = warmup_calls
         self._graphs = {}
+        self._seen_once = set()
 
     def __call__(self, x):
         if x.device.type != 'cuda':
@@ -45,7 +48,9 @@ class GraphedCallable:
         autocast = torch.is_autocast_enabled('cuda')
         key = (tuple(x.shape), x.dtype, x.device, autocast, torch.get_autocast_dtype('cuda') if autocast else None)
         entry = self._graphs.get(key)
-        if entry is None and len(self._graphs) < self.max_graphs:
+        if entry is None and key not in self._seen_once:
+            self._seen_once.add(key)
+        elif entry is None and len(self._graphs) < self.max_graphs:
             entry = self._graphs[key] = self._capture(x, autocast)
         if not entry:  # capture failed, or too many shapes: run the kernels one by one
             return self.fn(x)

@@ -342,3 +342,13 @@ def test_matrix_batched_nms_follows_suppression_chains():
     idxs = torch.tensor([0, 0, 0, 1])
     # IoU(a, b) = 80/120, IoU(b, c) = 80/120, IoU(a, c) = 60/140
     assert box_utils.matrix_batched_nms_t(boxes, scores, idxs, 0.5).tolist() == [0, 2, 3]
+
+
+def test_matrix_batched_nms_resolves_a_chain_longer_than_its_rounds_between_checks():
+    # 51 boxes, each 2 px right of the one before: neighbours overlap at IoU 80/120 > 0.5, every
+    # second box at 60/140 < 0.5, so greedy NMS keeps boxes 0, 2, 4, ...: a 50-long chain.
+    x = torch.arange(51, dtype=torch.float32) * 2
+    boxes = torch.stack([x, torch.zeros_like(x), x + 9, torch.full_like(x, 9)], dim=1)
+    scores = 1 - torch.arange(51, dtype=torch.float32) / 100
+    idxs = torch.zeros(51, dtype=torch.long)
+    assert box_utils.matrix_batched_nms_t(boxes, scores, idxs, 0.5).tolist() == list(range(0, 51, 2))

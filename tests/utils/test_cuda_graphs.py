@@ -48,3 +48,19 @@ def test_rcnn_detections_with_the_graphed_body_equal_the_eager_ones():
             np.testing.assert_array_equal(a, b)
     captured = cuda_graphs._PER_OWNER[model]['body_and_rpn_head']._graphs
     assert len(captured) == 1 and all(captured.values())  # one padded size, replayed (not refused)
+
+
+@needs_cuda
+def test_a_shape_is_captured_the_second_time_it_comes_and_replays_its_values():
+    layer = nn.Conv2d(3, 4, 3).cuda().eval()
+    graphed = cuda_graphs.GraphedCallable(lambda x: torch.relu(layer(x)), max_graphs=1)
+    rare, common = torch.randn(1, 3, 9, 9, device='cuda'), torch.randn(1, 3, 8, 8, device='cuda')
+    with torch.no_grad():
+        graphed(rare)
+        assert not graphed._graphs  # seen once: run directly, no capture
+        for _ in range(3):
+            x = torch.randn_like(common)
+            torch.testing.assert_close(graphed(x), torch.relu(layer(x)), rtol=0, atol=0)
+        assert list(graphed._graphs) and all(graphed._graphs.values())
+        graphed(rare)  # its second time, but the one place is taken: still run directly
+        assert len(graphed._graphs) == 1
