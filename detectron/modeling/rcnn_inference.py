@@ -82,7 +82,7 @@ def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False):
     blob, im_scale, im_info = blob_utils.get_image_blob_t(
         im, image_params.scale, image_params.max_size, image_params.pixel_means, image_params.stride,
         model_device(model))
-    graphed = {}
+    graphed = {}  # `body` only when replayed: any model callable as model(images, im_info) still runs here
     if cuda_graphs and blob.is_cuda:
         graphed['body'] = graphed_method(model, 'body_and_rpn_head', type(model).body_and_rpn_head)
     with torch.no_grad():
