@@ -663,11 +663,13 @@ def profile_train_rows(rows, args, device, report, context):
 
 def profile_test_rows(rows, args, device, report):
     """The realistic case's inference, ours (STD_NMS False) and torchvision's, one image per step."""
-    for row in rows:
-        if row.name in ('ours, realistic, STD_NMS False', 'torchvision (equal work), realistic'):
-            trace = trace_path(args, 'test_' + row.name.split(',')[0].split()[0])
-            report.add_profile(row.name, profile_row(row, args.profile_steps, args.warmup, device, trace),
-                               batch=1, size=[args.height, args.width])
+    by_name = {row.name: row for row in rows}
+    for name, row_name in (('ours', 'ours, realistic, STD_NMS False'),
+                           ('torchvision', 'torchvision (equal work), realistic')):
+        row = by_name[row_name]
+        report.add_profile(row.name, profile_row(row, args.profile_steps, args.warmup, device,
+                                                 trace_path(args, 'test_' + name)),
+                           batch=1, size=[args.height, args.width])
 
 
 # ---------------------------------------------------------------------------------------------
