@@ -84,6 +84,7 @@ __C.TRAIN.AUTO_RESUME = True
 __C.TRAIN.COPY_WEIGHTS = False
 __C.TRAIN.FREEZE_AT = 2
 __C.TRAIN.CHECKPOINT_ACTIVATIONS = False  # port: recompute backbone activations to save memory
+__C.TRAIN.CUDA_GRAPHS = True  # port: on a GPU, the R-CNN body and RPN head forward + backward replayed from CUDA graphs (per padded batch shape)
 
 # ---------------------------------------------------------------------------------------------
 # Data loader

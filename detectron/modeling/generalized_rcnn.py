@@ -12,6 +12,12 @@ from detectron.modeling import fast_rcnn_heads, rpn_heads
 from detectron.modeling.roi_pooling import roi_feature_transform
 from detectron.roi_data.fast_rcnn import sample_rois
 from detectron.roi_data.rpn import rpn_targets
+from detectron.utils.cuda_graphs import graphed_training_method
+
+# Padded batch shapes whose training body gets CUDA graphs (the rest run eagerly): on COCO-like data
+# at 2 images per GPU, 8 shapes cover about 93% of the batches (coco_tiny, BENCHMARKS.md); all
+# shapes share one memory pool, so a shape costs about its static outputs and gradients.
+TRAIN_MAX_GRAPHS = 8
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class RCNNParams:
     roi_spatial_scales: tuple = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
     roi_canonical_scale: int = 224
     roi_canonical_level: int = 4
+    train_cuda_graphs: bool = False  # on a GPU, replay body_and_rpn_head's forward and backward in training
 
 
 class GeneralizedRCNN(nn.Module):
@@ -57,7 +64,8 @@ class GeneralizedRCNN(nn.Module):
 
     `body_and_rpn_head(images)` is the part of the forward with fixed shapes for a given image size
     (no host synchronisation), so the test path can replay it from a CUDA graph: `model(images,
-    im_info, body=...)` takes its outputs from `body` instead.
+    im_info, body=...)` takes its outputs from `body` instead. With params.train_cuda_graphs,
+    training replays it (forward and backward) from graphs per padded batch shape.
     """
 
     def __init__(self, conv_body, rpn, box_head, box_outs, params: RCNNParams):
@@ -69,6 +77,9 @@ class GeneralizedRCNN(nn.Module):
         self.params = params
 
     def forward(self, images, im_info, targets=None, body=None):
+        if body is None and self.training and self.params.train_cuda_graphs:
+            body = graphed_training_method(self, 'body_and_rpn_head', GeneralizedRCNN.body_and_rpn_head,
+                                           max_graphs=TRAIN_MAX_GRAPHS)
         features, logits, deltas = _split_in_three((body or self.body_and_rpn_head)(images))
         anchors = rpn_heads.fpn_anchors(
             [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,

@@ -162,6 +162,8 @@ def rcnn_params(cfg, num_rpn_levels):
         roi_spatial_scales=tuple(1.0 / 2 ** lvl for lvl in roi_levels),
         roi_canonical_scale=cfg.FPN.ROI_CANONICAL_SCALE,
         roi_canonical_level=cfg.FPN.ROI_CANONICAL_LEVEL,
+        # Checkpointed stages recompute their forward inside the backward: left to run eagerly.
+        train_cuda_graphs=cfg.TRAIN.CUDA_GRAPHS and not cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
     )
 
 

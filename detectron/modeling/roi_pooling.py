@@ -36,7 +36,8 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
     compute_dtype = torch.promote_types(first.dtype, torch.float32)
     # RoIs grouped by level (index order kept within a level); the counts are the one host sync.
     order = levels.argsort(stable=True)
-    counts = torch.bincount(levels - k_min, minlength=len(features)).tolist()
+    counts = torch.zeros(len(features), dtype=torch.long, device=levels.device).index_add_(
+        0, levels - k_min, torch.ones_like(levels)).tolist()
     level_rois = rois.to(compute_dtype)[order].split(counts)
     pooled = torch.cat([
         roi_align(feature.to(compute_dtype), level_rois[k], output_size, spatial_scale=scale,

@@ -133,9 +133,9 @@ def _top_n_per_group(scores, groups, n):
     if n <= 0:
         return order
     sorted_groups = groups[order]
-    group_sizes = torch.bincount(sorted_groups)
-    group_starts = group_sizes.cumsum(0) - group_sizes
-    rank = torch.arange(order.numel(), device=order.device) - group_starts[sorted_groups]
+    # The first position of each row's group in the sorted groups (no host sync, unlike bincount).
+    group_starts = torch.searchsorted(sorted_groups, sorted_groups)
+    rank = torch.arange(order.numel(), device=order.device) - group_starts
     return order[rank < n]
 
 
@@ -174,7 +174,7 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     image_ids = torch.arange(num_images, device=device).repeat_interleave(
         scores.numel() // num_images)
 
-    keep = _keep_min_size_and_center_inside(boxes, im_info[image_ids], min_size)
+    keep = _keep_min_size_and_center_inside(boxes, im_info[image_ids], min_size).nonzero().squeeze(1)
     boxes, scores, levels, image_ids = boxes[keep], scores[keep], levels[keep], image_ids[keep]
 
     if nms_thresh > 0:

@@ -160,9 +160,8 @@ def _random_subset(eligible, image_ids, quotas, generator):
     # Sort image-major with the eligible rows of an image first, in random order.
     order = (image_ids.double() * 2 + (~eligible).double() + priority).argsort()
     sorted_ids = image_ids[order]
-    rows_per_image = torch.bincount(image_ids, minlength=len(quotas))
-    first_row = rows_per_image.cumsum(0) - rows_per_image
-    rank_in_image = torch.arange(num_rows, device=eligible.device) - first_row[sorted_ids]
+    first_row = torch.searchsorted(sorted_ids, sorted_ids)  # of each row's image (no host sync)
+    rank_in_image = torch.arange(num_rows, device=eligible.device) - first_row
     chosen = eligible[order] & (rank_in_image < quotas[sorted_ids])
     return torch.zeros_like(eligible).scatter_(0, order, chosen)
 

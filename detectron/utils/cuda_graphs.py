@@ -1,6 +1,7 @@
 """Replaying a fixed-shape GPU computation from a CUDA graph instead of launching its kernels one
 by one: at batch 1 a detector's forward is a few hundred small kernels, and launching them costs more
-than running them."""
+than running them; a training step of the R-CNN body at 2 images launches about 800 (forward and
+backward), and the host, not the GPU, sets its pace."""
 import logging
 import weakref
 
@@ -20,6 +21,15 @@ def graphed_method(owner, key, fn):
     if key not in per_owner:
         owner_ref = weakref.ref(owner)
         per_owner[key] = GraphedCallable(lambda x: fn(owner_ref(), x))
+    return per_owner[key]
+
+
+def graphed_training_method(owner, key, fn, max_graphs):
+    """The TrainingGraphedCallable of x -> fn(owner, x) for this owner (an nn.Module) and key, made on
+    first use and held like graphed_method's."""
+    per_owner = _PER_OWNER.setdefault(owner, {})
+    if key not in per_owner:
+        per_owner[key] = TrainingGraphedCallable(weakref.ref(owner), fn, max_graphs=max_graphs)
     return per_owner[key]
 
 
@@ -43,8 +53,16 @@ class GraphedCallable:
         self._seen_once = set()
 
     def __call__(self, x):
-        if x.device.type != 'cuda':
+        entry = self._entry(x) if x.device.type == 'cuda' else None
+        if not entry:  # a CPU input, a first sight, a failed capture or too many shapes: run the kernels
             return self.fn(x)
+        static_input, graph, static_output = entry
+        static_input.copy_(x)
+        graph.replay()
+        return static_output
+
+    def _entry(self, x):
+        """The capture for x's shape (made on its second appearance), or None / False to run fn."""
         autocast = torch.is_autocast_enabled('cuda')
         key = (tuple(x.shape), x.dtype, x.device, autocast, torch.get_autocast_dtype('cuda') if autocast else None)
         entry = self._graphs.get(key)
@@ -52,12 +70,7 @@ class GraphedCallable:
             self._seen_once.add(key)
         elif entry is None and len(self._graphs) < self.max_graphs:
             entry = self._graphs[key] = self._capture(x, autocast)
-        if not entry:  # capture failed, or too many shapes: run the kernels one by one
-            return self.fn(x)
-        static_input, graph, static_output = entry
-        static_input.copy_(x)
-        graph.replay()
-        return static_output
+        return entry
 
     def _call_fn(self, x, autocast):
         if not autocast:
@@ -95,6 +108,139 @@ class GraphedCallable:
                            'running without the graph', tuple(x.shape))
             return False
         return static_input, graph, static_output
+
+
+class TrainingGraphedCallable(GraphedCallable):
+    """module_ref() -> an nn.Module, and x -> fn(module, x) a tuple of tensors, in training: the
+    forward and its backward (the gradients of the module's trainable parameters) are replayed from
+    a pair of CUDA graphs per input shape, dtype and autocast state, captured as GraphedCallable's
+    (second appearance, at most max_graphs shapes, the first replay's outputs checked bit for bit
+    against the eager ones). Without grad mode, on the CPU, or for a model with SyncBatchNorm (its
+    collectives are not captured) fn runs directly.
+
+    The graphs read the parameters' memory: updates in place (optimizer steps, load_state_dict)
+    are seen, moving the module (to another device or dtype) after a capture is not. The graphs of
+    all shapes share one memory pool: a forward and its backward replay back to back, which is how
+    a training step runs them (forward, losses, backward). Gradients reach the parameters through
+    autograd as usual (AccumulateGrad, so DDP's hooks, gradient accumulation and GradScaler work).
+    """
+
+    def __init__(self, module_ref, fn, max_graphs, warmup_calls=2):
+        super().__init__(lambda x: fn(module_ref(), x), max_graphs=max_graphs, warmup_calls=warmup_calls)
+        self.module_ref = module_ref
+        self.method = fn
+        self._pool = None
+        self._sync_batchnorm = None  # looked up on the first call (models are converted before training)
+
+    def __call__(self, x):
+        if self._sync_batchnorm is None:
+            self._sync_batchnorm = any(isinstance(m, torch.nn.SyncBatchNorm) for m in self.module_ref().modules())
+        usable = x.device.type == 'cuda' and torch.is_grad_enabled() and not self._sync_batchnorm
+        entry = self._entry(x) if usable else None
+        if not entry:
+            return self.fn(x)
+        return _ReplayTrainingGraphs.apply(entry, x, *entry.params)
+
+    def _capture(self, x, autocast):
+        module = self.module_ref()
+        trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        call = _MethodCall(module, self.method)
+        static_input = x.clone()
+        side = torch.cuda.Stream(device=x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        self._pool = self._pool or torch.cuda.graph_pool_handle()
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_calls):
+                    outputs, aliases = self._forward(call, trainable, static_input, autocast)
+                    torch.autograd.grad(outputs, aliases, [torch.ones_like(o) for o in outputs], allow_unused=True)
+                previous = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode('error')
+                try:
+                    eager_output = _cloned(self._forward(call, trainable, static_input, autocast)[0])
+                finally:
+                    torch.cuda.set_sync_debug_mode(previous)
+                del outputs, aliases
+            torch.cuda.current_stream(x.device).wait_stream(side)
+            entry = _TrainingCapture(static_input, [p for _, p in trainable])
+            entry.capture(lambda: self._forward(call, trainable, static_input, autocast), self._pool)
+        except RuntimeError as err:
+            logger.warning('CUDA graph capture of training input %s failed, running without it: %s', tuple(x.shape),
+                           str(err).splitlines()[0] if str(err) else type(err).__name__)
+            return False
+        if not _all_equal(entry.static_outputs, eager_output):
+            logger.warning('CUDA graph replay of training input %s differs from running its kernels one by one; '
+                           'running without the graph', tuple(x.shape))
+            return False
+        return entry
+
+    def _forward(self, call, trainable, x, autocast):
+        """fn's outputs computed from aliases of the trainable parameters (views made here, on the
+        capturing stream), and those aliases: the backward stops at them, so it never touches the
+        parameters' AccumulateGrad nodes (DDP keeps those alive, made on another stream, and a
+        capture may not wait on another stream)."""
+        aliases = {'module.' + name: p.view_as(p) for name, p in trainable}
+        if autocast:
+            with torch.autocast('cuda', dtype=torch.get_autocast_dtype('cuda'), cache_enabled=False):
+                outputs = torch.func.functional_call(call, aliases, (x,), strict=False)
+        else:
+            outputs = torch.func.functional_call(call, aliases, (x,), strict=False)
+        return tuple(outputs), list(aliases.values())
+
+
+class _MethodCall(torch.nn.Module):
+    """module and fn as one nn.Module whose forward is fn(module, x), for functional_call; made
+    for a capture and dropped after it, so no graph holds the model."""
+
+    def __init__(self, module, fn):
+        super().__init__()
+        self.module = module
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self.module, x)
+
+
+class _TrainingCapture:
+    """The static input, the forward graph and its outputs, the backward graph, its incoming
+    gradients and the parameter gradients it writes."""
+
+    def __init__(self, static_input, params):
+        self.static_input = static_input
+        self.params = params
+
+    def capture(self, forward, pool):
+        self.forward_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.forward_graph, pool=pool):
+            outputs, aliases = forward()
+        self.static_outputs = tuple(o.detach() for o in outputs)
+        self.static_grad_outputs = tuple(torch.empty_like(o) for o in outputs)
+        self.backward_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.backward_graph, pool=pool):
+            self.static_param_grads = torch.autograd.grad(
+                outputs, aliases, self.static_grad_outputs, allow_unused=True)
+        self.forward_graph.replay()  # the outputs the eager run is compared with
+
+
+class _ReplayTrainingGraphs(torch.autograd.Function):
+    """Forward: copy the input in, replay the forward graph. Backward: copy the incoming gradients
+    in, replay the backward graph, hand out copies of the parameter gradients (the graph's buffers
+    are overwritten by the next replay; AccumulateGrad may keep what it is given as .grad)."""
+
+    @staticmethod
+    def forward(ctx, entry, x, *params):
+        ctx.entry = entry
+        entry.static_input.copy_(x)
+        entry.forward_graph.replay()
+        return tuple(o.detach() for o in entry.static_outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        entry = ctx.entry
+        for static, grad in zip(entry.static_grad_outputs, grads):
+            static.copy_(grad)
+        entry.backward_graph.replay()
+        return (None, None) + tuple(None if g is None else g.clone() for g in entry.static_param_grads)
 
 
 def _as_tuple(output):
