@@ -249,6 +249,17 @@ def test_fpn_anchors_follow_the_requested_device_and_sizes():
         [-24, -24, 39, 39], [-8, -24, 55, 39], [-24, -8, 39, 55], [-8, -8, 55, 55]]
 
 
+
+def test_fpn_anchors_are_made_once_per_level_shape():
+    first = rpn_heads.fpn_anchors([(3, 4), (2, 2)], strides=(8, 16), sizes=(32, 64))
+    second = rpn_heads.fpn_anchors([(3, 4), (5, 5)], strides=(8, 16), sizes=(32, 64))
+    assert second[0] is first[0]  # the same level shape: the cached tensor, no new kernels
+    assert second[1] is not first[1] and tuple(second[1].shape) == (5, 5, 3, 4)
+    # the cached level is what a fresh computation gives: (y=2, x=3) of stride 8 = cell + (24, 16)
+    cell = torch.as_tensor(rpn_heads.generate_anchors(stride=8, sizes=(32,), aspect_ratios=(0.5, 1, 2)))
+    torch.testing.assert_close(second[0][2, 3], cell.float() + torch.tensor([24., 16., 24., 16.]), rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------------------
 # proposals
 # ------------------------------------------------------------------------------------------------
