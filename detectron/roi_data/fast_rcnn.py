@@ -8,7 +8,6 @@ Mirrors what Detectron's CollectAndDistributeFpnRpnProposals op does in training
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from detectron.utils import boxes as box_utils
 
@@ -179,7 +178,8 @@ def _fg_then_bg_per_image(fg, bg, image_ids):
 def _expand_bbox_targets(regression_class, targets, num_reg_classes):
     """Compact (class, 4 targets) -> (S, 4K) blobs with the 4 values in columns 4c..4c+3 of class
     c > 0, and inside weights 1 there."""
-    on_class = F.one_hot(regression_class, num_reg_classes).bool()
+    # A comparison, not one_hot, which checks the class range on the host (a sync).
+    on_class = regression_class.unsqueeze(1) == torch.arange(num_reg_classes, device=regression_class.device)
     on_class[:, 0] = False
     on_class = on_class.unsqueeze(2).expand(-1, -1, 4)
     expanded = torch.where(on_class, targets.unsqueeze(1), torch.zeros_like(targets).unsqueeze(1))

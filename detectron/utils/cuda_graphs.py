@@ -144,6 +144,9 @@ class TrainingGraphedCallable(GraphedCallable):
     def _capture(self, x, autocast):
         module = self.module_ref()
         trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if len({p.dtype for _, p in trainable}) != 1:
+            logger.warning('CUDA graphs of training need trainable parameters of one dtype; running without them')
+            return False
         call = _MethodCall(module, self.method)
         static_input = x.clone()
         side = torch.cuda.Stream(device=x.device)
@@ -203,7 +206,8 @@ class _MethodCall(torch.nn.Module):
 
 class _TrainingCapture:
     """The static input, the forward graph and its outputs, the backward graph, its incoming
-    gradients and the parameter gradients it writes."""
+    gradients and the parameter gradients it writes (flat, in one buffer). The parameters share
+    one dtype (a model's float32 weights under autocast)."""
 
     def __init__(self, static_input, params):
         self.static_input = static_input
@@ -217,15 +221,22 @@ class _TrainingCapture:
         self.static_grad_outputs = tuple(torch.empty_like(o) for o in outputs)
         self.backward_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.backward_graph, pool=pool):
-            self.static_param_grads = torch.autograd.grad(
-                outputs, aliases, self.static_grad_outputs, allow_unused=True)
+            grads = torch.autograd.grad(outputs, aliases, self.static_grad_outputs, allow_unused=True)
+            # All gradients in one buffer, so handing out a copy is one kernel, not one per parameter.
+            self.flat_grads = torch.cat([g.reshape(-1) for g in grads if g is not None])
+        self.grad_shapes = [None if g is None else g.shape for g in grads]
         self.forward_graph.replay()  # the outputs the eager run is compared with
+
+    def param_grads(self):
+        """A fresh copy of the last backward replay's gradients, one per parameter (None if unused)."""
+        pieces = iter(self.flat_grads.clone().split([shape.numel() for shape in self.grad_shapes if shape is not None]))
+        return tuple(None if shape is None else next(pieces).view(shape) for shape in self.grad_shapes)
 
 
 class _ReplayTrainingGraphs(torch.autograd.Function):
     """Forward: copy the input in, replay the forward graph. Backward: copy the incoming gradients
-    in, replay the backward graph, hand out copies of the parameter gradients (the graph's buffers
-    are overwritten by the next replay; AccumulateGrad may keep what it is given as .grad)."""
+    in, replay the backward graph, hand out a copy of the parameter gradients (the graph's buffer
+    is overwritten by the next replay; AccumulateGrad may keep what it is given as .grad)."""
 
     @staticmethod
     def forward(ctx, entry, x, *params):
@@ -240,7 +251,7 @@ class _ReplayTrainingGraphs(torch.autograd.Function):
         for static, grad in zip(entry.static_grad_outputs, grads):
             static.copy_(grad)
         entry.backward_graph.replay()
-        return (None, None) + tuple(None if g is None else g.clone() for g in entry.static_param_grads)
+        return (None, None) + entry.param_grads()
 
 
 def _as_tuple(output):
