@@ -264,7 +264,7 @@ rcnn_loops() {  # train_net and test_net on coco_tiny's JPEGs against the synthe
     -- DATA_LOADER.NUM_THREADS 6 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops.md"
 }
 
-rcnn_test_repeated() {  # test_net on coco_tiny_val listed 10 times (800 images: one-time graph captures amortised), graphs on / off
+rcnn_test_repeated() {  # test_net on coco_tiny_val listed 10 times (800 images: one-time graph captures amortised), graphs on / off (TEST_GRAPHS)
   python3 - "$ROOT/.data/coco_tiny/annotations/instances_val2017.json" /tmp/val_x10.json <<'PY'
 import json, sys
 coco = json.load(open(sys.argv[1]))
@@ -280,7 +280,7 @@ catalog = json.load(open(sys.argv[1]))
 catalog['coco_tiny_val_x10'] = {'image_directory': sys.argv[2], 'annotation_file': '/tmp/val_x10.json'}
 json.dump(catalog, open(sys.argv[1], 'w'))
 PY
-  for graphs in True False; do
+  for graphs in ${TEST_GRAPHS:-True False}; do
     python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
       --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters 40 --loop-warmup 20 --loop-dir /tmp/bench_loops \
       -- DATA_LOADER.NUM_THREADS 6 TEST.CUDA_GRAPHS $graphs 2>&1 | grep -v '^{' | tee "$OUT/rcnn_test_x10_graphs_$graphs.md"
