@@ -160,8 +160,9 @@ def test_graphed_training_works_under_ddp(tmp_path):
 def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones():
     """Each step starts both models from the eager model's weights (copied in place, as an optimizer
     step writes them): the graphed losses must equal the eager ones bit for bit (a graph that read
-    stale weights would not), the gradients up to the order of float sums (a relative norm of 1e-4;
-    a wrong gradient would be off by its own size)."""
+    stale weights would not), the gradients within a relative norm of 1e-2: RoIAlign's backward adds
+    with atomics, so two EAGER runs already differ (8e-4 in conv1's gradient at the first step, H200);
+    a wrong gradient would be off by its own size."""
     from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
     from detectron.modeling import model_builder
     from detectron.modeling.optimizer import build_optimizer
@@ -194,9 +195,9 @@ def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones():
             assert step_losses[1] == step_losses[0], step
             for (name, a), b in zip(eager.named_parameters(), graphed.parameters()):
                 assert (a.grad is None) == (b.grad is None), name
-                if a.grad is not None:  # a feature map's gradient sums 3 paths, in another order here
+                if a.grad is not None:
                     error = float((b.grad - a.grad).norm() / a.grad.norm().clamp(min=1e-12))
-                    assert error < 1e-4, (step, name, error)
+                    assert error < 1e-2, (step, name, error)
             optimizer.step()
         captures = cuda_graphs._PER_OWNER[graphed]['body_and_rpn_head']._graphs
         assert len(captures) == 2 and all(captures.values())  # each shape captured on its second step
