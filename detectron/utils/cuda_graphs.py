@@ -122,7 +122,7 @@ class TrainingGraphedCallable(GraphedCallable):
     are seen, moving the module (to another device or dtype) after a capture is not. The graphs of
     all shapes share one memory pool: a forward and its backward replay back to back, which is how
     a training step runs them (forward, losses, backward). Gradients reach the parameters through
-    autograd as usual (AccumulateGrad, so DDP's hooks, gradient accumulation and GradScaler work).
+    autograd as usual (AccumulateGrad: DDP's hooks see them and a second backward adds to .grad).
     """
 
     def __init__(self, module_ref, fn, max_graphs, warmup_calls=2):
