@@ -149,8 +149,19 @@ class TrainingGraphedCallable(GraphedCallable):
             return False
         call = _MethodCall(module, self.method)
         static_input = x.clone()
-        side = torch.cuda.Stream(device=x.device)
-        side.wait_stream(torch.cuda.current_stream(x.device))
+        # The warm-up, eager and captured runs would each update BatchNorm's running statistics.
+        buffers = [(b, b.clone()) for b in module.buffers()]
+        try:
+            return self._captured(call, trainable, static_input, autocast)
+        finally:
+            with torch.no_grad():
+                for buffer, value in buffers:
+                    buffer.copy_(value)
+
+    def _captured(self, call, trainable, static_input, autocast):
+        device = static_input.device
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
         self._pool = self._pool or torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.stream(side):
@@ -164,16 +175,17 @@ class TrainingGraphedCallable(GraphedCallable):
                 finally:
                     torch.cuda.set_sync_debug_mode(previous)
                 del outputs, aliases
-            torch.cuda.current_stream(x.device).wait_stream(side)
+            torch.cuda.current_stream(device).wait_stream(side)
             entry = _TrainingCapture(static_input, [p for _, p in trainable])
             entry.capture(lambda: self._forward(call, trainable, static_input, autocast), self._pool)
         except RuntimeError as err:
-            logger.warning('CUDA graph capture of training input %s failed, running without it: %s', tuple(x.shape),
+            logger.warning('CUDA graph capture of training input %s failed, running without it: %s',
+                           tuple(static_input.shape),
                            str(err).splitlines()[0] if str(err) else type(err).__name__)
             return False
         if not _all_equal(entry.static_outputs, eager_output):
             logger.warning('CUDA graph replay of training input %s differs from running its kernels one by one; '
-                           'running without the graph', tuple(x.shape))
+                           'running without the graph', tuple(static_input.shape))
             return False
         return entry
 

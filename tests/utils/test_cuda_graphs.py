@@ -130,6 +130,44 @@ def test_graphed_training_gradients_equal_eager_ones_and_accumulate():
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
 
 
+class _ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def body(self, x):
+        return (torch.relu(self.bn(self.conv(x))),)
+
+    def forward(self, x, graphed):
+        body = cuda_graphs.graphed_training_method(self, 'body', _ConvBN.body, max_graphs=2) if graphed else self.body
+        (y,) = body(x)
+        return (y * y).mean()
+
+
+@needs_cuda
+def test_graphed_training_updates_batchnorm_statistics_once_per_step():
+    """The capture's warm-up, eager and first replayed runs must not count as training steps."""
+    previous = _deterministic_cudnn()
+    try:
+        torch.manual_seed(0)
+        eager, graphed = _ConvBN().cuda().train(), _ConvBN().cuda().train()
+        graphed.load_state_dict(eager.state_dict())
+        for _ in range(4):  # eager, capture + replay, replay, replay
+            x = torch.randn(2, 3, 8, 8, device='cuda')
+            for net, use_graph in ((eager, False), (graphed, True)):
+                net.zero_grad(set_to_none=True)
+                net(x, use_graph).backward()
+        assert int(graphed.bn.num_batches_tracked) == int(eager.bn.num_batches_tracked) == 4
+        torch.testing.assert_close(graphed.bn.running_mean, eager.bn.running_mean, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(graphed.bn.running_var, eager.bn.running_var, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(graphed.conv.weight.grad, eager.conv.weight.grad, rtol=1e-5, atol=1e-7)
+        captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
+        assert len(captures) == 1 and all(captures.values())
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
+
+
 @needs_cuda
 def test_graphed_training_works_under_ddp(tmp_path):
     """DDP keeps the parameters' AccumulateGrad nodes (made on the default stream) alive; the
