@@ -549,6 +549,14 @@ def torchvision_test_row(name, model, image, device, precision):
                resident=lambda: _model_tensors(model), info=torchvision_test_facts(model, image, device, precision))
 
 
+def ours_test_name(case, std_nms):
+    return 'ours, {}, STD_NMS {}'.format(case, std_nms)
+
+
+def torchvision_test_name(case):
+    return 'torchvision (equal work), {}'.format(case)
+
+
 def calibrate_realistic(box_layers, box_head, run, per_class, score_thresh):
     """Bias this model's classifier so that about per_class RoIs per class pass score_thresh."""
     features = capture(box_head, run, lambda out: out.detach().float())
@@ -580,9 +588,9 @@ def build_test_rows(args, device, precision):
         else:
             set_loaded_classifier(*ours_box_layers(ours_case), TEST_NUM_CLASSES)
             set_loaded_classifier(*torchvision_box_layers(tv_case), TEST_NUM_CLASSES)
-        ours_rows = [ours_test_row('ours, {}, STD_NMS {}'.format(case, std), ours_case, image, device, precision,
+        ours_rows = [ours_test_row(ours_test_name(case, std), ours_case, image, device, precision,
                                    dict(base, STD_NMS=std)) for std in std_options]
-        tv_row = torchvision_test_row('torchvision (equal work), {}'.format(case), tv_case, image, device, precision)
+        tv_row = torchvision_test_row(torchvision_test_name(case), tv_case, image, device, precision)
         rows += ours_rows + [tv_row]
         ratios.append(('torchvision ms / ours ms (STD_NMS False), {}: our speed-up'.format(case), tv_row, ours_rows[0]))
         if len(ours_rows) > 1:
@@ -664,8 +672,8 @@ def profile_train_rows(rows, args, device, report, context):
 def profile_test_rows(rows, args, device, report):
     """The realistic case's inference, ours (STD_NMS False) and torchvision's, one image per step."""
     by_name = {row.name: row for row in rows}
-    for name, row_name in (('ours', 'ours, realistic, STD_NMS False'),
-                           ('torchvision', 'torchvision (equal work), realistic')):
+    for name, row_name in (('ours', ours_test_name('realistic', False)),
+                           ('torchvision', torchvision_test_name('realistic'))):
         row = by_name[row_name]
         report.add_profile(row.name, profile_row(row, args.profile_steps, args.warmup, device,
                                                  trace_path(args, 'test_' + name)),
