@@ -93,11 +93,9 @@ def _deltas_in_anchor_order(deltas):
     return deltas.permute(0, 2, 3, 1).reshape(deltas.shape[0], -1, 4)
 
 
-def _decoded_top_proposals(logits, deltas, anchors, pre_nms_top_n, xyxy):
-    """One level: the pre_nms_top_n best-scoring anchors of each image, decoded.
-
-    Returns boxes (B, k, 4) in network-input coordinates (unclipped) and scores (B, k), best first.
-    """
+def _top_anchors(logits, deltas, anchors, pre_nms_top_n):
+    """One level: the pre_nms_top_n best-scoring anchors of each image, best first, as their
+    scores (B, k), deltas (B, k, 4) and anchor boxes (B, k, 4)."""
     # float32 whatever the head ran in (e.g. autocast): box decoding needs the precision.
     scores = _scores_in_anchor_order(logits.float())
     num_anchors = scores.shape[1]
@@ -105,16 +103,15 @@ def _decoded_top_proposals(logits, deltas, anchors, pre_nms_top_n, xyxy):
     top_scores, top_idx = scores.topk(k, dim=1, sorted=True)
     top_deltas = torch.gather(
         _deltas_in_anchor_order(deltas.float()), 1, top_idx.unsqueeze(-1).expand(-1, -1, 4))
-    top_anchors = anchors.reshape(-1, 4)[top_idx]
-    boxes = box_utils.bbox_transform_t(top_anchors.reshape(-1, 4), top_deltas.reshape(-1, 4),
-                                       RPN_BBOX_REG_WEIGHTS, xyxy=xyxy)
-    return boxes.reshape(top_deltas.shape), top_scores
+    return top_scores, top_deltas, anchors.reshape(-1, 4)[top_idx]
 
 
-def _clip_to_images(boxes, im_info):
-    """Clip (B, k, 4) boxes of each image to its im_info height and width."""
-    return torch.stack([box_utils.clip_tiled_boxes_t(image_boxes, height, width)
-                        for image_boxes, (height, width, _) in zip(boxes, im_info)])
+def _decoded_and_clipped(anchors, deltas, im_info, xyxy):
+    """(B, k, 4) anchors and deltas -> boxes in network-input coordinates, clipped to each image's
+    im_info height and width; every level at once (one decode, element by element as per level)."""
+    boxes = box_utils.bbox_transform_t(anchors.reshape(-1, 4), deltas.reshape(-1, 4),
+                                       RPN_BBOX_REG_WEIGHTS, xyxy=xyxy).reshape(deltas.shape)
+    return box_utils.clip_tiled_boxes_t(boxes, im_info[:, 0].view(-1, 1, 1), im_info[:, 1].view(-1, 1, 1))
 
 
 def _keep_min_size_and_center_inside(boxes, box_im_info, min_size):
@@ -170,16 +167,12 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     """
     num_images = logits[0].shape[0]
     device = logits[0].device
-    boxes, scores, levels = [], [], []
-    for level, (lvl_logits, lvl_deltas, lvl_anchors) in enumerate(zip(logits, deltas, anchors)):
-        lvl_boxes, lvl_scores = _decoded_top_proposals(
-            lvl_logits, lvl_deltas, lvl_anchors, pre_nms_top_n, xyxy)
-        boxes.append(lvl_boxes)
-        scores.append(lvl_scores)
-        levels.append(torch.full_like(lvl_scores, level, dtype=torch.long))
-    boxes = _clip_to_images(torch.cat(boxes, dim=1), im_info).reshape(-1, 4)
-    scores = torch.cat(scores, dim=1).reshape(-1)
-    levels = torch.cat(levels, dim=1).reshape(-1)
+    top = [_top_anchors(*level, pre_nms_top_n) for level in zip(logits, deltas, anchors)]
+    top_scores, top_deltas, top_anchors = (torch.cat(parts, dim=1) for parts in zip(*top))
+    boxes = _decoded_and_clipped(top_anchors, top_deltas, im_info, xyxy).reshape(-1, 4)
+    scores = top_scores.reshape(-1)
+    levels = torch.cat([torch.full_like(lvl_scores, level, dtype=torch.long)
+                        for level, (lvl_scores, _, _) in enumerate(top)], dim=1).reshape(-1)
     image_ids = torch.arange(num_images, device=device).repeat_interleave(
         scores.numel() // num_images)
 

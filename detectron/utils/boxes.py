@@ -66,8 +66,9 @@ def box_iou_t(boxes_a, boxes_b):
 def clip_tiled_boxes_t(boxes, height, width):
     """Clip (..., 4k) boxes to the image: x to [0, width - 1], y to [0, height - 1].
 
-    height and width may be numbers or 0-dim tensors (e.g. rows of im_info, kept on the device:
-    no host sync). Returns a new tensor.
+    height and width may be numbers or tensors that broadcast against boxes[..., :1] (e.g. a row
+    of im_info, or a column of them viewed as (B, 1, 1) for (B, k, 4) boxes; kept on the device: no
+    host sync). Returns a new tensor.
     """
     if boxes.shape[-1] % 4 != 0:
         raise ValueError(f'boxes must have 4k columns (x1, y1, x2, y2 per box), got shape {tuple(boxes.shape)}')
