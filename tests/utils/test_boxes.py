@@ -221,6 +221,16 @@ def test_clip_tiled_boxes_t_takes_tensor_sizes_and_keeps_dtype():
         box_utils.clip_tiled_boxes_t(torch.zeros(2, 5), 10, 10)
 
 
+def test_clip_tiled_boxes_t_clips_each_image_to_its_own_size():
+    boxes = torch.tensor([[[-5., -3., 120., 50.], [30., 60., 45., 80.]],
+                          [[-5., -3., 120., 50.], [30., 60., 45., 80.]]])
+    heights, widths = torch.tensor([40., 70.]), torch.tensor([100., 40.])
+    out = box_utils.clip_tiled_boxes_t(boxes, heights.view(-1, 1, 1), widths.view(-1, 1, 1))
+    # image 0 is 40 high, 100 wide; image 1 is 70 high, 40 wide
+    np.testing.assert_array_equal(out.numpy(), [[[0, 0, 99, 39], [30, 39, 45, 39]],
+                                                [[0, 0, 39, 50], [30, 60, 39, 69]]])
+
+
 def test_clip_boxes_to_image_leaves_score_column():
     dets = np.array([[-1, 5, 70, 90, 0.7]], F32)
     box_utils.clip_boxes_to_image(dets, 60, 50)
