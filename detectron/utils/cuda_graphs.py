@@ -2,6 +2,7 @@
 by one: at batch 1 a detector's forward is a few hundred small kernels, and launching them costs more
 than running them; a training step of the R-CNN body at 2 images launches about 800 (forward and
 backward), and the host, not the GPU, sets its pace."""
+import contextlib
 import logging
 import weakref
 
@@ -17,19 +18,20 @@ _PER_OWNER = weakref.WeakKeyDictionary()
 def graphed_method(owner, key, fn):
     """The GraphedCallable of x -> fn(owner, x) for this owner and key, made on first use. It holds
     the owner weakly, so the graphs (and their memory pools) go with the owner."""
-    per_owner = _PER_OWNER.setdefault(owner, {})
-    if key not in per_owner:
-        owner_ref = weakref.ref(owner)
-        per_owner[key] = GraphedCallable(lambda x: fn(owner_ref(), x))
-    return per_owner[key]
+    return _owned(owner, key, lambda owner_ref: GraphedCallable(lambda x: fn(owner_ref(), x)))
 
 
 def graphed_training_method(owner, key, fn, max_graphs):
     """The TrainingGraphedCallable of x -> fn(owner, x) for this owner (an nn.Module) and key, made on
     first use and held like graphed_method's."""
+    return _owned(owner, key, lambda owner_ref: TrainingGraphedCallable(owner_ref, fn, max_graphs=max_graphs))
+
+
+def _owned(owner, key, make):
+    """The callable kept for (owner, key), made by make(weak reference to owner) on first use."""
     per_owner = _PER_OWNER.setdefault(owner, {})
     if key not in per_owner:
-        per_owner[key] = TrainingGraphedCallable(weakref.ref(owner), fn, max_graphs=max_graphs)
+        per_owner[key] = make(weakref.ref(owner))
     return per_owner[key]
 
 
@@ -44,6 +46,8 @@ class GraphedCallable:
     if its first replay gives bit for bit what running fn's kernels one by one gave on the same
     input: a kernel that is not safe to capture then costs speed, not correctness.
     """
+
+    _what = 'input'  # in the log lines of a refused capture
 
     def __init__(self, fn, max_graphs=4, warmup_calls=2):
         self.fn = fn
@@ -72,42 +76,47 @@ class GraphedCallable:
             entry = self._graphs[key] = self._capture(x, autocast)
         return entry
 
-    def _call_fn(self, x, autocast):
-        if not autocast:
-            return self.fn(x)
-        # Autocast's cast cache must be off while a graph is captured (and while it warms up).
-        with torch.autocast('cuda', dtype=torch.get_autocast_dtype('cuda'), cache_enabled=False):
-            return self.fn(x)
-
     def _capture(self, x, autocast):
+        """Warm up, run eagerly for reference, record; the entry, or False when refused."""
         static_input = x.clone()
         try:
             side = torch.cuda.Stream(device=x.device)
             side.wait_stream(torch.cuda.current_stream(x.device))
             with torch.cuda.stream(side):
                 for _ in range(self.warmup_calls):  # cuDNN autotuning and lazy init happen here
-                    self._call_fn(static_input, autocast)
+                    self._warm_up(static_input, autocast)
                 # A host synchronisation would break the capture (and the stream with it): find it first.
                 previous = torch.cuda.get_sync_debug_mode()
                 torch.cuda.set_sync_debug_mode('error')
                 try:
-                    eager_output = _cloned(self._call_fn(static_input, autocast))
+                    eager_output = _cloned(self._run(static_input, autocast))
                 finally:
                     torch.cuda.set_sync_debug_mode(previous)
             torch.cuda.current_stream(x.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_output = self._call_fn(static_input, autocast)
-            graph.replay()
+            entry, static_output = self._record(static_input, autocast)
         except RuntimeError as err:
-            logger.warning('CUDA graph capture of input %s failed, running without it: %s', tuple(x.shape),
+            logger.warning('CUDA graph capture of %s %s failed, running without it: %s', self._what, tuple(x.shape),
                            str(err).splitlines()[0] if str(err) else type(err).__name__)
             return False
         if not _all_equal(static_output, eager_output):
-            logger.warning('CUDA graph replay of input %s differs from running its kernels one by one; '
-                           'running without the graph', tuple(x.shape))
+            logger.warning('CUDA graph replay of %s %s differs from running its kernels one by one; '
+                           'running without the graph', self._what, tuple(x.shape))
             return False
-        return static_input, graph, static_output
+        return entry
+
+    def _run(self, x, autocast):
+        with _capture_autocast(autocast):
+            return self.fn(x)
+
+    _warm_up = _run
+
+    def _record(self, static_input, autocast):
+        """(entry, its output buffers) of a graph of fn on static_input, replayed once."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_output = self._run(static_input, autocast)
+        graph.replay()
+        return (static_input, graph, static_output), static_output
 
 
 class TrainingGraphedCallable(GraphedCallable):
@@ -124,6 +133,8 @@ class TrainingGraphedCallable(GraphedCallable):
     a training step runs them (forward, losses, backward). Gradients reach the parameters through
     autograd as usual (AccumulateGrad: DDP's hooks see them and a second backward adds to .grad).
     """
+
+    _what = 'training input'
 
     def __init__(self, module_ref, fn, max_graphs, warmup_calls=2):
         super().__init__(lambda x: fn(module_ref(), x), max_graphs=max_graphs, warmup_calls=warmup_calls)
@@ -143,63 +154,44 @@ class TrainingGraphedCallable(GraphedCallable):
 
     def _capture(self, x, autocast):
         module = self.module_ref()
-        trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-        if len({p.dtype for _, p in trainable}) != 1:
+        if len({p.dtype for p in self._trainable(module).values()}) != 1:
             logger.warning('CUDA graphs of training need trainable parameters of one dtype; running without them')
             return False
-        call = _MethodCall(module, self.method)
-        static_input = x.clone()
         # The warm-up, eager and captured runs would each update BatchNorm's running statistics.
         buffers = [(b, b.clone()) for b in module.buffers()]
+        self._pool = self._pool or torch.cuda.graph_pool_handle()
         try:
-            return self._captured(call, trainable, static_input, autocast)
+            return super()._capture(x, autocast)
         finally:
             with torch.no_grad():
                 for buffer, value in buffers:
                     buffer.copy_(value)
 
-    def _captured(self, call, trainable, static_input, autocast):
-        device = static_input.device
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        self._pool = self._pool or torch.cuda.graph_pool_handle()
-        try:
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup_calls):
-                    outputs, aliases = self._forward(call, trainable, static_input, autocast)
-                    torch.autograd.grad(outputs, aliases, [torch.ones_like(o) for o in outputs], allow_unused=True)
-                previous = torch.cuda.get_sync_debug_mode()
-                torch.cuda.set_sync_debug_mode('error')
-                try:
-                    eager_output = _cloned(self._forward(call, trainable, static_input, autocast)[0])
-                finally:
-                    torch.cuda.set_sync_debug_mode(previous)
-                del outputs, aliases
-            torch.cuda.current_stream(device).wait_stream(side)
-            entry = _TrainingCapture(static_input, [p for _, p in trainable])
-            entry.capture(lambda: self._forward(call, trainable, static_input, autocast), self._pool)
-        except RuntimeError as err:
-            logger.warning('CUDA graph capture of training input %s failed, running without it: %s',
-                           tuple(static_input.shape),
-                           str(err).splitlines()[0] if str(err) else type(err).__name__)
-            return False
-        if not _all_equal(entry.static_outputs, eager_output):
-            logger.warning('CUDA graph replay of training input %s differs from running its kernels one by one; '
-                           'running without the graph', tuple(static_input.shape))
-            return False
-        return entry
+    def _warm_up(self, x, autocast):
+        outputs, aliases = self._forward(x, autocast)
+        torch.autograd.grad(outputs, aliases, [torch.ones_like(o) for o in outputs], allow_unused=True)
 
-    def _forward(self, call, trainable, x, autocast):
+    def _run(self, x, autocast):
+        return self._forward(x, autocast)[0]
+
+    def _record(self, static_input, autocast):
+        entry = _TrainingCapture(static_input, list(self._trainable(self.module_ref()).values()))
+        entry.capture(lambda: self._forward(static_input, autocast), self._pool)
+        return entry, entry.static_outputs
+
+    @staticmethod
+    def _trainable(module):
+        return {name: p for name, p in module.named_parameters() if p.requires_grad}
+
+    def _forward(self, x, autocast):
         """fn's outputs computed from aliases of the trainable parameters (views made here, on the
         capturing stream), and those aliases: the backward stops at them, so it never touches the
         parameters' AccumulateGrad nodes (DDP keeps those alive, made on another stream, and a
         capture may not wait on another stream)."""
-        aliases = {'module.' + name: p.view_as(p) for name, p in trainable}
-        if autocast:
-            with torch.autocast('cuda', dtype=torch.get_autocast_dtype('cuda'), cache_enabled=False):
-                outputs = torch.func.functional_call(call, aliases, (x,), strict=False)
-        else:
-            outputs = torch.func.functional_call(call, aliases, (x,), strict=False)
+        module = self.module_ref()
+        aliases = {'module.' + name: p.view_as(p) for name, p in self._trainable(module).items()}
+        with _capture_autocast(autocast):
+            outputs = torch.func.functional_call(_MethodCall(module, self.method), aliases, (x,), strict=False)
         return tuple(outputs), list(aliases.values())
 
 
@@ -264,6 +256,14 @@ class _ReplayTrainingGraphs(torch.autograd.Function):
             static.copy_(grad)
         entry.backward_graph.replay()
         return (None, None) + entry.param_grads()
+
+
+def _capture_autocast(autocast):
+    """Autocast as the caller had it, with its cast cache off: cached casts would not be redone by
+    a replay (and the cache must be off while a graph is captured, and while it warms up)."""
+    if not autocast:
+        return contextlib.nullcontext()
+    return torch.autocast('cuda', dtype=torch.get_autocast_dtype('cuda'), cache_enabled=False)
 
 
 def _as_tuple(output):
