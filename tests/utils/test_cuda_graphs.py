@@ -95,39 +95,37 @@ def test_training_graphs_run_the_method_itself_on_the_cpu_and_without_grad_mode(
     assert not graphed._graphs and not graphed._seen_once  # never even looked at a shape
 
 
-def _deterministic_cudnn():
+@pytest.fixture
+def deterministic_cudnn():
     previous = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    return previous
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
 
 
 @needs_cuda
-def test_graphed_training_gradients_equal_eager_ones_and_accumulate():
-    previous = _deterministic_cudnn()
-    try:
-        torch.manual_seed(0)
-        eager, graphed = _TwoConvs().cuda(), _TwoConvs().cuda()
-        graphed.load_state_dict(eager.state_dict())
-        shapes = [(2, 3, 8, 8)] * 3 + [(2, 3, 10, 6)] * 3
-        for step, shape in enumerate(shapes):
-            x = torch.randn(shape, device='cuda')
-            # Two backward passes before reading .grad: the second must add to the first, and
-            # the graph's gradient buffers, overwritten by it, must not be what .grad holds.
-            for net, use_graph in ((eager, False), (graphed, True)):
-                net.zero_grad(set_to_none=True)
-                net(x, use_graph).backward()
-                net(2 * x, use_graph).backward()
-            for a, b in zip(eager.parameters(), graphed.parameters()):
-                assert (a.grad is None) == (b.grad is None)
-                if a.grad is not None:
-                    torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-7)
-            with torch.no_grad():  # an optimizer step in place: the graphs must read the new weights
-                for net in (eager, graphed):
-                    net.shared.weight -= 0.1 * net.shared.weight.grad
-        captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
-        assert len(captures) == 2 and all(captures.values())  # both shapes replayed (not refused)
-    finally:
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
+def test_graphed_training_gradients_equal_eager_ones_and_accumulate(deterministic_cudnn):
+    torch.manual_seed(0)
+    eager, graphed = _TwoConvs().cuda(), _TwoConvs().cuda()
+    graphed.load_state_dict(eager.state_dict())
+    shapes = [(2, 3, 8, 8)] * 3 + [(2, 3, 10, 6)] * 3
+    for step, shape in enumerate(shapes):
+        x = torch.randn(shape, device='cuda')
+        # Two backward passes before reading .grad: the second must add to the first, and
+        # the graph's gradient buffers, overwritten by it, must not be what .grad holds.
+        for net, use_graph in ((eager, False), (graphed, True)):
+            net.zero_grad(set_to_none=True)
+            net(x, use_graph).backward()
+            net(2 * x, use_graph).backward()
+        for a, b in zip(eager.parameters(), graphed.parameters()):
+            assert (a.grad is None) == (b.grad is None)
+            if a.grad is not None:
+                torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-7)
+        with torch.no_grad():  # an optimizer step in place: the graphs must read the new weights
+            for net in (eager, graphed):
+                net.shared.weight -= 0.1 * net.shared.weight.grad
+    captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
+    assert len(captures) == 2 and all(captures.values())  # both shapes replayed (not refused)
 
 
 class _ConvBN(nn.Module):
@@ -146,34 +144,29 @@ class _ConvBN(nn.Module):
 
 
 @needs_cuda
-def test_graphed_training_updates_batchnorm_statistics_once_per_step():
+def test_graphed_training_updates_batchnorm_statistics_once_per_step(deterministic_cudnn):
     """The capture's warm-up, eager and first replayed runs must not count as training steps."""
-    previous = _deterministic_cudnn()
-    try:
-        torch.manual_seed(0)
-        eager, graphed = _ConvBN().cuda().train(), _ConvBN().cuda().train()
-        graphed.load_state_dict(eager.state_dict())
-        for _ in range(4):  # eager, capture + replay, replay, replay
-            x = torch.randn(2, 3, 8, 8, device='cuda')
-            for net, use_graph in ((eager, False), (graphed, True)):
-                net.zero_grad(set_to_none=True)
-                net(x, use_graph).backward()
-        assert int(graphed.bn.num_batches_tracked) == int(eager.bn.num_batches_tracked) == 4
-        torch.testing.assert_close(graphed.bn.running_mean, eager.bn.running_mean, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(graphed.bn.running_var, eager.bn.running_var, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(graphed.conv.weight.grad, eager.conv.weight.grad, rtol=1e-5, atol=1e-7)
-        captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
-        assert len(captures) == 1 and all(captures.values())
-    finally:
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
+    torch.manual_seed(0)
+    eager, graphed = _ConvBN().cuda().train(), _ConvBN().cuda().train()
+    graphed.load_state_dict(eager.state_dict())
+    for _ in range(4):  # eager, capture + replay, replay, replay
+        x = torch.randn(2, 3, 8, 8, device='cuda')
+        for net, use_graph in ((eager, False), (graphed, True)):
+            net.zero_grad(set_to_none=True)
+            net(x, use_graph).backward()
+    assert int(graphed.bn.num_batches_tracked) == int(eager.bn.num_batches_tracked) == 4
+    torch.testing.assert_close(graphed.bn.running_mean, eager.bn.running_mean, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(graphed.bn.running_var, eager.bn.running_var, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(graphed.conv.weight.grad, eager.conv.weight.grad, rtol=1e-5, atol=1e-7)
+    captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
+    assert len(captures) == 1 and all(captures.values())
 
 
 @needs_cuda
-def test_graphed_training_works_under_ddp(tmp_path):
+def test_graphed_training_works_under_ddp(tmp_path, deterministic_cudnn):
     """DDP keeps the parameters' AccumulateGrad nodes (made on the default stream) alive; the
     capture must not depend on them, and DDP's hooks must still see the gradients."""
     import torch.distributed as dist
-    previous = _deterministic_cudnn()
     dist.init_process_group('nccl', init_method='file://{}'.format(tmp_path / 'store'), rank=0, world_size=1)
     try:
         torch.manual_seed(0)
@@ -191,11 +184,10 @@ def test_graphed_training_works_under_ddp(tmp_path):
         assert len(captures) == 1 and all(captures.values())
     finally:
         dist.destroy_process_group()
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
 
 
 @needs_cuda
-def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones():
+def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones(deterministic_cudnn):
     """Each step starts both models from the eager model's weights (copied in place, as an optimizer
     step writes them): the graphed losses must equal the eager ones bit for bit (a graph that read
     stale weights would not), the gradients within a relative norm of 1e-2: RoIAlign's backward adds
@@ -206,38 +198,34 @@ def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones():
     from detectron.modeling.optimizer import build_optimizer
     merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN_kl.yaml'))
     assert_and_infer_cfg()
-    previous = _deterministic_cudnn()
-    try:
-        models = []
-        for graphs in (False, True):
-            merge_cfg_from_list(['TRAIN.CUDA_GRAPHS', graphs])
-            torch.manual_seed(0)
-            models.append(model_builder.create(cfg).cuda().train())
-        eager, graphed = models
-        optimizer = build_optimizer(eager, base_lr=0.01, momentum=0.9, weight_decay=1e-4)
-        rng = np.random.RandomState(0)
-        for step, (height, width) in enumerate([(160, 224)] * 3 + [(192, 192)] * 2):
-            images = torch.from_numpy(rng.randn(2, 3, height, width).astype(np.float32) * 50).cuda()
-            im_info = torch.tensor([[height, width, 1.0]] * 2, device='cuda')
-            targets = [{'boxes': torch.tensor([[10., 20., 90., 120.], [50., 40., 150., 100.]], device='cuda'),
-                        'classes': torch.tensor([1, 2], device='cuda'),
-                        'is_crowd': torch.zeros(2, dtype=torch.bool, device='cuda')} for _ in range(2)]
-            graphed.load_state_dict(eager.state_dict())
-            step_losses = []
-            for model in models:
-                torch.manual_seed(step)  # the same RPN and RoI sampling draws for both
-                model.zero_grad(set_to_none=True)
-                losses = model(images, im_info, targets)
-                sum(losses.values()).backward()
-                step_losses.append({k: v.item() for k, v in losses.items()})
-            assert step_losses[1] == step_losses[0], step
-            for (name, a), b in zip(eager.named_parameters(), graphed.parameters()):
-                assert (a.grad is None) == (b.grad is None), name
-                if a.grad is not None:
-                    error = float((b.grad - a.grad).norm() / a.grad.norm().clamp(min=1e-12))
-                    assert error < 1e-2, (step, name, error)
-            optimizer.step()
-        captures = cuda_graphs._PER_OWNER[graphed]['body_and_rpn_head']._graphs
-        assert len(captures) == 2 and all(captures.values())  # each shape captured on its second step
-    finally:
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
+    models = []
+    for graphs in (False, True):
+        merge_cfg_from_list(['TRAIN.CUDA_GRAPHS', graphs])
+        torch.manual_seed(0)
+        models.append(model_builder.create(cfg).cuda().train())
+    eager, graphed = models
+    optimizer = build_optimizer(eager, base_lr=0.01, momentum=0.9, weight_decay=1e-4)
+    rng = np.random.RandomState(0)
+    for step, (height, width) in enumerate([(160, 224)] * 3 + [(192, 192)] * 2):
+        images = torch.from_numpy(rng.randn(2, 3, height, width).astype(np.float32) * 50).cuda()
+        im_info = torch.tensor([[height, width, 1.0]] * 2, device='cuda')
+        targets = [{'boxes': torch.tensor([[10., 20., 90., 120.], [50., 40., 150., 100.]], device='cuda'),
+                    'classes': torch.tensor([1, 2], device='cuda'),
+                    'is_crowd': torch.zeros(2, dtype=torch.bool, device='cuda')} for _ in range(2)]
+        graphed.load_state_dict(eager.state_dict())
+        step_losses = []
+        for model in models:
+            torch.manual_seed(step)  # the same RPN and RoI sampling draws for both
+            model.zero_grad(set_to_none=True)
+            losses = model(images, im_info, targets)
+            sum(losses.values()).backward()
+            step_losses.append({k: v.item() for k, v in losses.items()})
+        assert step_losses[1] == step_losses[0], step
+        for (name, a), b in zip(eager.named_parameters(), graphed.parameters()):
+            assert (a.grad is None) == (b.grad is None), name
+            if a.grad is not None:
+                error = float((b.grad - a.grad).norm() / a.grad.norm().clamp(min=1e-12))
+                assert error < 1e-2, (step, name, error)
+        optimizer.step()
+    captures = cuda_graphs._PER_OWNER[graphed]['body_and_rpn_head']._graphs
+    assert len(captures) == 2 and all(captures.values())  # each shape captured on its second step
