@@ -95,7 +95,11 @@ class GraphedCallable:
             torch.cuda.current_stream(x.device).wait_stream(side)
             entry, static_output = self._record(static_input, autocast)
         except RuntimeError as err:
-            logger.warning('CUDA graph capture of %s %s failed, running without it: %s', self._what, tuple(x.shape),
+            # A capture that broke off may leave the allocator routing a stream's blocks to its pool:
+            # capture no further shapes (the captured ones keep replaying).
+            self.max_graphs = len(self._graphs)
+            logger.warning('CUDA graph capture of %s %s failed, running without it (and capturing no further '
+                           'shapes): %s', self._what, tuple(x.shape),
                            str(err).splitlines()[0] if str(err) else type(err).__name__)
             return False
         if not _all_equal(static_output, eager_output):
@@ -113,7 +117,7 @@ class GraphedCallable:
     def _record(self, static_input, autocast):
         """(entry, its output buffers) of a graph of fn on static_input, replayed once."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with _capturing(graph):
             static_output = self._run(static_input, autocast)
         graph.replay()
         return (static_input, graph, static_output), static_output
@@ -219,12 +223,12 @@ class _TrainingCapture:
 
     def capture(self, forward, pool):
         self.forward_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.forward_graph, pool=pool):
+        with _capturing(self.forward_graph, pool):
             outputs, aliases = forward()
         self.static_outputs = tuple(o.detach() for o in outputs)
         self.static_grad_outputs = tuple(torch.empty_like(o) for o in outputs)
         self.backward_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.backward_graph, pool=pool):
+        with _capturing(self.backward_graph, pool):
             grads = torch.autograd.grad(outputs, aliases, self.static_grad_outputs, allow_unused=True)
             # All gradients in one buffer, so handing out a copy is one kernel, not one per parameter.
             self.flat_grads = torch.cat([g.reshape(-1) for g in grads if g is not None])
@@ -256,6 +260,36 @@ class _ReplayTrainingGraphs(torch.autograd.Function):
             static.copy_(grad)
         entry.backward_graph.replay()
         return (None, None) + entry.param_grads()
+
+
+@contextlib.contextmanager
+def _capturing(graph, pool=None):
+    """Capture into graph the CUDA work of the block, on a side stream, so that a capture that fails
+    leaves this process as it was (torch.cuda.graph would leave the side stream current and the
+    random generator in capture mode, so that the next torch.rand raises).
+
+    thread_local: only this thread's unsafe CUDA calls break the capture; in torch's default
+    'global' mode the DataLoader's pin-memory thread allocating pinned memory broke a training
+    capture (BENCHMARKS.md). The default generator's state is swapped for a copy while capturing:
+    the graph registers and advances the copy, never the state eager code draws from (the graphed
+    functions draw no random numbers)."""
+    device = torch.cuda.current_device()
+    caller = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(caller)
+    generator = torch.cuda.default_generators[device]
+    state = generator.graphsafe_get_state()
+    generator.graphsafe_set_state(state.clone_state())
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(**({} if pool is None else {'pool': pool}), capture_error_mode='thread_local')
+            try:
+                yield
+            finally:
+                graph.capture_end()
+    finally:
+        generator.graphsafe_set_state(state)
+        caller.wait_stream(side)
 
 
 def _capture_autocast(autocast):

@@ -66,6 +66,66 @@ def test_a_shape_is_captured_the_second_time_it_comes_and_replays_its_values():
         assert len(graphed._graphs) == 1
 
 
+@needs_cuda
+def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working():
+    layer = nn.Conv2d(3, 4, 3).cuda().eval()
+    broken = {'on': False}
+
+    def fn(x):
+        if broken['on'] and torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()  # not allowed while capturing: the capture breaks off
+        return torch.relu(layer(x))
+
+    graphed = cuda_graphs.GraphedCallable(fn, max_graphs=4)
+    good, bad, later = (torch.randn(1, 3, n, n, device='cuda') for n in (8, 9, 10))
+    with torch.no_grad():
+        for _ in range(3):
+            graphed(good)
+        broken['on'] = True
+        for _ in range(3):  # the second call tries the capture, which fails: run directly
+            torch.testing.assert_close(graphed(bad), torch.relu(layer(bad)), rtol=0, atol=0)
+        assert graphed._graphs[next(k for k in graphed._graphs if k[0] == tuple(bad.shape))] is False
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+        torch.manual_seed(3)
+        drawn = torch.rand(5, device='cuda')  # torch.cuda.graph's failure left the generator capturing
+        torch.manual_seed(3)
+        torch.testing.assert_close(torch.rand(5, device='cuda'), drawn, rtol=0, atol=0)
+        torch.testing.assert_close(graphed(good), torch.relu(layer(good)), rtol=0, atol=0)  # still replayed
+        broken['on'] = False
+        for _ in range(3):
+            graphed(later)
+        assert len(graphed._graphs) == 2  # no capture after the failure
+
+
+@needs_cuda
+def test_training_captures_succeed_while_another_thread_pins_memory():
+    """The DataLoader's pin-memory thread allocates pinned host memory while the training loop
+    captures; in torch's default capture mode that broke the capture (BENCHMARKS.md)."""
+    import threading
+    stop = threading.Event()
+
+    def pin_growing_buffers():
+        size = 1 << 20
+        while not stop.is_set():
+            torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            size += 1 << 20
+
+    torch.manual_seed(0)
+    net = _TwoConvs().cuda()
+    pinner = threading.Thread(target=pin_growing_buffers, daemon=True)
+    pinner.start()
+    try:
+        for shape in [(2, 3, 8, 8)] * 3 + [(2, 3, 10, 6)] * 3:
+            net.zero_grad(set_to_none=True)
+            net(torch.randn(shape, device='cuda'), True).backward()
+            torch.rand(1, device='cuda')  # the training loop's RoI sampling draws after the body
+    finally:
+        stop.set()
+        pinner.join()
+    captures = cuda_graphs._PER_OWNER[net]['body']._graphs
+    assert len(captures) == 2 and all(captures.values())
+
+
 class _TwoConvs(nn.Module):
     """A body with a frozen first layer and a trainable, shared second layer (used twice, like the
     RPN head on every FPN level)."""
