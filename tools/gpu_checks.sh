@@ -257,14 +257,15 @@ gpu_tests() {  # the tests that only run with CUDA (variance voting's Triton pat
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
 }
 
-rcnn_loops() {  # train_net and test_net on coco_tiny's JPEGs against the synthetic rows of the same model
+rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val listed 10 times: against their own inputs replayed from memory and the synthetic rows
+  val_x10
   python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
-    --test-dataset coco_tiny_val --batch 2 --loop-iters ${LOOP_ITERS:-200} --loop-warmup ${LOOP_WARMUP:-60} \
-    --loop-dir /tmp/bench_loops \
+    --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters ${LOOP_ITERS:-400} --loop-warmup ${LOOP_WARMUP:-200} \
+    --iters ${LOOP_ROW_ITERS:-40} --rounds 3 --loop-dir /tmp/bench_loops \
     -- DATA_LOADER.NUM_THREADS 6 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops.md"
 }
 
-rcnn_test_repeated() {  # test_net on coco_tiny_val listed 10 times (800 images: one-time graph captures amortised), graphs on / off (TEST_GRAPHS)
+val_x10() {  # coco_tiny_val listed 10 times (800 images: one-time graph captures amortised), added to the catalog
   python3 - "$ROOT/.data/coco_tiny/annotations/instances_val2017.json" /tmp/val_x10.json <<'PY'
 import json, sys
 coco = json.load(open(sys.argv[1]))
@@ -280,6 +281,10 @@ catalog = json.load(open(sys.argv[1]))
 catalog['coco_tiny_val_x10'] = {'image_directory': sys.argv[2], 'annotation_file': '/tmp/val_x10.json'}
 json.dump(catalog, open(sys.argv[1], 'w'))
 PY
+}
+
+rcnn_test_repeated() {  # test_net on coco_tiny_val_x10, graphs on / off (TEST_GRAPHS)
+  val_x10
   for graphs in ${TEST_GRAPHS:-True False}; do
     python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
       --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters 40 --loop-warmup 20 --loop-dir /tmp/bench_loops \

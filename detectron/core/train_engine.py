@@ -289,17 +289,8 @@ class TrainLoop:
             return None
         return torch.amp.GradScaler(self.device.type)
 
-    def _to_device(self, data):
-        if isinstance(data, torch.Tensor):
-            return data.to(self.device, non_blocking=True)
-        if isinstance(data, dict):
-            return {k: self._to_device(v) for k, v in data.items()}
-        if isinstance(data, (list, tuple)):
-            return type(data)(self._to_device(v) for v in data)
-        return data
-
     def _micro_step(self, batch, sync):
-        batch = self._to_device(batch)
+        batch = to_device(batch, self.device)
         no_sync = getattr(self.model, 'no_sync', None)
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         with context:
@@ -431,6 +422,18 @@ class TrainLoop:
                  'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
         stats.update({k: float(v) for k, v in medians.items()})
         return stats
+
+
+def to_device(data, device):
+    """A batch (tensors in dicts, lists and tuples) with its tensors on device; copies from
+    pinned memory overlap with the GPU's work."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return {k: to_device(v, device) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_device(v, device) for v in data)
+    return data
 
 
 def _max_memory_mib(device):

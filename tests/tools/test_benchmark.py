@@ -220,6 +220,51 @@ def test_dataset_shape_uses_the_resize_rule(tmp_path):
                      'boxes_per_image': 1.0}
 
 
+# --- rows replaying a loop's own inputs ------------------------------------------------------------
+
+class _ShapeRecorder(nn.Module):
+    """A 'detector' that records the width of every image batch it trains on."""
+
+    def __init__(self):
+        super().__init__()
+        self.box_head = nn.Linear(1, 1)
+        self.widths = []
+
+    def forward(self, images):
+        self.widths.append(images.shape[-1])
+        return {'loss': self.box_head(images.mean().reshape(1, 1)).sum()}
+
+
+def test_train_row_primes_on_every_batch_then_takes_them_in_turn():
+    model = _ShapeRecorder()
+    batches = [(torch.ones(1, 3, 4, w),) for w in (5, 6, 7)]
+    row = bm.train_row('replay', model, batches, model.box_head, batch=1, device=torch.device('cpu'),
+                       precision='fp32', lr=0.0, prime=True)
+    assert model.widths == [5, 6, 7, 5]  # the priming pass, then the step that counts the RoIs
+    for _ in range(4):
+        row.step()
+    assert model.widths[4:] == [6, 7, 5, 6]
+    unprimed = _ShapeRecorder()
+    bm.train_row('synthetic', unprimed, batches[:1], unprimed.box_head, 1, torch.device('cpu'), 'fp32', 0.0)
+    assert unprimed.widths == [5]
+
+
+def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypatch):
+    seen = {}
+
+    def batches(model_type, start_iter):
+        seen.update(start_iter=start_iter, datasets=cfg.TRAIN.DATASETS, ims=cfg.TRAIN.IMS_PER_BATCH)
+        return iter(range(1000))
+
+    monkeypatch.setattr(bm.train_engine, 'training_batches', batches)
+    monkeypatch.setattr(bm.model_builder, 'get_model_type', lambda cfg: 'the model type')
+    args = bm.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te',
+                          '--loop-iters', '12', '--loop-warmup', '8'])
+    assert bm.train_net_batches(args, batch=3) == [8, 9, 10, 11]
+    assert seen == {'start_iter': 0, 'datasets': ('tr',), 'ims': 3}
+    assert cfg.TRAIN.IMS_PER_BATCH != 3 or cfg.TRAIN.DATASETS != ('tr',)  # restored afterwards
+
+
 # --- the profile summary ------------------------------------------------------------------------
 
 def test_profile_summary_on_hand_events():
