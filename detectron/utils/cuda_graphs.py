@@ -268,9 +268,9 @@ def _capturing(graph, pool=None):
     leaves this process as it was (torch.cuda.graph would leave the side stream current and the
     random generator in capture mode, so that the next torch.rand raises).
 
-    thread_local: only this thread's unsafe CUDA calls break the capture; in torch's default
-    'global' mode the DataLoader's pin-memory thread allocating pinned memory broke a training
-    capture (BENCHMARKS.md). The default generator's state is swapped for a copy while capturing:
+    thread_local: only this thread's unsafe CUDA calls break the capture. torch's default 'global'
+    mode also forbids them in other threads, such as the DataLoader's pin-memory thread allocating
+    pinned memory: the likely cause of a training capture that broke in train_net (BENCHMARKS.md). The default generator's state is swapped for a copy while capturing:
     the graph registers and advances the copy, never the state eager code draws from (the graphed
     functions draw no random numbers)."""
     device = torch.cuda.current_device()
