@@ -1076,7 +1076,7 @@ def main(argv):
     assert_and_infer_cfg()
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = True  # both sides of the comparisons with torchvision
     precision = args.precision or ('bf16' if device.type == 'cuda' else 'fp32')
     report = Report(run_meta(argv, device))
     timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
@@ -1119,7 +1119,19 @@ def run_rcnn_sections(args, precision, report, timing):
         del rows, ratios
         free_device_memory(device)
     if 'loops' in args.mode:
-        run_loops(args, device, precision, report)
+        # The loops' in-process rows autotune cuDNN as train_net / test_net do: as the config says.
+        with cudnn_autotuning(cfg.CUDNN_BENCHMARK):
+            run_loops(args, device, precision, report)
+
+
+@contextlib.contextmanager
+def cudnn_autotuning(enabled):
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
 
 
 if __name__ == '__main__':

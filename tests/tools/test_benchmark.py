@@ -265,6 +265,22 @@ def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypat
     assert cfg.TRAIN.IMS_PER_BATCH != 3 or cfg.TRAIN.DATASETS != ('tr',)  # restored afterwards
 
 
+def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bm, 'run_loops', lambda *a: seen.append(torch.backends.cudnn.benchmark))
+    args = bm.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True  # as main() sets it for the comparisons with torchvision
+    try:
+        for value in (False, True):
+            with bm.cfg_values({'CUDNN_BENCHMARK': value}):
+                bm.run_rcnn_sections(args, 'fp32', report=None, timing={'device': torch.device('cpu')})
+            assert torch.backends.cudnn.benchmark is True
+    finally:
+        torch.backends.cudnn.benchmark = previous
+    assert seen == [False, True]
+
+
 # --- the profile summary ------------------------------------------------------------------------
 
 def test_profile_summary_on_hand_events():
