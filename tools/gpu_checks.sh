@@ -257,12 +257,12 @@ gpu_tests() {  # the tests that only run with CUDA (variance voting's Triton pat
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
 }
 
-rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val listed 10 times: against their own inputs replayed from memory and the synthetic rows
+rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val listed 10 times: against their own inputs replayed from memory and the synthetic rows (LOOP_OPTS: more overrides, e.g. "TRAIN.CUDA_GRAPHS_MAX_SHAPES 16"; LOOP_TAG: a log name suffix)
   val_x10
   python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
     --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters ${LOOP_ITERS:-400} --loop-warmup ${LOOP_WARMUP:-200} \
     --iters ${LOOP_ROW_ITERS:-40} --rounds 3 --loop-dir /tmp/bench_loops \
-    -- DATA_LOADER.NUM_THREADS 6 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops.md"
+    -- DATA_LOADER.NUM_THREADS 6 ${LOOP_OPTS:-} 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops${LOOP_TAG:-}.md"
 }
 
 val_x10() {  # coco_tiny_val listed 10 times (800 images: one-time graph captures amortised), added to the catalog

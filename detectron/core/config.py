@@ -85,6 +85,7 @@ __C.TRAIN.COPY_WEIGHTS = False
 __C.TRAIN.FREEZE_AT = 2
 __C.TRAIN.CHECKPOINT_ACTIVATIONS = False  # port: recompute backbone activations to save memory
 __C.TRAIN.CUDA_GRAPHS = True  # port: on a GPU, the R-CNN body and RPN head forward + backward replayed from CUDA graphs (per padded batch shape)
+__C.TRAIN.CUDA_GRAPHS_MAX_SHAPES = 8  # port: padded batch shapes that get training graphs (each holds its outputs and gradients in GPU memory); the rest run eagerly
 
 # ---------------------------------------------------------------------------------------------
 # Data loader
@@ -811,7 +812,7 @@ def _type_error(value, default, full_key, source):
 # ---------------------------------------------------------------------------------------------
 def _check_cfg():
     _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER',
-                     'TRAIN.SNAPSHOT_ITERS'))
+                     'TRAIN.SNAPSHOT_ITERS', 'TRAIN.CUDA_GRAPHS_MAX_SHAPES'))
     _check_rank_ims_per_batch()
     _check_solver()
     # The short spellings users type from mixed-precision guides.

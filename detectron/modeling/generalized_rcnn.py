@@ -14,12 +14,6 @@ from detectron.roi_data.fast_rcnn import sample_rois
 from detectron.roi_data.rpn import rpn_targets
 from detectron.utils.cuda_graphs import graphed_training_method
 
-# Padded batch shapes whose training body gets CUDA graphs (the rest run eagerly): on COCO-like data
-# at 2 images per GPU, 8 shapes cover about 93% of the batches (coco_tiny, BENCHMARKS.md); all
-# shapes share one memory pool, so a shape costs about its static outputs and gradients.
-TRAIN_MAX_GRAPHS = 8
-
-
 @dataclass(frozen=True)
 class ProposalParams:
     pre_nms_top_n: int
@@ -57,6 +51,9 @@ class RCNNParams:
     roi_canonical_scale: int = 224
     roi_canonical_level: int = 4
     train_cuda_graphs: bool = False  # on a GPU, replay body_and_rpn_head's forward and backward in training
+    # Padded batch shapes that get graphs (the rest run eagerly). All shapes share one memory pool,
+    # so a shape costs about its static outputs and gradients.
+    train_max_graphs: int = 8
 
 
 class GeneralizedRCNN(nn.Module):
@@ -79,7 +76,7 @@ class GeneralizedRCNN(nn.Module):
     def forward(self, images, im_info, targets=None, body=None):
         if body is None and self.training and self.params.train_cuda_graphs:
             body = graphed_training_method(self, 'body_and_rpn_head', GeneralizedRCNN.body_and_rpn_head,
-                                           max_graphs=TRAIN_MAX_GRAPHS)
+                                           max_graphs=self.params.train_max_graphs)
         features, logits, deltas = _split_in_three((body or self.body_and_rpn_head)(images))
         anchors = rpn_heads.fpn_anchors(
             [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,

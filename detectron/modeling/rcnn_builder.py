@@ -164,6 +164,7 @@ def rcnn_params(cfg, num_rpn_levels):
         roi_canonical_level=cfg.FPN.ROI_CANONICAL_LEVEL,
         # Checkpointed stages recompute their forward inside the backward: left to run eagerly.
         train_cuda_graphs=cfg.TRAIN.CUDA_GRAPHS and not cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
+        train_max_graphs=cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES,
     )
 
 

@@ -295,7 +295,7 @@ CENTERNET_DEFAULTS = {
 PORT_DEFAULTS = {
     'DATASET_CATALOG': '', 'SOLVER.ITER_SIZE': 1, 'SOLVER.AMP.ENABLED': False, 'SOLVER.AMP.DTYPE': 'float16',
     'SOLVER.AMP.LOSS_SCALE': 0.0, 'SOLVER.REFERENCE_WORLD_BATCH': 0, 'TRAIN.CHECKPOINT_ACTIVATIONS': False,
-    'MODEL.SYNC_BN': False,
+    'MODEL.SYNC_BN': False, 'TRAIN.CUDA_GRAPHS': True, 'TRAIN.CUDA_GRAPHS_MAX_SHAPES': 8,
 }
 
 
@@ -726,6 +726,7 @@ def test_make_immutable_false():
     (['NUM_GPUS', '0'], 'NUM_GPUS must be at least 1, got 0'),
     (['SOLVER.ITER_SIZE', '0'], 'SOLVER.ITER_SIZE must be at least 1, got 0'),
     (['TRAIN.SNAPSHOT_ITERS', '0'], 'TRAIN.SNAPSHOT_ITERS must be at least 1, got 0'),
+    (['TRAIN.CUDA_GRAPHS_MAX_SHAPES', '0'], 'TRAIN.CUDA_GRAPHS_MAX_SHAPES must be at least 1, got 0'),
     # Solver values no schedule means.
     (['SOLVER.BASE_LR', '-0.02'], 'SOLVER.BASE_LR must be a finite number > 0, got -0.02'),
     (['SOLVER.BASE_LR', '0'], 'SOLVER.BASE_LR must be a finite number > 0, got 0.0'),

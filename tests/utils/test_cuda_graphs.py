@@ -297,3 +297,16 @@ def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones(determin
         optimizer.step()
     captures = cuda_graphs._PER_OWNER[graphed]['body_and_rpn_head']._graphs
     assert len(captures) == 2 and all(captures.values())  # each shape captured on its second step
+
+
+def test_training_graphs_take_their_number_of_shapes_from_the_config():
+    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+    from detectron.modeling import model_builder
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml'))
+    merge_cfg_from_list(['TRAIN.CUDA_GRAPHS_MAX_SHAPES', '3'])
+    assert_and_infer_cfg()
+    model = model_builder.create(cfg).train()
+    targets = [{'boxes': torch.tensor([[8., 8., 40., 40.]]), 'classes': torch.tensor([1]),
+                'is_crowd': torch.zeros(1, dtype=torch.bool)}]
+    model(torch.zeros(1, 3, 64, 64), torch.tensor([[64., 64., 1.]]), targets)  # on the CPU: run directly
+    assert cuda_graphs._PER_OWNER[model]['body_and_rpn_head'].max_graphs == 3
