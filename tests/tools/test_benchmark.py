@@ -265,6 +265,24 @@ def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypat
     assert cfg.TRAIN.IMS_PER_BATCH != 3 or cfg.TRAIN.DATASETS != ('tr',)  # restored afterwards
 
 
+def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeypatch):
+    seen = []
+
+    class ModelType:
+        def detector(self, cfg):
+            return lambda model, sample: seen.append(sample['id'])
+
+    monkeypatch.setattr(bm.model_builder, 'get_model_type', lambda cfg: ModelType())
+    monkeypatch.setattr(bm, 'test_net_samples', lambda args: [{'id': k} for k in range(3)])
+    args = bm.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
+    row = bm.replayed_test_row(args, model=None, device=torch.device('cpu'))
+    assert seen == [0, 1, 2] and row.section == 'test' and row.images_per_step == 1
+    for _ in range(4):
+        row.step()
+    assert seen[3:] == [0, 1, 2, 0]
+    assert "3 images replayed" in row.name
+
+
 def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch):
     seen = []
     monkeypatch.setattr(bm, 'run_loops', lambda *a: seen.append(torch.backends.cudnn.benchmark))
