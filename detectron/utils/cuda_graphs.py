@@ -95,8 +95,9 @@ class GraphedCallable:
             torch.cuda.current_stream(x.device).wait_stream(side)
             entry, static_output = self._record(static_input, autocast)
         except RuntimeError as err:
-            # A capture that broke off may leave the allocator routing a stream's blocks to its pool:
-            # capture no further shapes (the captured ones keep replaying).
+            # fn would most likely fail the same way at other shapes (a host sync, an uncapturable
+            # kernel), and a capture that broke off may leave the allocator routing a stream's blocks
+            # to its pool: capture no further shapes (the captured ones keep replaying).
             self.max_graphs = len(self._graphs)
             logger.warning('CUDA graph capture of %s %s failed, running without it (and capturing no further '
                            'shapes): %s', self._what, tuple(x.shape),
