@@ -451,6 +451,15 @@ def free_device_memory(device):
         torch.cuda.empty_cache()
 
 
+def in_turn(step_on, items, prime):
+    """A step calling step_on on the items one after another, round and round (prime: after one
+    untimed pass over all of them, as a loop meets each input shape before its timed part)."""
+    for item in items if prime else ():
+        step_on(item)
+    items_in_turn = itertools.cycle(items)
+    return lambda: step_on(next(items_in_turn))
+
+
 # ---------------------------------------------------------------------------------------------
 # Training rows
 # ---------------------------------------------------------------------------------------------
@@ -473,10 +482,7 @@ def train_row(name, model, batches, box_head, batch, device, precision, lr, prim
         optimizer.step()
         last['loss'] = total.detach()
 
-    for inputs in batches if prime else ():
-        step_on(inputs)
-    in_turn = itertools.cycle(batches)
-    step = lambda: step_on(next(in_turn))  # noqa: E731
+    step = in_turn(step_on, batches, prime)
     rois = capture(box_head, step, lambda box_inputs: box_inputs[0].shape[0], pre=True)
     return Row('train', name, step, batch,
                resident=lambda: _model_tensors(model, optimizer) + _flat_tensors(batches),
@@ -898,11 +904,8 @@ def replayed_test_row(args, model, device):
         with autocast(device, args.loop_test_precision):
             return detect(model, sample)
 
-    for sample in samples:
-        detect_on(sample)
-    in_turn = itertools.cycle(samples)
     return Row('test', "ours, loaded weights, test_net's {} images replayed from memory".format(len(samples)),
-               lambda: detect_on(next(in_turn)), 1, resident=lambda: _model_tensors(model))
+               in_turn(detect_on, samples, prime=True), 1, resident=lambda: _model_tensors(model))
 
 
 def write_loaded_weights(path):

@@ -14,6 +14,7 @@ from detectron.roi_data.fast_rcnn import sample_rois
 from detectron.roi_data.rpn import rpn_targets
 from detectron.utils.cuda_graphs import graphed_training_method
 
+
 @dataclass(frozen=True)
 class ProposalParams:
     pre_nms_top_n: int

@@ -80,9 +80,7 @@ class GraphedCallable:
         """Warm up, run eagerly for reference, record; the entry, or False when refused."""
         static_input = x.clone()
         try:
-            side = torch.cuda.Stream(device=x.device)
-            side.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(side):
+            with _on_side_stream(x.device):
                 for _ in range(self.warmup_calls):  # cuDNN autotuning and lazy init happen here
                     self._warm_up(static_input, autocast)
                 # A host synchronisation would break the capture (and the stream with it): find it first.
@@ -92,7 +90,6 @@ class GraphedCallable:
                     eager_output = _cloned(self._run(static_input, autocast))
                 finally:
                     torch.cuda.set_sync_debug_mode(previous)
-            torch.cuda.current_stream(x.device).wait_stream(side)
             entry, static_output = self._record(static_input, autocast)
         except RuntimeError as err:
             # fn would most likely fail the same way at other shapes (a host sync, an uncapturable
@@ -275,14 +272,11 @@ def _capturing(graph, pool=None):
     the graph registers and advances the copy, never the state eager code draws from (the graphed
     functions draw no random numbers)."""
     device = torch.cuda.current_device()
-    caller = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(caller)
     generator = torch.cuda.default_generators[device]
     state = generator.graphsafe_get_state()
     generator.graphsafe_set_state(state.clone_state())
     try:
-        with torch.cuda.stream(side):
+        with _on_side_stream(device):
             graph.capture_begin(**({} if pool is None else {'pool': pool}), capture_error_mode='thread_local')
             try:
                 yield
@@ -290,6 +284,19 @@ def _capturing(graph, pool=None):
                 graph.capture_end()
     finally:
         generator.graphsafe_set_state(state)
+
+
+@contextlib.contextmanager
+def _on_side_stream(device):
+    """The block's CUDA work on a new stream of device, after the work queued so far on the current
+    stream; the current stream's later work after the block's, even when the block raises."""
+    caller = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(caller)
+    try:
+        with torch.cuda.stream(side):
+            yield
+    finally:
         caller.wait_stream(side)
 
 
