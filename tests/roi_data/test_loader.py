@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.loader import (PackedList, TrainingDataset, aspect_ratio_groups, build_test_loader,
-                                       build_train_loader, stacked_batch)
+from detectron.roi_data.loader import (SHARED_ARRAY_MIN_BYTES, PackedList, SharedArray, TrainingDataset,
+                                       aspect_ratio_groups, build_test_loader, build_train_loader, stacked_batch)
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
@@ -182,6 +182,39 @@ def test_test_loader_yields_original_bgr_images_in_order(roidb):
         image = sample['image']
         assert isinstance(image, np.ndarray) and image.dtype == np.uint8
         np.testing.assert_array_equal(image, cv2.imread(roidb[index]['image']))
+
+
+def _centernet_like_sample(im):
+    """A prepared sample as CenterNet's: per-scale inputs in a list, small arrays in metas."""
+    big = np.repeat(im[:, :, :1], 48, axis=2)      # at least SHARED_ARRAY_MIN_BYTES for the fixture's images
+    return {'image': im, 'inputs': [big, big[::2, ::-1]], 'metas': [{'c': np.array([1.5, 2.5], np.float32),
+                                                                     's': 7.0}], 'tag': 'x'}
+
+
+def _sample_is_shared_in_worker(item):
+    sample, index = item
+    return index, isinstance(sample['inputs'][0], SharedArray) and sample['inputs'][0].tensor.is_shared(), \
+        isinstance(sample['metas'][0]['c'], np.ndarray)
+
+
+def test_large_test_arrays_leave_a_worker_in_shared_memory(roidb):
+    loader = build_test_loader(roidb, [0, 4], num_workers=1, prepare=_centernet_like_sample)
+    loader.data_loader.collate_fn = _sample_is_shared_in_worker   # runs in the worker, sees what it sends
+    assert list(loader.data_loader) == [(0, True, True), (4, True, True)]
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_test_samples_arrive_as_prepared_numpy_arrays(roidb, num_workers):
+    loaded = list(build_test_loader(roidb, [3, 1, 5], num_workers=num_workers, prepare=_centernet_like_sample))
+    assert [index for _, index in loaded] == [3, 1, 5]
+    for sample, index in loaded:
+        expected = _centernet_like_sample(cv2.imread(roidb[index]['image']))
+        assert expected['inputs'][0].nbytes >= SHARED_ARRAY_MIN_BYTES > expected['image'].nbytes
+        for got, want in [(sample['image'], expected['image'])] + list(zip(sample['inputs'], expected['inputs'])):
+            assert isinstance(got, np.ndarray) and got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+        assert isinstance(sample['inputs'], list) and sample['tag'] == 'x' and sample['metas'][0]['s'] == 7.0
+        np.testing.assert_array_equal(sample['metas'][0]['c'], [1.5, 2.5])
 
 
 def _indices_of(targets):
