@@ -252,8 +252,8 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
 
 gpu_tests() {  # the tests that only run with CUDA (variance voting's Triton path, CenterNet's batched and graphed detectors)
   python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/modeling/test_dcn.py tests/utils/test_cuda_graphs.py \
-    tests/utils/test_variance_voting.py \
-    tests/utils/test_checkpoint.py > "$OUT/gpu_tests.txt" 2>&1
+    tests/utils/test_variance_voting.py tests/utils/test_checkpoint.py tests/roi_data/test_loader.py \
+    > "$OUT/gpu_tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
 }
 
@@ -281,6 +281,13 @@ catalog = json.load(open(sys.argv[1]))
 catalog['coco_tiny_val_x10'] = {'image_directory': sys.argv[2], 'annotation_file': '/tmp/val_x10.json'}
 json.dump(catalog, open(sys.argv[1], 'w'))
 PY
+}
+
+test_loop_before_after() {  # short train_net, then test_net on coco_tiny_val_x10 against its images replayed: this tree, then .old's
+  val_x10
+  BENCH_ARGS="--mode loops --catalog $CATALOG --train-dataset coco_tiny_train --test-dataset coco_tiny_val_x10 --batch 2 \
+    --loop-iters 40 --loop-warmup 20 --iters 40 --rounds 3 --loop-dir /tmp/bench_loops -- DATA_LOADER.NUM_THREADS 6" \
+    bench_before_after
 }
 
 rcnn_test_repeated() {  # test_net on coco_tiny_val_x10, graphs on / off (TEST_GRAPHS)

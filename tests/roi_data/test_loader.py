@@ -278,3 +278,10 @@ def test_a_worker_dying_while_its_batch_is_received_is_one_line():
     assert got == ['first batch']
     assert str(info.value).startswith('a DataLoader worker died while sending a batch (ConnectionResetError: ')
     assert '\n' not in str(info.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='pinned memory needs CUDA')
+def test_large_test_arrays_arrive_in_pinned_memory_with_cuda(roidb):
+    (sample, _), = list(build_test_loader(roidb, [0], num_workers=1, prepare=_centernet_like_sample))
+    assert torch.from_numpy(sample['inputs'][0]).is_pinned()      # uploads can be asynchronous
+    assert not torch.from_numpy(sample['image']).is_pinned()      # small: pickled as it was
