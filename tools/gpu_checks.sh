@@ -240,7 +240,8 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
   for arch in ${CN_ARCHS:-resdcn18 dla_1x}; do
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/util_$arch.txt" &
     local smi=$!
-    python3 tools/train_net.py -c configs/centernet/ctdet_coco_$arch.yaml DATASET_CATALOG "$CATALOG" NUM_GPUS 1 \
+    # No ImageNet trunk can be fetched on the GPU machine: trained from random init.
+    python3 tools/train_net.py -c configs/centernet/ctdet_coco_$arch.yaml DATASET_CATALOG "$CATALOG" NUM_GPUS 1 TRAIN.WEIGHTS "''" \
       TRAIN.DATASETS "${CN_TRAIN_DATASETS:-('coco_tiny_train',)}" TEST.DATASETS "('coco_tiny_val',)" CENTERNET.BATCH_SIZE 32 \
       CENTERNET.MASTER_BATCH_SIZE -1 CENTERNET.NUM_EPOCHS ${CN_EPOCHS:-60} CENTERNET.LR_STEP "(50,)" SOLVER.AMP.ENABLED True \
       SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 14 OUTPUT_DIR /tmp/cn_$arch > "$OUT/cn_$arch.log" 2>&1

@@ -142,6 +142,8 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
         missing, unused = model_type.load_weights(cfg, distributed.unwrap_model(model), path)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
+    else:
+        logger.info('TRAIN.WEIGHTS is empty: training starts from random initialisation')
     return 0, None
 
 

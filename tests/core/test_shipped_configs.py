@@ -35,12 +35,16 @@ def test_kl_loss_2x_config_has_the_released_model_settings():
     assert cfg.TEST.WEIGHTS.endswith('faster2x_log.pkl')
 
 
-@pytest.mark.parametrize('name, arch, gpus, batch, master, lr', [
-    ('ctdet_coco_resdcn18.yaml', 'resdcn_18', 4, 114, 18, 5e-4),   # experiments/ctdet_coco_resdcn18.sh
-    ('ctdet_coco_dla_1x.yaml', 'dla_34', 8, 128, 9, 5e-4),         # experiments/ctdet_coco_dla_1x.sh
+@pytest.mark.parametrize('name, arch, gpus, batch, master, lr, trunk', [
+    # experiments/ctdet_coco_resdcn18.sh; resnet_dcn.py's model_urls
+    ('ctdet_coco_resdcn18.yaml', 'resdcn_18', 4, 114, 18, 5e-4,
+     'https://download.pytorch.org/models/resnet18-5c106cde.pth'),
+    # experiments/ctdet_coco_dla_1x.sh; pose_dla_dcn.py's get_model_url('imagenet', 'dla34', 'ba72cf86')
+    ('ctdet_coco_dla_1x.yaml', 'dla_34', 8, 128, 9, 5e-4, 'http://dl.yf.io/dla/models/imagenet/dla34-ba72cf86.pth'),
 ])
-def test_centernet_configs_hold_the_experiment_lines(name, arch, gpus, batch, master, lr):
+def test_centernet_configs_hold_the_experiment_lines(name, arch, gpus, batch, master, lr, trunk):
     _load(os.path.join('centernet', name))
+    assert cfg.TRAIN.WEIGHTS == trunk   # CenterNet always starts from ImageNet weights
     c = cfg.CENTERNET
     assert (cfg.MODEL.TYPE, c.ARCH, cfg.NUM_GPUS) == ('centernet', arch, gpus)
     assert (c.BATCH_SIZE, c.MASTER_BATCH_SIZE, c.LR) == (batch, master, lr)
