@@ -23,10 +23,12 @@ EXTRA_AP_IOUS = (0.60, 0.70, 0.80, 0.85, 0.90, 0.95)
 @dataclass(frozen=True)
 class ResultsFormat:
     """How a model's (x1, y1, x2, y2) boxes become the results json's [x, y, w, h]: Detectron's
-    boxes are inclusive pixel indices, w = x2 - x1 + 1 (box_width_offset 1); CenterNet's are
-    continuous, w = x2 - x1 (offset 0), and its json rounds boxes and scores to 2 decimals."""
+    boxes are inclusive pixel indices, w = x2 - x1 + 1 (box_width_offset 1) computed in float64;
+    CenterNet's are continuous, w = x2 - x1 (offset 0) computed on its float32 rows, and its json
+    rounds boxes and scores to 2 decimals (where float32 and float64 widths round apart)."""
     box_width_offset: float = 1.0
     decimals: int = None
+    dtype: type = np.float64
 
 
 DETECTRON_RESULTS = ResultsFormat()
@@ -83,8 +85,9 @@ def _coco_bbox_results_one_category(boxes, image_ids, category_id, results_forma
     for image_id, dets in zip(image_ids, boxes):
         if len(dets) == 0:
             continue
-        dets = np.asarray(dets, dtype=np.float64)
-        # Detectron's xyxy_to_xywh with offset 1 (the same float64 arithmetic), CenterNet's with 0.
+        dets = np.asarray(dets, dtype=results_format.dtype)
+        # Detectron's xyxy_to_xywh with offset 1 (the same float64 arithmetic), CenterNet's
+        # convert_eval_format with 0 (bbox[2] -= bbox[0] on float32 rows).
         xywh = np.hstack([dets[:, :2], dets[:, 2:4] - dets[:, :2] + results_format.box_width_offset])
         xywh, scores = xywh.tolist(), dets[:, 4].tolist()
         if results_format.decimals is not None:

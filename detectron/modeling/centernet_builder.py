@@ -4,6 +4,8 @@ sizes, its test-time detector and how CenterNet / ImageNet weight files map onto
 import functools
 import logging
 
+import numpy as np
+
 from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
@@ -22,7 +24,7 @@ from detectron.utils.torch_file import read_torch_file
 logger = logging.getLogger(__name__)
 
 # CenterNet's coco.py convert_eval_format: w = x2 - x1, boxes and scores rounded to 2 decimals.
-CENTERNET_RESULTS = ResultsFormat(box_width_offset=0.0, decimals=2)
+CENTERNET_RESULTS = ResultsFormat(box_width_offset=0.0, decimals=2, dtype=np.float32)
 
 # Stacked as they are; the heatmaps 'hm' travel sparse (collate_samples).
 _STACKED_TARGET_KEYS = ('reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
