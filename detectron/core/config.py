@@ -368,6 +368,7 @@ __C.CENTERNET.K = 100
 __C.CENTERNET.FLIP_TEST = False
 __C.CENTERNET.TEST_SCALES = (1.0,)
 __C.CENTERNET.KEEP_RES = False
+__C.CENTERNET.NMS = False  # --nms: soft-NMS per class also at a single test scale
 __C.CENTERNET.CUDA_GRAPHS = True  # port: test-time forward + decode replayed from CUDA graphs (per input size)
 __C.CENTERNET.NUM_EPOCHS = 140
 __C.CENTERNET.LR_STEP = (90, 120)

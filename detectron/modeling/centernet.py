@@ -91,6 +91,7 @@ class TestParams:
     scales: tuple = (1.0,)
     flip: bool = False
     keep_res: bool = False
+    nms: bool = False  # --nms: soft-NMS in the merge also at one scale (always with several)
     pad: int = 31
     K: int = 100
     max_per_image: int = 100
@@ -141,7 +142,7 @@ def detect_batch(model, samples, params):
     return [merge_image_detections([image_detections(dets[i, b], sample['metas'][i], scale)
                                     for i, scale in enumerate(params.scales)],
                                    params.input.num_classes, max_per_image=params.max_per_image,
-                                   use_soft_nms=len(params.scales) > 1)
+                                   use_soft_nms=len(params.scales) > 1 or params.nms)
             for b, sample in enumerate(samples)]
 
 

@@ -99,7 +99,7 @@ def ctdet_params(cfg):
 def test_params(cfg):
     c = cfg.CENTERNET
     return centernet.TestParams(input=ctdet_params(cfg), scales=tuple(c.TEST_SCALES), flip=c.FLIP_TEST,
-                                keep_res=c.KEEP_RES, K=c.K, max_per_image=cfg.TEST.DETECTIONS_PER_IM,
+                                keep_res=c.KEEP_RES, nms=c.NMS, K=c.K, max_per_image=cfg.TEST.DETECTIONS_PER_IM,
                                 cuda_graphs=c.CUDA_GRAPHS)
 
 

@@ -154,6 +154,13 @@ class _FixedHeads(torch.nn.Module):
         return {'hm': hm + self.anchor, 'wh': wh, 'reg': reg}
 
 
+def test_test_options_reach_the_detector_params():
+    merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'CENTERNET.NMS', 'True', 'CENTERNET.FLIP_TEST', 'True',
+                         'CENTERNET.TEST_SCALES', '(0.5, 1.0)', 'CENTERNET.KEEP_RES', 'True', 'CENTERNET.K', '50'])
+    params = centernet_builder.test_params(cfg)
+    assert (params.nms, params.flip, params.scales, params.keep_res, params.K) == (True, True, (0.5, 1.0), True, 50)
+
+
 def test_detector_maps_a_peak_back_through_the_inverse_affine():
     params = centernet.TestParams(input=centernet_builder.CtdetParams(input_h=64, input_w=64, num_classes=3), K=5)
     im = np.zeros((40, 100, 3), np.uint8)  # w 100, h 40: fix_res centre (50, 20), scale 100

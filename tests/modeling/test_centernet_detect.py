@@ -63,7 +63,9 @@ def _reference_detect(model, sample, params):
                                              reg_offset=params.input.reg_offset)
             dets = ch.ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
         per_scale.append(_reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
-    merged = _reference_merge(per_scale, params.input.num_classes, params.max_per_image, len(params.scales) > 1)
+    # ctdet.py merge_outputs: soft-NMS with several scales or --nms
+    merged = _reference_merge(per_scale, params.input.num_classes, params.max_per_image,
+                              len(params.scales) > 1 or params.nms)
     return _reference_cls_boxes(merged, params.input.num_classes)
 
 
@@ -73,6 +75,7 @@ def _reference_detect(model, sample, params):
 CASES = {
     'one scale, K = max_per_image': dict(K=100),
     'one scale, flip, cap with ties': dict(flip=True, K=40, max_per_image=10),
+    'one scale, flip, --nms (soft-NMS)': dict(flip=True, nms=True, K=40, max_per_image=30),
     'scales, flip (soft-NMS)': dict(scales=(0.5, 1.0, 1.25), flip=True, K=30, max_per_image=50),
     'keep_res, cat_spec_wh': dict(keep_res=True, cat_spec_wh=True, K=50, max_per_image=20),
     'keep_res, scales, no reg offset': dict(keep_res=True, scales=(0.75, 1.0), reg_offset=False, K=20),
