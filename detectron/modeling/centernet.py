@@ -47,8 +47,15 @@ class CenterNet(nn.Module):
         # The focal loss takes logs of probabilities near 1e-4: always in float32, also under autocast.
         outputs = {k: v.float() for k, v in outputs.items()}
         targets = with_dense_heatmap(targets, outputs['hm'].shape)
-        return ctdet_loss(outputs, targets, hm_weight=w.hm, wh_weight=w.wh, off_weight=w.off,
-                          reg_offset=w.reg_offset, cat_spec_wh=w.cat_spec_wh)
+        losses = ctdet_loss(outputs, targets, hm_weight=w.hm, wh_weight=w.wh, off_weight=w.off,
+                            reg_offset=w.reg_offset, cat_spec_wh=w.cat_spec_wh)
+        # A head that no loss term reads (WH_WEIGHT or OFF_WEIGHT 0, as ctdet_loss skips them) joins
+        # the objective with weight 0: DDP expects a gradient for every parameter at every step
+        # (the reference's DataParallel did not), and the loss keeps its value.
+        unread = [outputs[k] for k, weight in (('wh', w.wh), ('reg', w.off)) if k in outputs and weight <= 0]
+        if unread:
+            losses['loss'] = losses['loss'] + sum(0 * v.sum() for v in unread)
+        return losses
 
 
 def sparse_heatmap_targets(heatmaps):

@@ -288,6 +288,25 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
         torch.testing.assert_close(final['model'][key], value, rtol=0, atol=1e-6, msg=key)
 
 
+@pytest.mark.parametrize('weight', ['CENTERNET.WH_WEIGHT', 'CENTERNET.OFF_WEIGHT'])
+def test_two_gloo_workers_train_with_a_zero_weighted_head(catalog, tmp_path, monkeypatch, weight):
+    # ctdet_loss skips a term of weight 0, so its head gets no gradient; DDP stopped at the second
+    # step ("Expected to have finished reduction in the prior iteration") until the head joined at 0.
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    use_centernet(catalog, tmp_path, 'NUM_GPUS', '2', 'CENTERNET.BATCH_SIZE', '2', weight, '0.0')
+    cfg.defrost()
+    cfg.SOLVER.MAX_ITER = 3
+    cfg.freeze()
+    distributed.launch(train_engine.train_worker, 2, args=(cfg.clone(),), device='cpu')
+    final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
+    head = 'heads.wh.2.weight' if weight.endswith('WH_WEIGHT') else 'heads.reg.2.weight'
+    torch.manual_seed(cfg.RNG_SEED)
+    init = model_builder.create(cfg).state_dict()
+    # Adam with zero gradients leaves the head as initialised; the heatmap head has trained.
+    torch.testing.assert_close(final['model'][head], init[head], rtol=0, atol=0)
+    assert not torch.equal(final['model']['heads.hm.2.weight'], init['heads.hm.2.weight'])
+
+
 def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path, monkeypatch):
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     threads = torch.get_num_threads()
