@@ -132,7 +132,8 @@ def derive_training_cfg(cfg):
     """CenterNet's schedule in Detectron's keys, from CENTERNET.* and the training-set size:
     per-rank batches (TRAIN.RANK_IMS_PER_BATCH) = the chunk sizes; iterations per epoch =
     images // BATCH_SIZE (CenterNet's loader drops the last partial batch); SOLVER.MAX_ITER =
-    NUM_EPOCHS epochs; the LR x0.1 after each LR_STEP epoch; SOLVER.BASE_LR = CENTERNET.LR x
+    NUM_EPOCHS epochs; after an LR_STEP epoch e the LR is BASE_LR x 0.1 ** (LR_STEP.index(e) + 1)
+    until the next one (main.py's rule, also for repeated or unordered epochs); SOLVER.BASE_LR = CENTERNET.LR x
     BATCH_SIZE / LR_BATCH_SIZE (CenterNet's "1.25e-4 for batch 32", linearly scaled); no warm-up, no weight decay (CenterNet's
     Adam); a checkpoint every epoch (CenterNet's model_last.pth). Returns the lines to show."""
     c = cfg.CENTERNET
@@ -146,14 +147,18 @@ def derive_training_cfg(cfg):
         raise ConfigValueError('TRAIN.DATASETS {} hold {} images, fewer than one CENTERNET.BATCH_SIZE {}; lower '
                                'the batch size'.format(tuple(cfg.TRAIN.DATASETS), num_images, c.BATCH_SIZE))
     base_lr = c.LR * c.BATCH_SIZE / c.LR_BATCH_SIZE
+    # main.py drops the LR after finishing epoch e in lr_step (epochs count from 1): one in the last
+    # epoch or beyond changes nothing, one below 1 is never reached.
+    drops = sorted({epoch for epoch in c.LR_STEP if 1 <= epoch < c.NUM_EPOCHS})
+    lrs = [base_lr] + [base_lr * 0.1 ** (list(c.LR_STEP).index(epoch) + 1) for epoch in drops]
     values = {
         'TRAIN.RANK_IMS_PER_BATCH': tuple(chunks),
         'TRAIN.IMS_PER_BATCH': chunks[0],
         'TRAIN.SNAPSHOT_ITERS': per_epoch * cfg.NUM_GPUS,
         'SOLVER.MAX_ITER': c.NUM_EPOCHS * per_epoch,
-        'SOLVER.LR_POLICY': 'steps_with_decay',
-        'SOLVER.STEPS': [0] + [epoch * per_epoch for epoch in c.LR_STEP if epoch < c.NUM_EPOCHS],
-        'SOLVER.GAMMA': 0.1,
+        'SOLVER.LR_POLICY': 'steps_with_lrs',
+        'SOLVER.STEPS': [0] + [epoch * per_epoch for epoch in drops],
+        'SOLVER.LRS': lrs,
         'SOLVER.BASE_LR': base_lr,
         'SOLVER.WARM_UP_ITERS': 0,
         'SOLVER.WEIGHT_DECAY': 0.0,
@@ -168,9 +173,10 @@ def derive_training_cfg(cfg):
         'CenterNet: {} training images // CENTERNET.BATCH_SIZE {} = {} iterations per epoch; {} epochs = '
         'SOLVER.MAX_ITER {}'.format(num_images, c.BATCH_SIZE, per_epoch, c.NUM_EPOCHS, cfg.SOLVER.MAX_ITER),
         'CenterNet: per-GPU batches (chunk sizes) {}'.format(chunks),
-        'CenterNet: LR x0.1 after epochs {} = SOLVER.STEPS {}; SOLVER.BASE_LR = CENTERNET.LR {:g} x BATCH_SIZE {} / '
-        'LR_BATCH_SIZE {} = {:g}'.format(tuple(c.LR_STEP), list(cfg.SOLVER.STEPS), c.LR, c.BATCH_SIZE,
-                                         c.LR_BATCH_SIZE, base_lr),
+        'CenterNet: LR after epochs {} (SOLVER.STEPS {}): SOLVER.LRS {}; SOLVER.BASE_LR = CENTERNET.LR {:g} x '
+        'BATCH_SIZE {} / LR_BATCH_SIZE {} = {:g}'.format(tuple(c.LR_STEP), list(cfg.SOLVER.STEPS),
+                                                         ['{:g}'.format(lr) for lr in lrs], c.LR, c.BATCH_SIZE,
+                                                         c.LR_BATCH_SIZE, base_lr),
     ]
 
 

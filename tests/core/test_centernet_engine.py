@@ -69,8 +69,9 @@ def test_shipped_configs_derive_the_reference_schedule(monkeypatch, name, gpus, 
     assert cfg.NUM_GPUS == gpus and tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == chunks
     assert cfg.SOLVER.MAX_ITER == 140 * per_epoch
     assert cfg.SOLVER.STEPS == [0, 90 * per_epoch, 120 * per_epoch]
-    assert (cfg.SOLVER.BASE_LR, cfg.SOLVER.GAMMA, cfg.SOLVER.WARM_UP_ITERS) == (5e-4, 0.1, 0)
-    assert (cfg.SOLVER.OPTIMIZER, cfg.SOLVER.WEIGHT_DECAY, cfg.SOLVER.LR_POLICY) == ('adam', 0.0, 'steps_with_decay')
+    assert cfg.SOLVER.LRS == pytest.approx([5e-4, 5e-5, 5e-6], rel=1e-12)
+    assert (cfg.SOLVER.BASE_LR, cfg.SOLVER.WARM_UP_ITERS) == (5e-4, 0)
+    assert (cfg.SOLVER.OPTIMIZER, cfg.SOLVER.WEIGHT_DECAY, cfg.SOLVER.LR_POLICY) == ('adam', 0.0, 'steps_with_lrs')
     assert cfg.TRAIN.SNAPSHOT_ITERS == per_epoch * gpus  # a checkpoint every epoch
     assert 'per-GPU batches (chunk sizes) {}'.format(list(chunks)) in lines[1]
     assert_and_infer_cfg()
@@ -79,6 +80,31 @@ def test_shipped_configs_derive_the_reference_schedule(monkeypatch, name, gpus, 
     for epoch, lr in ((1, 5e-4), (90, 5e-4), (91, 5e-5), (120, 5e-5), (121, 5e-6), (140, 5e-6)):
         assert schedule.lr_at((epoch - 1) * per_epoch) == pytest.approx(lr, rel=1e-6), epoch
     assert train_engine.checkpoint_period(gpus) == per_epoch
+
+
+def _main_py_lr(base_lr, lr_step, num_epochs):
+    """CenterNet's main.py, epoch by epoch: the LR each epoch trains with."""
+    lr, lrs = base_lr, []
+    for epoch in range(1, num_epochs + 1):
+        lrs.append(lr)
+        if epoch in lr_step:
+            lr = base_lr * (0.1 ** (lr_step.index(epoch) + 1))
+    return lrs
+
+
+@pytest.mark.parametrize('lr_step', [(3, 6), (3, 3), (3, 3, 6), (6, 3), (0, 4), (5, 8, 9), (9,), ()])
+def test_lr_steps_follow_main_py_also_when_repeated_unordered_or_out_of_range(monkeypatch, lr_step):
+    monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: [None] * 40)
+    merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'NUM_GPUS', '1', 'CENTERNET.BATCH_SIZE', '10',
+                         'CENTERNET.LR_BATCH_SIZE', '10', 'CENTERNET.LR', '0.001', 'CENTERNET.NUM_EPOCHS', '8',
+                         'CENTERNET.LR_STEP', str(lr_step)])
+    centernet_builder.derive_training_cfg(cfg)
+    assert_and_infer_cfg()
+    schedule = train_engine.lr_schedule()
+    per_epoch = 4
+    got = [schedule.lr_at(epoch * per_epoch + i) for epoch in range(8) for i in (0, per_epoch - 1)]
+    want = [lr for lr in _main_py_lr(0.001, list(lr_step), 8) for _ in (0, 1)]
+    assert got == pytest.approx(want, rel=1e-6)
 
 
 def test_lr_scales_linearly_with_the_global_batch(monkeypatch):
