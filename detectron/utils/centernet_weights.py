@@ -10,8 +10,10 @@ ImageNet files map onto the backbone module: a torchvision ResNet's keys are the
 keys (its `fc.*` classifier is unused); a DLA-34 file's keys are the dla_34 backbone's `base.<key>`
 (its `fc.*` is unused too).
 
-Shapes must match: unlike CenterNet, which skips a mismatched tensor with a printed note, a
-mismatch is a WeightsError, since a half-loaded model trains or evaluates silently wrong.
+Shapes. A CenterNet checkpoint's tensor whose shape differs from the model's is skipped with a
+warning naming it, both shapes and the likely cause, and keeps its init, as CenterNet's load_model
+does ("Skip loading parameter ..."): that is how a COCO model is fine-tuned to another number of
+classes. In an ImageNet file a mismatch is a WeightsError (CenterNet's load_state_dict raises too).
 BatchNorm's `num_batches_tracked` counters are loaded when present but never reported missing:
 with a fixed momentum BatchNorm does not read them, and 2018 files do not have them.
 """
@@ -57,8 +59,9 @@ def load_centernet_checkpoint(model, path, content=None):
     """Load a CenterNet .pth (`{'epoch': e, 'state_dict': sd, ...}` or a bare state dict, with or
     without `module.` prefixes) into our CenterNet model; `content`: the file as already read.
 
-    Returns (missing, unused): our keys the file did not provide (they keep their init) and the
-    file's keys (CenterNet names, without `module.`) that the model has no place for.
+    Returns (missing, unused): our keys the file did not provide or gave in another shape (they
+    keep their init) and the file's keys (CenterNet names, without `module.`) that the model has no
+    place for.
     """
     content = read_torch_file(path) if content is None else content
     state_dict = _state_dict_of(content)
@@ -67,7 +70,7 @@ def load_centernet_checkpoint(model, path, content=None):
     for key, value in state_dict.items():
         file_key = _without_data_parallel_prefix(key)
         renamed[centernet_key_to_ours(file_key)] = (file_key, value)
-    missing, unused = _copy_by_name(model, renamed, path, _checkpoint_mismatch_cause)
+    missing, unused = _copy_by_name(model, renamed, path, _checkpoint_mismatch_cause, skip_mismatched=True)
     epoch = content.get('epoch') if isinstance(content, dict) else None
     _log_summary('CenterNet checkpoint {} (epoch {})'.format(path, epoch),
                  len(renamed) - len(unused), missing, unused)
@@ -120,10 +123,11 @@ def _check_state_dict(state_dict, path, expected):
         raise WeightsError('{} does not hold {}: expected a dict of tensors'.format(path, expected))
 
 
-def _copy_by_name(model, renamed, source, mismatch_cause):
+def _copy_by_name(model, renamed, source, mismatch_cause, skip_mismatched=False):
     """Copy renamed = {our key: (file key, tensor)} into model after checking every shape.
 
-    Returns (missing model keys, unused file keys); a shape mismatch raises WeightsError.
+    Returns (missing model keys, unused file keys). A shape mismatch raises WeightsError, or with
+    skip_mismatched is logged and its tensor left out (reported missing).
     """
     own = model.state_dict()
     loaded = {k: v for k, v in renamed.items() if k in own}
@@ -132,11 +136,16 @@ def _copy_by_name(model, renamed, source, mismatch_cause):
                            '(e.g. {}); check that the file and the model are the ones meant'.format(
                                source, len(renamed), next(iter(renamed.values()))[0],
                                next(iter(own), None)))
-    for key, (file_key, value) in loaded.items():
-        if value.shape != own[key].shape:
-            raise WeightsError('{}: {} has shape {} in the file but {} in the model ({}); likely {}'
-                               .format(source, file_key, tuple(value.shape), tuple(own[key].shape),
-                                       key, mismatch_cause(file_key, value.shape, own[key].shape)))
+    for key, (file_key, value) in list(loaded.items()):
+        if value.shape == own[key].shape:
+            continue
+        message = '{}: {} has shape {} in the file but {} in the model ({}); likely {}'.format(
+            source, file_key, tuple(value.shape), tuple(own[key].shape), key,
+            mismatch_cause(file_key, value.shape, own[key].shape))
+        if not skip_mismatched:
+            raise WeightsError(message)
+        logger.warning('%s: skipped, it keeps its init', message)
+        del loaded[key]
     with torch.no_grad():
         for key, (_, value) in loaded.items():
             own[key].copy_(value)  # state_dict() tensors share storage with the model's

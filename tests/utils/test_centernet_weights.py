@@ -147,22 +147,29 @@ def test_missing_and_unused_are_reported_and_logged(models, reference_state, tmp
     ('layer1.0.conv1.weight', (64, 64, 1, 1), 'a checkpoint of another backbone: check '
                                               'CENTERNET.ARCH'),
 ])
-def test_shape_mismatch_is_one_weights_error_line_and_loads_nothing(models, reference_state,
-                                                                    tmp_path, key, shape, cause):
+def test_a_tensor_of_another_shape_is_skipped_with_one_warning_as_load_model_does(
+        models, reference_state, tmp_path, caplog, key, shape, cause):
+    # CenterNet's load_model: "Skip loading parameter ..." and the model's own tensor stays (how a
+    # COCO model is fine-tuned to other classes); every other tensor loads.
     model = models['resdcn_18']
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ours_key = _expected_our_key(key)
+    before = model.state_dict()[ours_key].clone()
     reference = dict(reference_state['resdcn_18'])
     model_shape = tuple(reference[key].shape)
     reference[key] = torch.zeros(shape)
     path = _save(tmp_path / 'w.pth', {'epoch': 1, 'state_dict': reference})
-    with pytest.raises(WeightsError) as err:
-        load_centernet_checkpoint(model, path)
-    message = str(err.value)
-    assert '\n' not in message
-    assert message.startswith('{}: {} has shape {} in the file but {} in the model ({})'.format(
-        path, key, shape, model_shape, _expected_our_key(key)))
-    assert cause in message
-    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with caplog.at_level(logging.WARNING, logger='detectron.utils.centernet_weights'):
+        missing, unused = load_centernet_checkpoint(model, path)
+    assert (missing, unused) == ([ours_key], [])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and '\n' not in warnings[0]
+    assert warnings[0].startswith('{}: {} has shape {} in the file but {} in the model ({}); likely'.format(
+        path, key, shape, model_shape, ours_key))
+    assert cause in warnings[0] and warnings[0].endswith(': skipped, it keeps its init')
+    ours = model.state_dict()
+    assert torch.equal(ours[ours_key], before)
+    assert all(torch.equal(ours[_expected_our_key(k)], v) for k, v in reference.items() if k != key
+               and _expected_our_key(k) in ours)
 
 
 def test_unreadable_files_are_one_line_weights_errors(models, tmp_path):
