@@ -202,6 +202,10 @@ def _brightness(image, alpha, gray, gray_mean):
 
 
 def _contrast(image, alpha, gray, gray_mean):
+    # The reference's numpy expressions as today's numpy evaluates them: gray_mean (a float32
+    # scalar) * (1 - alpha) is float32 under numpy 2; CenterNet's numpy 1 took it in float64 and
+    # rounded once (1 ulp apart in about half the jittered images; the flipped not_rand_crop centre
+    # below likewise).
     _blend(image, alpha, gray_mean)
 
 
