@@ -220,16 +220,22 @@ def _shared_copy(array):
     return tensor
 
 
-def _wrap_large_arrays(sample):
-    """sample (nested dicts, lists, tuples) with each large numpy array of a torch dtype in a
-    SharedArray."""
+def _map_leaves(sample, fn):
+    """sample (nested dicts, lists, tuples) with fn applied to everything else in it."""
     if isinstance(sample, dict):
-        return {key: _wrap_large_arrays(value) for key, value in sample.items()}
+        return {key: _map_leaves(value, fn) for key, value in sample.items()}
     if isinstance(sample, (list, tuple)):
-        return type(sample)(_wrap_large_arrays(value) for value in sample)
-    if isinstance(sample, np.ndarray) and sample.nbytes >= SHARED_ARRAY_MIN_BYTES and _torch_dtype(sample):
-        return SharedArray(_shared_copy(sample))
-    return sample
+        return type(sample)(_map_leaves(value, fn) for value in sample)
+    return fn(sample)
+
+
+def _wrap_large_arrays(sample):
+    """sample with each large numpy array of a torch dtype in a SharedArray."""
+    return _map_leaves(sample, lambda leaf: SharedArray(_shared_copy(leaf)) if _is_large_array(leaf) else leaf)
+
+
+def _is_large_array(leaf):
+    return isinstance(leaf, np.ndarray) and leaf.nbytes >= SHARED_ARRAY_MIN_BYTES and _torch_dtype(leaf)
 
 
 def _torch_dtype(array):
@@ -242,11 +248,7 @@ def _torch_dtype(array):
 
 def _unwrap_arrays(sample):
     """_wrap_large_arrays undone in the main process: numpy views of the (shared or pinned) tensors."""
-    if isinstance(sample, dict):
-        return {key: _unwrap_arrays(value) for key, value in sample.items()}
-    if isinstance(sample, (list, tuple)):
-        return type(sample)(_unwrap_arrays(value) for value in sample)
-    return sample.tensor.numpy() if isinstance(sample, SharedArray) else sample
+    return _map_leaves(sample, lambda leaf: leaf.tensor.numpy() if isinstance(leaf, SharedArray) else leaf)
 
 
 class _TestSamples(RaisingLoader):
