@@ -180,27 +180,27 @@ def test_a_category_absent_from_the_split_is_named_and_said_absent(register_coco
         'c1: 100.0', 'c5: absent (no ground-truth box of this class in the dataset)', 'c9: 100.0']
 
 
-def test_centernet_results_have_continuous_widths_and_two_decimals(dataset, tmp_path):
+def _one_centernet_result(dataset, tmp_path, class_index, row):
+    """The results json entry CenterNet's format writes for one float32 detection row in image 0."""
     json_dataset, coco, _ = dataset
     all_boxes = [[]] + [[[] for _ in coco['images']] for _ in CATEGORY_IDS]
-    all_boxes[2][0] = np.array([[10.004, 20.0, 30.507, 40.2561, 0.87654]], np.float32)
+    all_boxes[class_index][0] = np.array([row], np.float32)
     json_dataset_evaluator.evaluate_boxes(json_dataset, all_boxes, str(tmp_path), use_salt=False,
                                           results_format=CENTERNET_RESULTS)
     with open(tmp_path / 'bbox_random_results.json') as f:
         (result,) = json.load(f)
+    return result
+
+
+def test_centernet_results_have_continuous_widths_and_two_decimals(dataset, tmp_path):
+    result = _one_centernet_result(dataset, tmp_path, 2, [10.004, 20.0, 30.507, 40.2561, 0.87654])
     # CenterNet's convert_eval_format: w = 30.507 - 10.004 = 20.503, h = 20.2561, then '{:.2f}'.
-    assert result == {'image_id': coco['images'][0]['id'], 'category_id': CATEGORY_IDS[1],
+    assert result == {'image_id': dataset[1]['images'][0]['id'], 'category_id': CATEGORY_IDS[1],
                       'bbox': [10.0, 20.0, 20.5, 20.26], 'score': 0.88}
 
 
 def test_centernet_widths_are_float32_differences_as_in_its_convert_eval_format(dataset, tmp_path):
     # bbox[3] -= bbox[1] on CenterNet's float32 row: 618.79675 - 228.12175 = 390.67498779... -> 390.67,
     # where the float64 difference 390.67500305... would round to 390.68.
-    json_dataset, coco, _ = dataset
-    all_boxes = [[]] + [[[] for _ in coco['images']] for _ in CATEGORY_IDS]
-    all_boxes[1][0] = np.array([[5.0, 228.12175, 9.0, 618.79675, 0.5]], np.float32)
-    json_dataset_evaluator.evaluate_boxes(json_dataset, all_boxes, str(tmp_path), use_salt=False,
-                                          results_format=CENTERNET_RESULTS)
-    with open(tmp_path / 'bbox_random_results.json') as f:
-        (result,) = json.load(f)
+    result = _one_centernet_result(dataset, tmp_path, 1, [5.0, 228.12175, 9.0, 618.79675, 0.5])
     assert result['bbox'] == [5.0, 228.12, 4.0, 390.67]
