@@ -16,6 +16,7 @@ traceback as its message, and the user should read one line naming the file.
 
 import functools
 import pickle
+import sys
 
 import cv2
 import numpy as np
@@ -148,6 +149,17 @@ def _init_worker(worker_id):
     # Each worker resizes its own images; OpenCV's own thread pool in every worker would
     # oversubscribe the CPU cores the workers already share.
     cv2.setNumThreads(1)
+    # Shared-memory tensors leave a worker as file descriptors handed over by a multiprocessing
+    # thread (resource_sharer), which prints a traceback when the main process dies mid-handover;
+    # the main process's own error line says what happened.
+    sys.excepthook = _silent_when_the_peer_vanished(sys.excepthook)
+
+
+def _silent_when_the_peer_vanished(excepthook):
+    def hook(exc_type, exc, traceback):
+        if not issubclass(exc_type, (ConnectionResetError, BrokenPipeError)):
+            excepthook(exc_type, exc, traceback)
+    return hook
 
 
 def _single_threaded_opencv_before_fork(num_workers):
