@@ -94,6 +94,10 @@ def check_supported(cfg):
     if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
+    if cfg.PRED_STD and not cfg.PRED_STD_LOG:
+        raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
+                               'ported: training and variance voting read the head as alpha = log(sigma^2); set '
+                               'PRED_STD_LOG True, as KL-Loss\'s configs do')
     if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))

@@ -104,7 +104,7 @@ def decode_detections(out, im_scale, im_hw, params):
     scores = out['cls_prob']
     num_classes = scores.shape[1]
     # Back to original image coordinates (float32 division, as Detectron's numpy).
-    rois = out['rois'][:, 1:5] / im_scale
+    rois = box_utils.divide(out['rois'][:, 1:5], im_scale)
     pred_boxes = _decode_boxes_t(rois, out['bbox_pred'], num_classes, im_hw, params)
     confs = None
     if params.std_nms:
@@ -112,7 +112,7 @@ def decode_detections(out, im_scale, im_hw, params):
             raise ConfigValueError(
                 'STD_NMS True needs a model with the bbox_pred_std head: set PRED_STD True')
         # alpha = log(sigma^2) -> sigma, still in normalized-delta units and layout.
-        confs = _per_class_columns(torch.exp(out['bbox_pred_std'] / 2.0), num_classes,
+        confs = _per_class_columns(box_utils.exp(out['bbox_pred_std'] / 2.0), num_classes,
                                    params.cls_agnostic_bbox_reg)
     return scores, pred_boxes, confs
 
@@ -185,7 +185,7 @@ def _candidates_t(scores, score_thresh):
 
 def _class_columns_t(per_class, roi_idx, classes):
     """The 4 columns of each candidate's class in an (R, 4K) array."""
-    return per_class.reshape(per_class.shape[0], -1, 4)[roi_idx, classes]
+    return per_class.reshape(per_class.shape[0], per_class.shape[1] // 4, 4)[roi_idx, classes]
 
 
 def _limit_detections_t(dets, classes, max_per_image):

@@ -28,9 +28,9 @@ def prep_im_for_blob(im, pixel_means, target_sizes, max_size):
 
     Returns (list of float32 HxWx3 images, list of scales), one pair per entry of target_sizes.
     """
-    means = np.asarray(pixel_means, dtype=np.float32).reshape(1, 1, 3)
-    # float32 minus float32 means: the same arithmetic as Detectron's cv2.subtract on a float32 image.
-    im = im.astype(np.float32) - means
+    # Detectron's `im -= pixel_means` on the float32 image with its float64 PIXEL_MEANS array: the
+    # difference is taken in float64 and rounded to float32 once.
+    im = (im.astype(np.float64) - np.asarray(pixel_means, dtype=np.float64).reshape(1, 1, 3)).astype(np.float32)
     ims, scales = [], []
     for target_size in target_sizes:
         scale = resize_scale(im.shape[0], im.shape[1], target_size, max_size)
@@ -108,8 +108,10 @@ def get_image_blob_t(im, target_scale, target_max_size, pixel_means, stride, dev
     blob) and does the mean subtraction, cv2-equivalent resize and padding there. Returns
     (blob tensor (1, 3, H, W), im_scale, im_info tensor (1, 3)) with the same values as
     get_image_blob up to float rounding."""
-    image = torch.from_numpy(np.ascontiguousarray(im)).to(device, non_blocking=True).float()
-    image = image - torch.as_tensor(np.asarray(pixel_means, np.float32).reshape(1, 1, 3), device=device)
+    image = torch.from_numpy(np.ascontiguousarray(im)).to(device, non_blocking=True).double()
+    # float64 minus the float64 means, then float32: prep_im_for_blob's (Detectron's) rounding.
+    means = torch.as_tensor(np.asarray(pixel_means, np.float64).reshape(1, 1, 3), device=device)
+    image = (image - means).float()
     im_scale = resize_scale(im.shape[0], im.shape[1], target_scale, target_max_size)
     resized = _resize_linear_t(image, im_scale)
     height, width = padded_size(resized.shape[0], resized.shape[1], stride)

@@ -97,22 +97,36 @@ def bbox_transform_t(boxes, deltas, weights, xyxy=False, clip=DEFAULT_XFORM_CLIP
     return torch.stack((x1, y1, x2, y2), dim=2).reshape(deltas.shape)
 
 
+def divide(x, value):
+    """x / value (a Python number) as numpy divides: CUDA kernels divide by a host scalar as a
+    multiplication by its reciprocal, 1 ulp off in about a fifth of the values; a device scalar is
+    divided by."""
+    return x / torch.full((), value, dtype=x.dtype, device=x.device)
+
+
+def exp(x):
+    """exp rounded once to x's dtype (computed in float64): what numpy's float32 exp returned in
+    Detectron's day (glibc's expf) in all but ~0.06% of values; torch's float32 exp is 1 ulp off
+    in about 40%, and differently on the CPU and the GPU."""
+    return torch.exp(x.double()).to(x.dtype)
+
+
 def _decode_center_size_t(boxes, deltas, widths, heights, weights, clip):
     wx, wy, ww, wh = weights
     ctr_x = boxes[:, 0:1] + 0.5 * widths
     ctr_y = boxes[:, 1:2] + 0.5 * heights
-    pred_ctr_x = deltas[:, 0::4] / wx * widths + ctr_x
-    pred_ctr_y = deltas[:, 1::4] / wy * heights + ctr_y
+    pred_ctr_x = divide(deltas[:, 0::4], wx) * widths + ctr_x
+    pred_ctr_y = divide(deltas[:, 1::4], wy) * heights + ctr_y
     # Only growth is clamped, so that exp() cannot overflow.
-    pred_w = torch.exp(torch.clamp(deltas[:, 2::4] / ww, max=clip)) * widths
-    pred_h = torch.exp(torch.clamp(deltas[:, 3::4] / wh, max=clip)) * heights
+    pred_w = exp(torch.clamp(divide(deltas[:, 2::4], ww), max=clip)) * widths
+    pred_h = exp(torch.clamp(divide(deltas[:, 3::4], wh), max=clip)) * heights
     return (pred_ctr_x - 0.5 * pred_w, pred_ctr_y - 0.5 * pred_h,
             pred_ctr_x + 0.5 * pred_w - 1, pred_ctr_y + 0.5 * pred_h - 1)
 
 
 def _decode_edges_t(boxes, deltas, widths, heights, weights, clip):
     wx, wy = weights[0], weights[1]
-    edge_delta = lambda column, weight: torch.clamp(deltas[:, column::4] / weight, min=-clip, max=clip)
+    edge_delta = lambda column, weight: torch.clamp(divide(deltas[:, column::4], weight), min=-clip, max=clip)
     return (edge_delta(0, wx) * widths + boxes[:, 0:1],
             edge_delta(2, wx) * heights + boxes[:, 1:2],
             edge_delta(1, wy) * widths + boxes[:, 2:3],
@@ -155,9 +169,19 @@ def nms_t(boxes, scores, thresh):
     """Greedy NMS of (N, 4) boxes with Detectron's +1 areas, via torchvision.ops.nms.
 
     Returns kept indices in descending score order (Detectron's nms returns ascending indices).
-    Suppresses at IoU >= thresh like Detectron's kernel (see torchvision_nms_thresh).
+    Suppresses at IoU >= thresh like Detectron's kernel (see torchvision_nms_thresh); of equal
+    scores the later box comes first, as in Detectron's scores.argsort()[::-1].
     """
-    return torchvision.ops.nms(_plus_one_corners_t(boxes), scores, torchvision_nms_thresh(thresh))
+    return _later_first(lambda rev: torchvision.ops.nms(
+        _plus_one_corners_t(boxes[rev]), scores[rev], torchvision_nms_thresh(thresh)), boxes.shape[0], boxes.device)
+
+
+def _later_first(nms_of_reversed, n, device):
+    """Kept indices of an NMS (stable descending sort: of equal scores the earlier box first) run
+    on the boxes in reverse order, mapped back: of equal scores the later box comes first, as
+    Detectron's kernels order them (a stable ascending argsort, reversed)."""
+    rev = torch.arange(n - 1, -1, -1, device=device)
+    return n - 1 - nms_of_reversed(rev)
 
 
 def torchvision_nms_thresh(thresh):
@@ -186,12 +210,14 @@ def batched_nms_t(boxes, scores, idxs, thresh):
         counts = torch.unique(idxs, return_counts=True)[1]
         if counts.numel() * int(counts.max()) ** 2 <= MATRIX_NMS_MAX_PAIRS:
             return matrix_batched_nms_t(boxes, scores, idxs, thresh)
-    return torchvision.ops.batched_nms(_plus_one_corners_t(boxes), scores, idxs, thresh)
+    return _later_first(lambda rev: torchvision.ops.batched_nms(
+        _plus_one_corners_t(boxes[rev]), scores[rev], idxs[rev], thresh), boxes.shape[0], boxes.device)
 
 
 def matrix_batched_nms_t(boxes, scores, idxs, thresh):
     """Greedy NMS per group as tensor operations: the same kept set as torchvision's batched_nms
-    (IoU > thresh with +1 areas), in descending score order.
+    (IoU > thresh with +1 areas), in descending score order, of equal scores the later box first
+    (Detectron's order).
 
     Boxes are grouped and sorted by score into a padded (groups, M) layout; S[g, j, i] says that box
     j, earlier in score order, would suppress box i. Greedy NMS keeps i iff no KEPT earlier box
@@ -199,7 +225,7 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
     "all kept" fixes one more position per round, so it reaches the greedy result in at most
     (longest suppression chain) rounds, each one batched matrix reduction.
     """
-    order = scores.argsort(descending=True, stable=True)
+    order = _descending_later_first(scores)
     order = order[idxs[order].argsort(stable=True)]
     _, group, counts = torch.unique_consecutive(idxs[order], return_inverse=True, return_counts=True)
     rank = torch.arange(order.numel(), device=order.device) - (counts.cumsum(0) - counts)[group]
@@ -223,8 +249,13 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
         if torch.equal(previous, keep):
             break
         rounds = min(2 * rounds, _NMS_ROUNDS_PER_CHECK)
-    kept = slots[keep]
-    return kept[scores[kept].argsort(descending=True, stable=True)]
+    kept = slots[keep].sort().values
+    return kept[_descending_later_first(scores[kept])]
+
+
+def _descending_later_first(scores):
+    """Indices by descending score, of equal scores the later first: Detectron's argsort()[::-1]."""
+    return scores.argsort(stable=True).flip(0)
 
 
 # ---------------------------------------------------------------------------------------------

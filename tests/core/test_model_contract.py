@@ -109,3 +109,16 @@ def test_two_gloo_processes_test_the_second_model_type_as_one(catalog, tmp_path)
         assert len(actual_j) == len(expected_j) == 8
         for a, e in zip(actual_j, expected_j):
             np.testing.assert_array_equal(a, e)
+
+
+def test_the_unported_pred_std_variant_is_one_config_error():
+    # KL-Loss's PRED_STD_LOG False head (sigma^2 itself) would be read as log(sigma^2) everywhere.
+    from detectron.core.config import merge_cfg_from_file
+    from detectron.modeling import rcnn_builder
+    from detectron.utils.errors import ConfigValueError
+    merge_cfg_from_file(os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
+    merge_cfg_from_list(['PRED_STD', 'True', 'PRED_STD_LOG', 'False'])
+    with pytest.raises(ConfigValueError, match='PRED_STD_LOG False .* is not ported'):
+        rcnn_builder.check_supported(cfg)
+    cfg.PRED_STD_LOG = True
+    rcnn_builder.check_supported(cfg)

@@ -428,3 +428,19 @@ def test_im_detect_all_uses_test_scale_and_post_processing():
     np.testing.assert_allclose(cls_boxes[1], [[5, 5, 15, 15, 0.6], [10, 0, 29, 19, 0.2]], rtol=1e-6)
     np.testing.assert_allclose(cls_boxes[2], [[5, 5, 15, 15, 0.3], [10, 0, 29, 19, 0.1]], rtol=1e-6)
     assert cls_boxes[0].shape == (0, 5)
+
+
+@pytest.mark.parametrize('branch', ['nms', 'soft_nms', 'std_nms', 'bbox_vote'])
+def test_no_rois_give_empty_detections_in_every_branch(branch):
+    # Detectron's box_results_with_nms_and_limit returns empty classes when no RoI is left (e.g. an
+    # RPN whose proposals were all filtered away); the port raised on reshape(0, -1, 4).
+    if branch == 'std_nms':
+        _set_std_nms('stdiou', 'soft', 'reference')
+    cfg.TEST.SOFT_NMS.ENABLED = branch == 'soft_nms'
+    cfg.TEST.BBOX_VOTE.ENABLED = branch == 'bbox_vote'
+    num_classes = 3
+    scores, boxes = np.zeros((0, num_classes), np.float32), np.zeros((0, 4 * num_classes), np.float32)
+    confs = np.zeros((0, 4 * num_classes), np.float32) if branch == 'std_nms' else None
+    out_scores, out_boxes, cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes, confs)
+    assert out_scores.shape == (0,) and out_boxes.shape == (0, 4) and len(cls_boxes) == num_classes
+    assert all(len(b) == 0 for b in cls_boxes)

@@ -50,13 +50,17 @@ def test_pixel_means_are_subtracted_per_bgr_channel_without_std():
     np.testing.assert_allclose(ims[0], np.broadcast_to(expected, (4, 6, 3)), rtol=0, atol=1e-5)
 
 
-def test_mean_subtraction_is_bitwise_detectrons_cv2_subtract():
-    # Detectron subtracts with cv2.subtract on a float32 image; scale 1 makes cv2.resize a copy.
-    im = np.random.RandomState(0).randint(0, 256, (20, 30, 3)).astype(np.uint8)
-    ims, scales = prep_im_for_blob(im, PIXEL_MEANS, [20], 1000)
-    detectron = cv2.subtract(im.astype(np.float32), PIXEL_MEANS.reshape(1, 3))
+def test_mean_subtraction_is_bitwise_detectrons():
+    # Detectron's blob.py: im = im.astype(np.float32); im -= cfg.PIXEL_MEANS, a float64 (1, 1, 3)
+    # array, so numpy subtracts in float64 and rounds once; every uint8 value in every channel
+    # (scale 1 makes cv2.resize a copy). float32 means would round half of these differently.
+    im = np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, axis=2)
+    ims, scales = prep_im_for_blob(im, PIXEL_MEANS, [16], 1000)
+    detectron = im.astype(np.float32)
+    detectron -= np.array([[[102.9801, 115.9465, 122.7717]]])
     assert scales == [1.0]
-    np.testing.assert_array_equal(ims[0], detectron)
+    np.testing.assert_array_equal(ims[0].view(np.uint32), detectron.view(np.uint32))
+    assert (im.astype(np.float32) - PIXEL_MEANS.astype(np.float32) != detectron).mean() > 0.4
 
 
 def _bilinear_half_pixel(src, scale):

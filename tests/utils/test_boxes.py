@@ -362,3 +362,57 @@ def test_matrix_batched_nms_resolves_a_chain_longer_than_its_rounds_between_chec
     scores = 1 - torch.arange(51, dtype=torch.float32) / 100
     idxs = torch.zeros(51, dtype=torch.long)
     assert box_utils.matrix_batched_nms_t(boxes, scores, idxs, 0.5).tolist() == list(range(0, 51, 2))
+
+
+def test_exp_is_rounded_once_from_float64():
+    x = torch.from_numpy(np.random.default_rng(0).uniform(-8, 4.2, 20000).astype(F32))
+    expected = np.array([math.exp(float(v)) for v in x], dtype=np.float64).astype(F32)
+    assert torch.equal(box_utils.exp(x), torch.from_numpy(expected))
+    assert box_utils.exp(x).dtype == torch.float32
+
+
+def test_float32_center_size_decode_is_detectrons_numpy_with_exp_rounded_once():
+    # Detectron's bbox_transform on float32 arrays, with its np.exp(dw) taken as glibc's expf of
+    # its day (exp rounded once to float32).
+    rng = np.random.default_rng(3)
+    boxes = valid_random_boxes(rng, 50).astype(F32)
+    deltas = rng.normal(0, 2, (50, 8)).astype(F32)
+    widths, heights = boxes[:, 2] - boxes[:, 0] + 1.0, boxes[:, 3] - boxes[:, 1] + 1.0
+    ctr_x, ctr_y = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
+    wx, wy, ww, wh = BOX_REG_WEIGHTS
+    dx, dy, dw, dh = deltas[:, 0::4] / wx, deltas[:, 1::4] / wy, deltas[:, 2::4] / ww, deltas[:, 3::4] / wh
+    clip = np.float32(math.log(1000. / 16))
+    dw, dh = np.minimum(dw, clip), np.minimum(dh, clip)
+    pred_ctr_x = dx * widths[:, None] + ctr_x[:, None]
+    pred_ctr_y = dy * heights[:, None] + ctr_y[:, None]
+    pred_w = np.exp(dw.astype(np.float64)).astype(F32) * widths[:, None]
+    pred_h = np.exp(dh.astype(np.float64)).astype(F32) * heights[:, None]
+    expected = np.zeros_like(deltas)
+    expected[:, 0::4], expected[:, 1::4] = pred_ctr_x - 0.5 * pred_w, pred_ctr_y - 0.5 * pred_h
+    expected[:, 2::4], expected[:, 3::4] = pred_ctr_x + 0.5 * pred_w - 1, pred_ctr_y + 0.5 * pred_h - 1
+    got = box_utils.bbox_transform_t(torch.from_numpy(boxes), torch.from_numpy(deltas), BOX_REG_WEIGHTS)
+    np.testing.assert_array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA'))])
+def test_divide_is_numpys_float32_division_on_every_device(device):
+    # CUDA divides by a host scalar as a multiplication by its reciprocal (1 ulp off numpy's
+    # division in about a fifth of the values); box_utils.divide divides.
+    x = np.random.default_rng(1).uniform(-300, 900, 100000).astype(F32)
+    for value in (10.0, 5.0, 800 / 427):
+        got = box_utils.divide(torch.from_numpy(x).to(device), value).cpu().numpy()
+        np.testing.assert_array_equal(got.view(np.uint32), (x / value).view(np.uint32))
+
+
+@pytest.mark.parametrize('nms', ['torchvision', 'matrix'])
+def test_nms_of_equal_scores_keeps_the_later_box_as_detectron(nms):
+    # Detectron's nms orders by scores.argsort()[::-1]: of equal scores the later box is taken first.
+    boxes = torch.tensor([[10., 10., 109., 109.], [12., 12., 111., 111.], [300., 300., 320., 320.],
+                          [0., 0., 50., 50.], [1., 1., 51., 51.], [2., 2., 52., 52.]])
+    scores = torch.tensor([0.6, 0.6, 0.6, 1.0, 1.0, 1.0])
+    idxs = torch.tensor([0, 0, 0, 1, 1, 1])
+    run = (lambda *a: box_utils.batched_nms_t(*a)) if nms == 'torchvision' else \
+        (lambda b, s, i, t: box_utils.matrix_batched_nms_t(b, s, i, box_utils.torchvision_nms_thresh(t)))
+    assert run(boxes, scores, idxs, 0.3).tolist() == [5, 2, 1]
+    assert box_utils.nms_t(boxes[:3], scores[:3], 0.3).tolist() == [2, 1]
