@@ -201,17 +201,32 @@ def batched_nms_t(boxes, scores, idxs, thresh):
     """nms_t run separately for each value of idxs (e.g. class or image); kept indices in
     descending score order. Suppresses at IoU >= thresh, as nms_t.
 
-    On CUDA, `matrix_batched_nms_t` gives the same result without torchvision's per-group host
-    round trips (its kernel scans the suppression mask on the CPU, once per group), as long as the
-    padded pair matrix stays under MATRIX_NMS_MAX_PAIRS.
+    On the CPU each group goes through Detectron's own kernel (lib/cython_nms: its IoU arithmetic,
+    which torchvision's +1-shifted corners and per-group coordinate offsets round apart near the
+    threshold, and its visiting order). On CUDA, `matrix_batched_nms_t` (the kernel's arithmetic)
+    gives the result without torchvision's per-group host round trips (its kernel scans the
+    suppression mask on the CPU, once per group), as long as the padded pair matrix stays under
+    MATRIX_NMS_MAX_PAIRS; beyond it, torchvision's.
     """
-    thresh = torchvision_nms_thresh(thresh)
-    if boxes.is_cuda and boxes.numel():
+    if not boxes.is_cuda:
+        return _detectron_batched_nms(boxes, scores, idxs, thresh)
+    torchvision_thresh = torchvision_nms_thresh(thresh)
+    if boxes.numel():
         counts = torch.unique(idxs, return_counts=True)[1]
         if counts.numel() * int(counts.max()) ** 2 <= MATRIX_NMS_MAX_PAIRS:
-            return matrix_batched_nms_t(boxes, scores, idxs, thresh)
+            return matrix_batched_nms_t(boxes, scores, idxs, torchvision_thresh)
     return _later_first(lambda rev: torchvision.ops.batched_nms(
-        _plus_one_corners_t(boxes[rev]), scores[rev], idxs[rev], thresh), boxes.shape[0], boxes.device)
+        _plus_one_corners_t(boxes[rev]), scores[rev], idxs[rev], torchvision_thresh), boxes.shape[0], boxes.device)
+
+
+def _detectron_batched_nms(boxes, scores, idxs, thresh):
+    """Detectron's greedy NMS (cython_nms.nms on float32 dets) per value of idxs; kept indices in
+    descending score order, of equal scores the later first."""
+    dets = torch.cat([boxes, scores[:, None]], dim=1).float().numpy()
+    groups = idxs.numpy()
+    kept = [np.flatnonzero(groups == g)[cython_nms.nms(dets[groups == g], thresh)] for g in np.unique(groups)]
+    kept = torch.from_numpy(np.concatenate(kept).astype(np.int64) if kept else np.zeros(0, np.int64)).sort().values
+    return kept[_descending_later_first(scores[kept])]
 
 
 def matrix_batched_nms_t(boxes, scores, idxs, thresh):

@@ -405,14 +405,44 @@ def test_divide_is_numpys_float32_division_on_every_device(device):
         np.testing.assert_array_equal(got.view(np.uint32), (x / value).view(np.uint32))
 
 
-@pytest.mark.parametrize('nms', ['torchvision', 'matrix'])
-def test_nms_of_equal_scores_keeps_the_later_box_as_detectron(nms):
+def _matrix_nms(boxes, scores, idxs, thresh):
+    return box_utils.matrix_batched_nms_t(boxes, scores, idxs, box_utils.torchvision_nms_thresh(thresh))
+
+
+def test_nms_of_equal_scores_keeps_the_later_box_as_detectron():
     # Detectron's nms orders by scores.argsort()[::-1]: of equal scores the later box is taken first.
     boxes = torch.tensor([[10., 10., 109., 109.], [12., 12., 111., 111.], [300., 300., 320., 320.],
                           [0., 0., 50., 50.], [1., 1., 51., 51.], [2., 2., 52., 52.]])
     scores = torch.tensor([0.6, 0.6, 0.6, 1.0, 1.0, 1.0])
     idxs = torch.tensor([0, 0, 0, 1, 1, 1])
-    run = (lambda *a: box_utils.batched_nms_t(*a)) if nms == 'torchvision' else \
-        (lambda b, s, i, t: box_utils.matrix_batched_nms_t(b, s, i, box_utils.torchvision_nms_thresh(t)))
-    assert run(boxes, scores, idxs, 0.3).tolist() == [5, 2, 1]
+    assert _matrix_nms(boxes, scores, idxs, 0.3).tolist() == [5, 2, 1]
     assert box_utils.nms_t(boxes[:3], scores[:3], 0.3).tolist() == [2, 1]
+
+
+@pytest.mark.parametrize('nms', [box_utils.batched_nms_t, _matrix_nms])
+def test_nms_suppresses_an_iou_of_exactly_the_threshold_in_detectrons_arithmetic(nms):
+    # (x2 - x1) + 1 sides give this pair an IoU of exactly 0.5 in float32: Detectron's kernel
+    # suppresses it at NMS 0.5 (IoU >= thresh).
+    boxes = torch.tensor([[331.2877, 17.7891, 448.5728, 127.5382], [370.7161, 17.7891, 488.0011, 127.5382]])
+    dets = np.concatenate([boxes.numpy(), [[0.9], [0.8]]], axis=1).astype(F32)
+    assert list(box_utils.nms(dets, 0.5)) == [0]
+    assert nms(boxes, torch.tensor([0.9, 0.8]), torch.tensor([0, 0]), 0.5).tolist() == [0]
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_cpu_batched_nms_is_detectrons_kernel_per_group(seed):
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 600, (), generator=gen))
+    xy = torch.rand(n, 2, generator=gen) * 300
+    boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 120], dim=1)
+    scores = torch.rand(n, generator=gen)
+    idxs = torch.randint(0, 7, (n,), generator=gen)
+    dets = torch.cat([boxes, scores[:, None]], dim=1).numpy()
+    for thresh in (0.3, 0.7):
+        expected = set()
+        for g in idxs.unique().tolist():
+            members = np.flatnonzero(idxs.numpy() == g)
+            expected |= set(members[box_utils.nms(dets[members], thresh)].tolist())
+        kept = box_utils.batched_nms_t(boxes, scores, idxs, thresh)
+        assert set(kept.tolist()) == expected and len(kept) == len(expected)
+        assert (scores[kept][:-1] >= scores[kept][1:]).all()
