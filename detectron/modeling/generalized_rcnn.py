@@ -12,6 +12,7 @@ from detectron.modeling import fast_rcnn_heads, rpn_heads
 from detectron.modeling.roi_pooling import roi_feature_transform
 from detectron.roi_data.fast_rcnn import sample_rois
 from detectron.roi_data.rpn import rpn_targets
+from detectron.utils import boxes as box_utils
 from detectron.utils.cuda_graphs import graphed_training_method
 
 
@@ -45,6 +46,7 @@ class RCNNParams:
     bbox_reg_weights: tuple = (10.0, 10.0, 5.0, 5.0)
     cls_agnostic_bbox_reg: bool = False
     xyxy: bool = False
+    bbox_xform_clips: tuple = (box_utils.DEFAULT_XFORM_CLIP, box_utils.DEFAULT_XFORM_CLIP_XYXY)  # the RPN decode's
     pred_std: bool = False
     roi_resolution: int = 7
     roi_sampling_ratio: int = 2
@@ -100,7 +102,7 @@ class GeneralizedRCNN(nn.Module):
                 pre_nms_top_n=proposal_params.pre_nms_top_n,
                 post_nms_top_n=proposal_params.post_nms_top_n,
                 nms_thresh=proposal_params.nms_thresh, min_size=proposal_params.min_size,
-                xyxy=self.params.xyxy, collect_across_batch=training)
+                xyxy=self.params.xyxy, collect_across_batch=training, clips=self.params.bbox_xform_clips)
         return rois
 
     def _box_outputs(self, features, rois):

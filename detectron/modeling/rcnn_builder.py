@@ -76,6 +76,10 @@ def _detect(model, sample, image_params, decode_params, nms_params, cuda_graphs)
                                         cuda_graphs=cuda_graphs)
 
 
+# Detectron's FPN levels (RPN on P2..P6, RoIs pooled from P2..P5): what the FPN body builds.
+_FPN_LEVELS = (2, 6, 2, 5)
+
+
 def check_supported(cfg):
     """ConfigValueError unless cfg asks for an R-CNN this port builds."""
     for key, feature in _UNSUPPORTED.items():
@@ -94,6 +98,10 @@ def check_supported(cfg):
     if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
+    levels = (cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL, cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL)
+    if levels != _FPN_LEVELS:
+        raise ConfigValueError('FPN.RPN_MIN_LEVEL / RPN_MAX_LEVEL / ROI_MIN_LEVEL / ROI_MAX_LEVEL {} are not supported: '
+                               'the FPN body gives P2..P6; use {}'.format(levels, _FPN_LEVELS))
     if cfg.PRED_STD and not cfg.PRED_STD_LOG:
         raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
                                'ported: training and variance voting read the head as alpha = log(sigma^2); set '
@@ -160,6 +168,7 @@ def rcnn_params(cfg, num_rpn_levels):
         bbox_reg_weights=tuple(cfg.MODEL.BBOX_REG_WEIGHTS),
         cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
         xyxy=cfg.XYXY,
+        bbox_xform_clips=(cfg.BBOX_XFORM_CLIP, cfg.BBOX_XFORM_CLIPe),
         pred_std=cfg.PRED_STD,
         roi_resolution=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
         roi_sampling_ratio=cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO,

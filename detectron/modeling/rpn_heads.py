@@ -106,11 +106,12 @@ def _top_anchors(logits, deltas, anchors, pre_nms_top_n):
     return top_scores, top_deltas, anchors.reshape(-1, 4)[top_idx]
 
 
-def _decoded_and_clipped(anchors, deltas, im_info, xyxy):
+def _decoded_and_clipped(anchors, deltas, im_info, xyxy, clips):
     """(B, k, 4) anchors and deltas -> boxes in network-input coordinates, clipped to each image's
-    im_info height and width; every level at once (one decode, element by element as per level)."""
-    boxes = box_utils.bbox_transform_t(anchors.reshape(-1, 4), deltas.reshape(-1, 4),
-                                       RPN_BBOX_REG_WEIGHTS, xyxy=xyxy).reshape(deltas.shape)
+    im_info height and width; every level at once (one decode, element by element as per level).
+    clips: (BBOX_XFORM_CLIP, BBOX_XFORM_CLIPe), which KL-Loss's proposal decode reads from its cfg."""
+    boxes = box_utils.bbox_transform_t(anchors.reshape(-1, 4), deltas.reshape(-1, 4), RPN_BBOX_REG_WEIGHTS,
+                                       xyxy=xyxy, clip=clips[0], clip_xyxy=clips[1]).reshape(deltas.shape)
     return box_utils.clip_tiled_boxes_t(boxes, im_info[:, 0].view(-1, 1, 1), im_info[:, 1].view(-1, 1, 1))
 
 
@@ -146,7 +147,8 @@ def _top_n_per_group(scores, groups, n):
 
 
 def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms_top_n,
-                       nms_thresh, min_size, xyxy=False, *, collect_across_batch):
+                       nms_thresh, min_size, xyxy=False, *, collect_across_batch,
+                       clips=(box_utils.DEFAULT_XFORM_CLIP, box_utils.DEFAULT_XFORM_CLIP_XYXY)):
     """RPN proposals of a batch: Detectron's GenerateProposals on every level, then Collect.
 
     logits/deltas: per level (B, A, H, W) / (B, 4A, H, W); anchors: per level (H, W, A, 4) from
@@ -158,8 +160,8 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     its issue 459), otherwise of each image (test).
 
     nms_thresh <= 0 skips NMS and the per-level cap, as Detectron; post_nms_top_n <= 0 means no cap.
-    NMS suppresses at IoU >= thresh as Detectron's (box_utils.batched_nms_t); equal scores may be
-    visited in another order than numpy's argsort.
+    NMS suppresses at IoU >= thresh as Detectron's (box_utils.batched_nms_t). clips: the decode's
+    (BBOX_XFORM_CLIP, BBOX_XFORM_CLIPe).
 
     Returns rois (R, 5) float32 = (batch index, x1, y1, x2, y2) in network-input coordinates and
     their scores (R,): with collect_across_batch sorted by descending score over the batch,
@@ -169,7 +171,7 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     device = logits[0].device
     top = [_top_anchors(*level, pre_nms_top_n) for level in zip(logits, deltas, anchors)]
     top_scores, top_deltas, top_anchors = (torch.cat(parts, dim=1) for parts in zip(*top))
-    boxes = _decoded_and_clipped(top_anchors, top_deltas, im_info, xyxy).reshape(-1, 4)
+    boxes = _decoded_and_clipped(top_anchors, top_deltas, im_info, xyxy, clips).reshape(-1, 4)
     scores = top_scores.reshape(-1)
     levels = torch.cat([torch.full_like(lvl_scores, level, dtype=torch.long)
                         for level, (lvl_scores, _, _) in enumerate(top)], dim=1).reshape(-1)

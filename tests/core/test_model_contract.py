@@ -122,3 +122,25 @@ def test_the_unported_pred_std_variant_is_one_config_error():
         rcnn_builder.check_supported(cfg)
     cfg.PRED_STD_LOG = True
     rcnn_builder.check_supported(cfg)
+
+
+@pytest.mark.parametrize('key, value', [('FPN.ROI_MIN_LEVEL', '3'), ('FPN.RPN_MAX_LEVEL', '5'),
+                                        ('FPN.ROI_MAX_LEVEL', '6'), ('FPN.RPN_MIN_LEVEL', '3')])
+def test_fpn_levels_other_than_the_bodys_are_one_config_error(key, value):
+    # The body gives P2..P6; other levels would pool or anchor on the wrong maps.
+    from detectron.core.config import merge_cfg_from_file
+    from detectron.modeling import rcnn_builder
+    from detectron.utils.errors import ConfigValueError
+    merge_cfg_from_file(os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
+    rcnn_builder.check_supported(cfg)
+    merge_cfg_from_list([key, value])
+    with pytest.raises(ConfigValueError, match='are not supported: the FPN body gives P2..P6'):
+        rcnn_builder.check_supported(cfg)
+
+
+def test_the_proposal_decode_reads_the_configured_clips():
+    from detectron.core.config import merge_cfg_from_file
+    from detectron.modeling import rcnn_builder
+    merge_cfg_from_file(os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
+    merge_cfg_from_list(['BBOX_XFORM_CLIP', '2.5', 'BBOX_XFORM_CLIPe', '7.0'])
+    assert rcnn_builder.rcnn_params(cfg, 5).bbox_xform_clips == (2.5, 7.0)

@@ -379,3 +379,16 @@ def test_rpn_bbox_loss_hand_value():
                                   batch_size_per_im=256)
     assert losses['loss_rpn_bbox_fpn2'].item() == pytest.approx(0.5 * (0.01125 + 0.5 - 0.5 / 9))
     assert losses['loss_rpn_cls_fpn2'].item() == pytest.approx(math.log(2) / 256)
+
+
+def test_proposal_decode_clamps_at_the_given_clips():
+    # KL-Loss's proposal decode reads BBOX_XFORM_CLIPe (XYXY edges) from its cfg: a huge edge delta
+    # moves the edge by clip x width.
+    anchors = [torch.tensor([[[[100., 100., 139., 139.]]]])]   # (H, W, A, 4): one 40 px anchor
+    logits = [torch.zeros(1, 1, 1, 1)]
+    deltas = [torch.tensor([50., 0., 0., 0.]).view(1, 4, 1, 1)]   # x1 edge by +50 widths
+    im_info = torch.tensor([[1000., 1000., 1.]])
+    for clip in (0.25, 0.5):
+        rois, _ = rpn_heads.generate_proposals(logits, deltas, anchors, im_info, 0, 0, 0.0, 0.0, xyxy=True,
+                                               collect_across_batch=False, clips=(4.0, clip))
+        assert rois[0, 1].item() == 100. + clip * 40.
