@@ -24,7 +24,7 @@ import torch
 from detectron.core.config import adopt_cfg, cfg, get_output_dir, images_per_iter
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
-from detectron.modeling.optimizer import build_optimizer, lr_change_ratio, set_lr
+from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum, lr_change_ratio, set_lr
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed, run_lock
@@ -142,6 +142,11 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
         missing, unused = model_type.load_weights(cfg, distributed.unwrap_model(model), path)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
+        if isinstance(optimizer, DetectronSGD):
+            momentum = model_type.weights_momentum(cfg, distributed.unwrap_model(model), path)
+            if momentum:
+                logger.info('SGD momentum of %d parameters from %s, as Detectron starts from it',
+                            load_momentum(optimizer, distributed.unwrap_model(model), momentum), path)
     else:
         logger.info('TRAIN.WEIGHTS is empty: training starts from random initialisation')
     return 0, None

@@ -35,6 +35,11 @@ class ModelType:
         """Initialise model from a weights file; returns (missing, unused) name lists."""
         raise NotImplementedError
 
+    def weights_momentum(self, cfg, model, path):
+        """{parameter name: momentum SGD history} a weights file carries for model, which training
+        from it starts with; none by default."""
+        return {}
+
     def training_roidb(self, cfg):
         raise NotImplementedError
 

@@ -87,6 +87,20 @@ class DetectronSGD(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
 
 
+def load_momentum(optimizer, model, momentum):
+    """Start DetectronSGD's histories from {parameter name: tensor} (a Detectron checkpoint's
+    `<blob>_momentum`, in Caffe2's lr-folded form like our buffers); returns how many were set."""
+    params = dict(model.named_parameters())
+    optimized = {p for group in optimizer.param_groups for p in group['params']}
+    count = 0
+    for name, history in momentum.items():
+        p = params.get(name)
+        if p is not None and p in optimized and history.shape == p.shape:
+            optimizer.state[p]['momentum_buffer'] = history.to(device=p.device, dtype=p.dtype).clone()
+            count += 1
+    return count
+
+
 def set_lr(optimizer, lr):
     """Set every param group's learning rate to lr x its lr_mult (1 for groups without one)."""
     for group in optimizer.param_groups:

@@ -8,7 +8,9 @@ Loading follows Detectron's utils/net.py: for every model tensor the blob of its
 loaded (shapes must match); model tensors without a blob keep their init and are reported as
 missing; file blobs no tensor asked for are reported as unused, except the ones Detectron files
 always carry for reasons unrelated to the model (`*_momentum`, ImageNet's `fc1000_*`, `conv1_b`),
-which are logged as ignored.
+which are logged as ignored. A parameter's `<blob>_momentum` (the SGD history a Detectron
+checkpoint holds) is not a model tensor: detectron_momentum reads it for the optimizer, as
+Detectron's initialize_gpu_from_weights_file feeds it into the `<blob>_momentum` history.
 """
 
 import collections
@@ -308,8 +310,8 @@ def _log_summary(source, missing, unused, ignored=()):
     if ignored:
         momentum = [n for n in ignored if n.endswith('_momentum')]
         others = [n for n in ignored if not n.endswith('_momentum')]
-        logger.info('%s: %d blobs ignored, as Detectron does (never model parameters): %d SGD momentum blobs '
-                    '(*_momentum)%s', source, len(ignored), len(momentum),
+        logger.info('%s: %d blobs are not model tensors: %d SGD momentum blobs (*_momentum; train_net '
+                    'loads them into the optimizer, as Detectron)%s', source, len(ignored), len(momentum),
                     ', ' + ', '.join(others) if others else '')
         logger.debug('%s: ignored blobs: %s', source, ', '.join(ignored))
 
@@ -336,6 +338,18 @@ def load_detectron_weights(model, path_or_blobs):
     missing, _ = _copy_into_model(model, state_dict, source, file_names=names)
     _log_summary(source, missing, unused, ignored)
     return missing, unused
+
+
+def detectron_momentum(model, path):
+    """{parameter key: its `<blob>_momentum` tensor} of a Detectron .pkl for model's trainable
+    parameters ({} for other files): the momentum SGD history Detectron's loader restores."""
+    if looks_like_torch_file(path):
+        return {}
+    blobs, _ = read_detectron_pickle(str(path))
+    trainable = [key for key, p in model.named_parameters() if p.requires_grad]
+    _, names, _, _ = _pick_blobs(blobs, trainable)
+    return {key: _blob_to_tensor(blobs[name + '_momentum'], name + '_momentum')
+            for key, name in names.items() if name + '_momentum' in blobs}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -351,3 +351,25 @@ def test_json_stats_data_time_is_the_wait_for_the_loader(tmp_path, capsys):
     # the iteration's time only.
     assert data_time >= 0.1
     assert iter_time >= data_time + 0.04
+
+
+def test_training_from_weights_starts_sgd_from_the_files_momentum(tmp_path):
+    # train_net initialises from TRAIN.WEIGHTS and, for Detectron's SGD, from the momentum
+    # histories the model type reads in that file (Detectron's model_final.pkl holds them).
+    from detectron.modeling.model_type import ModelType
+    from detectron.modeling.optimizer import DetectronSGD
+    history = torch.arange(6.).view(2, 3)
+
+    class FileWithMomentum(ModelType):
+        def load_weights(self, cfg, model, path):
+            return [], []
+
+        def weights_momentum(self, cfg, model, path):
+            return {'weight': history} if path == str(tmp_path / 'w.pkl') else {}
+
+    model = torch.nn.Linear(3, 2, bias=False)
+    optimizer = DetectronSGD([{'params': list(model.parameters())}], lr=0.1)
+    cfg.TRAIN.AUTO_RESUME = False
+    cfg.TRAIN.WEIGHTS = str(tmp_path / 'w.pkl')
+    assert train_engine._resume_or_initialise(FileWithMomentum(), model, optimizer, str(tmp_path)) == (0, None)
+    assert torch.equal(optimizer.state[model.weight]['momentum_buffer'], history)

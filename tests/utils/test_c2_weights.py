@@ -436,3 +436,33 @@ def test_group_norm_blobs_load_into_the_gn_modules():
     assert dict(converted.items()).keys() == {key for _, key, _ in entries} and unconverted == []
     back = state_dict_to_detectron_blobs(state, norm='gn')
     assert sorted(back) == sorted(blobs)
+
+
+def test_momentum_blobs_start_detectron_sgds_histories(blobs, tmp_path):
+    # Detectron's initialize_gpu_from_weights_file feeds `<blob>_momentum` into the parameter's
+    # momentum history; the first step is then v = 0.9 v_file + lr g, p -= v (Caffe2's form).
+    from detectron.modeling.optimizer import DetectronSGD, load_momentum
+    from detectron.utils.c2_weights import detectron_momentum
+    rng = np.random.default_rng(1)
+    rpn_blobs = {n: blobs[n] for n, key, _ in ENTRIES if key.startswith('rpn.')}
+    history = {'conv_rpn_fpn2_w': rng.standard_normal((256, 256, 3, 3), dtype=np.float32),
+               'rpn_bbox_pred_fpn2_b': rng.standard_normal(12, dtype=np.float32)}
+    file_blobs = dict(rpn_blobs, **{name + '_momentum': value for name, value in history.items()})
+    pkl = str(tmp_path / 'model_final.pkl')
+    save_object({'blobs': file_blobs, 'cfg': CFG_YAML}, pkl)
+    model = _rpn_only_model()
+    model.rpn.rpn_bbox_pred.bias.requires_grad_(False)   # frozen: no history to restore
+    load_weights(model, pkl)
+    momentum = detectron_momentum(model, pkl)
+    assert sorted(momentum) == ['rpn.conv_rpn.weight']
+    assert torch.equal(momentum['rpn.conv_rpn.weight'], torch.from_numpy(history['conv_rpn_fpn2_w']))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = DetectronSGD([{'params': params}], lr=0.01, momentum=0.9)
+    assert load_momentum(optimizer, model, momentum) == 1
+    weight = model.rpn.conv_rpn.weight
+    before = weight.detach().clone()
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    expected_v = 0.9 * torch.from_numpy(history['conv_rpn_fpn2_w']) + 0.01
+    torch.testing.assert_close(weight.detach(), before - expected_v, rtol=0, atol=1e-6)
