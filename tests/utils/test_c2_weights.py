@@ -382,10 +382,10 @@ def test_ignored_blobs_are_logged_with_counts_and_names(container, model_final_p
     momentum = [name for name, _, _ in ENTRIES if not (name.startswith(('conv1', 'res2_')) or '_bn_' in name)]
     with caplog.at_level(logging.INFO, logger='detectron.utils.c2_weights'):
         assert load_detectron_weights(container, model_final_pkl) == ([], [])
-    line = next(r.getMessage() for r in caplog.records if 'ignored' in r.getMessage())
-    assert line == ('{}: {} blobs ignored, as Detectron does (never model parameters): {} SGD momentum blobs '
-                    '(*_momentum), conv1_b, fc1000_b, fc1000_w'.format(model_final_pkl, len(momentum) + 3,
-                                                                        len(momentum)))
+    line = next(r.getMessage() for r in caplog.records if 'not model tensors' in r.getMessage())
+    assert line == ('{}: {} blobs are not model tensors: {} SGD momentum blobs (*_momentum; train_net loads them '
+                    'into the optimizer, as Detectron), conv1_b, fc1000_b, fc1000_w'.format(
+                        model_final_pkl, len(momentum) + 3, len(momentum)))
 
 
 def r50_gn_fpn_blobs():
