@@ -330,15 +330,21 @@ def test_box_voting_rejects_unknown_method():
         box_utils.box_voting(VOTE_TOP, VOTE_ALL, 0.5, scoring_method='MEDIAN')
 
 
+def _random_nms_case(seed, max_boxes, max_groups):
+    """(boxes, scores, group ids) of random overlapping boxes; distinct scores (no tie order)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, max_boxes, (), generator=gen))
+    xy = torch.rand(n, 2, generator=gen) * 300
+    boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 120], dim=1)
+    scores = torch.randperm(n, generator=gen).float() / n
+    idxs = torch.randint(0, int(torch.randint(1, max_groups, (), generator=gen)), (n,), generator=gen)
+    return boxes, scores, idxs
+
+
 @pytest.mark.parametrize('seed', range(6))
 def test_matrix_batched_nms_equals_torchvision_batched_nms(seed):
     """The tensor-only greedy NMS (used on CUDA) keeps exactly torchvision's boxes, in its order."""
-    gen = torch.Generator().manual_seed(seed)
-    n = int(torch.randint(1, 700, (), generator=gen))
-    xy = torch.rand(n, 2, generator=gen) * 300
-    boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 120], dim=1)
-    scores = torch.randperm(n, generator=gen).float() / n  # distinct: no tie-order ambiguity
-    idxs = torch.randint(0, int(torch.randint(1, 12, (), generator=gen)), (n,), generator=gen)
+    boxes, scores, idxs = _random_nms_case(seed, 700, 12)
     for thresh in (0.3, 0.5, 0.7):
         expected = torchvision.ops.batched_nms(
             torch.cat([boxes[:, :2], boxes[:, 2:] + 1], dim=1), scores, idxs, thresh)
@@ -431,12 +437,7 @@ def test_nms_suppresses_an_iou_of_exactly_the_threshold_in_detectrons_arithmetic
 
 @pytest.mark.parametrize('seed', range(4))
 def test_cpu_batched_nms_is_detectrons_kernel_per_group(seed):
-    gen = torch.Generator().manual_seed(seed)
-    n = int(torch.randint(1, 600, (), generator=gen))
-    xy = torch.rand(n, 2, generator=gen) * 300
-    boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 120], dim=1)
-    scores = torch.rand(n, generator=gen)
-    idxs = torch.randint(0, 7, (n,), generator=gen)
+    boxes, scores, idxs = _random_nms_case(100 + seed, 600, 8)
     dets = torch.cat([boxes, scores[:, None]], dim=1).numpy()
     for thresh in (0.3, 0.7):
         expected = set()
