@@ -139,14 +139,15 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
             return start_iter, extra.get('progress')
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
-        missing, unused = model_type.load_weights(cfg, distributed.unwrap_model(model), path)
+        unwrapped = distributed.unwrap_model(model)
+        missing, unused = model_type.load_weights(cfg, unwrapped, path)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
         if isinstance(optimizer, DetectronSGD):
-            momentum = model_type.weights_momentum(cfg, distributed.unwrap_model(model), path)
+            momentum = model_type.weights_momentum(cfg, unwrapped, path)
             if momentum:
                 logger.info('SGD momentum of %d parameters from %s, as Detectron starts from it',
-                            load_momentum(optimizer, distributed.unwrap_model(model), momentum), path)
+                            load_momentum(optimizer, unwrapped, momentum), path)
     else:
         logger.info('TRAIN.WEIGHTS is empty: training starts from random initialisation')
     return 0, None

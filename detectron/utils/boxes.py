@@ -224,7 +224,7 @@ def _detectron_batched_nms(boxes, scores, idxs, thresh):
     descending score order, of equal scores the later first."""
     dets = torch.cat([boxes, scores[:, None]], dim=1).float().numpy()
     groups = idxs.numpy()
-    kept = [np.flatnonzero(groups == g)[cython_nms.nms(dets[groups == g], thresh)] for g in np.unique(groups)]
+    kept = [np.flatnonzero(groups == g)[nms(dets[groups == g], thresh)] for g in np.unique(groups)]
     kept = torch.from_numpy(np.concatenate(kept).astype(np.int64) if kept else np.zeros(0, np.int64)).sort().values
     return kept[_descending_later_first(scores[kept])]
 

@@ -268,9 +268,10 @@ def _capturing(graph, pool=None):
 
     thread_local: only this thread's unsafe CUDA calls break the capture. torch's default 'global'
     mode also forbids them in other threads, such as the DataLoader's pin-memory thread allocating
-    pinned memory: the likely cause of a training capture that broke in train_net (BENCHMARKS.md). The default generator's state is swapped for a copy while capturing:
-    the graph registers and advances the copy, never the state eager code draws from (the graphed
-    functions draw no random numbers)."""
+    pinned memory: the likely cause of a training capture that broke in train_net (BENCHMARKS.md).
+    The default generator's state is swapped for a copy while capturing: the graph registers and
+    advances the copy, never the state eager code draws from (the graphed functions draw no random
+    numbers)."""
     device = torch.cuda.current_device()
     generator = torch.cuda.default_generators[device]
     state = generator.graphsafe_get_state()
