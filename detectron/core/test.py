@@ -33,7 +33,7 @@ def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
             'supported: call it without boxes')
     image_params = dataclasses.replace(rcnn_builder.image_params(cfg), scale=target_scale, max_size=target_max_size)
     scores, pred_boxes, confs, im_scale = rcnn_inference.detect_boxes(
-        model, im, image_params, rcnn_builder.decode_params(cfg), cuda_graphs=cfg.TEST.CUDA_GRAPHS)
+        model, im, image_params, rcnn_builder.decode_params(cfg), **rcnn_builder.test_graphs(cfg))
     confs = None if confs is None else confs.cpu().numpy()
     return scores.cpu().numpy(), pred_boxes.cpu().numpy(), confs, im_scale
 

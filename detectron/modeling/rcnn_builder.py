@@ -72,12 +72,16 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self, cfg):
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg), cuda_graphs=cfg.TEST.CUDA_GRAPHS)
+                                 nms_params=nms_params(cfg), graphs=test_graphs(cfg))
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, cuda_graphs):
-    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        cuda_graphs=cuda_graphs)
+def _detect(model, sample, image_params, decode_params, nms_params, graphs):
+    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, **graphs)
+
+
+def test_graphs(cfg):
+    """The CUDA-graph keyword arguments of rcnn_inference's detection functions."""
+    return {'cuda_graphs': cfg.TEST.CUDA_GRAPHS, 'max_graph_shapes': cfg.TEST.CUDA_GRAPHS_MAX_SHAPES}
 
 
 # Detectron's FPN levels (RPN on P2..P6, RoIs pooled from P2..P5): what the FPN body builds.

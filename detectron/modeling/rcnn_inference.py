@@ -71,11 +71,12 @@ def model_device(model):
     return tensor.device if tensor is not None else torch.device('cpu')
 
 
-def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False):
+def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_graph_shapes=16):
     """Run an R-CNN in eval mode on one BGR image: (scores, boxes, confs, im_scale) as tensors
     on the model's device (see decode_detections). cuda_graphs: on a GPU, replay the body and RPN
-    head from one CUDA graph per padded input size (a few sizes; others run eagerly): at batch 1
-    launching their few hundred kernels costs more host time than the GPU spends on them."""
+    head from one CUDA graph per padded input size (the first max_graph_shapes sizes met twice;
+    others run eagerly): at batch 1 launching their few hundred kernels costs more host time than
+    the GPU spends on them."""
     if model.training:
         raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
     # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
@@ -84,16 +85,18 @@ def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False):
         model_device(model))
     graphed = {}  # `body` only when replayed: any model callable as model(images, im_info) still runs here
     if cuda_graphs and blob.is_cuda:
-        graphed['body'] = graphed_method(model, 'body_and_rpn_head', type(model).body_and_rpn_head)
+        graphed['body'] = graphed_method(model, 'body_and_rpn_head', type(model).body_and_rpn_head,
+                                         max_graphs=max_graph_shapes)
     with torch.no_grad():
         out = model(blob, im_info, **graphed)
     scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
     return scores, boxes, confs, im_scale
 
 
-def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False):
+def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False, max_graph_shapes=16):
     """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3)."""
-    scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params, cuda_graphs=cuda_graphs)
+    scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params, cuda_graphs=cuda_graphs,
+                                           max_graph_shapes=max_graph_shapes)
     return box_results_with_nms_and_limit(scores, boxes, confs, nms_params)[2]
 
 

@@ -15,10 +15,11 @@ logger = logging.getLogger(__name__)
 _PER_OWNER = weakref.WeakKeyDictionary()
 
 
-def graphed_method(owner, key, fn):
-    """The GraphedCallable of x -> fn(owner, x) for this owner and key, made on first use. It holds
-    the owner weakly, so the graphs (and their memory pools) go with the owner."""
-    return _owned(owner, key, lambda owner_ref: GraphedCallable(lambda x: fn(owner_ref(), x)))
+def graphed_method(owner, key, fn, max_graphs=4):
+    """The GraphedCallable of x -> fn(owner, x) for this owner and key, made on first use (with
+    max_graphs; later calls get that one). It holds the owner weakly, so the graphs (and their
+    memory pool) go with the owner."""
+    return _owned(owner, key, lambda owner_ref: GraphedCallable(lambda x: fn(owner_ref(), x), max_graphs=max_graphs))
 
 
 def graphed_training_method(owner, key, fn, max_graphs):
@@ -42,7 +43,9 @@ class GraphedCallable:
     image size in testing, neither pays for a capture nor takes one of the max_graphs places.
 
     fn must be free of host synchronisation and of data-dependent shapes. The returned tensors are
-    the graph's own output buffers: read (copy) them before the next call. A capture is kept only
+    the graph's own output buffers: read (copy) them before the next call. The graphs of all shapes
+    share one memory pool (a graph costs its outputs, not a pool of its own): the next call, at any
+    shape, may overwrite what the last one returned. A capture is kept only
     if its first replay gives bit for bit what running fn's kernels one by one gave on the same
     input: a kernel that is not safe to capture then costs speed, not correctness.
     """
@@ -55,6 +58,12 @@ class GraphedCallable:
         self.warmup_calls = warmup_calls
         self._graphs = {}
         self._seen_once = set()
+        self._pool = None
+
+    def _shared_pool(self):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def __call__(self, x):
         entry = self._entry(x) if x.device.type == 'cuda' else None
@@ -115,7 +124,7 @@ class GraphedCallable:
     def _record(self, static_input, autocast):
         """(entry, its output buffers) of a graph of fn on static_input, replayed once."""
         graph = torch.cuda.CUDAGraph()
-        with _capturing(graph):
+        with _capturing(graph, self._shared_pool()):
             static_output = self._run(static_input, autocast)
         graph.replay()
         return (static_input, graph, static_output), static_output
@@ -131,8 +140,8 @@ class TrainingGraphedCallable(GraphedCallable):
 
     The graphs read the parameters' memory: updates in place (optimizer steps, load_state_dict)
     are seen, moving the module (to another device or dtype) after a capture is not. The graphs of
-    all shapes share one memory pool: a forward and its backward replay back to back, which is how
-    a training step runs them (forward, losses, backward). Gradients reach the parameters through
+    all shapes share one memory pool, as GraphedCallable's: a forward and its backward replay back
+    to back, which is how a training step runs them (forward, losses, backward). Gradients reach the parameters through
     autograd as usual (AccumulateGrad: DDP's hooks see them and a second backward adds to .grad).
     """
 
@@ -142,7 +151,6 @@ class TrainingGraphedCallable(GraphedCallable):
         super().__init__(lambda x: fn(module_ref(), x), max_graphs=max_graphs, warmup_calls=warmup_calls)
         self.module_ref = module_ref
         self.method = fn
-        self._pool = None
         self._sync_batchnorm = None  # looked up on the first call (models are converted before training)
 
     def __call__(self, x):
@@ -161,7 +169,6 @@ class TrainingGraphedCallable(GraphedCallable):
             return False
         # The warm-up, eager and captured runs would each update BatchNorm's running statistics.
         buffers = [(b, b.clone()) for b in module.buffers()]
-        self._pool = self._pool or torch.cuda.graph_pool_handle()
         try:
             return super()._capture(x, autocast)
         finally:
@@ -178,7 +185,7 @@ class TrainingGraphedCallable(GraphedCallable):
 
     def _record(self, static_input, autocast):
         entry = _TrainingCapture(static_input, list(self._trainable(self.module_ref()).values()))
-        entry.capture(lambda: self._forward(static_input, autocast), self._pool)
+        entry.capture(lambda: self._forward(static_input, autocast), self._shared_pool())
         return entry, entry.static_outputs
 
     @staticmethod

@@ -68,6 +68,27 @@ def test_a_shape_is_captured_the_second_time_it_comes_and_replays_its_values():
 
 
 @needs_cuda
+def test_graphs_of_several_shapes_share_one_pool_and_replay_right_in_any_order():
+    """Each shape's graph allocates from the callable's one pool (a shape costs its outputs, not a
+    pool of its own); a replay may reuse another shape's intermediate memory, so the values are
+    checked with the shapes called in alternation, each after a replay of the others."""
+    layers = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1)).cuda().eval()
+    graphed = cuda_graphs.GraphedCallable(lambda x: torch.sigmoid(layers(x)), max_graphs=3)
+    sizes = (16, 24, 32)
+    with torch.no_grad():
+        for _ in range(2):  # the second round captures each size
+            for n in sizes:
+                graphed(torch.randn(1, 3, n, n, device='cuda'))
+        assert len(graphed._graphs) == 3 and all(graphed._graphs.values())
+        pool = graphed._pool
+        assert pool is not None
+        for n in (32, 16, 24, 16, 32, 24, 24):
+            x = torch.randn(1, 3, n, n, device='cuda')
+            torch.testing.assert_close(graphed(x).clone(), torch.sigmoid(layers(x)), rtol=0, atol=0)
+        assert graphed._pool == pool
+
+
+@needs_cuda
 def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working():
     layer = nn.Conv2d(3, 4, 3).cuda().eval()
     broken = {'on': False}
@@ -311,3 +332,15 @@ def test_training_graphs_take_their_number_of_shapes_from_the_config():
                 'is_crowd': torch.zeros(1, dtype=torch.bool)}]
     model(torch.zeros(1, 3, 64, 64), torch.tensor([[64., 64., 1.]]), targets)  # on the CPU: run directly
     assert cuda_graphs._PER_OWNER[model]['body_and_rpn_head'].max_graphs == 3
+
+
+@needs_cuda
+def test_test_graphs_take_their_number_of_shapes_from_the_config():
+    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+    from detectron.modeling import model_builder
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml'))
+    merge_cfg_from_list(['TEST.CUDA_GRAPHS_MAX_SHAPES', '5'])
+    assert_and_infer_cfg()
+    model = model_builder.create(cfg).cuda().eval()
+    model_builder.get_model_type(cfg).detector(cfg)(model, {'image': np.zeros((64, 96, 3), np.uint8)})
+    assert cuda_graphs._PER_OWNER[model]['body_and_rpn_head'].max_graphs == 5
