@@ -167,7 +167,7 @@ if triton is not None:
         a_in, b_in = a < count, b < count
         ax1, ay1, ax2, ay2 = _load_box_columns(boxes_ptr, set_index * width + a, a_in)
         bx1, by1, bx2, by2 = _load_box_columns(boxes_ptr, set_index * width + b, b_in)
-        # box_iou_t's float32 steps: +1 sides, union = area_a + area_b - intersection.
+        # The soft-NMS kernel's float32 steps: +1 sides, union = area_a + area_b - intersection.
         area_a = ((ax2 - ax1) + 1.0) * ((ay2 - ay1) + 1.0)
         area_b = ((bx2 - bx1) + 1.0) * ((by2 - by1) + 1.0)
         inter_w = (tl.minimum(ax2[:, None], bx2[None, :])
