@@ -71,7 +71,7 @@ def model_device(model):
     return tensor.device if tensor is not None else torch.device('cpu')
 
 
-def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_graph_shapes=16):
+def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_graph_shapes=4):
     """Run an R-CNN in eval mode on one BGR image: (scores, boxes, confs, im_scale) as tensors
     on the model's device (see decode_detections). cuda_graphs: on a GPU, replay the body and RPN
     head from one CUDA graph per padded input size (the first max_graph_shapes sizes met twice;
@@ -93,7 +93,7 @@ def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_
     return scores, boxes, confs, im_scale
 
 
-def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False, max_graph_shapes=16):
+def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False, max_graph_shapes=4):
     """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3)."""
     scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params, cuda_graphs=cuda_graphs,
                                            max_graph_shapes=max_graph_shapes)

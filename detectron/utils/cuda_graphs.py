@@ -59,11 +59,22 @@ class GraphedCallable:
         self._graphs = {}
         self._seen_once = set()
         self._pool = None
+        self._stream = None
 
     def _shared_pool(self):
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         return self._pool
+
+    def _side_stream(self, device):
+        """The one stream every capture of this callable (and its warm-up) runs on. The caching
+        allocator reuses a freed block only on the stream it was allocated on, a graph pool's
+        blocks included: with a new stream per capture, each shape kept its own warm-up blocks and
+        the shared pool shared nothing (the likely reason why 12 R-CNN test graphs reserved 22 GB
+        against 9 GB for 4: BENCHMARKS.md, ninth session)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream
 
     def __call__(self, x):
         entry = self._entry(x) if x.device.type == 'cuda' else None
@@ -89,7 +100,7 @@ class GraphedCallable:
         """Warm up, run eagerly for reference, record; the entry, or False when refused."""
         static_input = x.clone()
         try:
-            with _on_side_stream(x.device):
+            with _on_side_stream(self._side_stream(x.device)):
                 for _ in range(self.warmup_calls):  # cuDNN autotuning and lazy init happen here
                     self._warm_up(static_input, autocast)
                 # A host synchronisation would break the capture (and the stream with it): find it first.
@@ -124,7 +135,7 @@ class GraphedCallable:
     def _record(self, static_input, autocast):
         """(entry, its output buffers) of a graph of fn on static_input, replayed once."""
         graph = torch.cuda.CUDAGraph()
-        with _capturing(graph, self._shared_pool()):
+        with _capturing(graph, self._shared_pool(), self._side_stream(static_input.device)):
             static_output = self._run(static_input, autocast)
         graph.replay()
         return (static_input, graph, static_output), static_output
@@ -185,7 +196,8 @@ class TrainingGraphedCallable(GraphedCallable):
 
     def _record(self, static_input, autocast):
         entry = _TrainingCapture(static_input, list(self._trainable(self.module_ref()).values()))
-        entry.capture(lambda: self._forward(static_input, autocast), self._shared_pool())
+        entry.capture(lambda: self._forward(static_input, autocast), self._shared_pool(),
+                      self._side_stream(static_input.device))
         return entry, entry.static_outputs
 
     @staticmethod
@@ -226,14 +238,14 @@ class _TrainingCapture:
         self.static_input = static_input
         self.params = params
 
-    def capture(self, forward, pool):
+    def capture(self, forward, pool, stream):
         self.forward_graph = torch.cuda.CUDAGraph()
-        with _capturing(self.forward_graph, pool):
+        with _capturing(self.forward_graph, pool, stream):
             outputs, aliases = forward()
         self.static_outputs = tuple(o.detach() for o in outputs)
         self.static_grad_outputs = tuple(torch.empty_like(o) for o in outputs)
         self.backward_graph = torch.cuda.CUDAGraph()
-        with _capturing(self.backward_graph, pool):
+        with _capturing(self.backward_graph, pool, stream):
             grads = torch.autograd.grad(outputs, aliases, self.static_grad_outputs, allow_unused=True)
             # All gradients in one buffer, so handing out a copy is one kernel, not one per parameter.
             self.flat_grads = torch.cat([g.reshape(-1) for g in grads if g is not None])
@@ -268,10 +280,11 @@ class _ReplayTrainingGraphs(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def _capturing(graph, pool=None):
-    """Capture into graph the CUDA work of the block, on a side stream, so that a capture that fails
-    leaves this process as it was (torch.cuda.graph would leave the side stream current and the
-    random generator in capture mode, so that the next torch.rand raises).
+def _capturing(graph, pool, stream):
+    """Capture into graph (allocating from pool) the CUDA work of the block, on the side stream
+    `stream`, so that a capture that fails leaves this process as it was (torch.cuda.graph would
+    leave the side stream current and the random generator in capture mode, so that the next
+    torch.rand raises).
 
     thread_local: only this thread's unsafe CUDA calls break the capture. torch's default 'global'
     mode also forbids them in other threads, such as the DataLoader's pin-memory thread allocating
@@ -279,13 +292,12 @@ def _capturing(graph, pool=None):
     The default generator's state is swapped for a copy while capturing: the graph registers and
     advances the copy, never the state eager code draws from (the graphed functions draw no random
     numbers)."""
-    device = torch.cuda.current_device()
-    generator = torch.cuda.default_generators[device]
+    generator = torch.cuda.default_generators[stream.device.index]
     state = generator.graphsafe_get_state()
     generator.graphsafe_set_state(state.clone_state())
     try:
-        with _on_side_stream(device):
-            graph.capture_begin(**({} if pool is None else {'pool': pool}), capture_error_mode='thread_local')
+        with _on_side_stream(stream):
+            graph.capture_begin(pool=pool, capture_error_mode='thread_local')
             try:
                 yield
             finally:
@@ -295,11 +307,10 @@ def _capturing(graph, pool=None):
 
 
 @contextlib.contextmanager
-def _on_side_stream(device):
-    """The block's CUDA work on a new stream of device, after the work queued so far on the current
-    stream; the current stream's later work after the block's, even when the block raises."""
-    caller = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device=device)
+def _on_side_stream(side):
+    """The block's CUDA work on the stream `side`, after the work queued so far on its device's
+    current stream; the current stream's later work after the block's, even when the block raises."""
+    caller = torch.cuda.current_stream(side.device)
     side.wait_stream(caller)
     try:
         with torch.cuda.stream(side):

@@ -89,6 +89,27 @@ def test_graphs_of_several_shapes_share_one_pool_and_replay_right_in_any_order()
 
 
 @needs_cuda
+def test_captures_of_smaller_shapes_reuse_the_memory_of_the_first():
+    """All captures of a callable run on one side stream (the allocator reuses a block only on
+    its own stream, graph pools included): after the largest shape's capture, smaller shapes add
+    about their outputs, not their activations again (with a new stream per capture each would add
+    its own activations, about 0.88, 0.77 and 0.66 of the first's)."""
+    layers = nn.Sequential(*[nn.Conv2d(16, 16, 3, padding=1) for _ in range(4)]).cuda().eval()
+    graphed = cuda_graphs.GraphedCallable(lambda x: layers(x).sum(dim=1), max_graphs=4)
+    growth = []
+    with torch.no_grad():
+        for n in (512, 480, 448, 416):
+            x = torch.randn(1, 16, n, n, device='cuda')
+            graphed(x)  # first sight: run directly
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_reserved()
+            torch.testing.assert_close(graphed(x), layers(x).sum(dim=1), rtol=0, atol=0)  # captured
+            growth.append(torch.cuda.memory_reserved() - before)
+    assert len(graphed._graphs) == 4 and all(graphed._graphs.values())
+    assert growth[0] > 0 and sum(growth[1:]) < 0.5 * growth[0], growth
+
+
+@needs_cuda
 def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working():
     layer = nn.Conv2d(3, 4, 3).cuda().eval()
     broken = {'on': False}
