@@ -403,69 +403,59 @@ def expand_boxes(boxes, scale):
 
 
 def box_voting(top_dets, all_dets, thresh, scoring_method='ID', beta=1.0):
-    """Refine top_dets (K, 5) by voting with all_dets (N, 5) (Gidaris & Komodakis, 2015).
+    """Refine top_dets (K, 5) by voting with all_dets (N, 5) (Gidaris & Komodakis, 2015), one top
+    box at a time with numpy's own reductions, as KL-Loss' box_voting (so bit for bit).
 
-    Each top box becomes the score-weighted mean of the all_dets boxes with IoU >= thresh (its
-    voters); a top box whose voters' scores sum to 0 keeps its box, as KL-Loss' guard does. Its
-    score is rescored by scoring_method: 'ID' (kept), 'TEMP_AVG' (mean of the voters' scores
-    tempered by 1/beta against their complements), 'AVG' (mean voter score), 'IOU_AVG'
-    (IoU-weighted mean voter score), 'GENERALIZED_AVG' (power mean with exponent beta) or
-    'QUASI_SUM' (sum of voter scores / count^beta). A row whose new score is undefined (no voters,
-    or IoU weights summing to 0) keeps its score, as KL-Loss' guard does for IOU_AVG.
+    Each top box becomes np.average of the all_dets boxes with IoU >= thresh (its voters) weighted
+    by their scores; one whose weights sum to 0 keeps its box (KL-Loss' try/except). Its score is
+    rescored by scoring_method from its voters' scores: 'ID' (kept), 'TEMP_AVG' (mean of the
+    scores tempered by 1/beta against their complements), 'AVG' (mean), 'IOU_AVG' (IoU-weighted
+    mean; kept when the IoUs sum to 0, KL-Loss' guard), 'GENERALIZED_AVG' (power mean with
+    exponent beta) or 'QUASI_SUM' (sum / count^beta).
     """
     if scoring_method not in _VOTE_SCORERS:
         raise ValueError(f'Unknown box voting scoring method {scoring_method!r}; '
                          f'use one of {", ".join(_VOTE_SCORERS)}')
+    scorer = _VOTE_SCORERS[scoring_method]
     out = top_dets.copy()
     all_boxes, all_scores = all_dets[:, :4], all_dets[:, 4]
     overlaps = bbox_overlaps(top_dets[:, :4], all_boxes)
-    voters = overlaps >= thresh
-    vote_weights = voters * all_scores
-    weight_sums = vote_weights.sum(axis=1)
-    voted = weight_sums != 0
-    out[voted, :4] = (vote_weights[voted] @ all_boxes) / weight_sums[voted, None]
-
-    scorer = _VOTE_SCORERS[scoring_method]
-    if scorer is not None:
-        with np.errstate(divide='ignore', invalid='ignore'):
-            scores = scorer(voters, overlaps, all_scores, beta)
-        defined = ~np.isnan(scores)
-        out[defined, 4] = scores[defined]
+    for k in range(len(out)):
+        voters = np.where(overlaps[k] >= thresh)[0]
+        weights = all_scores[voters]
+        box = _weighted_average(all_boxes[voters], weights, axis=0)
+        if box is not None:
+            out[k, :4] = box
+        score = scorer(weights, overlaps[k, voters], beta) if scorer else None
+        if score is not None:
+            out[k, 4] = score
     return out
 
 
-def _voter_mean(voters, values):
-    return (voters * values).sum(axis=1) / voters.sum(axis=1)
+def _weighted_average(values, weights, axis=None):
+    """np.average, or None when the weights sum to 0 (which KL-Loss' try/except skips)."""
+    try:
+        return np.average(values, axis=axis, weights=weights)
+    except ZeroDivisionError:
+        return None
 
 
-def _temperature_avg_scores(voters, overlaps, scores, beta):
+def _temperature_avg_score(scores, ious, beta):
     # Each voter's (p, 1 - p) pair is re-normalised after tempering its log-ratio by 1/beta;
     # log(0) = -inf is intended (it tempers to probability 0).
-    probs = np.stack([scores, 1.0 - scores])
-    tempered = np.exp(np.log(probs / probs.max(axis=0)) / beta)
-    return _voter_mean(voters, tempered[0] / tempered.sum(axis=0))
-
-
-def _iou_avg_scores(voters, overlaps, scores, beta):
-    iou_weights = voters * overlaps
-    return (iou_weights * scores).sum(axis=1) / iou_weights.sum(axis=1)
-
-
-def _generalized_avg_scores(voters, overlaps, scores, beta):
-    return _voter_mean(voters, scores ** beta) ** (1.0 / beta)
-
-
-def _quasi_sum_scores(voters, overlaps, scores, beta):
-    return (voters * scores).sum(axis=1) / voters.sum(axis=1).astype(np.float64) ** beta
+    probs = np.vstack((scores, 1.0 - scores))
+    with np.errstate(divide='ignore'):
+        tempered = np.exp(np.log(probs / np.max(probs, axis=0)) / beta)
+    return (tempered / np.sum(tempered, axis=0))[0].mean()
 
 
 _VOTE_SCORERS = {
     'ID': None,
-    'TEMP_AVG': _temperature_avg_scores,
-    'AVG': lambda voters, overlaps, scores, beta: _voter_mean(voters, scores),
-    'IOU_AVG': _iou_avg_scores,
-    'GENERALIZED_AVG': _generalized_avg_scores,
-    'QUASI_SUM': _quasi_sum_scores,
+    'TEMP_AVG': _temperature_avg_score,
+    'AVG': lambda scores, ious, beta: scores.mean(),
+    'IOU_AVG': lambda scores, ious, beta: _weighted_average(scores, ious),
+    'GENERALIZED_AVG': lambda scores, ious, beta: np.mean(scores ** beta) ** (1.0 / beta),
+    'QUASI_SUM': lambda scores, ious, beta: scores.sum() / float(len(scores)) ** beta,
 }
 
 
