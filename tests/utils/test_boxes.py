@@ -386,6 +386,32 @@ def test_exp_is_rounded_once_from_float64():
     assert box_utils.exp(x).dtype == torch.float32
 
 
+def test_log_is_rounded_once_from_float64():
+    x = torch.from_numpy(np.random.default_rng(0).uniform(0.05, 20, 20000).astype(F32))
+    expected = np.array([math.log(float(v)) for v in x], dtype=np.float64).astype(F32)
+    assert torch.equal(box_utils.log(x), torch.from_numpy(expected))
+    assert box_utils.log(x).dtype == torch.float32
+
+
+def test_float32_center_size_encode_is_detectrons_numpy_with_log_rounded_once():
+    # Detectron's bbox_transform_inv on float32 arrays, with its np.log taken as glibc's logf of
+    # its day (log rounded once to float32; torch's float32 log is 1 ulp off in some 8%).
+    rng = np.random.default_rng(5)
+    boxes = valid_random_boxes(rng, 3000).astype(F32)
+    gt = (boxes + rng.normal(0, 4, boxes.shape)).astype(F32)
+    gt[:, 2:] = np.maximum(gt[:, 2:], gt[:, :2] + 1)
+    wx, wy, ww, wh = BOX_REG_WEIGHTS
+    widths, heights = boxes[:, 2] - boxes[:, 0] + 1.0, boxes[:, 3] - boxes[:, 1] + 1.0
+    gt_widths, gt_heights = gt[:, 2] - gt[:, 0] + 1.0, gt[:, 3] - gt[:, 1] + 1.0
+    ctr_x, ctr_y = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
+    gt_ctr_x, gt_ctr_y = gt[:, 0] + 0.5 * gt_widths, gt[:, 1] + 0.5 * gt_heights
+    rounded_log = lambda v: np.log(v.astype(np.float64)).astype(F32)
+    expected = np.stack([wx * (gt_ctr_x - ctr_x) / widths, wy * (gt_ctr_y - ctr_y) / heights,
+                         ww * rounded_log(gt_widths / widths), wh * rounded_log(gt_heights / heights)], axis=1)
+    got = box_utils.bbox_transform_inv_t(torch.from_numpy(boxes), torch.from_numpy(gt), BOX_REG_WEIGHTS)
+    np.testing.assert_array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
+
+
 def test_float32_center_size_decode_is_detectrons_numpy_with_exp_rounded_once():
     # Detectron's bbox_transform on float32 arrays, with its np.exp(dw) taken as glibc's expf of
     # its day (exp rounded once to float32).
