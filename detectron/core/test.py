@@ -22,10 +22,10 @@ def im_detect_all(model, im):
 def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
     """Detectron's `im_detect_bbox`: run a Faster R-CNN on one BGR image at one scale.
 
-    Returns numpy `scores` (R, K), `pred_boxes` (R, 4K) decoded and clipped to the original image,
-    `confs` (R, 4K) float32 sigmas = exp(alpha / 2) in the head's delta layout when cfg.STD_NMS
-    (else None), and `im_scale`. `boxes` (precomputed proposals) belongs to Fast R-CNN without RPN,
-    which this port does not build.
+    Returns, as KL-Loss's: numpy `scores` (R, K), `pred_boxes` (R, 4K) decoded and clipped to the
+    original image and `im_scale`, and with cfg.STD_NMS a fourth, `confs` (R, 4K): float32 sigmas =
+    exp(alpha / 2) in the head's delta layout. `boxes` (precomputed proposals) belongs to Fast R-CNN
+    without RPN, which this port does not build.
     """
     if boxes is not None:
         raise ConfigValueError(
@@ -34,8 +34,9 @@ def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
     image_params = dataclasses.replace(rcnn_builder.image_params(cfg), scale=target_scale, max_size=target_max_size)
     scores, pred_boxes, confs, im_scale = rcnn_inference.detect_boxes(
         model, im, image_params, rcnn_builder.decode_params(cfg), **rcnn_builder.test_graphs(cfg))
-    confs = None if confs is None else confs.cpu().numpy()
-    return scores.cpu().numpy(), pred_boxes.cpu().numpy(), confs, im_scale
+    if confs is None:
+        return scores.cpu().numpy(), pred_boxes.cpu().numpy(), im_scale
+    return scores.cpu().numpy(), pred_boxes.cpu().numpy(), im_scale, confs.cpu().numpy()
 
 
 def box_results_with_nms_and_limit(scores, boxes, confs=None):

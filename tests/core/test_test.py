@@ -360,14 +360,14 @@ def test_im_detect_bbox_scales_decodes_and_clips():
     # RoI 1, class 1: dx = 0.5 -> centre 20 + 10 = 30 -> [20, 39] clipped to x <= 29 (width 30).
     bbox_pred[1, 4:8] = torch.tensor([5.0, 0.0, 0.0, 0.0])
     model = _fake_model(bbox_pred)
-    scores, pred_boxes, confs, im_scale = test_lib.im_detect_bbox(model, _image(), 40, 1000)
+    scores, pred_boxes, im_scale = test_lib.im_detect_bbox(model, _image(), 40, 1000)  # KL-Loss's 3 without STD_NMS
     images, im_info, grad_enabled = model.calls[0]
     assert images.shape == (1, 3, 64, 64) and not grad_enabled
     np.testing.assert_allclose(im_info.numpy(), [[64, 64, 2.0]])
     np.testing.assert_allclose(images[0, :, 0, 0].numpy(), 100 - np.array(cfg.PIXEL_MEANS).ravel(),
                                rtol=1e-6)
     assert images[0, :, 40:, :].abs().sum() == 0 and images[0, :, :, 60:].abs().sum() == 0
-    assert im_scale == 2.0 and confs is None
+    assert im_scale == 2.0
     np.testing.assert_allclose(scores, [[0.1, 0.6, 0.3], [0.7, 0.2, 0.1]])
     expected = np.array([[5, 5, 15, 15, 5, 5, 15, 15, 0.6, 5, 21.6, 15],
                          [10, 0, 29, 19, 20, 0, 29, 19, 10, 0, 29, 19]], np.float32)
@@ -384,7 +384,7 @@ def test_im_detect_bbox_xyxy_coding_and_sigmas():
     bbox_pred[0, 4:8] = torch.tensor([1.0, -2.0, 2.0, -1.0])
     alpha = torch.full((2, 12), 2 * math.log(3.0))
     model = _fake_model(bbox_pred, bbox_pred_std=alpha)
-    _, pred_boxes, confs, _ = test_lib.im_detect_bbox(model, _image(), 40, 1000)
+    _, pred_boxes, _, confs = test_lib.im_detect_bbox(model, _image(), 40, 1000)
     np.testing.assert_allclose(pred_boxes[0, 4:8], [6.1, 7.2, 12.8, 13.9], atol=1e-4)
     # RoI 1 has zero deltas: unchanged in XYXY coding too.
     np.testing.assert_allclose(pred_boxes[1], [10, 0, 29, 19] * 3, atol=1e-4)
@@ -400,7 +400,7 @@ def test_im_detect_bbox_class_agnostic_tiles_fg_columns():
     alpha = torch.zeros(2, 8)
     alpha[:, 4:8] = 2 * math.log(2.0)
     model = _fake_model(bbox_pred, bbox_pred_std=alpha)
-    _, pred_boxes, confs, _ = test_lib.im_detect_bbox(model, _image(), 40, 1000)
+    _, pred_boxes, _, confs = test_lib.im_detect_bbox(model, _image(), 40, 1000)
     np.testing.assert_allclose(pred_boxes[0], [0.6, 5, 21.6, 15] * 3, atol=1e-4)
     np.testing.assert_allclose(confs, np.full((2, 12), 2.0), rtol=1e-6)
 
