@@ -61,22 +61,23 @@ def box_iou_t(boxes_a, boxes_b):
     as torch's, were 1-2 ulp apart on a few pairs in a hundred). Pairs without a positive
     intersection width and height get 0.
     """
-    double, single = torch.float64, boxes_a.dtype
+    single = boxes_a.dtype
     width_a, height_a = _double_sides_t(boxes_a)
     width_b, height_b = _double_sides_t(boxes_b)
-    area_b = (width_b * height_b).to(single).to(double)
+    area_b = (width_b * height_b).to(single)
     inter_w = _double_plus_one(torch.minimum(boxes_a[:, None, 2], boxes_b[None, :, 2])
                                - torch.maximum(boxes_a[:, None, 0], boxes_b[None, :, 0])).to(single)
     inter_h = _double_plus_one(torch.minimum(boxes_a[:, None, 3], boxes_b[None, :, 3])
                                - torch.maximum(boxes_a[:, None, 1], boxes_b[None, :, 1])).to(single)
     inter = inter_w * inter_h
-    union = ((width_a * height_a)[:, None] + area_b[None, :] - inter.to(double)).to(single)
+    # (N, K) pairs: in-place steps (each exact in double) keep one double matrix alive at a time.
+    union = ((width_a * height_a)[:, None] + area_b[None, :]).sub_(inter).to(single)
     overlapping = (inter_w > 0) & (inter_h > 0)
     return torch.where(overlapping, inter / torch.where(overlapping, union, 1.0), 0.0)
 
 
 def _double_plus_one(difference):
-    return difference.to(torch.float64) + 1.0
+    return difference.to(torch.float64).add_(1.0)
 
 
 def _double_sides_t(boxes):
