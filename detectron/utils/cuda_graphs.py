@@ -45,9 +45,9 @@ class GraphedCallable:
     fn must be free of host synchronisation and of data-dependent shapes. The returned tensors are
     the graph's own output buffers: read (copy) them before the next call. The graphs of all shapes
     share one memory pool (a graph costs its outputs, not a pool of its own): the next call, at any
-    shape, may overwrite what the last one returned. A capture is kept only
-    if its first replay gives bit for bit what running fn's kernels one by one gave on the same
-    input: a kernel that is not safe to capture then costs speed, not correctness.
+    shape, may overwrite what the last one returned. A capture is kept only if its first replay
+    gives bit for bit what running fn's kernels one by one gave on the same input: a kernel that is
+    not safe to capture then costs speed, not correctness.
     """
 
     _what = 'input'  # in the log lines of a refused capture
@@ -152,8 +152,9 @@ class TrainingGraphedCallable(GraphedCallable):
     The graphs read the parameters' memory: updates in place (optimizer steps, load_state_dict)
     are seen, moving the module (to another device or dtype) after a capture is not. The graphs of
     all shapes share one memory pool, as GraphedCallable's: a forward and its backward replay back
-    to back, which is how a training step runs them (forward, losses, backward). Gradients reach the parameters through
-    autograd as usual (AccumulateGrad: DDP's hooks see them and a second backward adds to .grad).
+    to back, which is how a training step runs them (forward, losses, backward). Gradients reach
+    the parameters through autograd as usual (AccumulateGrad: DDP's hooks see them and a second
+    backward adds to .grad).
     """
 
     _what = 'training input'
