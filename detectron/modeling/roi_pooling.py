@@ -4,7 +4,7 @@ import math
 import torch
 from torchvision.ops import roi_align
 
-from detectron.utils.boxes import boxes_area_t
+from detectron.utils.boxes import boxes_area_t, divide
 
 
 def map_rois_to_fpn_levels(boxes, k_min=2, k_max=5, canonical_scale=224, canonical_level=4):
@@ -15,7 +15,8 @@ def map_rois_to_fpn_levels(boxes, k_min=2, k_max=5, canonical_scale=224, canonic
     Boxes are in network-input (scaled) coordinates. Returns int64 (R,).
     """
     scales = torch.sqrt(boxes_area_t(boxes).abs())
-    levels = torch.floor(canonical_level + torch.log2(scales / canonical_scale + 1e-6))
+    # divide: numpy's float32 division on CUDA too (a level flips only within an ulp of a boundary).
+    levels = torch.floor(canonical_level + torch.log2(divide(scales, canonical_scale) + 1e-6))
     return levels.clamp(k_min, k_max).to(torch.int64)
 
 
