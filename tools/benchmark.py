@@ -770,7 +770,7 @@ def run_centernet(args, precision, report, timing):
 # Real loops: train_net / test_net as subprocesses, timed from their logs
 # ---------------------------------------------------------------------------------------------
 
-_IM_DETECT = re.compile(r'im_detect:.*?(\d+)/(\d+)\s+([0-9.]+)s')
+_IM_DETECT = re.compile(r'im_detect:.*?(\d+)/(\d+)\s+([0-9.]+)s \+ ([0-9.]+)s')
 LOOP_TEST_WARMUP_IMAGES = 10
 
 
@@ -798,15 +798,18 @@ def train_log_data_fraction(stats, warmup_iter):
 
 def test_log_ms_per_image(log_text, warmup_images=LOOP_TEST_WARMUP_IMAGES):
     """ms per image after the first warmup_images, from test_net's running means (`im_detect: ...
-    done/total <mean seconds>s`): (mean_b * n_b - mean_a * n_a) / (n_b - n_a) between the first
-    line past the warm-up and the last. Returns (that, the last line's running mean in ms)."""
-    points = [(int(done), float(mean)) for done, _, mean in _IM_DETECT.findall(log_text)]
+    done/total <detector s>s + <rest of the loop s>s`): (mean_b * n_b - mean_a * n_a) / (n_b - n_a)
+    between the first line past the warm-up and the last, of their sum, of the detector's and of the
+    rest of the loop's. Returns (the sum's, the last line's running mean of the sum, the detector's,
+    the rest's), all in ms."""
+    points = [(int(done), float(det), float(misc)) for done, _, det, misc in _IM_DETECT.findall(log_text)]
     start = next((p for p in points if p[0] > warmup_images), None)
     if start is None or points[-1][0] <= start[0]:
         raise ConfigValueError('the test log has too few im_detect lines past image {}: use a test dataset of '
                                'at least {} images'.format(warmup_images, warmup_images + 12))
-    (n_a, mean_a), (n_b, mean_b) = start, points[-1]
-    return 1000.0 * (mean_b * n_b - mean_a * n_a) / (n_b - n_a), 1000.0 * mean_b
+    (n_a, det_a, misc_a), (n_b, det_b, misc_b) = start, points[-1]
+    detector, rest = (1000.0 * (b * n_b - a * n_a) / (n_b - n_a) for a, b in ((det_a, det_b), (misc_a, misc_b)))
+    return detector + rest, 1000.0 * (det_b + misc_b), detector, rest
 
 
 def dataset_shape(name, scale, max_size):
@@ -938,9 +941,10 @@ def run_loops(args, device, precision, report):
                     peaks_mib=[max(float(s.get('mem', 0)) for s in stats)],
                     info={'iters': args.loop_iters, 'data_time_fraction': train_log_data_fraction(stats, args.loop_warmup),
                           'log': os.path.join(work, 'train_net.log')})
-    test_ms, running_mean_ms = test_log_ms_per_image(run_test_net(args, work, weights))
+    test_ms, running_mean_ms, detector_ms, rest_ms = test_log_ms_per_image(run_test_net(args, work, weights))
     test_net = Row('test', 'test_net.py on {} (im_detect lines), loaded weights'.format(args.test_dataset), None, 1,
                    values=[test_ms], info={'running_mean_ms_incl_first_images': running_mean_ms,
+                                           'detector_ms': detector_ms, 'rest_of_loop_ms': rest_ms,
                                            'log': os.path.join(work, 'test_net.log')})
 
     replayed_train = replayed_train_row(args, batch, device, precision)
@@ -1060,7 +1064,7 @@ def _fmt(value):
 
 def _notes(record):
     keys = ('box_rois_per_image', 'trainable_params', 'loss_finite', 'rois', 'candidates', 'detections',
-            'data_time_fraction')
+            'data_time_fraction', 'detector_ms', 'rest_of_loop_ms')
     notes = ['{} {}'.format(k, _fmt(record[k]) if isinstance(record[k], float) else record[k])
              for k in keys if record.get(k) is not None]
     if record['section'] == 'ratio' and len(record['rounds']) > 1:

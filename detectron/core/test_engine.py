@@ -118,7 +118,10 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     dataset: its JsonDataset when the caller has one already.
 
     Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs;
-    with cfg.VIS the detections scoring at least VIS_TH are drawn into <output_dir>/vis.
+    with cfg.VIS the detections scoring at least VIS_TH are drawn into <output_dir>/vis. Every 10
+    images the log shows Detectron's `im_detect: ... i/n <det>s + <misc>s (eta: ...)`: mean seconds
+    per image in the model's detector (network and post-processing: one call here) and in the rest
+    of the loop (waiting for the loader, storing, drawing); they add up to the wall time per image.
     """
     model_type = model_builder.get_model_type(cfg)
     dataset = dataset or JsonDataset(name)
@@ -130,18 +133,25 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     detect = model_type.detector(cfg)
     all_boxes = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
     images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS, model_type.test_inputs(cfg))
-    tic = time.time()
+    detect_s = misc_s = 0.0
+    last = time.perf_counter()
     for i, (sample, index) in enumerate(images):
+        before_detect = time.perf_counter()
         cls_boxes = detect(model, sample)
+        after_detect = time.perf_counter()
         for j in range(1, dataset.num_classes):
             all_boxes[j][i] = cls_boxes[j]
         if cfg.VIS:
             _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, dataset.classes)
+        now = time.perf_counter()
+        detect_s += after_detect - before_detect
+        misc_s += (now - last) - (after_detect - before_detect)
+        last = now
         if i % 10 == 0 or i == end - start - 1:
-            per_image = (time.time() - tic) / (i + 1)
-            eta = datetime.timedelta(seconds=int(per_image * (end - start - i - 1)))
-            logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs (eta: %s)',
-                        start + 1, end, total, i + 1, end - start, per_image, eta)
+            done = i + 1
+            eta = datetime.timedelta(seconds=int((detect_s + misc_s) / done * (end - start - done)))
+            logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs + %.3fs (eta: %s)',
+                        start + 1, end, total, done, end - start, detect_s / done, misc_s / done, eta)
     return roidb[start:end], all_boxes
 
 

@@ -178,10 +178,10 @@ json_stats: {"data_time": "0.010000", "iter": 40, "loss": "2.0", "time": "0.2000
 json_stats: {"data_time": "0.300000", "iter": 59, "loss": "1.9", "time": "0.400000"}
 """
 
-TEST_LOG = """INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 1/30 2.000s (eta: 0:00:58)
-INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 11/30 0.300s (eta: 0:00:05)
-INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 21/30 0.200s (eta: 0:00:01)
-INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 30/30 0.150s (eta: 0:00:00)
+TEST_LOG = """INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 1/30 1.500s + 0.500s (eta: 0:00:58)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 11/30 0.290s + 0.010s (eta: 0:00:05)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 21/30 0.190s + 0.010s (eta: 0:00:01)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 30/30 0.140s + 0.010s (eta: 0:00:00)
 """
 
 
@@ -198,9 +198,11 @@ def test_training_log_images_per_second_after_warmup():
 
 
 def test_test_log_ms_per_image_excludes_the_first_images():
-    ms, running_mean = bm.test_log_ms_per_image(TEST_LOG)
-    # images 12..30: 30 x 0.150 s - 11 x 0.300 s over 19 images
+    ms, running_mean, detector, rest = bm.test_log_ms_per_image(TEST_LOG)
+    # images 12..30: 30 x 0.150 s - 11 x 0.300 s over 19 images, of which the detector's
+    # 30 x 0.140 - 11 x 0.290 and the rest's 30 x 0.010 - 11 x 0.010
     assert ms == pytest.approx(1000 * (4.5 - 3.3) / 19)
+    assert detector == pytest.approx(1000 * (4.2 - 3.19) / 19) and rest == pytest.approx(1000 * 0.19 / 19)
     assert running_mean == pytest.approx(150.0)
     with pytest.raises(ConfigValueError):
         bm.test_log_ms_per_image(TEST_LOG.splitlines()[0])
