@@ -140,14 +140,12 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = distributed.unwrap_model(model)
-        missing, unused = model_type.load_weights(cfg, unwrapped, path)
+        missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
-        if isinstance(optimizer, DetectronSGD):
-            momentum = model_type.weights_momentum(cfg, unwrapped, path)
-            if momentum:
-                logger.info('SGD momentum of %d parameters from %s, as Detectron starts from it',
-                            load_momentum(optimizer, unwrapped, momentum), path)
+        if momentum and isinstance(optimizer, DetectronSGD):
+            logger.info('SGD momentum of %d parameters from %s, as Detectron starts from it',
+                        load_momentum(optimizer, unwrapped, momentum), path)
     else:
         logger.info('TRAIN.WEIGHTS is empty: training starts from random initialisation')
     return 0, None

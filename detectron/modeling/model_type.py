@@ -35,10 +35,10 @@ class ModelType:
         """Initialise model from a weights file; returns (missing, unused) name lists."""
         raise NotImplementedError
 
-    def weights_momentum(self, cfg, model, path):
-        """{parameter name: momentum SGD history} a weights file carries for model, which training
-        from it starts with; none by default."""
-        return {}
+    def load_training_weights(self, cfg, model, path):
+        """load_weights for training: (missing, unused, {parameter name: momentum SGD history} the
+        file carries for model, which training from it starts with; none by default)."""
+        return (*self.load_weights(cfg, model, path), {})
 
     def training_roidb(self, cfg):
         raise NotImplementedError

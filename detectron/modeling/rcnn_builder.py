@@ -11,7 +11,7 @@ from detectron.modeling.model_type import ModelType
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, prepare_training_entry
-from detectron.utils.c2_weights import detectron_momentum, load_weights
+from detectron.utils.c2_weights import load_weights, load_weights_and_momentum
 from detectron.utils.errors import ConfigValueError
 
 _CONV_BODIES = {
@@ -45,9 +45,9 @@ class GeneralizedRCNNType(ModelType):
     def load_weights(self, cfg, model, path):
         return load_weights(model, path)
 
-    def weights_momentum(self, cfg, model, path):
+    def load_training_weights(self, cfg, model, path):
         # Detectron's model_final.pkl files hold `<blob>_momentum` (KL-Loss fine-tunes from one).
-        return detectron_momentum(model, path)
+        return load_weights_and_momentum(model, path)
 
     def training_roidb(self, cfg):
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)

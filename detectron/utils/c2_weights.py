@@ -9,8 +9,9 @@ loaded (shapes must match); model tensors without a blob keep their init and are
 missing; file blobs no tensor asked for are reported as unused, except the ones Detectron files
 always carry for reasons unrelated to the model (`*_momentum`, ImageNet's `fc1000_*`, `conv1_b`),
 which are logged as ignored. A parameter's `<blob>_momentum` (the SGD history a Detectron
-checkpoint holds) is not a model tensor: detectron_momentum reads it for the optimizer, as
-Detectron's initialize_gpu_from_weights_file feeds it into the `<blob>_momentum` history.
+checkpoint holds) is not a model tensor: load_weights_and_momentum also returns it for the
+optimizer, as Detectron's initialize_gpu_from_weights_file feeds it into the `<blob>_momentum`
+history.
 """
 
 import collections
@@ -334,18 +335,19 @@ def load_detectron_weights(model, path_or_blobs):
     else:
         source = 'Detectron blobs'
         blobs, _ = split_detectron_content(path_or_blobs, source)
+    return _load_detectron_blobs(model, blobs, source)
+
+
+def _load_detectron_blobs(model, blobs, source):
     state_dict, names, unused, ignored = _pick_blobs(blobs, list(model.state_dict()))
     missing, _ = _copy_into_model(model, state_dict, source, file_names=names)
     _log_summary(source, missing, unused, ignored)
     return missing, unused
 
 
-def detectron_momentum(model, path):
-    """{parameter key: its `<blob>_momentum` tensor} of a Detectron .pkl for model's trainable
-    parameters ({} for other files): the momentum SGD history Detectron's loader restores."""
-    if looks_like_torch_file(path):
-        return {}
-    blobs, _ = read_detectron_pickle(str(path))
+def detectron_momentum(model, blobs):
+    """{parameter key: its `<blob>_momentum` tensor} among a Detectron .pkl's blobs for model's
+    trainable parameters: the momentum SGD history Detectron's loader restores."""
     trainable = [key for key, p in model.named_parameters() if p.requires_grad]
     _, names, _, _ = _pick_blobs(blobs, trainable)
     return {key: _blob_to_tensor(blobs[name + '_momentum'], name + '_momentum')
@@ -477,3 +479,14 @@ def load_weights(model, path):
         return load_torchvision_resnet(model, content)
     raise WeightsError('{} holds neither a {{"model": state_dict}} checkpoint nor torchvision '
                        'ResNet weights'.format(path))
+
+
+def load_weights_and_momentum(model, path):
+    """load_weights, and the file's SGD momentum histories (detectron_momentum; {} for torch
+    files): (missing, unused, momentum), a Detectron .pkl read once."""
+    require_weights_file(path)
+    if looks_like_torch_file(path):
+        return (*load_weights(model, path), {})
+    blobs, _ = read_detectron_pickle(str(path))
+    missing, unused = _load_detectron_blobs(model, blobs, str(path))
+    return missing, unused, detectron_momentum(model, blobs)

@@ -364,8 +364,8 @@ def test_training_from_weights_starts_sgd_from_the_files_momentum(tmp_path):
         def load_weights(self, cfg, model, path):
             return [], []
 
-        def weights_momentum(self, cfg, model, path):
-            return {'weight': history} if path == str(tmp_path / 'w.pkl') else {}
+        def load_training_weights(self, cfg, model, path):
+            return [], [], {'weight': history} if path == str(tmp_path / 'w.pkl') else {}
 
     model = torch.nn.Linear(3, 2, bias=False)
     optimizer = DetectronSGD([{'params': list(model.parameters())}], lr=0.1)

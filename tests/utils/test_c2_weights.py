@@ -442,7 +442,7 @@ def test_momentum_blobs_start_detectron_sgds_histories(blobs, tmp_path):
     # Detectron's initialize_gpu_from_weights_file feeds `<blob>_momentum` into the parameter's
     # momentum history; the first step is then v = 0.9 v_file + lr g, p -= v (Caffe2's form).
     from detectron.modeling.optimizer import DetectronSGD, load_momentum
-    from detectron.utils.c2_weights import detectron_momentum
+    from detectron.utils.c2_weights import load_weights_and_momentum
     rng = np.random.default_rng(1)
     rpn_blobs = {n: blobs[n] for n, key, _ in ENTRIES if key.startswith('rpn.')}
     history = {'conv_rpn_fpn2_w': rng.standard_normal((256, 256, 3, 3), dtype=np.float32),
@@ -452,8 +452,7 @@ def test_momentum_blobs_start_detectron_sgds_histories(blobs, tmp_path):
     save_object({'blobs': file_blobs, 'cfg': CFG_YAML}, pkl)
     model = _rpn_only_model()
     model.rpn.rpn_bbox_pred.bias.requires_grad_(False)   # frozen: no history to restore
-    load_weights(model, pkl)
-    momentum = detectron_momentum(model, pkl)
+    _, _, momentum = load_weights_and_momentum(model, pkl)
     assert sorted(momentum) == ['rpn.conv_rpn.weight']
     assert torch.equal(momentum['rpn.conv_rpn.weight'], torch.from_numpy(history['conv_rpn_fpn2_w']))
     params = [p for p in model.parameters() if p.requires_grad]
