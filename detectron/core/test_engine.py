@@ -143,9 +143,9 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
             all_boxes[j][i] = cls_boxes[j]
         if cfg.VIS:
             _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, dataset.classes)
-        now = time.perf_counter()
-        detect_s += after_detect - before_detect
-        misc_s += (now - last) - (after_detect - before_detect)
+        now, detect_time = time.perf_counter(), after_detect - before_detect
+        detect_s += detect_time
+        misc_s += now - last - detect_time
         last = now
         if i % 10 == 0 or i == end - start - 1:
             done = i + 1

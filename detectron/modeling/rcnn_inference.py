@@ -12,7 +12,7 @@ import torch
 
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
-from detectron.utils.cuda_graphs import graphed_method
+from detectron.utils.cuda_graphs import DEFAULT_MAX_GRAPHS, graphed_method
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.variance_voting import soft_nms_with_variance_voting
 
@@ -71,7 +71,7 @@ def model_device(model):
     return tensor.device if tensor is not None else torch.device('cpu')
 
 
-def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_graph_shapes=4):
+def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):
     """Run an R-CNN in eval mode on one BGR image: (scores, boxes, confs, im_scale) as tensors
     on the model's device (see decode_detections). cuda_graphs: on a GPU, replay the body and RPN
     head from one CUDA graph per padded input size (the first max_graph_shapes sizes met twice;
@@ -93,7 +93,8 @@ def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_
     return scores, boxes, confs, im_scale
 
 
-def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False, max_graph_shapes=4):
+def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False,
+                  max_graph_shapes=DEFAULT_MAX_GRAPHS):
     """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3)."""
     scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params, cuda_graphs=cuda_graphs,
                                            max_graph_shapes=max_graph_shapes)

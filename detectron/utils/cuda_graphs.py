@@ -14,8 +14,11 @@ logger = logging.getLogger(__name__)
 # owner (e.g. a model) -> {key: GraphedCallable}; an owner that is garbage-collected drops its graphs.
 _PER_OWNER = weakref.WeakKeyDictionary()
 
+# Input shapes a test-time callable graphs unless told otherwise (TEST.CUDA_GRAPHS_MAX_SHAPES' default).
+DEFAULT_MAX_GRAPHS = 4
 
-def graphed_method(owner, key, fn, max_graphs=4):
+
+def graphed_method(owner, key, fn, max_graphs=DEFAULT_MAX_GRAPHS):
     """The GraphedCallable of x -> fn(owner, x) for this owner and key, made on first use (with
     max_graphs; later calls get that one). It holds the owner weakly, so the graphs (and their
     memory pool) go with the owner."""
@@ -52,7 +55,7 @@ class GraphedCallable:
 
     _what = 'input'  # in the log lines of a refused capture
 
-    def __init__(self, fn, max_graphs=4, warmup_calls=2):
+    def __init__(self, fn, max_graphs=DEFAULT_MAX_GRAPHS, warmup_calls=2):
         self.fn = fn
         self.max_graphs = max_graphs
         self.warmup_calls = warmup_calls
