@@ -154,13 +154,25 @@ def detect_batch(model, samples, params):
 
 
 def normalize_test_images(images, mean, std):
-    """CenterNet's test-time normalisation of uint8 images (B, 3, H, W) on their device: float64
-    (x / 255 - mean) / std with mean and std as float32 values, then float32, bit for bit
-    BaseDetector.pre_process's numpy arithmetic. Python scalars rather than small device tensors, so
-    that nothing is copied to the device while a CUDA graph is captured."""
-    x = images.to(torch.float64) / 255.
-    channels = [(x[:, c] - float(np.float32(mean[c]))) / float(np.float32(std[c])) for c in range(3)]
-    return torch.stack(channels, dim=1).to(torch.float32)
+    """CenterNet's test-time normalisation of uint8 images (B, 3, H, W) on their device, bit for bit
+    BaseDetector.pre_process's numpy arithmetic: float64 (x / 255 - mean) / std with mean and std as
+    float32 values, then float32. A uint8 channel has 256 values, so the reference's own numpy
+    formula is evaluated once per (channel, value) into a table and the images index it: one
+    gather instead of ten float64 passes over every pixel (at batch 64 they were about a seventh
+    of the GPU time of forward and decode, BENCHMARKS.md)."""
+    table, channel_offsets = _normalisation_table(tuple(map(float, mean)), tuple(map(float, std)), images.device)
+    return table[images.to(torch.int32) + channel_offsets]
+
+
+@functools.lru_cache(maxsize=None)
+def _normalisation_table(mean, std, device):
+    """(float32 (3 * 256,), int32 (1, 3, 1, 1) [0, 256, 512]) on device: entry 256 c + v of the table
+    is CenterNet's normalised value of uint8 v in channel c. Made on a device's first (eager) call,
+    so a CUDA graph capture never copies them."""
+    values = np.arange(256, dtype=np.uint8).reshape(1, 256).repeat(3, axis=0)
+    table = ((values / 255. - np.float32(mean).reshape(3, 1)) / np.float32(std).reshape(3, 1)).astype(np.float32)
+    channel_offsets = torch.arange(0, 3 * 256, 256, dtype=torch.int32).view(1, 3, 1, 1)
+    return torch.from_numpy(table.reshape(-1)).to(device), channel_offsets.to(device)
 
 
 def _forward_decode(model, params, images):
