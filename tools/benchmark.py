@@ -704,7 +704,8 @@ def centernet_rows(args, device, precision):
     """Training images/s at the first --centernet-batch (Adam, ctdet targets of random boxes on
     random images, built once); inference ms/image with the whole detector (forward, flip as
     configured, decode on the device, inverse affine, merge to cls_boxes) at batch 1 (detect) and at
-    the second batch (detect_batch), on a prepared 640x480 image."""
+    the second batch (detect_batch), on a prepared 640x480 image; and at the second batch the
+    network and decode alone (forward_decode of inputs already on the device)."""
     from detectron.modeling import centernet, centernet_builder
     from detectron.roi_data.centernet import ctdet_train_sample
     train_batch, test_batch = (args.centernet_batch + args.centernet_batch[-1:])[:2]
@@ -747,12 +748,22 @@ def centernet_rows(args, device, precision):
         with autocast(device, precision):
             centernet.detect_batch(test_model, batch_samples, test)
 
+    # The network and the decode alone, of inputs already on the device (no upload, no host
+    # post-processing): what detect_batch adds to them is the difference of the rows.
+    device_inputs = torch.as_tensor(np.concatenate([sample['inputs'][0]] * test_batch)).to(device)
+
+    def forward_decode():
+        with torch.no_grad(), autocast(device, precision):
+            centernet.forward_decode(test_model, device_inputs, test)
+
     resident = lambda: (_model_tensors(model, optimizer) + _model_tensors(test_model)  # noqa: E731
-                        + _flat_tensors([inputs, targets]))
+                        + _flat_tensors([inputs, targets, device_inputs]))
     arch = cfg.CENTERNET.ARCH
     return [Row('train', '{} train'.format(arch), train_step, train_batch, resident=resident),
             Row('test', '{} detect (decode, post-process)'.format(arch), detect_one, 1, resident=resident),
             Row('test', '{} detect_batch (decode, post-process)'.format(arch), detect_many, test_batch,
+                resident=resident, info={'inference_batch': test_batch}),
+            Row('test', '{} forward + decode only, inputs on the device'.format(arch), forward_decode, test_batch,
                 resident=resident, info={'inference_batch': test_batch})]
 
 

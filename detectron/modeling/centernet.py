@@ -137,14 +137,12 @@ def detect_batch(model, samples, params):
     if not samples:
         return []
     device = next(model.parameters()).device
-    forward_decode = _graphed_forward_decode(model, params) if params.cuda_graphs and device.type == 'cuda' \
-        else functools.partial(_forward_decode, model, params)
     dets = []
     with torch.no_grad():
         for i in range(len(params.scales)):
             images = _inputs_on_device([sample['inputs'][i] for sample in samples], device)
             # clone: a graph's output buffer is rewritten by the next scale's replay
-            dets.append(forward_decode(images).clone())
+            dets.append(forward_decode(model, images, params).clone())
     dets = torch.stack(dets).cpu().numpy()
     return [merge_image_detections([image_detections(dets[i, b], sample['metas'][i], scale)
                                     for i, scale in enumerate(params.scales)],
@@ -173,6 +171,16 @@ def _normalisation_table(mean, std, device):
     table = ((values / 255. - np.float32(mean).reshape(3, 1)) / np.float32(std).reshape(3, 1)).astype(np.float32)
     channel_offsets = torch.arange(0, 3 * 256, 256, dtype=torch.int32).view(1, 3, 1, 1)
     return torch.from_numpy(table.reshape(-1)).to(device), channel_offsets.to(device)
+
+
+def forward_decode(model, images, params):
+    """(B, K, 6) decoded detections (ctdet_decode, output-grid pixels) of uint8 network inputs
+    (B, 3, H, W) on the model's device, left there: the network and the decode of detect_batch,
+    replayed from CUDA graphs with params.cuda_graphs on a GPU. Call it under torch.no_grad(); on a
+    GPU the result is a graph's output buffer, which the next call rewrites."""
+    if params.cuda_graphs and images.device.type == 'cuda':
+        return _graphed_forward_decode(model, params)(images)
+    return _forward_decode(model, params, images)
 
 
 def _forward_decode(model, params, images):

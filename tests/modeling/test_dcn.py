@@ -169,3 +169,24 @@ def test_modulated_deform_conv2d_samples_in_float32_under_bfloat16_autocast():
     reference = modulated_deform_conv2d(x.float(), offset.float(), mask, weight, bias, padding=1)
     error = (mixed.float() - reference).abs().max() / reference.abs().max()
     assert error < 0.02, error
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA'))])
+def test_inference_under_autocast_equals_the_autograd_path_bit_for_bit(device):
+    """Without autograd the masked columns are stored straight in bfloat16 (and the tap positions
+    come from a cache); with autograd they are multiplied in float32 and cast by the matmul's
+    autocast. Both give the same bits, at every call."""
+    x, offset, mask, weight, bias = (t.float().to(device) for t in _random_dcn_inputs(seed=6, width=40))
+    offset = offset + 0.37
+    with torch.autocast(device, dtype=torch.bfloat16):
+        with torch.no_grad():
+            first = modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
+            second = modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
+        tracked = modulated_deform_conv2d(x, offset, mask, weight.clone().requires_grad_(), bias, padding=1)
+    assert first.dtype == tracked.dtype == torch.bfloat16
+    assert torch.equal(first, tracked.detach()) and torch.equal(second, first)
+    # the masked product is what the bfloat16 path stores: a float32 one that was not cast would differ
+    with torch.no_grad():
+        full = modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
+    assert not torch.equal(full, first.float())
