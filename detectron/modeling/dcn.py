@@ -84,20 +84,9 @@ def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0):
     grid = torch.stack(((2 * sample_x + 1) / width - 1, (2 * sample_y + 1) / height - 1), dim=-1)
     columns = F.grid_sample(x.to(sample_dtype), grid.view(n, taps * out_h, out_w, 2), mode='bilinear',
                             padding_mode='zeros', align_corners=False)
-    columns = _masked(columns.view(n, channels, taps, out_h * out_w), mask.to(sample_dtype).view(n, 1, taps, -1))
+    columns = columns.view(n, channels, taps, out_h * out_w) * mask.to(sample_dtype).view(n, 1, taps, -1)
     out = torch.matmul(weight.reshape(out_channels, channels * taps), columns.view(n, channels * taps, -1))
     return (out + bias.view(-1, 1).to(out.dtype)).view(n, out_channels, out_h, out_w)
-
-
-def _masked(columns, mask):
-    """columns * mask. Without autograd under autocast the float32 product is stored straight in
-    autocast's dtype, which the matmul would cast it to anyway (the same values): one pass over the
-    layer's largest tensor less (at batch 64, 512x512, resdcn_18's last one has 300M elements)."""
-    device_type = columns.device.type
-    if columns.requires_grad or mask.requires_grad or not torch.is_autocast_enabled(device_type):
-        return columns * mask
-    out = torch.empty(columns.shape, dtype=torch.get_autocast_dtype(device_type), device=columns.device)
-    return torch.mul(columns, mask, out=out)
 
 
 def _tap_positions(kh, kw, out_h, out_w, stride, padding, device, dtype):
