@@ -156,8 +156,8 @@ def normalize_test_images(images, mean, std):
     BaseDetector.pre_process's numpy arithmetic: float64 (x / 255 - mean) / std with mean and std as
     float32 values, then float32. A uint8 channel has 256 values, so the reference's own numpy
     formula is evaluated once per (channel, value) into a table and the images index it: one
-    gather instead of ten float64 passes over every pixel (at batch 64 they were about a seventh
-    of the GPU time of forward and decode, BENCHMARKS.md)."""
+    gather instead of ten float64 passes over every pixel (about 5% of the GPU time of forward and
+    decode at batch 64 on the H200, BENCHMARKS.md)."""
     table, channel_offsets = _normalisation_table(tuple(map(float, mean)), tuple(map(float, std)), images.device)
     return table[images.to(torch.int32) + channel_offsets]
 
