@@ -52,12 +52,16 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
     parallel = _parallel_testing(multi_gpu_testing)
     for name in cfg.TEST.DATASETS:
         output_dir = get_output_dir((name,), training=False)
+        started = time.perf_counter()
         if parallel:
             all_boxes = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name))
         else:
             all_boxes = test_net(weights_file, name, output_dir)[1]
         if all_boxes is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
             continue
+        # Detectron's test_net_on_dataset line: the whole testing of the dataset (all GPUs, model
+        # loading and start-up included), before the evaluation
+        logger.info('Total inference time: %.3fs', time.perf_counter() - started)
         _write_detections(all_boxes, output_dir)
         results.update(task_evaluation.evaluate_all(
             JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,

@@ -235,3 +235,32 @@ def test_log_splits_each_image_into_detector_and_loop_time_as_detectron(tiny_cat
     assert [int(m.group(1)) for m in lines] == [1, 3]
     detector_s, loop_s = float(lines[-1].group(2)), float(lines[-1].group(3))
     assert 0.02 <= detector_s < 0.09 and loop_s >= 0.1
+
+
+def test_run_inference_logs_detectron_s_total_inference_time_per_dataset(tiny_catalog, random_weights, monkeypatch,
+                                                                         caplog):
+    """Detectron's `Total inference time: <s>s`, once per tested dataset, before its evaluation: at
+    least the 8 x 50 ms a slow detector spends on tiny_val's images, at most the call's own time."""
+    import re
+    import time
+    use_tiny_config(tiny_catalog, tiny_catalog.parent / 'total')
+    model_type = type(model_builder.get_model_type(cfg))
+    classes = cfg.MODEL.NUM_CLASSES
+
+    def slow_detector(self, cfg):
+        def detect(model, sample):
+            time.sleep(0.05)
+            return [np.zeros((0, 5), np.float32) for _ in range(classes)]
+        return detect
+
+    monkeypatch.setattr(model_type, 'detector', slow_detector)
+    started = time.perf_counter()
+    with caplog.at_level('INFO'):
+        test_engine.run_inference(random_weights)
+    elapsed = time.perf_counter() - started
+    messages = [r.getMessage() for r in caplog.records]
+    totals = [float(m.group(1)) for m in (re.fullmatch(r'Total inference time: ([0-9.]+)s', msg) for msg in messages)
+              if m]
+    assert len(totals) == 1 and 0.4 <= totals[0] <= elapsed
+    total_at = next(i for i, msg in enumerate(messages) if msg.startswith('Total inference time'))
+    assert any('Evaluating' in msg or 'Average Precision' in msg for msg in messages[total_at:])
