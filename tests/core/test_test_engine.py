@@ -210,14 +210,7 @@ def test_log_splits_each_image_into_detector_and_loop_time_as_detectron(tiny_cat
     import re
     import time
     use_tiny_config(tiny_catalog, tiny_catalog.parent / 'timed')
-    model_type = type(model_builder.get_model_type(cfg))
-    classes = cfg.MODEL.NUM_CLASSES
-
-    def slow_detector(self, cfg):
-        def detect(model, sample):
-            time.sleep(0.02)
-            return [np.zeros((0, 5), np.float32) for _ in range(classes)]
-        return detect
+    _use_slow_detector(monkeypatch, seconds=0.02)
 
     def slow_loader(*args, **kwargs):
         for item in build_test_loader(*args, **kwargs):
@@ -225,7 +218,6 @@ def test_log_splits_each_image_into_detector_and_loop_time_as_detectron(tiny_cat
             yield item
 
     build_test_loader = test_engine.build_test_loader
-    monkeypatch.setattr(model_type, 'detector', slow_detector)
     monkeypatch.setattr(test_engine, 'build_test_loader', slow_loader)
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     with caplog.at_level('INFO', logger='detectron.core.test_engine'):
@@ -244,16 +236,7 @@ def test_run_inference_logs_detectron_s_total_inference_time_per_dataset(tiny_ca
     import re
     import time
     use_tiny_config(tiny_catalog, tiny_catalog.parent / 'total')
-    model_type = type(model_builder.get_model_type(cfg))
-    classes = cfg.MODEL.NUM_CLASSES
-
-    def slow_detector(self, cfg):
-        def detect(model, sample):
-            time.sleep(0.05)
-            return [np.zeros((0, 5), np.float32) for _ in range(classes)]
-        return detect
-
-    monkeypatch.setattr(model_type, 'detector', slow_detector)
+    _use_slow_detector(monkeypatch, seconds=0.05)
     started = time.perf_counter()
     with caplog.at_level('INFO'):
         test_engine.run_inference(random_weights)
@@ -264,3 +247,18 @@ def test_run_inference_logs_detectron_s_total_inference_time_per_dataset(tiny_ca
     assert len(totals) == 1 and 0.4 <= totals[0] <= elapsed
     total_at = next(i for i, msg in enumerate(messages) if msg.startswith('Total inference time'))
     assert any('Evaluating' in msg or 'Average Precision' in msg for msg in messages[total_at:])
+
+
+def _use_slow_detector(monkeypatch, seconds):
+    """The configured model type's detector replaced by one that takes `seconds` per image and
+    detects nothing."""
+    import time
+    classes = cfg.MODEL.NUM_CLASSES
+
+    def slow_detector(self, cfg):
+        def detect(model, sample):
+            time.sleep(seconds)
+            return [np.zeros((0, 5), np.float32) for _ in range(classes)]
+        return detect
+
+    monkeypatch.setattr(type(model_builder.get_model_type(cfg)), 'detector', slow_detector)
