@@ -734,9 +734,9 @@ def centernet_rows(args, device, precision):
 
     test = centernet_builder.test_params(cfg)
     sample = centernet.prepare_test_image(synthetic_images(1, 480, 640, 1)[0], test)
-    # The detect rows' own copy, switched to eval once as test_net does: model.eval() walks every
-    # module (about 0.3-0.7 ms on these hosts), which a per-call switch would add to each image.
-    test_model = copy.deepcopy(model).eval()
+    # The detect rows' own copy, switched to eval and prepared once as test_net's: model.eval() walks
+    # every module (about 0.3-0.7 ms on these hosts), which a per-call switch would add to each image.
+    test_model = model_builder.get_model_type(cfg).prepare_for_inference(cfg, copy.deepcopy(model).eval())
 
     def detect_one():
         with autocast(device, precision):

@@ -109,12 +109,14 @@ def _write_detections(all_boxes, output_dir):
 
 
 def load_test_model(weights_file, device):
-    """The model of cfg.MODEL.TYPE with weights_file loaded, on device, in eval mode."""
+    """The model of cfg.MODEL.TYPE with weights_file loaded, on device, in eval mode, prepared for
+    inference by its model type."""
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     model = model_builder.create(cfg)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
-    model_builder.get_model_type(cfg).load_weights(cfg, model, path)
-    return model.to(device).eval()
+    model_type = model_builder.get_model_type(cfg)
+    model_type.load_weights(cfg, model, path)
+    return model_type.prepare_for_inference(cfg, model.to(device).eval())
 
 
 def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):

@@ -84,6 +84,11 @@ class CenterNetType(ModelType):
     def detector(self, cfg):
         return functools.partial(centernet.detect, params=test_params(cfg))
 
+    def prepare_for_inference(self, cfg, model):
+        if next(model.parameters()).device.type == 'cuda':
+            model.use_channels_last()
+        return model
+
     def results_format(self, cfg):
         return CENTERNET_RESULTS
 

@@ -218,6 +218,11 @@ class CenterNetDLA(nn.Module):
         self.ida_up = IDAUp(channels[0], channels[:fused], [2 ** i for i in range(fused)])
         self.out_channels = channels[0]
 
+    def channels_last_modules(self):
+        """None (CenterNet.use_channels_last): DLA's deformable IDA path reads NCHW memory at every
+        level, and no layout was measured for it."""
+        return []
+
     def forward(self, x):
         fused = self.dla_up(self.base(x)[_FIRST_LEVEL:])
         return self.ida_up(fused[:_LAST_LEVEL - _FIRST_LEVEL])[-1]

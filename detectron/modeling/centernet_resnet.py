@@ -61,7 +61,13 @@ class CenterNetResNet(nn.Module):
     def forward(self, x):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.deconv_layers(x)
+        # The deformable convs index NCHW memory (views of their offsets and columns): a trunk
+        # stored channels_last (channels_last_modules) hands over an NCHW copy.
+        return self.deconv_layers(x.contiguous())
+
+    def channels_last_modules(self):
+        """The layers that may be stored channels_last (CenterNet.use_channels_last): the ResNet."""
+        return [self.conv1, self.bn1, self.layer1, self.layer2, self.layer3, self.layer4]
 
 
 def _make_stage(block, in_channels, width, blocks, stride):

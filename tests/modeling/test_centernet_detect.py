@@ -150,15 +150,13 @@ def test_graphed_callable_runs_cpu_tensors_directly():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
-@pytest.mark.parametrize('arch, flip, batch', [('res_18', False, 1), ('res_18', True, 1), ('res_18', False, 3),
-                                               ('resdcn_18', False, 1), ('resdcn_18', True, 3)])
-def test_cuda_graph_replay_gives_the_eager_detections(arch, flip, batch):
-    from detectron.modeling.centernet_backbones import build_centernet_backbone
-    from detectron.modeling.centernet_heads import CenterNetHeads
-    torch.manual_seed(0)
-    backbone = build_centernet_backbone(arch)
-    heads = CenterNetHeads(backbone.out_channels, {'hm': 80, 'wh': 2, 'reg': 2}, 64, 'resdcn')
-    model = centernet.CenterNet(backbone, heads).cuda().eval()
+@pytest.mark.parametrize('arch, flip, batch, channels_last', [
+    ('res_18', False, 1, False), ('res_18', True, 1, False), ('res_18', False, 3, False),
+    ('resdcn_18', False, 1, False), ('resdcn_18', True, 3, False), ('resdcn_18', True, 3, True)])
+def test_cuda_graph_replay_gives_the_eager_detections(arch, flip, batch, channels_last):
+    model = _centernet(arch).cuda().eval()
+    if channels_last:
+        model.use_channels_last()
     rng = np.random.RandomState(0)
     samples = [centernet.prepare_test_image(rng.randint(0, 255, (120, 160, 3)).astype(np.uint8),
                                             centernet.TestParams(input=CtdetParams(input_h=128, input_w=128),
@@ -192,3 +190,46 @@ def test_test_images_are_normalised_as_centernet_in_float64_then_float32(device)
     np.testing.assert_array_equal(got[0].numpy().transpose(1, 2, 0), expected)
     in_float32 = ((bgr.astype(np.float32) / np.float32(255) - np.float32(COCO_MEAN)) / np.float32(COCO_STD))
     assert (in_float32 != expected).any()  # the test can tell the two apart
+
+
+def _centernet(arch):
+    from detectron.modeling.centernet_backbones import build_centernet_backbone
+    from detectron.modeling.centernet_heads import CenterNetHeads
+    torch.manual_seed(0)
+    backbone = build_centernet_backbone(arch)
+    heads = CenterNetHeads(backbone.out_channels, {'hm': 80, 'wh': 2, 'reg': 2}, 64, 'resdcn')
+    return centernet.CenterNet(backbone, heads)
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('arch', ['resdcn_18', 'res_18'])
+def test_channels_last_stores_the_resnet_and_heads_nhwc_and_computes_the_same_maps(arch, device):
+    """use_channels_last: the ResNet trunk and the heads NHWC, the up-sampling path NCHW (its
+    deformable convs view NCHW memory); the outputs equal the NCHW model's up to the kernels'
+    rounding (the CPU's NHWC kernels add in another order; on CUDA TF32 may differ likewise)."""
+    model = _centernet(arch).to(device).eval()
+    images = torch.randn(2, 3, 128, 96, generator=torch.Generator().manual_seed(3)).to(device)
+    with torch.no_grad():
+        expected = model(images)
+        model.use_channels_last()
+        got = model(images)
+    is_nhwc = lambda p: p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)  # noqa: E731
+    assert is_nhwc(model.backbone.conv1.weight) and is_nhwc(model.backbone.layer4[1].conv2.weight)
+    assert is_nhwc(model.heads.hm[0].weight)
+    up = [p for p in model.backbone.deconv_layers.parameters() if p.dim() == 4]
+    assert up and not any(is_nhwc(p) for p in up)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-3, atol=1e-3 * expected[name].abs().max().item())
+
+
+def test_the_test_engine_prepares_centernet_nhwc_on_cuda_only():
+    from detectron.modeling.centernet_builder import CenterNetType
+    from detectron.modeling.centernet_dla import CenterNetDLA
+    model = _centernet('resdcn_18').eval()
+    assert CenterNetType().prepare_for_inference(None, model) is model
+    assert model.backbone.conv1.weight.is_contiguous()  # CPU: left as built
+    assert CenterNetDLA().channels_last_modules() == []
+    if torch.cuda.is_available():
+        model = CenterNetType().prepare_for_inference(None, model.cuda())
+        assert model.backbone.conv1.weight.is_contiguous(memory_format=torch.channels_last)
