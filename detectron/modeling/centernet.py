@@ -44,12 +44,12 @@ class CenterNet(nn.Module):
         bfloat16 convolutions in NHWC and converts NCHW tensors around each one (4.5 of the 24.3 ms
         of resdcn_18's forward + decode at batch 64 on the H200); stored NHWC they need no
         conversion (forward + decode 1.64 -> 1.42 ms at batch 1, 0.375 -> 0.338 ms per image at 64,
-        the same heat map bit for bit for its image: BENCHMARKS.md, tenth session). On the CPU the kernels
-        round differently in NHWC, so the test engine applies it on CUDA only."""
-        for module in self.backbone.channels_last_modules():
+        the same heat map bit for bit for its image: BENCHMARKS.md, tenth session; float32 not
+        measured). On the CPU the kernels round differently in NHWC, so the model type applies it on
+        CUDA only. A backbone without such layers (DLA) leaves the heads as they are too."""
+        trunk = self.backbone.channels_last_modules()
+        for module in trunk + ([self.heads] if trunk else []):
             module.to(memory_format=torch.channels_last)
-        if self.backbone.channels_last_modules():
-            self.heads.to(memory_format=torch.channels_last)
 
     def forward(self, images, targets=None):
         outputs = self.heads(self.backbone(images))
