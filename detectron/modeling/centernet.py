@@ -149,13 +149,17 @@ def detect_batch(model, samples, params):
     if not samples:
         return []
     device = next(model.parameters()).device
-    dets = []
+    # Each scale's detections go straight to (pinned) host memory, queued before the next scale's
+    # replay rewrites the graph's output buffer; one wait for all of them.
+    dets = torch.empty((len(params.scales), len(samples), params.K, 6), dtype=torch.float32,
+                       pin_memory=device.type == 'cuda')
     with torch.no_grad():
         for i in range(len(params.scales)):
             images = _inputs_on_device([sample['inputs'][i] for sample in samples], device)
-            # clone: a graph's output buffer is rewritten by the next scale's replay
-            dets.append(forward_decode(model, images, params).clone())
-    dets = torch.stack(dets).cpu().numpy()
+            dets[i].copy_(forward_decode(model, images, params), non_blocking=True)
+    if device.type == 'cuda':
+        torch.cuda.current_stream(device).synchronize()
+    dets = dets.numpy()
     return [merge_image_detections([image_detections(dets[i, b], sample['metas'][i], scale)
                                     for i, scale in enumerate(params.scales)],
                                    params.input.num_classes, max_per_image=params.max_per_image,

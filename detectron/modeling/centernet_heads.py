@@ -294,11 +294,31 @@ def ctdet_scale_detections(dets, meta, scale, num_classes):
 def _input_image_boxes(dets, c, s, h, w):
     """Decoded dets (K, 6) of one image -> float32 (K, 5) [x1, y1, x2, y2, score], both corners
     through the inverse affine of (c, s) and the (w, h) output grid."""
-    trans = get_affine_transform(c, s, 0, (w, h), inv=1)
+    trans = _inverse_affine(c, s, w, h)
     boxes = np.empty((dets.shape[0], 5), dtype=np.float32)
     boxes[:, :4] = _affine_corners(dets[:, :4], trans)
     boxes[:, 4] = dets[:, 4]
     return boxes
+
+
+# get_affine_transform(c, s, 0, (w, h), inv=1) by its arguments' values: a test set has few image
+# sizes, and cv2's solve costs about a third of an image's host post-processing.
+_INVERSE_AFFINES = {}
+_MAX_INVERSE_AFFINES = 4096
+
+
+def _inverse_affine(c, s, w, h):
+    """get_affine_transform(c, s, 0, (w, h), inv=1), the same array for the same values (read-only)."""
+    c, s = np.asarray(c), np.asarray(s)
+    key = (c.dtype.str, c.shape, c.tobytes(), s.dtype.str, s.shape, s.tobytes(), w, h)
+    trans = _INVERSE_AFFINES.get(key)
+    if trans is None:
+        if len(_INVERSE_AFFINES) >= _MAX_INVERSE_AFFINES:
+            _INVERSE_AFFINES.clear()
+        trans = get_affine_transform(c, s, 0, (w, h), inv=1)
+        trans.flags.writeable = False
+        _INVERSE_AFFINES[key] = trans
+    return trans
 
 
 def _affine_corners(corners, trans):

@@ -13,6 +13,10 @@ the bilinear sampling stay in float32 (a bfloat16 position would be off by up to
 and the matmul follows autocast like any convolution. tests/modeling/test_dcn.py checks both against a
 loop-by-loop DCNv2.
 
+Inference on CUDA (no gradient asked) samples by one Triton kernel with DCNv2's own bilinear
+arithmetic instead, writing the masked columns once in the matmul's dtype: grid_sample's path passes
+three times over the columns, the largest tensor of the up-sampling path.
+
 The offset/mask layout is DCNv2's: for kernel tap t = i * kw + j, offset channel 2t is the vertical
 and 2t + 1 the horizontal displacement and mask channel t the modulation; a sample at (y, x) is the
 bilinear interpolation of its four neighbours, those outside the image reading zero (zero unless
@@ -25,6 +29,17 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # grid_sample does the sampling everywhere
+    triton = None
+
+# The kernel computes in float32: float64 inputs keep grid_sample's float64 path.
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_KERNEL_BLOCK_CHANNELS = 32
+_KERNEL_BLOCK_PIXELS = 64
 
 
 class DCN(nn.Module):
@@ -58,8 +73,10 @@ class DCN(nn.Module):
         nn.init.zeros_(self.conv_offset_mask.bias)
 
     def forward(self, x):
-        offset_head, offset_tail, mask_logits = torch.chunk(self.conv_offset_mask(x), 3, dim=1)
-        offset = torch.cat((offset_head, offset_tail), dim=1)
+        offset_mask = self.conv_offset_mask(x)
+        # cat(o1, o2) of the three chunks is the first two thirds of the channels, as they are.
+        taps = self.kernel_size * self.kernel_size
+        offset, mask_logits = offset_mask[:, :2 * taps], offset_mask[:, 2 * taps:]
         return modulated_deform_conv2d(x, offset, torch.sigmoid(mask_logits), self.weight, self.bias,
                                        stride=self.stride, padding=self.padding)
 
@@ -71,12 +88,26 @@ class DCN(nn.Module):
 def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0):
     """DCNv2 of x (N, C, H, W) with offsets (N, 2 * taps, Ho, Wo), masks (N, taps, Ho, Wo) and a
     (O, C, kh, kw) weight -> (N, O, Ho, Wo); one offset group, dilation 1."""
-    n, channels, height, width = x.shape
+    n, channels = x.shape[:2]
     out_channels, _, kh, kw = weight.shape
+    out_h, out_w = offset.shape[-2:]
+    if _use_sampling_kernel(x, offset, mask, weight):
+        columns = sampled_columns_triton(x, offset, mask, kh, kw, stride, padding)
+    else:
+        columns = sampled_columns(x, offset, mask, kh, kw, stride, padding)
+    out = torch.matmul(weight.reshape(out_channels, -1), columns)
+    return (out + bias.view(-1, 1).to(out.dtype)).view(n, out_channels, out_h, out_w)
+
+
+def sampled_columns(x, offset, mask, kh, kw, stride, padding):
+    """DCNv2's masked im2col columns (N, C * taps, Ho * Wo), row c * taps + t: channel c of x
+    sampled bilinearly at tap t's displaced positions, times tap t's mask; float32 (float64 for
+    float64 inputs), by grid_sample (differentiable)."""
+    n, channels, height, width = x.shape
     out_h, out_w = offset.shape[-2:]
     taps = kh * kw
     sample_dtype = torch.promote_types(x.dtype, torch.float32)
-    offset = offset.to(sample_dtype).view(n, taps, 2, out_h, out_w)
+    offset = offset.to(sample_dtype).reshape(n, taps, 2, out_h, out_w)
     tap_y, tap_x = _tap_positions(kh, kw, out_h, out_w, stride, padding, x.device, sample_dtype)
     sample_y = tap_y + offset[:, :, 0]
     sample_x = tap_x + offset[:, :, 1]
@@ -85,8 +116,7 @@ def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0):
     columns = F.grid_sample(x.to(sample_dtype), grid.view(n, taps * out_h, out_w, 2), mode='bilinear',
                             padding_mode='zeros', align_corners=False)
     columns = columns.view(n, channels, taps, out_h * out_w) * mask.to(sample_dtype).view(n, 1, taps, -1)
-    out = torch.matmul(weight.reshape(out_channels, channels * taps), columns.view(n, channels * taps, -1))
-    return (out + bias.view(-1, 1).to(out.dtype)).view(n, out_channels, out_h, out_w)
+    return columns.view(n, channels * taps, -1)
 
 
 def _tap_positions(kh, kw, out_h, out_w, stride, padding, device, dtype):
@@ -108,3 +138,76 @@ def _make_tap_positions(kh, kw, out_h, out_w, stride, padding, device, dtype):
 
 
 _cached_tap_positions = functools.lru_cache(maxsize=256)(_make_tap_positions)
+
+
+def _use_sampling_kernel(x, offset, mask, weight):
+    """The Triton kernel serves CUDA inference: no gradient asked, 16- or 32-bit inputs."""
+    if triton is None or not x.is_cuda:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, offset, mask, weight)):
+        return False
+    return all(t.dtype in _KERNEL_DTYPES for t in (x, offset, mask))
+
+
+def sampled_columns_triton(x, offset, mask, kh, kw, stride, padding):
+    """sampled_columns of CUDA tensors by one Triton kernel, without gradient: DCNv2's own
+    arithmetic (dmcn_im2col_bilinear: positions in pixels, float32 weights and sum, times the mask),
+    the columns written once in the dtype the matmul takes them in (autocast's, else float32).
+    grid_sample's path writes float32 columns, multiplies them by the mask and autocast casts them:
+    three passes over the largest tensor of the up-sampling path."""
+    n, channels, height, width = x.shape
+    out_h, out_w = offset.shape[-2:]
+    pixels = out_h * out_w
+    if torch.is_autocast_enabled('cuda'):
+        dtype = torch.get_autocast_dtype('cuda')
+    else:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+    columns = torch.empty((n, channels * kh * kw, pixels), dtype=dtype, device=x.device)
+    grid = (triton.cdiv(pixels, _KERNEL_BLOCK_PIXELS), triton.cdiv(channels, _KERNEL_BLOCK_CHANNELS), n)
+    _sampled_columns_kernel[grid](x, offset, mask, columns, channels, height, width, out_w, pixels,
+                                  *x.stride(), *offset.stride(), *mask.stride(), stride, padding,
+                                  KH=kh, KW=kw, BLOCK_C=_KERNEL_BLOCK_CHANNELS, BLOCK_P=_KERNEL_BLOCK_PIXELS)
+    return columns
+
+
+if triton is not None:
+    @triton.jit
+    def _sampled_columns_kernel(x_ptr, offset_ptr, mask_ptr, out_ptr, channels, height, width, out_w, pixels,
+                                x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw, m_sn, m_sc, m_sh, m_sw,
+                                stride, padding, KH: tl.constexpr, KW: tl.constexpr,
+                                BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+        """One image's block of channels x output pixels, every tap: out[n, c * taps + t, p]."""
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        n = tl.program_id(2).to(tl.int64)
+        p_in, c_in = p < pixels, c < channels
+        oy, ox = p // out_w, p % out_w
+        x_channels = x_ptr + n * x_sn + c[:, None].to(tl.int64) * x_sc
+        offsets = offset_ptr + n * o_sn + oy * o_sh + ox * o_sw
+        masks = mask_ptr + n * m_sn + oy * m_sh + ox * m_sw
+        out_rows = out_ptr + (n * channels + c[:, None]) * (KH * KW * pixels) + p[None, :]
+        for t in tl.static_range(KH * KW):
+            dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
+            dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
+            m = tl.load(masks + t * m_sc, mask=p_in, other=0.0).to(tl.float32)
+            y = (oy * stride - padding + t // KW).to(tl.float32) + dy
+            x = (ox * stride - padding + t % KW).to(tl.float32) + dx
+            # DCNv2 samples only inside -1 < y < H, -1 < x < W (NaN positions fail too).
+            inside = p_in & (y > -1.0) & (x > -1.0) & (y < height) & (x < width)
+            y_low, x_low = tl.floor(y), tl.floor(x)
+            ly, lx = y - y_low, x - x_low
+            hy, hx = 1.0 - ly, 1.0 - lx
+            y0 = tl.where(inside, y_low, 0.0).to(tl.int64)
+            x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
+            top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
+            left, right = x0 >= 0, x0 + 1 < width
+            corner = x_channels + (y0 * x_sh + x0 * x_sw)[None, :]
+            rows_in = c_in[:, None]
+            v1 = tl.load(corner, mask=rows_in & (top & left)[None, :], other=0.0).to(tl.float32)
+            v2 = tl.load(corner + x_sw, mask=rows_in & (top & right)[None, :], other=0.0).to(tl.float32)
+            v3 = tl.load(corner + x_sh, mask=rows_in & (bottom & left)[None, :], other=0.0).to(tl.float32)
+            v4 = tl.load(corner + x_sh + x_sw, mask=rows_in & (bottom & right)[None, :], other=0.0).to(tl.float32)
+            value = ((hy * hx)[None, :] * v1 + (hy * lx)[None, :] * v2
+                     + (ly * hx)[None, :] * v3 + (ly * lx)[None, :] * v4)
+            value = tl.where(inside[None, :], value, 0.0) * m[None, :]
+            tl.store(out_rows + t * pixels, value.to(out_ptr.dtype.element_ty), mask=rows_in & p_in[None, :])

@@ -181,11 +181,73 @@ def test_cached_tap_positions_give_the_first_call_s_result_bit_for_bit(device):
     offset = offset + 0.37
     dcn._cached_tap_positions.cache_clear()
     with torch.no_grad():
-        first = modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
-        second = modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
+        first = dcn.sampled_columns(x, offset, mask, 3, 3, 1, 1)
+        second = dcn.sampled_columns(x, offset, mask, 3, 3, 1, 1)
     assert torch.equal(first, second)
     assert dcn._cached_tap_positions.cache_info().hits == 1
     x, offset, mask = (t[..., :-3].contiguous() for t in (x, offset, mask))
-    narrower = modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
-    assert narrower.shape[-1] == first.shape[-1] - 3
+    narrower = dcn.sampled_columns(x, offset, mask, 3, 3, 1, 1)
+    assert narrower.shape[-1] == first.shape[-1] - 3 * x.shape[-2]
     assert dcn._cached_tap_positions.cache_info().currsize == 2
+
+
+needs_triton_gpu = pytest.mark.skipif(not torch.cuda.is_available() or dcn.triton is None,
+                                      reason='the sampling kernel needs CUDA and Triton')
+
+
+def _kernel_case(seed, layout, stride):
+    """float32 CUDA inputs whose offsets reach up to ~9 px (outside the map too), the offsets and
+    masks strided views of one predictor output as DCN passes them."""
+    x, offset, mask, weight, bias = (t.float().cuda() for t in _random_dcn_inputs(seed=seed, channels=37,
+                                                                                  height=13, width=17))
+    if stride == 2:
+        offset, mask = offset[..., ::2, ::2], mask[..., ::2, ::2]
+    raw = torch.cat((offset + 0.37, mask), dim=1)
+    if layout == 'channels_last':
+        x, raw = x.contiguous(memory_format=torch.channels_last), raw.contiguous(memory_format=torch.channels_last)
+    return x, raw[:, :18], raw[:, 18:], weight, bias
+
+
+@needs_triton_gpu
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('stride', [1, 2])
+def test_sampling_kernel_equals_grid_sample_columns_and_the_loop_dcn_v2(layout, stride):
+    x, offset, mask, weight, bias = _kernel_case(3, layout, stride)
+    assert not offset.is_contiguous() and offset.abs().max() > 8
+    kernel = dcn.sampled_columns_triton(x, offset, mask, 3, 3, stride, 1)
+    expected = dcn.sampled_columns(x, offset, mask, 3, 3, stride, 1)
+    assert kernel.dtype == torch.float32 and kernel.shape == expected.shape
+    assert (expected == 0).float().mean() > 0.05  # samples outside the map
+    torch.testing.assert_close(kernel, expected, rtol=1e-5, atol=1e-5)
+    # The whole convolution against the float64 loop-by-loop DCNv2 (its predictor output given).
+    logits = torch.log(mask / (1 - mask))
+    raw = torch.cat((offset, logits), dim=1).double().cpu().numpy()
+    reference = _dcn_v2_numpy(x.double().cpu().numpy(), raw, weight.double().cpu().numpy(),
+                              bias.double().cpu().numpy(), stride, 1)
+    with torch.no_grad():
+        got = modulated_deform_conv2d(x, offset, mask, weight, bias, stride=stride, padding=1)
+    np.testing.assert_allclose(got.double().cpu().numpy(), reference, rtol=1e-4, atol=1e-4)
+
+
+@needs_triton_gpu
+def test_sampling_kernel_writes_autocast_s_dtype_and_serves_only_inference(monkeypatch):
+    x, offset, mask, weight, bias = _kernel_case(4, 'channels_last', 1)
+    x, offset = x.bfloat16(), offset.bfloat16()
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        kernel = dcn.sampled_columns_triton(x, offset, mask, 3, 3, 1, 1)
+    assert kernel.dtype == torch.bfloat16
+    expected = dcn.sampled_columns(x, offset, mask, 3, 3, 1, 1).bfloat16()
+    # Equal up to the float32 sum's last bits, which may round to the neighbouring bfloat16.
+    torch.testing.assert_close(kernel.float(), expected.float(), rtol=8e-3, atol=1e-5)
+    assert (kernel == expected).float().mean() > 0.99
+    calls = []
+    monkeypatch.setattr(dcn, 'sampled_columns_triton', lambda *a: calls.append(a) or dcn.sampled_columns(*a))
+    with torch.no_grad():
+        modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
+    assert len(calls) == 1
+    weight.requires_grad_()
+    modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1).sum().backward()
+    assert len(calls) == 1 and weight.grad is not None
+    with torch.no_grad():
+        modulated_deform_conv2d(*(t.detach().double() for t in (x, offset, mask, weight, bias)), padding=1)
+    assert len(calls) == 1
