@@ -38,8 +38,8 @@ except ImportError:  # grid_sample does the sampling everywhere
 
 # The kernel computes in float32: float64 inputs keep grid_sample's float64 path.
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_KERNEL_BLOCK_CHANNELS = 32
-_KERNEL_BLOCK_PIXELS = 64
+_KERNEL_BLOCK_CHANNELS = 8
+_KERNEL_BLOCK_PIXELS = 128
 
 
 class DCN(nn.Module):
@@ -155,6 +155,7 @@ def sampled_columns_triton(x, offset, mask, kh, kw, stride, padding):
     the columns written once in the dtype the matmul takes them in (autocast's, else float32).
     grid_sample's path writes float32 columns, multiplies them by the mask and autocast casts them:
     three passes over the largest tensor of the up-sampling path."""
+    x = x.contiguous()  # the kernel reads along a channel's rows
     n, channels, height, width = x.shape
     out_h, out_w = offset.shape[-2:]
     pixels = out_h * out_w
@@ -176,16 +177,18 @@ if triton is not None:
                                 x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw, m_sn, m_sc, m_sh, m_sw,
                                 stride, padding, KH: tl.constexpr, KW: tl.constexpr,
                                 BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
-        """One image's block of channels x output pixels, every tap: out[n, c * taps + t, p]."""
+        """out[n, c * taps + t, p] for one image's block of output pixels and of channels. As
+        grid_sample does, the threads run along the pixels and each works through the channels,
+        so that neighbouring threads read neighbouring pixels of one channel plane."""
         p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        first_channel = tl.program_id(1) * BLOCK_C
         n = tl.program_id(2).to(tl.int64)
-        p_in, c_in = p < pixels, c < channels
+        p_in = p < pixels
         oy, ox = p // out_w, p % out_w
-        x_channels = x_ptr + n * x_sn + c[:, None].to(tl.int64) * x_sc
         offsets = offset_ptr + n * o_sn + oy * o_sh + ox * o_sw
         masks = mask_ptr + n * m_sn + oy * m_sh + ox * m_sw
-        out_rows = out_ptr + (n * channels + c[:, None]) * (KH * KW * pixels) + p[None, :]
+        x_image = x_ptr + n * x_sn
+        out_image = out_ptr + n * channels * (KH * KW * pixels) + p
         for t in tl.static_range(KH * KW):
             dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
             dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
@@ -197,17 +200,20 @@ if triton is not None:
             y_low, x_low = tl.floor(y), tl.floor(x)
             ly, lx = y - y_low, x - x_low
             hy, hx = 1.0 - ly, 1.0 - lx
+            w1, w2, w3, w4 = hy * hx, hy * lx, ly * hx, ly * lx
             y0 = tl.where(inside, y_low, 0.0).to(tl.int64)
             x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
             top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
             left, right = x0 >= 0, x0 + 1 < width
-            corner = x_channels + (y0 * x_sh + x0 * x_sw)[None, :]
-            rows_in = c_in[:, None]
-            v1 = tl.load(corner, mask=rows_in & (top & left)[None, :], other=0.0).to(tl.float32)
-            v2 = tl.load(corner + x_sw, mask=rows_in & (top & right)[None, :], other=0.0).to(tl.float32)
-            v3 = tl.load(corner + x_sh, mask=rows_in & (bottom & left)[None, :], other=0.0).to(tl.float32)
-            v4 = tl.load(corner + x_sh + x_sw, mask=rows_in & (bottom & right)[None, :], other=0.0).to(tl.float32)
-            value = ((hy * hx)[None, :] * v1 + (hy * lx)[None, :] * v2
-                     + (ly * hx)[None, :] * v3 + (ly * lx)[None, :] * v4)
-            value = tl.where(inside[None, :], value, 0.0) * m[None, :]
-            tl.store(out_rows + t * pixels, value.to(out_ptr.dtype.element_ty), mask=rows_in & p_in[None, :])
+            corner = x_image + y0 * x_sh + x0 * x_sw
+            for k in tl.static_range(BLOCK_C):
+                c = first_channel + k
+                valid = c < channels
+                plane = corner + c * x_sc
+                v1 = tl.load(plane, mask=valid & top & left, other=0.0).to(tl.float32)
+                v2 = tl.load(plane + x_sw, mask=valid & top & right, other=0.0).to(tl.float32)
+                v3 = tl.load(plane + x_sh, mask=valid & bottom & left, other=0.0).to(tl.float32)
+                v4 = tl.load(plane + x_sh + x_sw, mask=valid & bottom & right, other=0.0).to(tl.float32)
+                value = tl.where(inside, w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, 0.0) * m
+                tl.store(out_image + (c * (KH * KW) + t) * pixels, value.to(out_ptr.dtype.element_ty),
+                         mask=valid & p_in)
