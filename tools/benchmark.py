@@ -235,6 +235,13 @@ def build_ours(device, num_classes=None):
         return model_builder.create(cfg).to(device)
 
 
+def build_ours_for_training(device, precision):
+    """build_ours prepared as train_net prepares it (the model type's prepare_for_training, with
+    SOLVER.AMP.ENABLED as the precision says)."""
+    with cfg_values({'SOLVER.AMP.ENABLED': precision != 'fp32'}):
+        return model_builder.get_model_type(cfg).prepare_for_training(cfg, build_ours(device))
+
+
 def torchvision_settings(height, width):
     """FasterRCNN keyword arguments from our cfg (with the KL config they are torchvision's
     defaults), so that overriding our RPN / RoI settings keeps the work equal; no resize of
@@ -492,7 +499,7 @@ def train_row(name, model, batches, box_head, batch, device, precision, lr, prim
 
 def ours_train_row(args, batch, height, width, boxes, device, precision):
     images, gt_boxes, labels = synthetic_batch(batch, height, width, boxes, cfg.MODEL.NUM_CLASSES)
-    ours = build_ours(device)
+    ours = build_ours_for_training(device, precision)
     name = 'ours ({}, FREEZE_AT {})'.format(os.path.basename(args.cfg), cfg.TRAIN.FREEZE_AT)
     return train_row(name, ours, [ours_train_inputs(images, gt_boxes, labels, device)], ours.box_head,
                      batch, device, precision, args.lr)
@@ -710,7 +717,7 @@ def centernet_rows(args, device, precision):
     from detectron.roi_data.centernet import ctdet_train_sample
     train_batch, test_batch = (args.centernet_batch + args.centernet_batch[-1:])[:2]
     res = cfg.CENTERNET.INPUT_RES
-    model = build_ours(device)
+    model = build_ours_for_training(device, precision)
     params = centernet_builder.ctdet_params(cfg)
     rng = np.random.RandomState(0)
     images = synthetic_images(train_batch, res, res, 0)
@@ -897,7 +904,7 @@ def replayed_train_row(args, batch, device, precision):
     without its loader, logging and checkpoints (one pass over them before timing, as train_net
     met each batch shape before its window)."""
     batches = [train_engine.to_device(b, device) for b in train_net_batches(args, batch)]
-    ours = build_ours(device)
+    ours = build_ours_for_training(device, precision)
     name = "ours, train_net's batches of iterations {}-{} replayed from memory".format(
         args.loop_warmup, args.loop_iters - 1)
     return train_row(name, ours, batches, ours.box_head, batch, device, precision, args.lr, prime=True)

@@ -81,7 +81,7 @@ def train_worker(cfg_snapshot):
     # Anchor and RoI sampling draw from torch's generator: give every rank its own stream.
     torch.manual_seed(cfg.RNG_SEED + distributed.get_rank())
     np.random.seed(cfg.RNG_SEED + distributed.get_rank())
-    model = with_sync_batchnorm(model, device)
+    model = model_type.prepare_for_training(cfg, with_sync_batchnorm(model, device))
     schedule = lr_schedule()
     optimizer = build_optimizer(
         model, base_lr=schedule.lr_at(0), momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY,

@@ -59,6 +59,12 @@ class ModelType:
     def detector(self, cfg):
         raise NotImplementedError
 
+    def prepare_for_training(self, cfg, model):
+        """The new model on its training device made ready for training, before its weights are
+        loaded and its optimizer is built (e.g. stored in a faster memory layout); returns it.
+        Unchanged by default."""
+        return model
+
     def prepare_for_inference(self, cfg, model):
         """The loaded model (on its device, in eval mode) made ready for detector(cfg), e.g. stored
         in a faster memory layout; returns it. Unchanged by default."""

@@ -282,3 +282,53 @@ def test_two_gloo_workers_with_unequal_batches_and_iter_size_take_the_hand_ddp_s
     _accumulate_gradients(rank0_alone, _first_batches(2, 0, [2, 1]))
     _hand_sgd_step(rank0_alone, SHAPES_LR)
     assert max((final['model'][k] - v).abs().max() for k, v in rank0_alone.state_dict().items()) > 1e-4
+
+
+def test_channels_last_body_gives_the_losses_and_gradients_of_the_nchw_body(tiny_catalog, tmp_path):
+    """GeneralizedRCNN.use_channels_last changes the memory layout only: on the CPU its kernels round
+    differently, so the losses and gradients agree to float32 noise."""
+    use_tiny_config(tiny_catalog, tmp_path)
+    batch = _first_batches(1)[0]
+    nchw = _initial_model()
+    nhwc = _initial_model()
+    nhwc.use_channels_last()
+    assert nhwc.conv_body.body.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not nhwc.conv_body.body.conv1.weight.is_contiguous()
+    assert nchw.conv_body.body.conv1.weight.is_contiguous()
+    losses = {}
+    for name, model in (('nchw', nchw), ('nhwc', nhwc)):
+        torch.manual_seed(5)  # the same anchor and RoI samples
+        _accumulate_gradients(model, [batch])
+        torch.manual_seed(5)
+        losses[name] = {k: v.item() for k, v in model(*batch).items() if k.startswith('loss')}
+    assert losses['nchw'].keys() == losses['nhwc'].keys() and len(losses['nchw']) > 4
+    for key, value in losses['nchw'].items():
+        assert losses['nhwc'][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    grads = dict((n, p.grad) for n, p in nhwc.named_parameters() if p.grad is not None)
+    for name, p in nchw.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_the_engine_prepares_the_model_before_building_its_optimizer(tiny_catalog, tmp_path, monkeypatch):
+    """prepare_for_training runs on the model the optimizer then holds; the R-CNN type stores the body
+    channels_last only for autocast on CUDA, so this bfloat16 run on the CPU keeps NCHW unless forced."""
+    use_tiny_config(tiny_catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16',
+                    'SOLVER.MAX_ITER', '2')
+    model_type = model_builder.get_model_type(cfg)
+    assert not model_type.prepare_for_training(cfg, model_builder.create(cfg)).channels_last
+    events = []
+
+    def forced(self, cfg, model):
+        model.use_channels_last()
+        events.append(('prepare', model))
+        return model
+
+    build_optimizer = train_engine.build_optimizer
+    monkeypatch.setattr(type(model_type), 'prepare_for_training', forced)
+    monkeypatch.setattr(train_engine, 'build_optimizer',
+                        lambda model, **kw: events.append(('optimizer', model)) or build_optimizer(model, **kw))
+    trained = _train(tmp_path)
+    assert [event for event, _ in events] == ['prepare', 'optimizer'] and events[0][1] is events[1][1]
+    assert all(torch.isfinite(value).all() for value in trained.values())
+    assert _changed_count(trained, _initial_model().state_dict()) > 0.9 * len(trained)
