@@ -33,6 +33,13 @@ SHAPES_LR = float(np.float32(0.02))
 STEM_CONV = 'conv_body.body.conv1.weight'
 
 
+@pytest.fixture(autouse=True)
+def train_on_the_cpu(monkeypatch):
+    """The expected values are computed on the CPU: on a machine with a GPU the engine would train on
+    it, where the same arithmetic rounds differently."""
+    monkeypatch.setattr(distributed, 'get_device', lambda: torch.device('cpu'))
+
+
 def _train(output_dir):
     """train_model with the current cfg; returns the state_dict of model_final.pth."""
     train_engine.train_model()
