@@ -88,7 +88,7 @@ class DCN(nn.Module):
 def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0):
     """DCNv2 of x (N, C, H, W) with offsets (N, 2 * taps, Ho, Wo), masks (N, taps, Ho, Wo) and a
     (O, C, kh, kw) weight -> (N, O, Ho, Wo); one offset group, dilation 1."""
-    n, channels = x.shape[:2]
+    n = x.shape[0]
     out_channels, _, kh, kw = weight.shape
     out_h, out_w = offset.shape[-2:]
     if _use_sampling_kernel(x, offset, mask, weight):
