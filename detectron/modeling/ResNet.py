@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from detectron.modeling.norm import norm_factory
+from detectron.modeling.norm import norm_factory, norm_relu
 from detectron.utils.errors import ConfigValueError
 
 # depth -> (blocks in res2, res3, res4, res5); Detectron ResNet.py add_ResNet{50,101,152}_conv5_body.
@@ -47,7 +47,9 @@ def _conv(dim_in, dim_out, kernel, stride=1, groups=1):
 
 
 class _ResidualBlock(nn.Module):
-    """relu(transform(x) + shortcut(x)); the shortcut projects (branch1) iff dims differ."""
+    """relu(last_norm(transform(x)) + shortcut(x)); the shortcut projects (branch1) iff dims
+    differ. transform runs the residual branch up to its last conv: that conv's norm, the sum and
+    the ReLU are one pass for the frozen affine (norm_relu)."""
 
     def _add_shortcut(self, dim_in, dim_out, stride, make_norm):
         # Detectron's basic_bn_shortcut: identity when dim_in == dim_out, else 1x1 conv + norm.
@@ -58,7 +60,7 @@ class _ResidualBlock(nn.Module):
 
     def forward(self, x):
         shortcut = self.branch1_bn(self.branch1(x)) if self.has_projection else x
-        return F.relu(self.transform(x) + shortcut, inplace=True)
+        return norm_relu(self.last_norm(), self.transform(x), residual=shortcut)
 
 
 class BottleneckBlock(_ResidualBlock):
@@ -81,9 +83,12 @@ class BottleneckBlock(_ResidualBlock):
         self._add_shortcut(dim_in, dim_out, stride, make_norm)
 
     def transform(self, x):
-        x = F.relu(self.branch2a_bn(self.branch2a(x)), inplace=True)
-        x = F.relu(self.branch2b_bn(self.branch2b(x)), inplace=True)
-        return self.branch2c_bn(self.branch2c(x))
+        x = norm_relu(self.branch2a_bn, self.branch2a(x))
+        x = norm_relu(self.branch2b_bn, self.branch2b(x))
+        return self.branch2c(x)
+
+    def last_norm(self):
+        return self.branch2c_bn
 
 
 class BasicBlock(_ResidualBlock):
@@ -98,8 +103,11 @@ class BasicBlock(_ResidualBlock):
         self._add_shortcut(dim_in, dim_out, stride, make_norm)
 
     def transform(self, x):
-        x = F.relu(self.branch2a_bn(self.branch2a(x)), inplace=True)
-        return self.branch2b_bn(self.branch2b(x))
+        x = norm_relu(self.branch2a_bn, self.branch2a(x))
+        return self.branch2b(x)
+
+    def last_norm(self):
+        return self.branch2b_bn
 
 
 class ResNet(nn.Module):
@@ -178,7 +186,7 @@ class ResNet(nn.Module):
         return self
 
     def forward(self, x):
-        x = F.relu(self.res_conv1_bn(self.conv1(x)), inplace=True)
+        x = norm_relu(self.res_conv1_bn, self.conv1(x))
         x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
         outputs = []
         for name in STAGE_NAMES:

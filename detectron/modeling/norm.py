@@ -10,8 +10,10 @@ checkpoints map by name.
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from detectron.modeling.affine_relu import affine, affine_relu
 from detectron.utils.errors import ConfigValueError
 
 NORM_KINDS = ('affine', 'gn', 'bn')
@@ -31,14 +33,29 @@ class AffineChannel(nn.Module):
         self.register_buffer('bias', torch.zeros(num_channels))
 
     def forward(self, x):
-        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return affine(x, *self._in_dtype_of(x))
+
+    def forward_relu(self, x, residual=None):
+        """relu(self(x) (+ residual)), in one pass where affine_relu's kernel serves."""
+        return affine_relu(x, *self._in_dtype_of(x), residual)
+
+    def _in_dtype_of(self, x):
         # Cast so half-precision activations stay half instead of promoting to float32.
-        weight = self.weight.to(x.dtype).view(shape)
-        bias = self.bias.to(x.dtype).view(shape)
-        return torch.addcmul(bias, x, weight)
+        return self.weight.to(x.dtype), self.bias.to(x.dtype)
 
     def extra_repr(self):
         return 'num_channels={}'.format(self.weight.numel())
+
+
+def norm_relu(norm, x, residual=None):
+    """relu(norm(x) (+ residual)): the frozen affine's fused pass (AffineChannel.forward_relu),
+    other norms as three operations."""
+    if isinstance(norm, AffineChannel):
+        return norm.forward_relu(x, residual)
+    y = norm(x)
+    if residual is not None:
+        y = y + residual
+    return F.relu(y, inplace=True)
 
 
 def group_norm_groups(dim, num_groups=32, dim_per_group=-1):

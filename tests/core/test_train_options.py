@@ -35,9 +35,11 @@ STEM_CONV = 'conv_body.body.conv1.weight'
 
 @pytest.fixture(autouse=True)
 def train_on_the_cpu(monkeypatch):
-    """The expected values are computed on the CPU: on a machine with a GPU the engine would train on
-    it, where the same arithmetic rounds differently."""
-    monkeypatch.setattr(distributed, 'get_device', lambda: torch.device('cpu'))
+    """The expected values are computed on the CPU: on a machine with a GPU the engine (and the
+    launcher, which would ask for NUM_GPUS CUDA devices) would train on it, where the same
+    arithmetic rounds differently. Spawned workers inherit the hidden devices."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
 
 
 def _train(output_dir):

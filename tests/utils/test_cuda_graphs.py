@@ -380,7 +380,9 @@ def test_rcnn_training_prepared_channels_last_under_autocast_keeps_its_graphs_an
             step_losses.append({k: v.item() for k, v in losses.items()})
         assert step_losses[1].keys() == step_losses[0].keys()
         for key, value in step_losses[0].items():
-            assert step_losses[1][key] == pytest.approx(value, rel=2e-2, abs=1e-4), (step, key)
+            # An accuracy moves in steps of one RoI (1/256 here): bfloat16 noise may flip two.
+            tolerance = dict(abs=2 / 256) if key.startswith('accuracy') else dict(rel=2e-2, abs=1e-4)
+            assert step_losses[1][key] == pytest.approx(value, **tolerance), (step, key)
         for (name, a), b in zip(nchw.named_parameters(), nhwc.parameters()):
             if a.grad is not None:
                 error = float((b.grad - a.grad).norm() / a.grad.norm().clamp(min=1e-12))
