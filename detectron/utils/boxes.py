@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torchvision
 
-from detectron.utils import cython_bbox, cython_nms
+from detectron.utils import bitmask_nms, cython_bbox, cython_nms
 
 # (N, 4) x (K, 4) IoU matrix, Detectron's compiled kernel (float32).
 bbox_overlaps = cython_bbox.bbox_overlaps
@@ -233,18 +233,22 @@ def batched_nms_t(boxes, scores, idxs, thresh):
 
     On the CPU each group goes through Detectron's own kernel (lib/cython_nms: its IoU arithmetic,
     which torchvision's +1-shifted corners and per-group coordinate offsets round apart near the
-    threshold, and its visiting order). On CUDA, `matrix_batched_nms_t` (the kernel's arithmetic)
-    gives the result without torchvision's per-group host round trips (its kernel scans the
-    suppression mask on the CPU, once per group), as long as the padded pair matrix stays under
-    MATRIX_NMS_MAX_PAIRS; beyond it, torchvision's.
+    threshold, and its visiting order). On CUDA the same arithmetic by bitmask_nms' two Triton
+    kernels for all groups at once (groups of up to MAX_GROUP_SIZE boxes), without torchvision's
+    per-group host round trips (its kernel scans the suppression mask once per group, past 20000
+    boxes each group a call); without Triton by `matrix_batched_nms_t` while the padded pair matrix
+    stays under MATRIX_NMS_MAX_PAIRS; beyond both, torchvision's.
     """
     if not boxes.is_cuda:
         return _detectron_batched_nms(boxes, scores, idxs, thresh)
     torchvision_thresh = torchvision_nms_thresh(thresh)
     if boxes.numel():
-        counts = torch.unique(idxs, return_counts=True)[1]
-        if counts.numel() * int(counts.max()) ** 2 <= MATRIX_NMS_MAX_PAIRS:
-            return matrix_batched_nms_t(boxes, scores, idxs, torchvision_thresh)
+        slots, counts = _grouped_by_score(scores, idxs)
+        if bitmask_nms.available(boxes.device) and slots.shape[1] <= bitmask_nms.MAX_GROUP_SIZE:
+            keep = bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, torchvision_thresh)
+            return _kept_in_score_order(slots, keep, scores)
+        if slots.numel() * slots.shape[1] <= MATRIX_NMS_MAX_PAIRS:
+            return _kept_in_score_order(slots, _matrix_keep(boxes, slots, torchvision_thresh), scores)
     return _later_first(lambda rev: torchvision.ops.batched_nms(
         _plus_one_corners_t(boxes[rev]), scores[rev], idxs[rev], torchvision_thresh), boxes.shape[0], boxes.device)
 
@@ -262,20 +266,41 @@ def _detectron_batched_nms(boxes, scores, idxs, thresh):
 def matrix_batched_nms_t(boxes, scores, idxs, thresh):
     """Greedy NMS per group as tensor operations: the same kept set as torchvision's batched_nms
     (IoU > thresh with +1 areas), in descending score order, of equal scores the later box first
-    (Detectron's order).
+    (Detectron's order)."""
+    slots, _ = _grouped_by_score(scores, idxs)
+    return _kept_in_score_order(slots, _matrix_keep(boxes, slots, thresh), scores)
 
-    Boxes are grouped and sorted by score into a padded (groups, M) layout; S[g, j, i] says that box
-    j, earlier in score order, would suppress box i. Greedy NMS keeps i iff no KEPT earlier box
-    suppresses it, a recursion over positions; iterating keep <- not any_j(S[j, i] and keep[j]) from
-    "all kept" fixes one more position per round, so it reaches the greedy result in at most
-    (longest suppression chain) rounds, each one batched matrix reduction.
-    """
+
+def bitmask_batched_nms_t(boxes, scores, idxs, thresh):
+    """matrix_batched_nms_t by bitmask_nms' Triton kernels (on CUDA; elsewhere only under Triton's
+    interpreter): the same kept indices in the same order."""
+    slots, counts = _grouped_by_score(scores, idxs)
+    return _kept_in_score_order(slots, bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, thresh), scores)
+
+
+def _grouped_by_score(scores, idxs):
+    """(slots, counts): slots (G, M) holds each group's box indices by descending score (of equal
+    scores the later first), padded with -1; counts (G,) the group sizes. Groups in idxs order."""
     order = _descending_later_first(scores)
     order = order[idxs[order].argsort(stable=True)]
     _, group, counts = torch.unique_consecutive(idxs[order], return_inverse=True, return_counts=True)
     rank = torch.arange(order.numel(), device=order.device) - (counts.cumsum(0) - counts)[group]
     slots = torch.full((counts.numel(), int(counts.max())), -1, dtype=torch.long, device=order.device)
     slots[group, rank] = order
+    return slots, counts
+
+
+def _kept_in_score_order(slots, keep, scores):
+    kept = slots[keep].sort().values
+    return kept[_descending_later_first(scores[kept])]
+
+
+def _matrix_keep(boxes, slots, thresh):
+    """Greedy keep flags (G, M) of the grouped boxes. S[g, j, i] says that box j, earlier in score
+    order, would suppress box i. Greedy NMS keeps i iff no KEPT earlier box suppresses it, a
+    recursion over positions; iterating keep <- not any_j(S[j, i] and keep[j]) from "all kept"
+    fixes one more position per round, so it reaches the greedy result in at most (longest
+    suppression chain) rounds, each one batched matrix reduction."""
     valid = slots >= 0
     grouped = boxes[slots.clamp(min=0)]
     lo = torch.maximum(grouped[:, :, None, :2], grouped[:, None, :, :2])
@@ -283,7 +308,7 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
     inter = (hi - lo + 1).clamp(min=0).prod(dim=3)
     area = boxes_area_t(grouped.reshape(-1, 4)).reshape(valid.shape)
     iou = inter / (area[:, :, None] + area[:, None, :] - inter)
-    earlier = torch.ones(valid.shape[1], valid.shape[1], dtype=torch.bool, device=order.device).triu(1)
+    earlier = torch.ones(valid.shape[1], valid.shape[1], dtype=torch.bool, device=slots.device).triu(1)
     suppresses = (iou > thresh) & earlier & valid[:, :, None]
     # Each convergence check is a host synchronisation: check after 1, 2, 4, then every 8 rounds
     # (rounds past the fixed point change nothing).
@@ -292,10 +317,8 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
         for _ in range(rounds):
             previous, keep = keep, valid & ~(suppresses & keep[:, :, None]).any(dim=1)
         if torch.equal(previous, keep):
-            break
+            return keep
         rounds = min(2 * rounds, _NMS_ROUNDS_PER_CHECK)
-    kept = slots[keep].sort().values
-    return kept[_descending_later_first(scores[kept])]
 
 
 def _descending_later_first(scores):
