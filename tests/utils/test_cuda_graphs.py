@@ -342,29 +342,25 @@ def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones(determin
     assert len(captures) == 2 and all(captures.values())  # each shape captured on its second step
 
 
-@needs_cuda
-def test_rcnn_training_prepared_channels_last_under_autocast_keeps_its_graphs_and_losses():
-    """prepare_for_training with AMP on CUDA stores the body and RPN head channels_last; its graphed
-    bfloat16 training steps keep their captures and give the NCHW model's losses (bit for bit on the
-    H200 for the benchmark's R-50 step, BENCHMARKS.md; here within bfloat16 noise) and gradients
-    within the atomics' noise of RoIAlign's backward."""
+def _shapes_kl_models(*overrides):
+    """Two shapes-demo KL models (GN body) of the same initial weights, on CUDA, training mode."""
     from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
     from detectron.modeling import model_builder
     merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN_kl.yaml'))
-    merge_cfg_from_list(['SOLVER.AMP.ENABLED', True, 'SOLVER.AMP.DTYPE', 'bfloat16'])
+    merge_cfg_from_list(list(overrides))
     assert_and_infer_cfg()
-    model_type = model_builder.get_model_type(cfg)
     models = []
-    for prepare in (False, True):
+    for _ in range(2):
         torch.manual_seed(0)
-        model = model_builder.create(cfg).cuda().train()
-        models.append(model_type.prepare_for_training(cfg, model) if prepare else model)
-    nchw, nhwc = models
-    assert nhwc.channels_last and not nchw.channels_last
-    conv = nhwc.conv_body.body.conv1.weight
-    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+        models.append(model_builder.create(cfg).cuda().train())
+    return cfg, model_builder.get_model_type(cfg), models
+
+
+def _training_steps(models, steps, autocast_dtype=None):
+    """Per step, each model's losses (floats) after one forward and backward on the same batch and
+    the same sampling draws; the gradients stay on the models."""
     rng = np.random.RandomState(0)
-    for step in range(3):
+    for step in range(steps):
         images = torch.from_numpy(rng.randn(2, 3, 160, 224).astype(np.float32) * 50).cuda()
         im_info = torch.tensor([[160, 224, 1.0]] * 2, device='cuda')
         targets = [{'boxes': torch.tensor([[10., 20., 90., 120.], [50., 40., 150., 100.]], device='cuda'),
@@ -374,19 +370,49 @@ def test_rcnn_training_prepared_channels_last_under_autocast_keeps_its_graphs_an
         for model in models:
             torch.manual_seed(step)  # the same RPN and RoI sampling draws for both
             model.zero_grad(set_to_none=True)
-            with torch.autocast('cuda', dtype=torch.bfloat16):
+            with torch.autocast('cuda', dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
                 losses = model(images, im_info, targets)
             sum(losses.values()).backward()
             step_losses.append({k: v.item() for k, v in losses.items()})
-        assert step_losses[1].keys() == step_losses[0].keys()
-        for key, value in step_losses[0].items():
-            # An accuracy moves in steps of one RoI (1/256 here): bfloat16 noise may flip two.
-            tolerance = dict(abs=2 / 256) if key.startswith('accuracy') else dict(rel=2e-2, abs=1e-4)
-            assert step_losses[1][key] == pytest.approx(value, **tolerance), (step, key)
+        yield step, step_losses
+
+
+@needs_cuda
+def test_rcnn_channels_last_training_in_float32_gives_the_nchw_losses_and_gradients(monkeypatch):
+    """The layouts compute the same function: with TF32 off, float32 losses and gradients of the
+    channels_last model equal the NCHW model's to float32 noise. (With bfloat16, or TF32, the
+    first stages' gradients of this from-scratch GN model differ by tens of percent between the
+    layouts (a probe on the H200: median 13%), each layout's rounding amplified by the GN
+    backward's cancellations; the test below checks the losses there.)"""
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
+    _, _, (nchw, nhwc) = _shapes_kl_models()
+    nhwc.use_channels_last()
+    for step, (want, got) in _training_steps((nchw, nhwc), steps=1):
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
         for (name, a), b in zip(nchw.named_parameters(), nhwc.parameters()):
             if a.grad is not None:
                 error = float((b.grad - a.grad).norm() / a.grad.norm().clamp(min=1e-12))
-                assert error < 5e-2, (step, name, error)
+                assert error < 1e-2, (name, error)  # H200: the first stages about 1e-3
+
+
+@needs_cuda
+def test_rcnn_training_prepared_channels_last_under_autocast_keeps_its_graphs_and_losses():
+    """prepare_for_training with AMP on CUDA stores the body and RPN head channels_last; its graphed
+    bfloat16 training steps keep their captures and give the NCHW model's losses within bfloat16
+    noise."""
+    cfg, model_type, (nchw, nhwc) = _shapes_kl_models('SOLVER.AMP.ENABLED', True, 'SOLVER.AMP.DTYPE', 'bfloat16')
+    nhwc = model_type.prepare_for_training(cfg, nhwc)
+    assert nhwc.channels_last and not nchw.channels_last
+    conv = nhwc.conv_body.body.conv1.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    for step, (want, got) in _training_steps((nchw, nhwc), steps=3, autocast_dtype=torch.bfloat16):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            # An accuracy moves in steps of one RoI (1/256 here): bfloat16 noise may flip two.
+            tolerance = dict(abs=2 / 256) if key.startswith('accuracy') else dict(rel=2e-2, abs=1e-4)
+            assert got[key] == pytest.approx(value, **tolerance), (step, key)
     captures = cuda_graphs._PER_OWNER[nhwc]['body_and_rpn_head']._graphs
     assert len(captures) == 1 and all(captures.values())  # captured on the second step and kept
 
