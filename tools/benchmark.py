@@ -67,6 +67,7 @@ from detectron.modeling import model_builder
 from detectron.modeling.optimizer import build_optimizer
 from detectron.roi_data.loader import build_test_loader
 from detectron.utils import blob as blob_utils
+from detectron.utils import cuda_graphs
 from detectron.utils.errors import ConfigValueError, run_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -375,6 +376,7 @@ class Row:
     step: Callable[[], object]
     images_per_step: int
     resident: Callable[[], list] = list  # this row's tensors that stay allocated between rounds
+    graph_owners: Callable[[], list] = list  # modules whose CUDA graphs (and their memory) the row holds
     cfg: dict = field(default_factory=dict)  # global cfg values while the row runs
     info: dict = field(default_factory=dict)  # facts measured once (RoIs, candidates, ...)
     after: Callable[[], dict] = dict  # facts read after the rounds (were the losses finite?)
@@ -422,7 +424,20 @@ def _start_memory_window(row, device):
         return None
     sync(device)
     torch.cuda.reset_peak_memory_stats(device)
-    return torch.cuda.memory_allocated(device) - _cuda_bytes(row.resident())
+    held = _cuda_bytes(row.resident()) + _graph_pool_bytes(row.graph_owners())
+    return torch.cuda.memory_allocated(device) - held
+
+
+def _graph_pool_bytes(owners):
+    """Bytes in use in the memory pools of the owners' CUDA graphs, captured during a row's warm-up
+    and held by it between steps like its tensors."""
+    pools = {pool for owner in owners for pool in cuda_graphs.graph_pools(owner)}
+    return pool_bytes(pools, torch.cuda.memory_snapshot()) if pools else 0
+
+
+def pool_bytes(pools, segments):
+    """Allocated bytes of the memory_snapshot() segments that belong to the given pools."""
+    return sum(s['allocated_size'] for s in segments if tuple(s['segment_pool_id']) in pools)
 
 
 def _cuda_bytes(tensors):
@@ -493,6 +508,7 @@ def train_row(name, model, batches, box_head, batch, device, precision, lr, prim
     rois = capture(box_head, step, lambda box_inputs: box_inputs[0].shape[0], pre=True)
     return Row('train', name, step, batch,
                resident=lambda: _model_tensors(model, optimizer) + _flat_tensors(batches),
+               graph_owners=lambda: [model],
                info={'box_rois_per_image': rois / batch, 'trainable_params': trainable_parameters(model)},
                after=lambda: {'loss_finite': bool(torch.isfinite(last['loss']))})
 
@@ -564,7 +580,7 @@ def ours_test_row(name, model, image, device, precision, cfg_overrides):
     with cfg_values(cfg_overrides):
         facts = ours_test_facts(model, image, device, precision)
     return Row('test', name, lambda: ours_detect(model, image, device, precision), 1,
-               resident=lambda: _model_tensors(model), cfg=cfg_overrides, info=facts)
+               resident=lambda: _model_tensors(model), graph_owners=lambda: [model], cfg=cfg_overrides, info=facts)
 
 
 def torchvision_test_row(name, model, image, device, precision):
@@ -766,12 +782,13 @@ def centernet_rows(args, device, precision):
     resident = lambda: (_model_tensors(model, optimizer) + _model_tensors(test_model)  # noqa: E731
                         + _flat_tensors([inputs, targets, device_inputs]))
     arch = cfg.CENTERNET.ARCH
-    return [Row('train', '{} train'.format(arch), train_step, train_batch, resident=resident),
-            Row('test', '{} detect (decode, post-process)'.format(arch), detect_one, 1, resident=resident),
+    held = dict(resident=resident, graph_owners=lambda: [model, test_model])
+    return [Row('train', '{} train'.format(arch), train_step, train_batch, **held),
+            Row('test', '{} detect (decode, post-process)'.format(arch), detect_one, 1, **held),
             Row('test', '{} detect_batch (decode, post-process)'.format(arch), detect_many, test_batch,
-                resident=resident, info={'inference_batch': test_batch}),
+                info={'inference_batch': test_batch}, **held),
             Row('test', '{} forward + decode only, inputs on the device'.format(arch), forward_decode, test_batch,
-                resident=resident, info={'inference_batch': test_batch})]
+                info={'inference_batch': test_batch}, **held)]
 
 
 def run_centernet(args, precision, report, timing):
@@ -929,7 +946,8 @@ def replayed_test_row(args, model, device):
             return detect(model, sample)
 
     return Row('test', "ours, loaded weights, test_net's {} images replayed from memory".format(len(samples)),
-               in_turn(detect_on, samples, prime=True), 1, resident=lambda: _model_tensors(model))
+               in_turn(detect_on, samples, prime=True), 1, resident=lambda: _model_tensors(model),
+               graph_owners=lambda: [model])
 
 
 def write_loaded_weights(path):

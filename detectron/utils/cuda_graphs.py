@@ -31,6 +31,12 @@ def graphed_training_method(owner, key, fn, max_graphs):
     return _owned(owner, key, lambda owner_ref: TrainingGraphedCallable(owner_ref, fn, max_graphs=max_graphs))
 
 
+def graph_pools(owner):
+    """The memory-pool handles, (int, int) as memory_snapshot()'s segment_pool_id, of the graphs
+    made for owner: the GPU memory they hold between calls is allocated there."""
+    return [tuple(c._pool) for c in _PER_OWNER.get(owner, {}).values() if c._pool is not None]
+
+
 def _owned(owner, key, make):
     """The callable kept for (owner, key), made by make(weak reference to owner) on first use."""
     per_owner = _PER_OWNER.setdefault(owner, {})

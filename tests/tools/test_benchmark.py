@@ -303,6 +303,35 @@ def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch):
 
 # --- the profile summary ------------------------------------------------------------------------
 
+def test_pool_bytes_sums_the_allocated_bytes_of_the_given_pools_only():
+    segments = [{'segment_pool_id': (0, 0), 'allocated_size': 1000},  # the default pool
+                {'segment_pool_id': (1, 7), 'allocated_size': 300}, {'segment_pool_id': (1, 7), 'allocated_size': 20},
+                {'segment_pool_id': (1, 9), 'allocated_size': 4000}]
+    assert bm.pool_bytes({(1, 7)}, segments) == 320
+    assert bm.pool_bytes({(1, 7), (1, 9)}, segments) == 4320
+    assert bm.pool_bytes(set(), segments) == 0
+
+
+def test_a_row_without_captured_graphs_holds_no_graph_memory():
+    from detectron.utils import cuda_graphs
+    owner = nn.Linear(2, 2)
+    cuda_graphs.graphed_method(owner, 'forward', lambda module, x: module(x))  # made, nothing captured
+    assert cuda_graphs.graph_pools(owner) == []
+    assert bm._graph_pool_bytes([owner, nn.Linear(1, 1)]) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_a_rows_captured_graph_memory_counts_as_held_by_it():
+    from detectron.utils import cuda_graphs
+    owner = nn.Linear(256, 1024).cuda()
+    graphed = cuda_graphs.graphed_method(owner, 'forward', lambda module, x: module(x))
+    x = torch.randn(512, 256, device='cuda')
+    for _ in range(3):  # captured on the second call of the shape
+        out = graphed(x)
+    assert cuda_graphs.graph_pools(owner)
+    assert bm._graph_pool_bytes([owner]) >= out.numel() * out.element_size()  # at least its output
+
+
 def test_profile_summary_on_hand_events():
     events = [('k1', True, 0.0, 10.0), ('k2', True, 5.0, 15.0), ('k1', True, 20.0, 30.0),
               ('Memcpy DtoH (Device -> Pageable)', True, 40.0, 42.0),
