@@ -38,7 +38,11 @@ def affine(x, weight, bias):
 
 def eager_affine_relu(x, weight, bias, residual=None):
     """affine_relu with PyTorch's element-wise operations (addcmul, add, relu)."""
-    y = affine(x, weight, bias)
+    return sum_relu(affine(x, weight, bias), residual)
+
+
+def sum_relu(y, residual=None):
+    """relu(y (+ residual)); y may be overwritten."""
     if residual is not None:
         y = y + residual
     return F.relu(y, inplace=True)

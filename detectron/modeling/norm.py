@@ -10,10 +10,9 @@ checkpoints map by name.
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from detectron.modeling.affine_relu import affine, affine_relu
+from detectron.modeling.affine_relu import affine, affine_relu, sum_relu
 from detectron.utils.errors import ConfigValueError
 
 NORM_KINDS = ('affine', 'gn', 'bn')
@@ -52,10 +51,7 @@ def norm_relu(norm, x, residual=None):
     other norms as three operations."""
     if isinstance(norm, AffineChannel):
         return norm.forward_relu(x, residual)
-    y = norm(x)
-    if residual is not None:
-        y = y + residual
-    return F.relu(y, inplace=True)
+    return sum_relu(norm(x), residual)
 
 
 def group_norm_groups(dim, num_groups=32, dim_per_group=-1):
