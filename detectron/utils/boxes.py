@@ -245,8 +245,7 @@ def batched_nms_t(boxes, scores, idxs, thresh):
     if boxes.numel():
         slots, counts = _grouped_by_score(scores, idxs)
         if bitmask_nms.available(boxes.device) and slots.shape[1] <= bitmask_nms.MAX_GROUP_SIZE:
-            keep = bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, torchvision_thresh)
-            return _kept_in_score_order(slots, keep, scores)
+            return _kept_in_score_order(slots, _bitmask_keep(boxes, slots, counts, torchvision_thresh), scores)
         if slots.numel() * slots.shape[1] <= MATRIX_NMS_MAX_PAIRS:
             return _kept_in_score_order(slots, _matrix_keep(boxes, slots, torchvision_thresh), scores)
     return _later_first(lambda rev: torchvision.ops.batched_nms(
@@ -275,7 +274,12 @@ def bitmask_batched_nms_t(boxes, scores, idxs, thresh):
     """matrix_batched_nms_t by bitmask_nms' Triton kernels (on CUDA; elsewhere only under Triton's
     interpreter): the same kept indices in the same order."""
     slots, counts = _grouped_by_score(scores, idxs)
-    return _kept_in_score_order(slots, bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, thresh), scores)
+    return _kept_in_score_order(slots, _bitmask_keep(boxes, slots, counts, thresh), scores)
+
+
+def _bitmask_keep(boxes, slots, counts, thresh):
+    """Greedy keep flags (G, M) of the grouped boxes by bitmask_nms' kernels."""
+    return bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, thresh)
 
 
 def _grouped_by_score(scores, idxs):
