@@ -382,6 +382,9 @@ class Row:
     after: Callable[[], dict] = dict  # facts read after the rounds (were the losses finite?)
     values: list = field(default_factory=list)
     peaks_mib: list = field(default_factory=list)
+    # Timed steps per round instead of --iters: a row replaying a loop's inputs times whole passes
+    # over them, so that every input counts once per round whatever the round's first input.
+    steps_per_round: int = None
 
     def value(self, elapsed, iters):
         if self.section == 'train':
@@ -395,8 +398,8 @@ class Row:
 
 def run_interleaved(rows, rounds, iters, warmup, round_warmup, device, clock=time.perf_counter):
     """Warm every row up, then `rounds` rounds in which each row in turn runs round_warmup untimed
-    and `iters` timed steps between device synchronisations; fills row.values and, on CUDA,
-    row.peaks_mib."""
+    and `iters` (or its steps_per_round) timed steps between device synchronisations; fills
+    row.values and, on CUDA, row.peaks_mib."""
     for row in rows:
         with cfg_values(row.cfg):
             for _ in range(warmup):
@@ -407,12 +410,13 @@ def run_interleaved(rows, rounds, iters, warmup, round_warmup, device, clock=tim
                 others = _start_memory_window(row, device)
                 for _ in range(round_warmup):
                     row.step()
+                steps = row.steps_per_round or iters
                 sync(device)
                 tic = clock()
-                for _ in range(iters):
+                for _ in range(steps):
                     row.step()
                 sync(device)
-                row.values.append(row.value(clock() - tic, iters))
+                row.values.append(row.value(clock() - tic, steps))
                 if others is not None:
                     row.peaks_mib.append((torch.cuda.max_memory_allocated(device) - others) / 2 ** 20)
 
@@ -924,7 +928,9 @@ def replayed_train_row(args, batch, device, precision):
     ours = build_ours_for_training(device, precision)
     name = "ours, train_net's batches of iterations {}-{} replayed from memory".format(
         args.loop_warmup, args.loop_iters - 1)
-    return train_row(name, ours, batches, ours.box_head, batch, device, precision, args.lr, prime=True)
+    row = train_row(name, ours, batches, ours.box_head, batch, device, precision, args.lr, prime=True)
+    row.steps_per_round = len(batches)
+    return row
 
 
 def test_net_samples(args):
@@ -947,7 +953,7 @@ def replayed_test_row(args, model, device):
 
     return Row('test', "ours, loaded weights, test_net's {} images replayed from memory".format(len(samples)),
                in_turn(detect_on, samples, prime=True), 1, resident=lambda: _model_tensors(model),
-               graph_owners=lambda: [model])
+               graph_owners=lambda: [model], steps_per_round=len(samples))
 
 
 def write_loaded_weights(path):

@@ -88,6 +88,18 @@ def test_rounds_interleave_rows_and_time_only_the_timed_steps():
     assert train.peaks_mib == [] and test.unit == 'ms/image'
 
 
+def test_a_row_with_steps_per_round_times_that_many_steps_every_round():
+    now, inputs = [0.0], []
+    durations = {0: 1.0, 1: 2.0, 2: 3.0}
+    step = bm.in_turn(lambda k: (inputs.append(k), now.__setitem__(0, now[0] + durations[k])), [0, 1, 2], prime=False)
+    row = bm.Row('train', 'replay', step, images_per_step=1, steps_per_round=3)
+    bm.run_interleaved([row], rounds=2, iters=5, warmup=1, round_warmup=1, device=torch.device('cpu'),
+                       clock=lambda: now[0])
+    # warm-up 0; round 1: warm-up 1, timed 2, 0, 1; round 2: warm-up 2, timed 0, 1, 2
+    assert inputs == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    assert row.values == [3 / 6.0] * 2  # every input once per round: 3 images in 1 + 2 + 3 s
+
+
 # --- the torchvision models ---------------------------------------------------------------------
 
 def _bottleneck(dim_in, width, dim_out, projection):
@@ -282,7 +294,7 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
     for _ in range(4):
         row.step()
     assert seen[3:] == [0, 1, 2, 0]
-    assert "3 images replayed" in row.name
+    assert "3 images replayed" in row.name and row.steps_per_round == 3
 
 
 def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch):
@@ -362,6 +374,7 @@ def _tiny_torchvision(norm):
 
 
 def test_main_runs_every_cpu_section_at_tiny_settings(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # the CPU sections, on a GPU machine too
     monkeypatch.setattr(bm, 'torchvision_equal_work', _tiny_torchvision(FrozenBatchNorm2d))
     monkeypatch.setattr(bm, 'torchvision_all_stages_bn', _tiny_torchvision(nn.BatchNorm2d))
     argv = ['--cfg', SHAPES_KL, '--mode', 'train', 'test', '--profile', '--height', '64', '--width', '64',
