@@ -163,7 +163,9 @@ def box_results_with_nms_and_limit(scores, boxes, confs, params):
             raise ConfigValueError(
                 'STD_NMS True needs the per-box sigmas (confs) of a PRED_STD model')
         sigmas = _class_columns_t(torch.as_tensor(confs, device=scores.device), roi_idx, classes)
-        dets, det_classes, all_dets = _kl_soft_nms_t(all_dets, classes, sigmas.float(), num_classes, p)
+        dets, det_classes, after_soft = _kl_soft_nms_t(all_dets, classes, sigmas.float(), num_classes, p,
+                                                       with_candidates=p.bbox_vote)
+        all_dets = all_dets if after_soft is None else after_soft
     elif p.soft_nms:
         dets, det_classes = _detectron_soft_nms(all_dets, classes, num_classes, p)
     else:
@@ -234,13 +236,13 @@ def _concat_per_class(per_class_dets, device):
     return dets.to(device), classes
 
 
-def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p):
+def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p, with_candidates):
     """KL-Loss's `soft` on every class at once, configured like KL-Loss.
 
     Returns the kept detections (voted boxes, decayed scores, each class in selection order),
-    their classes, and every candidate as `soft` leaves it (kept rows first, then the dropped ones
-    with their decayed scores), which is what KL-Loss's TEST.BBOX_VOTE votes with since `soft`
-    works in place on the class's detections.
+    their classes, and (with_candidates, else None) every candidate as `soft` leaves it (kept rows
+    first, then the dropped ones with their decayed scores), which is what KL-Loss's TEST.BBOX_VOTE
+    votes with since `soft` works in place on the class's detections.
     """
     sigmas = sigmas[:, _SIGMA_COLUMNS_FOR_BOX_COLUMNS[p.sigma_column_order]]
     counts = torch.bincount(classes - 1, minlength=num_classes - 1)
@@ -253,16 +255,23 @@ def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p):
 
     positions = torch.arange(width, device=classes.device)
     kept = positions < num_kept[:, None]
-    kept_dets = torch.cat([voted_boxes, final_scores.gather(1, order)[..., None]], dim=2)
+    # One nonzero (one host sync) picks the kept positions, class by class in selection order.
+    kept_set, kept_position = kept.nonzero(as_tuple=True)
+    kept_row = order[kept_set, kept_position]
+    kept_dets = torch.cat([voted_boxes[kept_set, kept_position],
+                           final_scores[kept_set, kept_row][:, None]], dim=1)
+    kept_classes = kept_set + 1
+    if not with_candidates:
+        return kept_dets, kept_classes, None
     # Positions beyond num_kept may repeat rows, so only kept positions mark their row.
-    selected = kept.new_zeros((kept.shape[0], width + 1))
-    selected.scatter_(1, torch.where(kept, order, width), True)
-    dropped = (positions < counts[:, None]) & ~selected[:, :width]
-    dropped_dets = torch.cat([padded_dets[..., :4], final_scores[..., None]], dim=2)
-    set_classes = torch.arange(1, num_classes, device=classes.device)[:, None].expand(-1, width)
-    after_soft = torch.cat([kept_dets[kept], dropped_dets[dropped]])
-    regroup = torch.sort(torch.cat([set_classes[kept], set_classes[dropped]]), stable=True).indices
-    return kept_dets[kept], set_classes[kept], after_soft[regroup]
+    selected = torch.zeros_like(kept)
+    selected[kept_set, kept_row] = True
+    dropped_set, dropped_row = ((positions < counts[:, None]) & ~selected).nonzero(as_tuple=True)
+    dropped_dets = torch.cat([padded_dets[dropped_set, dropped_row, :4],
+                              final_scores[dropped_set, dropped_row][:, None]], dim=1)
+    after_soft = torch.cat([kept_dets, dropped_dets])
+    regroup = torch.sort(torch.cat([kept_classes, dropped_set + 1]), stable=True).indices
+    return kept_dets, kept_classes, after_soft[regroup]
 
 
 def _kl_soft_settings(p):
