@@ -39,10 +39,10 @@ def catalog(tmp_path_factory):
 
 
 def use_centernet(catalog, output_dir, *overrides):
-    """res_18 at 64 px on the tiny datasets (2 categories), 2 images per iteration."""
+    """res_18 at 64 px on the tiny datasets (2 categories), 2 images per iteration, float32."""
     cfg.defrost()
     merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml'))
-    merge_cfg_from_list(['DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)",
+    merge_cfg_from_list(['SOLVER.AMP.ENABLED', 'False', 'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)",
                          'TEST.DATASETS', "('tiny_val',)", 'CENTERNET.NUM_CLASSES', '2', 'CENTERNET.INPUT_RES', '64',
                          'CENTERNET.BATCH_SIZE', '2', 'CENTERNET.LR', '0.001', 'CENTERNET.LR_BATCH_SIZE', '2',
                          'CENTERNET.NUM_EPOCHS', '1', 'CENTERNET.LR_STEP', '(1,)', 'DATA_LOADER.NUM_THREADS', '0',
@@ -248,6 +248,61 @@ def test_weight_files_are_recognised(catalog, tmp_path):
     with pytest.raises(WeightsError) as err:
         model_type.load_weights(cfg, model, missing_file)
     assert str(err.value) == 'weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'.format(missing_file)
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 autocast on the CPU (the CPU demo)
+# ---------------------------------------------------------------------------------------------
+
+def _final_model_after_training(catalog, output_dir, *overrides):
+    use_centernet(catalog, output_dir, *overrides)
+    train_engine.train_model()
+    return torch.load(output_dir / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)['model']
+
+
+def test_bfloat16_on_a_cpu_without_its_instructions_trains_exactly_as_float32(catalog, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(train_engine, '_cpu_bfloat16_is_emulated', lambda: True)
+    fallback = _final_model_after_training(catalog, tmp_path / 'bf16', 'SOLVER.AMP.ENABLED', 'True',
+                                           'SOLVER.AMP.DTYPE', 'bfloat16')
+    assert 'no bfloat16 instructions' in caplog.text and 'training in float32' in caplog.text
+    float32 = _final_model_after_training(catalog, tmp_path / 'fp32')
+    assert fallback.keys() == float32.keys()
+    for key, value in float32.items():
+        assert torch.equal(fallback[key], value), key
+
+
+def test_bfloat16_instructions_are_probed_by_both_of_torchs_cpu_checks(monkeypatch):
+    for avx512_bf16, amx, emulated in ((False, False, True), (True, False, False), (False, True, False)):
+        monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: avx512_bf16, raising=False)
+        monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: amx, raising=False)
+        assert train_engine._cpu_bfloat16_is_emulated() == emulated
+    monkeypatch.delattr(torch.cpu, '_is_amx_tile_supported')
+    assert not train_engine._cpu_bfloat16_is_emulated()  # a torch without the probe: autocast as asked
+
+
+def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tmp_path):
+    use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16')
+    model_type = model_builder.get_model_type(cfg)
+    images, targets = _rank_batch(0, [2])
+    torch.manual_seed(cfg.RNG_SEED)
+    model = model_type.prepare_for_training(cfg, model_builder.create(cfg).train())
+    # (1x1 kernels are contiguous in both layouts.)
+    convs = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d))
+             and m.weight.shape[-1] > 1]
+    assert len(convs) > 20 and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+                                   for w in convs)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        bf16_loss = model(images, targets)['loss']
+    torch.manual_seed(cfg.RNG_SEED)
+    float32_loss = model_builder.create(cfg).train()(images, targets)['loss']
+    # The same function in bfloat16: near the float32 loss, not equal to it.
+    assert bf16_loss.dtype == torch.float32 and float(bf16_loss) != float(float32_loss)
+    assert float(bf16_loss) == pytest.approx(float(float32_loss), rel=3e-2)
+    for overrides in (['SOLVER.AMP.ENABLED', 'False'], ['SOLVER.AMP.DTYPE', 'float16']):
+        use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16', *overrides)
+        model = model_type.prepare_for_training(cfg, model_builder.create(cfg))
+        assert all(m.weight.is_contiguous() for m in model.modules()
+                   if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
 
 
 # ---------------------------------------------------------------------------------------------
