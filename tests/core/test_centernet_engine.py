@@ -291,10 +291,11 @@ def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tm
              and m.weight.shape[-1] > 1]
     assert len(convs) > 20 and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
                                    for w in convs)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         bf16_loss = model(images, targets)['loss']
     torch.manual_seed(cfg.RNG_SEED)
-    float32_loss = model_builder.create(cfg).train()(images, targets)['loss']
+    with torch.no_grad():
+        float32_loss = model_builder.create(cfg).train()(images, targets)['loss']
     # The same function in bfloat16: near the float32 loss, not equal to it.
     assert bf16_loss.dtype == torch.float32 and float(bf16_loss) != float(float32_loss)
     assert float(bf16_loss) == pytest.approx(float(float32_loss), rel=3e-2)
