@@ -13,9 +13,10 @@ from detectron.modeling.centernet_backbones import build_centernet_backbone, che
 from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import ModelType
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
-from detectron.roi_data.loader import TrainingDataset, stacked_batch
+from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
+from detectron.roi_data.shared_memory import stacked_batch
 from detectron.utils.c2_weights import load_state_dict_by_key, require_weights_file
 from detectron.utils.c2_weights import load_weights as load_port_weights
 from detectron.utils.centernet_weights import is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone

@@ -9,7 +9,8 @@ import cv2
 import numpy as np
 import torch
 
-from detectron.utils.blob import im_list_to_blob, prep_im_for_blob
+from detectron.roi_data.shared_memory import empty_for_main_process
+from detectron.utils.blob import blob_shape, fill_blob, prep_im_for_blob
 from detectron.utils.errors import DatasetError
 
 
@@ -102,7 +103,9 @@ def prepare_training_entry(entry, rng, scales, max_size, pixel_means):
 def collate_minibatch(items, stride):
     """Prepared images -> (images (B, 3, H, W), im_info (B, 3), list of B target dicts), torch."""
     ims, im_infos, targets = zip(*items)
-    images = torch.from_numpy(im_list_to_blob(list(ims), stride))
+    # Written straight into the tensor that travels (shared memory in a loader worker).
+    images = empty_for_main_process(blob_shape(ims, stride), torch.float32)
+    fill_blob(images.numpy(), ims)
     return images, torch.from_numpy(np.stack(im_infos)), list(targets)
 
 

@@ -52,13 +52,25 @@ def im_list_to_blob(ims, stride=32):
     Images sit at the top-left corner; H, W are the batch maxima rounded up to a multiple of stride
     (FPN.COARSEST_STRIDE), so every FPN level has an integer size.
     """
-    max_height = max(im.shape[0] for im in ims)
-    max_width = max(im.shape[1] for im in ims)
-    height, width = padded_size(max_height, max_width, stride)
-    blob = np.zeros((len(ims), 3, height, width), dtype=np.float32)
-    for i, im in enumerate(ims):
-        blob[i, :, :im.shape[0], :im.shape[1]] = im.transpose(2, 0, 1)
+    blob = np.empty(blob_shape(ims, stride), dtype=np.float32)
+    fill_blob(blob, ims)
     return blob
+
+
+def blob_shape(ims, stride):
+    """(B, 3, H, W) of im_list_to_blob(ims, stride)."""
+    height, width = padded_size(max(im.shape[0] for im in ims), max(im.shape[1] for im in ims), stride)
+    return len(ims), 3, height, width
+
+
+def fill_blob(blob, ims):
+    """Write im_list_to_blob(ims, ...) into blob, a (B, 3, H, W) array of its shape: every element
+    once (the padding as zeros), so a blob in fresh shared memory has no page left untouched."""
+    for i, im in enumerate(ims):
+        height, width = im.shape[:2]
+        blob[i, :, :height, :width] = im.transpose(2, 0, 1)
+        blob[i, :, :height, width:] = 0
+        blob[i, :, height:, :] = 0
 
 
 def get_image_blob(im, target_scale, target_max_size, pixel_means, stride):

@@ -137,7 +137,10 @@ def _assert_finite_losses(stats):
                 assert math.isfinite(float(value)), (entry['iter'], key, value)
 
 
-def test_bfloat16_autocast_runs_the_forward_in_bfloat16_and_trains(tiny_catalog, tmp_path, capsys):
+def test_bfloat16_autocast_runs_the_forward_in_bfloat16_and_trains(tiny_catalog, tmp_path, capsys, monkeypatch):
+    # What autocast does, also on a CPU without bfloat16 instructions (where train_worker would train in
+    # float32 instead: tests/core/test_centernet_engine.py).
+    monkeypatch.setattr(train_engine, '_cpu_bfloat16_is_emulated', lambda: False)
     use_tiny_config(tiny_catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16',
                     'SOLVER.MAX_ITER', '3')
     capsys.readouterr()

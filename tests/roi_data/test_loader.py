@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from detectron.roi_data.loader import (SHARED_ARRAY_MIN_BYTES, PackedList, SharedArray, TrainingDataset,
-                                       aspect_ratio_groups, build_test_loader, build_train_loader, stacked_batch)
+                                       aspect_ratio_groups, build_test_loader, build_train_loader)
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
@@ -69,39 +69,6 @@ def test_packed_list_round_trip():
     assert packed[0]['image'] == 'a.jpg'
     assert (packed[1], packed[2]) == ('b', 3)
     assert len(PackedList([])) == 0
-
-
-def _arrays(dtype, count):
-    return [np.random.RandomState(seed).randint(0, 200, (4, 3, 5)).astype(dtype) for seed in range(count)]
-
-
-def _assert_same_bits(batch, arrays):
-    expected = np.stack(arrays)
-    assert batch.dtype == torch.from_numpy(expected).dtype and tuple(batch.shape) == expected.shape
-    assert batch.numpy().tobytes() == expected.tobytes()
-
-
-@pytest.mark.parametrize('dtype', [np.float32, np.int64, np.uint8])
-def test_stacked_batch_is_np_stack_as_a_tensor(dtype):
-    arrays = _arrays(dtype, 3)
-    batch = stacked_batch(arrays)
-    _assert_same_bits(batch, arrays)
-    assert not batch.is_shared()   # the main process keeps ordinary memory
-
-
-def _stack_in_worker(arrays):
-    batch = stacked_batch(arrays)
-    return batch, batch.is_shared()
-
-
-def test_stacked_batch_of_a_worker_is_built_in_shared_memory():
-    # Built in shared memory, the batch is sent as a handle; built elsewhere it would be copied into
-    # shared memory again on the way.
-    arrays = _arrays(np.float32, 4)
-    loader = torch.utils.data.DataLoader(arrays, batch_size=4, num_workers=1, collate_fn=_stack_in_worker)
-    (batch, shared_in_worker), = list(loader)
-    assert shared_in_worker
-    _assert_same_bits(batch, arrays)
 
 
 def test_train_batches_follow_the_contract(roidb):

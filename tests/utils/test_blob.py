@@ -2,8 +2,8 @@ import cv2
 import numpy as np
 import pytest
 
-from detectron.utils.blob import (get_image_blob, get_image_blob_t, im_list_to_blob, padded_size, prep_im_for_blob,
-                                  resize_scale)
+from detectron.utils.blob import (blob_shape, fill_blob, get_image_blob, get_image_blob_t, im_list_to_blob, padded_size,
+                                  prep_im_for_blob, resize_scale)
 
 PIXEL_MEANS = np.array([[[102.9801, 115.9465, 122.7717]]])
 
@@ -144,3 +144,14 @@ def test_device_blob_matches_cv2_blob(height, width, target, max_size):
     np.testing.assert_allclose(blob_t.numpy(), blob, rtol=0, atol=1e-4)
     if scale == 1.0:
         np.testing.assert_array_equal(blob_t.numpy(), blob)
+
+
+def test_fill_blob_overwrites_every_element():
+    # The blob may be fresh shared memory holding anything: the padding must be written as zeros.
+    rng = np.random.RandomState(4)
+    ims = [rng.uniform(-5, 5, (30, 50, 3)).astype(np.float32), rng.uniform(-5, 5, (45, 20, 3)).astype(np.float32)]
+    blob = np.full(blob_shape(ims, 16), np.nan, dtype=np.float32)
+    fill_blob(blob, ims)
+    assert blob.shape == (2, 3, 48, 64)
+    assert blob.tobytes() == im_list_to_blob(ims, 16).tobytes()
+    assert not np.isnan(blob).any()

@@ -1,0 +1,33 @@
+"""Batch tensors that leave a DataLoader worker without a copy.
+
+A worker sends a tensor to the main process as a file descriptor when its storage already is in
+shared memory; any other tensor is first copied into a new shared segment. So a batch is written
+where it will travel (measured ad hoc on a 2-core EPYC, one worker collating R-CNN batches of two
+800x1201 float32 images: 45.5-50.8 ms of the worker's CPU per batch against 50.2-54.5 with the copy).
+"""
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+
+def stacked_batch(arrays):
+    """np.stack(arrays) (equal shapes and dtypes) as a torch tensor, with the data copied once.
+
+    In a DataLoader worker the tensor is allocated in shared memory (as torch's default_collate
+    does), so the batch reaches the main process as a file descriptor; a tensor in ordinary memory
+    would be copied into shared memory once more when the worker sends it. Every byte is written
+    here, zeros too: a shared page the worker leaves unwritten is cleared when the main process
+    first reads it (measured: 3x the time of reading a written page), on the process that feeds
+    the GPU.
+    """
+    batch = empty_for_main_process((len(arrays),) + arrays[0].shape, torch.from_numpy(arrays[0]).dtype)
+    np.stack(arrays, out=batch.numpy())
+    return batch
+
+
+def empty_for_main_process(shape, dtype):
+    """An empty tensor, in shared memory when made in a DataLoader worker (see stacked_batch)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)
