@@ -912,19 +912,22 @@ def _loop_opts(args):
     return opts
 
 
-def train_net_batches(args, batch):
+def train_net_batches(args, batch, device):
     """The batches train_net's loader gives in the timed window (iterations --loop-warmup to
-    --loop-iters - 1): the same dataset, config, sampler seed and order, collated and pinned."""
+    --loop-iters - 1): the same dataset, config, sampler seed and order, collated and pinned, then
+    on the device as train_net's engine puts them there (model_type.batch_to_device)."""
     with cfg_values({'TRAIN.DATASETS': (args.train_dataset,), 'TRAIN.IMS_PER_BATCH': batch}):
-        batches = train_engine.training_batches(model_builder.get_model_type(cfg), 0)
-        return list(itertools.islice(batches, args.loop_warmup, args.loop_iters))
+        model_type = model_builder.get_model_type(cfg)
+        batches = train_engine.training_batches(model_type, 0, device)
+        on_device = model_type.batch_to_device(cfg, device)
+        return [on_device(b) for b in itertools.islice(batches, args.loop_warmup, args.loop_iters)]
 
 
 def replayed_train_row(args, batch, device, precision):
     """Our training step on train_net's own batches, held on the device: the same work as train_net
     without its loader, logging and checkpoints (one pass over them before timing, as train_net
     met each batch shape before its window)."""
-    batches = [train_engine.to_device(b, device) for b in train_net_batches(args, batch)]
+    batches = train_net_batches(args, batch, device)
     ours = build_ours_for_training(device, precision)
     name = "ours, train_net's batches of iterations {}-{} replayed from memory".format(
         args.loop_warmup, args.loop_iters - 1)

@@ -25,7 +25,7 @@ from detectron.core.config import adopt_cfg, cfg, get_output_dir, images_per_ite
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum, lr_change_ratio, set_lr
-from detectron.roi_data.loader import build_train_loader
+from detectron.roi_data.loader import build_train_loader, to_device
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed, run_lock
 from detectron.utils.errors import ConfigValueError, DetectronError
@@ -90,9 +90,9 @@ def train_worker(cfg_snapshot):
         weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_GN, scale_momentum=cfg.SOLVER.SCALE_MOMENTUM,
         scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD, name=cfg.SOLVER.OPTIMIZER)
     start_iter, saved_progress = _resume_or_initialise(model_type, model, optimizer, output_dir)
-    batches = training_batches(model_type, start_iter)
+    batches = training_batches(model_type, start_iter, device)
     loop = TrainLoop(model, optimizer, schedule.lr_at, batches, device, output_dir, start_iter,
-                     train_options(), progress=saved_progress)
+                     train_options(), progress=saved_progress, batch_to_device=model_type.batch_to_device(cfg, device))
     loop.run()
     loop.save('model_final.pth', cfg.SOLVER.MAX_ITER - 1)
 
@@ -174,8 +174,8 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
     return 0, None
 
 
-def training_batches(model_type, start_iter):
-    """This rank's iterator over training batches, positioned at start_iter (a resume)."""
+def training_batches(model_type, start_iter, device):
+    """This rank's iterator over training batches for device, positioned at start_iter (a resume)."""
     roidb = model_type.training_roidb(cfg)
     logger.info('%d roidb entries for training', len(roidb))
     sampler = GroupedDistributedBatchSampler(
@@ -183,7 +183,7 @@ def training_batches(model_type, start_iter):
         world_size=distributed.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
         start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     loader = build_train_loader(
-        model_type.training_dataset(cfg, roidb), sampler, model_type.collate(cfg),
+        model_type.training_dataset(cfg, roidb, device), sampler, model_type.collate(cfg, device),
         num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     batches = iter(loader)
     # Starting a DataLoader draws its workers' base seed from torch's global generator. A resumed
@@ -282,13 +282,14 @@ class TrainOptions:
 class TrainLoop:
     """Iterations from start_iter to max_iter with gradient accumulation, AMP, logging, checkpoints.
 
-    Given its model, optimizer, lr_at_iter function and batch iterator; `model(*batch)` returns a
-    dict of scalar tensors whose keys starting with 'loss' are summed into the objective.
+    Given its model, optimizer, lr_at_iter function and batch iterator; `model(*batch_to_device(batch))`
+    returns a dict of scalar tensors whose keys starting with 'loss' are summed into the objective.
     """
 
     def __init__(self, model, optimizer, lr_at_iter, batches, device, output_dir, start_iter, options,
-                 progress=None):
+                 progress=None, batch_to_device=None):
         self.device = device
+        self.batch_to_device = batch_to_device or (lambda batch: to_device(batch, device))
         self.optimizer = optimizer
         self.lr_at_iter = lr_at_iter
         self.batches = batches
@@ -319,7 +320,7 @@ class TrainLoop:
         return torch.amp.GradScaler(self.device.type)
 
     def _micro_step(self, batch, sync):
-        batch = to_device(batch, self.device)
+        batch = self.batch_to_device(batch)
         no_sync = getattr(self.model, 'no_sync', None)
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         with context:
@@ -451,18 +452,6 @@ class TrainLoop:
                  'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
         stats.update({k: float(v) for k, v in medians.items()})
         return stats
-
-
-def to_device(data, device):
-    """A batch (tensors in dicts, lists and tuples) with its tensors on device; copies from
-    pinned memory overlap with the GPU's work."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True)
-    if isinstance(data, dict):
-        return {k: to_device(v, device) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_device(v, device) for v in data)
-    return data
 
 
 def _max_memory_mib(device):

@@ -73,11 +73,11 @@ class CenterNetType(ModelType):
     def training_roidb(self, cfg):
         return centernet_roidb(cfg.TRAIN.DATASETS)
 
-    def training_dataset(self, cfg, roidb):
+    def training_dataset(self, cfg, roidb, device):
         return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(cfg)),
                                seed=cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
 
-    def collate(self, cfg):
+    def collate(self, cfg, device):
         return collate_samples
 
     def test_inputs(self, cfg):

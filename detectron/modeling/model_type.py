@@ -1,14 +1,15 @@
 """The contract between one kind of detector and the model-agnostic engines (a MODEL.TYPE entry
 of model_builder's table). Subclasses read cfg: they are the builders of their model."""
 from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
+from detectron.roi_data.loader import to_device
 
 
 class ModelType:
     """The contract between one kind of detector and the model-agnostic engines.
 
     Training: `build(cfg)` is called with the model in training mode as `model(*batch)` on batches
-    made by `collate(cfg)` from `training_dataset(cfg, roidb)` samples and returns a dict of scalar
-    tensors (keys starting with 'loss' are summed into the objective, others are logged metrics).
+    made by `collate(cfg)` from `training_dataset(cfg, roidb, device)` samples and moved to the
+    training device by `batch_to_device(cfg, device)`, and returns a dict of scalar tensors (keys starting with 'loss' are summed into the objective, others are logged metrics).
     Testing: `test_inputs(cfg)` prepares one BGR image in a loader worker (a picklable callable
     returning a dict that holds the original image under 'image'), and `detector(cfg)(model, sample)`
     returns Detectron's `cls_boxes`: `output_classes(cfg)` float32 (N, 5) arrays (x1, y1, x2, y2,
@@ -47,11 +48,17 @@ class ModelType:
         """A group id per roidb entry; a training batch holds entries of one group."""
         return [0] * len(roidb)
 
-    def training_dataset(self, cfg, roidb):
+    def training_dataset(self, cfg, roidb, device):
+        """The samples of roidb for training on device (a torch.device), made in loader workers."""
         raise NotImplementedError
 
-    def collate(self, cfg):
+    def collate(self, cfg, device):
         raise NotImplementedError
+
+    def batch_to_device(self, cfg, device):
+        """fn(batch) -> the collated batch on the training device, as model(*batch) takes it (called
+        by the engine on every batch); by default its tensors are copied there."""
+        return lambda batch: to_device(batch, device)
 
     def test_inputs(self, cfg):
         raise NotImplementedError

@@ -9,8 +9,10 @@ from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, ProposalParams, RCNNParams
 from detectron.modeling.model_type import ModelType
 from detectron.modeling.rpn_heads import FPNRPNHead
-from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only
-from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, prepare_training_entry
+from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
+from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
+                                          prepare_training_entry, prepare_unresized_training_entry)
+from detectron.utils import blob as blob_utils
 from detectron.utils.c2_weights import load_weights, load_weights_and_momentum
 from detectron.utils.errors import ConfigValueError
 
@@ -58,13 +60,23 @@ class GeneralizedRCNNType(ModelType):
     def training_groups(self, cfg, roidb):
         return aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
 
-    def training_dataset(self, cfg, roidb):
-        prepare = functools.partial(prepare_training_entry, scales=tuple(cfg.TRAIN.SCALES),
-                                    max_size=cfg.TRAIN.MAX_SIZE, pixel_means=cfg.PIXEL_MEANS)
+    def training_dataset(self, cfg, roidb, device):
+        if resizes_on_device(cfg, device):
+            prepare = functools.partial(prepare_unresized_training_entry, scales=tuple(cfg.TRAIN.SCALES),
+                                        max_size=cfg.TRAIN.MAX_SIZE)
+        else:
+            prepare = functools.partial(prepare_training_entry, scales=tuple(cfg.TRAIN.SCALES),
+                                        max_size=cfg.TRAIN.MAX_SIZE, pixel_means=cfg.PIXEL_MEANS)
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=TRAINING_KEYS)
 
-    def collate(self, cfg):
+    def collate(self, cfg, device):
+        if resizes_on_device(cfg, device):
+            return collate_unresized
         return functools.partial(collate_minibatch, stride=cfg.FPN.COARSEST_STRIDE)
+
+    def batch_to_device(self, cfg, device):
+        return functools.partial(_batch_to_device, device=device, pixel_means=tuple(cfg.PIXEL_MEANS),
+                                 stride=cfg.FPN.COARSEST_STRIDE)
 
     def test_inputs(self, cfg):
         # The image is resized on the model's device (blob.get_image_blob_t), not in the workers.
@@ -80,6 +92,21 @@ class GeneralizedRCNNType(ModelType):
     def detector(self, cfg):
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), graphs=test_graphs(cfg))
+
+
+def resizes_on_device(cfg, device):
+    """TRAIN.RESIZE_ON_DEVICE on a GPU: the loader workers read and flip, the device does the rest.
+    At batch 2 the training step is host-bound, and the workers' float32 blobs (11.7 MB per COCO
+    image, copied into pinned memory by the main process) slowed it (BENCHMARKS.md)."""
+    return cfg.TRAIN.RESIZE_ON_DEVICE and device.type == 'cuda'
+
+
+def _batch_to_device(batch, device, pixel_means, stride):
+    images, im_info, targets = batch
+    if isinstance(images, UnresizedImages):
+        uploaded = [to_device(image, device) for image in images.images]
+        images = blob_utils.training_blob_t(uploaded, images.scales, pixel_means, stride)
+    return to_device((images, im_info, targets), device)
 
 
 def _detect(model, sample, image_params, decode_params, nms_params, graphs):

@@ -271,3 +271,15 @@ def build_test_loader(roidb, indices, num_workers, prepare=image_only):
         pin_memory=torch.cuda.is_available(),
         worker_init_fn=_init_worker,
     ))
+
+
+def to_device(batch, device):
+    """A batch (tensors in dicts, lists and tuples) with its tensors on device; copies from
+    pinned memory overlap with the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch

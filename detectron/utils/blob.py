@@ -1,9 +1,12 @@
 """Image -> network input blob: mean subtraction, Detectron's resize rule, stride padding.
 
 Numpy in, numpy out (NCHW float32), as in Detectron; callers wrap the blob with torch.from_numpy.
-get_image_blob_t does the test-time preparation on the model's device with cv2's resize arithmetic.
+get_image_blob_t (a test image) and training_blob_t (a training batch) do the same on the model's
+device with cv2's resize arithmetic, from uint8 images.
 Pixel values stay BGR in 0..255 minus PIXEL_MEANS: Detectron .pkl weights expect exactly that.
 """
+
+import functools
 
 import cv2
 import numpy as np
@@ -86,11 +89,13 @@ def get_image_blob(im, target_scale, target_max_size, pixel_means, stride):
     return blob, im_scale, im_info
 
 
+@functools.lru_cache(maxsize=1024)
 def _linear_taps(out_size, in_size, scale, device):
     """cv2.INTER_LINEAR's source taps along one axis for a resize by `scale`: for output pixel d,
     the source position (d + 0.5) / scale - 0.5, its two neighbours clamped to the image and the
     weight of the second one (fractional part taken in float64, then float32: float32 positions
-    would be off by up to 6e-5 px at x ~ 1000, which moved values by 0.01 against cv2)."""
+    would be off by up to 6e-5 px at x ~ 1000, which moved values by 0.01 against cv2). Kept per
+    (sizes, scale, device): a dataset has a few image sizes, and each tap table costs a dozen kernels."""
     positions = (torch.arange(out_size, dtype=torch.float64, device=device) + 0.5) * (1.0 / scale) - 0.5
     first = torch.floor(positions)
     weight = (positions - first).float()
@@ -120,14 +125,31 @@ def get_image_blob_t(im, target_scale, target_max_size, pixel_means, stride, dev
     blob) and does the mean subtraction, cv2-equivalent resize and padding there. Returns
     (blob tensor (1, 3, H, W), im_scale, im_info tensor (1, 3)) with the same values as
     get_image_blob up to float rounding."""
-    image = torch.from_numpy(np.ascontiguousarray(im)).to(device, non_blocking=True).double()
-    # float64 minus the float64 means, then float32: prep_im_for_blob's (Detectron's) rounding.
-    means = torch.as_tensor(np.asarray(pixel_means, np.float64).reshape(1, 1, 3), device=device)
-    image = (image - means).float()
+    image = torch.from_numpy(np.ascontiguousarray(im)).to(device, non_blocking=True)
     im_scale = resize_scale(im.shape[0], im.shape[1], target_scale, target_max_size)
-    resized = _resize_linear_t(image, im_scale)
-    height, width = padded_size(resized.shape[0], resized.shape[1], stride)
-    blob = torch.zeros((1, 3, height, width), dtype=torch.float32, device=device)
-    blob[0, :, :resized.shape[0], :resized.shape[1]] = resized.permute(2, 0, 1)
-    im_info = torch.tensor([[height, width, im_scale]], dtype=torch.float32, device=device)
+    blob = training_blob_t([image], [im_scale], pixel_means, stride)
+    im_info = torch.tensor([[blob.shape[2], blob.shape[3], im_scale]], dtype=torch.float32, device=device)
     return blob, im_scale, im_info
+
+
+def training_blob_t(images, scales, pixel_means, stride):
+    """prep_im_for_blob and im_list_to_blob on the images' device: BGR uint8 (H, W, 3) tensors, each
+    resized by its scale (a float, as resize_scale gave it) -> float32 (B, 3, H, W) blob, equal to
+    the numpy path up to float rounding (cv2's resize rounds its own way: within 1e-4 on these values)."""
+    resized = [_resize_linear_t(_minus_means_t(image, pixel_means), scale) for image, scale in zip(images, scales)]
+    height, width = padded_size(max(r.shape[0] for r in resized), max(r.shape[1] for r in resized), stride)
+    blob = torch.zeros((len(resized), 3, height, width), dtype=torch.float32, device=resized[0].device)
+    for i, r in enumerate(resized):
+        blob[i, :, :r.shape[0], :r.shape[1]] = r.permute(2, 0, 1)
+    return blob
+
+
+def _minus_means_t(image, pixel_means):
+    """float64 image minus the float64 means, then float32: prep_im_for_blob's (Detectron's) rounding."""
+    return (image.double() - _means_t(tuple(np.asarray(pixel_means, np.float64).ravel()), image.device)).float()
+
+
+@functools.lru_cache(maxsize=16)
+def _means_t(pixel_means, device):
+    # Made once per device: a host-to-device copy per image would wait for the GPU.
+    return torch.tensor(pixel_means, dtype=torch.float64, device=device).reshape(1, 1, 3)

@@ -27,6 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'centernet')
 TEST_SUBDIR = os.path.join('test', 'tiny_val', 'centernet')
 
+CPU = torch.device('cpu')
+
 
 @pytest.fixture(autouse=True)
 def private_dataset_registrations(monkeypatch):
@@ -333,7 +335,7 @@ def _rank_batch(rank, chunks):
     roidb = model_type.training_roidb(cfg)
     sampler = GroupedDistributedBatchSampler(model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED,
                                              rank=rank, world_size=len(chunks), rank_batch_sizes=chunks)
-    loader = build_train_loader(model_type.training_dataset(cfg, roidb), sampler, model_type.collate(cfg),
+    loader = build_train_loader(model_type.training_dataset(cfg, roidb, CPU), sampler, model_type.collate(cfg, CPU),
                                 num_workers=0)
     return next(iter(loader))
 

@@ -353,6 +353,26 @@ def test_json_stats_data_time_is_the_wait_for_the_loader(tmp_path, capsys):
     assert iter_time >= data_time + 0.04
 
 
+def test_the_loop_puts_each_batch_on_the_device_with_the_model_types_function(tmp_path):
+    # The model type's batch_to_device finishes the batch (R-CNN: resizes on the GPU); the loop
+    # calls it on every micro-batch and hands the model what it returns.
+    model = _MeanModel()
+    seen = []
+
+    def batch_to_device(batch):
+        seen.append(batch[0].shape)
+        return (batch[0] * 2,)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = train_engine.TrainLoop(model, optimizer, lambda it: 0.1, _SlowBatches(0.0), torch.device('cpu'),
+                                  str(tmp_path), 0, train_engine.TrainOptions(max_iter=2, iter_size=2),
+                                  batch_to_device=batch_to_device)
+    loop.run()
+    assert seen == [torch.Size([2, 3])] * 4
+    # Two SGD steps on the mean of 2 x ones(2, 3) . w over two micro-batches: w -= 0.1 * 4 per step.
+    torch.testing.assert_close(model.w.detach(), torch.full((3,), -0.8))
+
+
 def test_training_from_weights_starts_sgd_from_the_files_momentum(tmp_path):
     # train_net initialises from TRAIN.WEIGHTS and, for Detectron's SGD, from the momentum
     # histories the model type reads in that file (Detectron's model_final.pkl holds them).

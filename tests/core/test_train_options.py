@@ -32,6 +32,8 @@ PLAIN_SGD = ['SOLVER.MOMENTUM', '0.0', 'SOLVER.WEIGHT_DECAY', '0.0', 'SOLVER.WEI
 SHAPES_LR = float(np.float32(0.02))
 STEM_CONV = 'conv_body.body.conv1.weight'
 
+CPU = torch.device('cpu')
+
 
 @pytest.fixture(autouse=True)
 def train_on_the_cpu(monkeypatch):
@@ -65,7 +67,7 @@ def _first_batches(count, rank=0, rank_sizes=None):
     sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), None, seed=cfg.RNG_SEED, rank=rank,
                                              world_size=len(rank_sizes), rank_batch_sizes=rank_sizes)
     model_type = model_builder.get_model_type(cfg)
-    loader = build_train_loader(model_type.training_dataset(cfg, roidb), sampler, model_type.collate(cfg),
+    loader = build_train_loader(model_type.training_dataset(cfg, roidb, CPU), sampler, model_type.collate(cfg, CPU),
                                 num_workers=0)
     with torch.random.fork_rng(devices=[]):  # the engine keeps the DataLoader's seed draw out of torch's stream
         return list(itertools.islice(loader, count))

@@ -87,11 +87,11 @@ class TinyModelType(ModelType):
     def training_roidb(self, cfg):
         return combined_roidb_for_training(cfg.TRAIN.DATASETS, use_flipped=False)
 
-    def training_dataset(self, cfg, roidb):
+    def training_dataset(self, cfg, roidb, device):
         return TrainingDataset(roidb, functools.partial(prepare_training, size=INPUT_SIZE), seed=cfg.RNG_SEED,
                                keys=('image', 'boxes', 'gt_classes'))
 
-    def collate(self, cfg):
+    def collate(self, cfg, device):
         return collate
 
     def test_inputs(self, cfg):

@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.minibatch import get_minibatch, gt_targets, read_image
+from detectron.roi_data.loader import scale_rng
+from detectron.roi_data.minibatch import (UnresizedImages, collate_minibatch, collate_unresized, get_minibatch, gt_targets,
+                                          prepare_training_entry, prepare_unresized_training_entry, read_image)
 from detectron.utils.errors import DatasetError
 
 PIXEL_MEANS = (102.9801, 115.9465, 122.7717)
@@ -185,3 +187,20 @@ def test_training_scales_are_drawn_like_detectron(tmp_path):
     drawn = np.random.RandomState(7).randint(0, len(scales), size=6)
     assert im_info[:, 0].tolist() == [float(scales[i]) for i in drawn]
     assert len(set(im_info[:, 0].tolist())) > 1
+
+
+def _two_entries(tmp_path):
+    rng = np.random.RandomState(7)
+    return [_entry(_write(tmp_path / 'a.png', rng.randint(0, 256, (37, 61, 3)).astype(np.uint8)), 37, 61,
+                   boxes=((2, 3, 20, 30),)),
+            _entry(_write(tmp_path / 'b.png', rng.randint(0, 256, (50, 29, 3)).astype(np.uint8)), 50, 29,
+                   boxes=((1, 1, 9, 9), (4, 5, 20, 40)), classes=(2, 3), crowd=(False, True), flipped=True)]
+
+
+
+def test_unresized_images_are_flipped_before_the_resize(tmp_path):
+    entry = _two_entries(tmp_path)[1]
+    im, scale, im_info, _ = prepare_unresized_training_entry(entry, scale_rng(0, 0, 0), (60,), 1000)
+    np.testing.assert_array_equal(im, read_image(entry['image'])[:, ::-1, :])
+    assert scale == 60 / 29
+    np.testing.assert_array_equal(im_info, np.array([np.round(50 * scale), np.round(29 * scale), scale], np.float32))

@@ -266,16 +266,21 @@ def test_train_row_primes_on_every_batch_then_takes_them_in_turn():
 def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypatch):
     seen = {}
 
-    def batches(model_type, start_iter):
-        seen.update(start_iter=start_iter, datasets=cfg.TRAIN.DATASETS, ims=cfg.TRAIN.IMS_PER_BATCH)
+    def batches(model_type, start_iter, device):
+        seen.update(start_iter=start_iter, datasets=cfg.TRAIN.DATASETS, ims=cfg.TRAIN.IMS_PER_BATCH, device=device)
         return iter(range(1000))
 
+    class ModelType:
+        def batch_to_device(self, cfg, device):
+            return lambda batch: (batch, device.type)
+
     monkeypatch.setattr(bm.train_engine, 'training_batches', batches)
-    monkeypatch.setattr(bm.model_builder, 'get_model_type', lambda cfg: 'the model type')
+    monkeypatch.setattr(bm.model_builder, 'get_model_type', lambda cfg: ModelType())
     args = bm.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te',
                           '--loop-iters', '12', '--loop-warmup', '8'])
-    assert bm.train_net_batches(args, batch=3) == [8, 9, 10, 11]
-    assert seen == {'start_iter': 0, 'datasets': ('tr',), 'ims': 3}
+    cpu = torch.device('cpu')
+    assert bm.train_net_batches(args, batch=3, device=cpu) == [(8, 'cpu'), (9, 'cpu'), (10, 'cpu'), (11, 'cpu')]
+    assert seen == {'start_iter': 0, 'datasets': ('tr',), 'ims': 3, 'device': cpu}
     assert cfg.TRAIN.IMS_PER_BATCH != 3 or cfg.TRAIN.DATASETS != ('tr',)  # restored afterwards
 
 
