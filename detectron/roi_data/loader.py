@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_image
-from detectron.roi_data.shared_memory import empty_for_main_process
+from detectron.roi_data.shared_memory import shared_copy
 from detectron.utils.distributed import die_with_parent
 from detectron.utils.errors import DEAD_WORKER_HINT, DatasetError, LoaderWorkerError, dead_loader_workers_as_errors
 
@@ -204,12 +204,6 @@ class SharedArray:
 SHARED_ARRAY_MIN_BYTES = 64 * 1024
 
 
-def _shared_copy(array):
-    tensor = empty_for_main_process(array.shape, torch.from_numpy(array[:0]).dtype)
-    tensor.numpy()[...] = array
-    return tensor
-
-
 def _map_leaves(sample, fn):
     """sample (nested dicts, lists, tuples) with fn applied to everything else in it."""
     if isinstance(sample, dict):
@@ -221,7 +215,7 @@ def _map_leaves(sample, fn):
 
 def _wrap_large_arrays(sample):
     """sample with each large numpy array of a torch dtype in a SharedArray."""
-    return _map_leaves(sample, lambda leaf: SharedArray(_shared_copy(leaf)) if _is_large_array(leaf) else leaf)
+    return _map_leaves(sample, lambda leaf: SharedArray(shared_copy(leaf)) if _is_large_array(leaf) else leaf)
 
 
 def _is_large_array(leaf):

@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import torch
 
-from detectron.roi_data.shared_memory import empty_for_main_process
+from detectron.roi_data.shared_memory import empty_for_main_process, shared_copy
 from detectron.utils.blob import blob_shape, fill_blob, prep_im_for_blob, resize_scale
 from detectron.utils.errors import DatasetError
 
@@ -102,14 +102,17 @@ def _training_im_info(im, scale):
 def prepare_training_entry(entry, rng, scales, max_size, pixel_means):
     """One entry at a training scale drawn from `scales` with rng (a RandomState owned by this
     (iteration, entry) draw, see loader.TrainingDataset)."""
-    target_size = scales[rng.randint(len(scales))]
-    return prepare_training_image(entry, target_size, max_size, pixel_means)
+    return prepare_training_image(entry, _drawn_scale(scales, rng), max_size, pixel_means)
+
+
+def _drawn_scale(scales, rng):
+    return scales[rng.randint(len(scales))]
 
 
 def prepare_unresized_training_entry(entry, rng, scales, max_size):
     """prepare_training_entry for a device that resizes (UnresizedImages): the same draw, the image
     read and flipped but left uint8 at its size -> (uint8 HxWx3 image, its scale, im_info, targets)."""
-    target_size = scales[rng.randint(len(scales))]
+    target_size = _drawn_scale(scales, rng)
     im = np.ascontiguousarray(_read_flipped(entry))
     scale = resize_scale(im.shape[0], im.shape[1], target_size, max_size)
     return im, scale, _training_im_info(im, scale), gt_targets(entry)
@@ -133,10 +136,8 @@ def collate_unresized(items):
     """prepare_unresized_training_entry's items -> (UnresizedImages, im_info (B, 3), list of B
     target dicts); each image in shared memory when made in a loader worker."""
     ims, scales, im_infos, targets = zip(*items)
-    images = [empty_for_main_process(im.shape, torch.uint8) for im in ims]
-    for image, im in zip(images, ims):
-        image.numpy()[...] = im
-    return UnresizedImages(images, list(scales)), torch.from_numpy(np.stack(im_infos)), list(targets)
+    images = UnresizedImages([shared_copy(im) for im in ims], list(scales))
+    return images, torch.from_numpy(np.stack(im_infos)), list(targets)
 
 
 def collate_minibatch(items, stride):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.minibatch import collate_minibatch
+from detectron.roi_data.minibatch import collate_minibatch, collate_unresized
 from detectron.roi_data.shared_memory import stacked_batch
 from detectron.utils.blob import im_list_to_blob
 
@@ -69,3 +69,20 @@ def test_rcnn_blob_of_a_worker_is_written_in_shared_memory():
 def test_rcnn_blob_in_the_main_process_is_ordinary_memory():
     images, _, _ = collate_minibatch(_rcnn_items(), stride=32)
     assert not images.is_shared() and images.shape == (2, 3, 64, 64)
+
+
+def _collate_unresized_in_worker(items):
+    images, im_info, targets = collate_unresized(items)
+    return images.images, [image.is_shared() for image in images.images], images.scales, im_info
+
+
+def test_unresized_images_of_a_worker_are_copied_into_shared_memory():
+    rng = np.random.RandomState(5)
+    ims = [rng.randint(0, 256, (h, w, 3)).astype(np.uint8) for h, w in ((30, 50), (45, 20))]
+    items = [(im, 1.5 + k, np.array([1, 2, 3], np.float32), {}) for k, im in enumerate(ims)]
+    loader = torch.utils.data.DataLoader(items, batch_size=2, num_workers=1, collate_fn=_collate_unresized_in_worker)
+    (images, shared_in_worker, scales, im_info), = list(loader)
+    assert shared_in_worker == [True, True]
+    assert [image.numpy().tobytes() for image in images] == [im.tobytes() for im in ims]
+    assert scales == [1.5, 2.5]
+    np.testing.assert_array_equal(im_info.numpy(), [[1, 2, 3], [1, 2, 3]])
