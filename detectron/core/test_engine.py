@@ -25,7 +25,7 @@ from detectron.modeling import model_builder
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
-from detectron.utils.errors import ConfigValueError, DatasetError
+from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url, save_object
 from detectron.utils.vis import write_vis_image
 
