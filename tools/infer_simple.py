@@ -14,10 +14,10 @@ import sys
 
 import torch
 
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.config import cfg
+from detectron.core.config_finalize import finalize_cfg
 from detectron.core.test import im_detect_all
 from detectron.core.test_engine import load_test_model
-from detectron.datasets import dataset_catalog
 from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
@@ -68,10 +68,7 @@ def _class_names(dataset_name):
 def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
-    merge_cfg_from_file(args.cfg_file)
-    merge_cfg_from_list(args.opts)
-    assert_and_infer_cfg()
-    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    finalize_cfg(args.cfg_file, args.opts)
     class_names = _class_names(args.class_names_from)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     model = load_test_model(args.wts, device)

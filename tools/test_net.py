@@ -12,7 +12,8 @@ The model is TEST.WEIGHTS (a .pth of this port, a Detectron .pkl or a URL). KEY 
 import argparse
 import sys
 
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_command_line
+from detectron.core.config import cfg
+from detectron.core.config_finalize import finalize_cfg
 from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import setup_logging
@@ -46,16 +47,13 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     setup_logging(__name__)
-    merge_cfg_from_command_line(args.cfg_file, args.opts + (['VIS', 'True'] if args.vis else []))
-    assert_and_infer_cfg()
+    finalize_cfg(args.cfg_file, args.opts + (['VIS', 'True'] if args.vis else []))
     if args.print_config:
         print(cfg.dump())
         return
     if not cfg.TEST.WEIGHTS:
         raise ConfigValueError('TEST.WEIGHTS is empty: name the model to test, e.g. TEST.WEIGHTS model_final.pth')
     from detectron.core import test_engine
-    from detectron.modeling import model_builder
-    model_builder.check_supported(cfg)  # once, before any process starts
     test_engine.run_inference(cfg.TEST.WEIGHTS, ind_range=args.range, multi_gpu_testing=args.multi_gpu_testing)
 
 

@@ -11,8 +11,8 @@ KEY VALUE pairs (before or after the flags) override the config file (see docs/C
 import argparse
 import sys
 
-from detectron.core.config import (assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_command_line,
-                                   scale_schedule_to_global_batch)
+from detectron.core.config import cfg
+from detectron.core.config_finalize import finalize_cfg
 from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import run_tool
 from detectron.utils.logging import setup_logging
@@ -41,15 +41,8 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
-    merge_cfg_from_command_line(args.cfg_file, args.opts)
+    derived = finalize_cfg(args.cfg_file, args.opts, training=True)
     from detectron.core import test_engine, train_engine
-    from detectron.datasets import dataset_catalog
-    from detectron.modeling import model_builder
-    model_builder.check_supported(cfg)  # once, before any process starts
-    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
-    derived = model_builder.get_model_type(cfg).derive_training_cfg(cfg)
-    scale_schedule_to_global_batch(images_per_iter())
-    assert_and_infer_cfg()
     schedule = derived + train_engine.describe_schedule()
     if args.print_config:
         print(cfg.dump())

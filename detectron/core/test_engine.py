@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from detectron.core.config import adopt_cfg, cfg, get_output_dir
-from detectron.datasets import dataset_catalog, task_evaluation
+from detectron.core.config import cfg, get_output_dir
+from detectron.core.config_finalize import receive_cfg
+from detectron.datasets import task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.loader import build_test_loader
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 
 
 def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
-    """Test weights_file on every TEST.DATASETS entry in turn; returns {dataset: {'box': metrics}}."""
-    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    """Test weights_file on every TEST.DATASETS entry in turn (the cfg finished by finalize_cfg);
+    returns {dataset: {'box': metrics}}."""
     if ind_range is not None:
         if len(cfg.TEST.DATASETS) != 1:
             raise ConfigValueError('--range needs exactly one TEST.DATASETS entry, got {}; set TEST.DATASETS to '
@@ -86,8 +87,7 @@ def _parallel_testing(multi_gpu_testing):
 
 def _test_worker(cfg_snapshot, weights_file, name):
     """One rank's contiguous range; returns the merged all_boxes on rank 0 and None elsewhere."""
-    adopt_cfg(cfg_snapshot)
-    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    receive_cfg(cfg_snapshot)
     output_dir = get_output_dir((name,), training=False)
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from detectron.core.config import adopt_cfg, cfg, get_output_dir, images_per_iter
-from detectron.datasets import dataset_catalog
+from detectron.core.config import cfg, get_output_dir, images_per_iter
+from detectron.core.config_finalize import receive_cfg
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum, lr_change_ratio, set_lr
 from detectron.roi_data.loader import build_train_loader, to_device
@@ -54,8 +54,7 @@ class NonFiniteLossError(DetectronError, FloatingPointError):
 
 
 def train_model():
-    """Train the model described by cfg; returns {'final': path of model_final.pth}."""
-    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    """Train the model described by the finished cfg; returns {'final': path of model_final.pth}."""
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     final_path = os.path.join(output_dir, 'model_final.pth')
     if cfg.TRAIN.AUTO_RESUME and os.path.exists(final_path):
@@ -69,13 +68,9 @@ def train_model():
 
 def train_worker(cfg_snapshot):
     """One rank of a training job: everything model-specific comes from the model type's entry."""
-    adopt_cfg(cfg_snapshot)
-    # Every worker registers the config's dataset catalog, so all resolve the same dataset names.
-    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    receive_cfg(cfg_snapshot)
     model_type = model_builder.get_model_type(cfg)
     device = distributed.get_device()
-    if device.type == 'cpu' and _cpu_bfloat16_is_emulated():
-        _train_in_float32_instead_of_bfloat16()
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
@@ -95,27 +90,6 @@ def train_worker(cfg_snapshot):
                      train_options(), progress=saved_progress, batch_to_device=model_type.batch_to_device(cfg, device))
     loop.run()
     loop.save('model_final.pth', cfg.SOLVER.MAX_ITER - 1)
-
-
-def _cpu_bfloat16_is_emulated():
-    """Whether this CPU lacks the bfloat16 instructions (AVX512-BF16, AMX) of oneDNN's fast kernels."""
-    probes = [getattr(torch.cpu, name, None) for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
-    return all(probe is not None and not probe() for probe in probes)
-
-
-def _train_in_float32_instead_of_bfloat16():
-    """SOLVER.AMP bfloat16 on a CPU without bfloat16 instructions: float32, said once. There oneDNN's
-    fallback is far slower than float32 (the CenterNet demo's step: 13.0 s against 0.80 s with
-    ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 EPYC, BENCHMARKS.md); autocast is asked for speed."""
-    if not (cfg.SOLVER.AMP.ENABLED and cfg.SOLVER.AMP.DTYPE == 'bfloat16'):
-        return
-    if distributed.is_main_process():
-        logger.warning('SOLVER.AMP.ENABLED with bfloat16, but this CPU has no bfloat16 instructions '
-                       '(AVX512-BF16 or AMX), where autocast runs many times slower than float32: training '
-                       'in float32 (SOLVER.AMP.ENABLED False)')
-    cfg.defrost()
-    cfg.SOLVER.AMP.ENABLED = False
-    cfg.freeze()
 
 
 def lr_schedule():

@@ -22,12 +22,6 @@ def get_model_type(cfg):
     return model_type
 
 
-def check_supported(cfg):
-    """ConfigValueError unless cfg asks for a model this port builds; tools call it before they
-    start any process, so a wrong setting is one message, not one per rank."""
-    get_model_type(cfg).check(cfg)
-
-
 def create(cfg):
     """Build the model named by MODEL.TYPE from cfg."""
     model_type = get_model_type(cfg)

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.core import test_engine, train_engine
+from detectron.core import config_finalize, test_engine, train_engine
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
 from detectron.modeling import centernet, centernet_builder, model_builder
 from detectron.roi_data.centernet import get_affine_transform
@@ -43,16 +44,13 @@ def catalog(tmp_path_factory):
 def use_centernet(catalog, output_dir, *overrides):
     """res_18 at 64 px on the tiny datasets (2 categories), 2 images per iteration, float32."""
     cfg.defrost()
-    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml'))
-    merge_cfg_from_list(['SOLVER.AMP.ENABLED', 'False', 'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)",
-                         'TEST.DATASETS', "('tiny_val',)", 'CENTERNET.NUM_CLASSES', '2', 'CENTERNET.INPUT_RES', '64',
-                         'CENTERNET.BATCH_SIZE', '2', 'CENTERNET.LR', '0.001', 'CENTERNET.LR_BATCH_SIZE', '2',
-                         'CENTERNET.NUM_EPOCHS', '1', 'CENTERNET.LR_STEP', '(1,)', 'DATA_LOADER.NUM_THREADS', '0',
-                         'OUTPUT_DIR', str(output_dir)] + list(overrides))
-    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
-    derived = model_builder.get_model_type(cfg).derive_training_cfg(cfg)
-    assert_and_infer_cfg()
-    return derived
+    return finalize_cfg(
+        os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml'),
+        ['SOLVER.AMP.ENABLED', 'False', 'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)",
+         'TEST.DATASETS', "('tiny_val',)", 'CENTERNET.NUM_CLASSES', '2', 'CENTERNET.INPUT_RES', '64',
+         'CENTERNET.BATCH_SIZE', '2', 'CENTERNET.LR', '0.001', 'CENTERNET.LR_BATCH_SIZE', '2',
+         'CENTERNET.NUM_EPOCHS', '1', 'CENTERNET.LR_STEP', '(1,)', 'DATA_LOADER.NUM_THREADS', '0',
+         'OUTPUT_DIR', str(output_dir)] + list(overrides), training=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +261,7 @@ def _final_model_after_training(catalog, output_dir, *overrides):
 
 
 def test_bfloat16_on_a_cpu_without_its_instructions_trains_exactly_as_float32(catalog, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(train_engine, '_cpu_bfloat16_is_emulated', lambda: True)
+    monkeypatch.setattr(config_finalize, 'cpu_bfloat16_is_emulated', lambda: True)
     fallback = _final_model_after_training(catalog, tmp_path / 'bf16', 'SOLVER.AMP.ENABLED', 'True',
                                            'SOLVER.AMP.DTYPE', 'bfloat16')
     assert 'no bfloat16 instructions' in caplog.text and 'training in float32' in caplog.text
@@ -277,12 +275,13 @@ def test_bfloat16_instructions_are_probed_by_both_of_torchs_cpu_checks(monkeypat
     for avx512_bf16, amx, emulated in ((False, False, True), (True, False, False), (False, True, False)):
         monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: avx512_bf16, raising=False)
         monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: amx, raising=False)
-        assert train_engine._cpu_bfloat16_is_emulated() == emulated
+        assert config_finalize.cpu_bfloat16_is_emulated() == emulated
     monkeypatch.delattr(torch.cpu, '_is_amx_tile_supported')
-    assert not train_engine._cpu_bfloat16_is_emulated()  # a torch without the probe: autocast as asked
+    assert not config_finalize.cpu_bfloat16_is_emulated()  # a torch without the probe: autocast as asked
 
 
-def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tmp_path):
+def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tmp_path, monkeypatch):
+    monkeypatch.setattr(config_finalize, 'cpu_bfloat16_is_emulated', lambda: False)  # whatever this CPU has
     use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16')
     model_type = model_builder.get_model_type(cfg)
     images, targets = _rank_batch(0, [2])

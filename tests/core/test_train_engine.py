@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from detectron.core import train_engine
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.config import cfg
+from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
 from detectron.modeling import fast_rcnn_heads, model_builder
 from detectron.utils import checkpoint
@@ -93,10 +94,8 @@ def write_coco(path, images, annotations):
 def use_tiny_config(catalog, output_dir, *overrides):
     """Set the global cfg to the tiny model on the tiny datasets (tests/conftest.py restores it)."""
     cfg.defrost()
-    merge_cfg_from_file(SHAPES_CFG)
-    merge_cfg_from_list(TINY_OVERRIDES + ['DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir)]
-                        + list(overrides))
-    assert_and_infer_cfg()
+    finalize_cfg(SHAPES_CFG, TINY_OVERRIDES + ['DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir)]
+                 + list(overrides), training=True)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.core import train_engine
+from detectron.core import config_finalize, train_engine
 from detectron.core.config import cfg, images_per_iter, merge_cfg_from_list
 from detectron.datasets import dataset_catalog
 from detectron.datasets.roidb import combined_roidb_for_training
@@ -142,7 +142,7 @@ def _assert_finite_losses(stats):
 def test_bfloat16_autocast_runs_the_forward_in_bfloat16_and_trains(tiny_catalog, tmp_path, capsys, monkeypatch):
     # What autocast does, also on a CPU without bfloat16 instructions (where train_worker would train in
     # float32 instead: tests/core/test_centernet_engine.py).
-    monkeypatch.setattr(train_engine, '_cpu_bfloat16_is_emulated', lambda: False)
+    monkeypatch.setattr(config_finalize, 'cpu_bfloat16_is_emulated', lambda: False)
     use_tiny_config(tiny_catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16',
                     'SOLVER.MAX_ITER', '3')
     capsys.readouterr()

@@ -108,7 +108,7 @@ def test_malformed_yaml_is_one_line(tmp_path):
 
 
 def test_test_net_without_weights_is_a_user_error():
-    result = _run('test_net.py', 'TEST.DATASETS', 'coco_2014_minival')
+    result = _run('test_net.py', '-c', TUTORIAL_8GPU, 'TEST.DATASETS', 'coco_2014_minival')
     assert result.returncode == 2
     assert result.stderr == 'error: TEST.WEIGHTS is empty: name the model to test, e.g. TEST.WEIGHTS model_final.pth\n'
 
