@@ -177,19 +177,21 @@ if triton is not None:
                                 x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw, m_sn, m_sc, m_sh, m_sw,
                                 stride, padding, KH: tl.constexpr, KW: tl.constexpr,
                                 BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
-        """out[n, c * taps + t, p] for one image's block of output pixels and of channels. As
-        grid_sample does, the threads run along the pixels and each works through the channels,
-        so that neighbouring threads read neighbouring pixels of one channel plane."""
+        """out[n, c * taps + t, p] for one image's tile of channels x output pixels. As grid_sample
+        does, neighbouring threads take neighbouring pixels of one channel plane. The taps are a
+        loop the compiler keeps (not unrolled): unrolled taps x channels made Triton's first
+        compile of this kernel take 16 s (BENCHMARKS.md, "Start-up")."""
         p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        first_channel = tl.program_id(1) * BLOCK_C
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         n = tl.program_id(2).to(tl.int64)
         p_in = p < pixels
+        c_in = (c < channels)[:, None]
         oy, ox = p // out_w, p % out_w
         offsets = offset_ptr + n * o_sn + oy * o_sh + ox * o_sw
         masks = mask_ptr + n * m_sn + oy * m_sh + ox * m_sw
-        x_image = x_ptr + n * x_sn
-        out_image = out_ptr + n * channels * (KH * KW * pixels) + p
-        for t in tl.static_range(KH * KW):
+        planes = x_ptr + n * x_sn + c.to(tl.int64)[:, None] * x_sc
+        out_rows = out_ptr + n * channels * (KH * KW * pixels) + c.to(tl.int64)[:, None] * (KH * KW * pixels) + p[None, :]
+        for t in range(KH * KW):
             dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
             dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
             m = tl.load(masks + t * m_sc, mask=p_in, other=0.0).to(tl.float32)
@@ -205,15 +207,11 @@ if triton is not None:
             x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
             top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
             left, right = x0 >= 0, x0 + 1 < width
-            corner = x_image + y0 * x_sh + x0 * x_sw
-            for k in tl.static_range(BLOCK_C):
-                c = first_channel + k
-                valid = c < channels
-                plane = corner + c * x_sc
-                v1 = tl.load(plane, mask=valid & top & left, other=0.0).to(tl.float32)
-                v2 = tl.load(plane + x_sw, mask=valid & top & right, other=0.0).to(tl.float32)
-                v3 = tl.load(plane + x_sh, mask=valid & bottom & left, other=0.0).to(tl.float32)
-                v4 = tl.load(plane + x_sh + x_sw, mask=valid & bottom & right, other=0.0).to(tl.float32)
-                value = tl.where(inside, w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, 0.0) * m
-                tl.store(out_image + (c * (KH * KW) + t) * pixels, value.to(out_ptr.dtype.element_ty),
-                         mask=valid & p_in)
+            corner = planes + (y0 * x_sh + x0 * x_sw)[None, :]
+            v1 = tl.load(corner, mask=c_in & (top & left)[None, :], other=0.0).to(tl.float32)
+            v2 = tl.load(corner + x_sw, mask=c_in & (top & right)[None, :], other=0.0).to(tl.float32)
+            v3 = tl.load(corner + x_sh, mask=c_in & (bottom & left)[None, :], other=0.0).to(tl.float32)
+            v4 = tl.load(corner + x_sh + x_sw, mask=c_in & (bottom & right)[None, :], other=0.0).to(tl.float32)
+            value = w1[None, :] * v1 + w2[None, :] * v2 + w3[None, :] * v3 + w4[None, :] * v4
+            value = tl.where(inside[None, :], value, 0.0) * m[None, :]
+            tl.store(out_rows + t * pixels, value.to(out_ptr.dtype.element_ty), mask=c_in & p_in[None, :])

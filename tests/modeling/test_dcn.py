@@ -1,4 +1,7 @@
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -7,6 +10,8 @@ import torch.nn.functional as F
 
 from detectron.modeling import dcn
 from detectron.modeling.dcn import DCN, modulated_deform_conv2d
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _conv_numpy(x, weight, bias, stride, pad):
@@ -251,3 +256,43 @@ def test_sampling_kernel_writes_autocast_s_dtype_and_serves_only_inference(monke
     with torch.no_grad():
         modulated_deform_conv2d(*(t.detach().double() for t in (x, offset, mask, weight, bias)), padding=1)
     assert len(calls) == 1
+
+
+_INTERPRETER_SCRIPT = '''
+import sys
+import torch
+from detectron.modeling import dcn
+x, offset, mask, stride = torch.load(sys.argv[1])
+torch.save(dcn.sampled_columns_triton(x, offset, mask, 3, 3, stride, 1), sys.argv[2])
+'''
+
+
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('stride', [1, 2])
+def test_sampling_kernel_by_tritons_interpreter_equals_grid_sample_columns(tmp_path, layout, stride):
+    """The kernel's arithmetic on the CPU (TRITON_INTERPRET=1, set before triton is imported: hence the
+    subprocess): 37 channels and 13 x 17 pixels leave partial tiles along both axes."""
+    if dcn.triton is None:
+        pytest.skip('triton is not installed: grid_sample serves everywhere')
+    x, offset, mask, _, _ = _random_dcn_inputs(seed=5, channels=37, height=13, width=17)
+    if stride == 2:
+        offset, mask = offset[..., ::2, ::2], mask[..., ::2, ::2]
+    # The offsets and masks as DCN passes them: strided views of one predictor output.
+    raw = torch.cat((offset + 0.37, mask), dim=1).float()
+    x = x.float()
+    if layout == 'channels_last':
+        x, raw = x.contiguous(memory_format=torch.channels_last), raw.contiguous(memory_format=torch.channels_last)
+    offset, mask = raw[:, :18], raw[:, 18:]
+    torch.save((x, offset, mask, stride), tmp_path / 'inputs.pt')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]),
+               TRITON_INTERPRET='1', CUDA_VISIBLE_DEVICES='')
+    proc = subprocess.run([sys.executable, '-c', _INTERPRETER_SCRIPT, str(tmp_path / 'inputs.pt'),
+                           str(tmp_path / 'columns.pt')], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kernel = torch.load(tmp_path / 'columns.pt')
+    expected = dcn.sampled_columns(x, offset, mask, 3, 3, stride, 1)
+    assert kernel.dtype == torch.float32 and kernel.shape == expected.shape
+    assert (expected == 0).float().mean() > 0.05  # samples outside the map
+    # grid_sample rescales the positions to [-1, 1] and back: last-bit differences of the weights.
+    torch.testing.assert_close(kernel, expected, rtol=1e-5, atol=1e-5)
