@@ -29,6 +29,7 @@ from detectron.utils.errors import (
 logger = logging.getLogger(__name__)
 
 __C = cfg
+_DEFAULTS = cfg.clone()  # before any merge: what "left at its default" means
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,6 +75,56 @@ _RENAMED_KEYS = {
         'TEST.PROPOSAL_FILES',
         "Also make it a tuple: '/path/to/props.pkl' -> ('/path/to/props.pkl',)."
     ),
+}
+
+# Keys of Detectron's tree that no code of this port acts on (a key ending in '.' stands for every key
+# below it). Each stays loadable at its default, so Detectron's configs merge as they are; any other
+# value is one error line naming the key and why (tests/core/test_config_keys.py: every key is read or
+# listed here).
+_PRECOMPUTED_PROPOSALS = 'it serves Fast R-CNN on precomputed proposals, which this port does not build'
+_NOT_ACTED_ON = {
+    'TRAIN.BBOX_THRESH': _PRECOMPUTED_PROPOSALS,
+    'TRAIN.CROWD_FILTER_THRESH': _PRECOMPUTED_PROPOSALS,
+    'TRAIN.PROPOSAL_FILES': _PRECOMPUTED_PROPOSALS,
+    'TEST.PROPOSAL_FILES': _PRECOMPUTED_PROPOSALS,
+    'TEST.PROPOSAL_LIMIT': _PRECOMPUTED_PROPOSALS,
+    'DEDUP_BOXES': _PRECOMPUTED_PROPOSALS,
+    'TRAIN.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
+    'TEST.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
+    'TRAIN.COPY_WEIGHTS': 'Detectron\'s class-remapping weight copy is not ported; TRAIN.WEIGHTS loads by name',
+    'DATA_LOADER.MINIBATCH_QUEUE_SIZE': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
+    'DATA_LOADER.BLOBS_QUEUE_CAPACITY': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
+    'TEST.FORCE_JSON_DATASET_EVAL': 'every dataset is evaluated by the COCO json evaluator here; remove the key',
+    'TEST.CLASS_SPECIFIC_AR': 'proposal recall evaluation (RPN-only models) is not ported',
+    'TEST.BBOX_AUG.': 'test-time box augmentation is not ported',
+    'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
+    'TEST.KPS_AUG.': 'keypoint heads are not ported',
+    'KRCNN.': 'keypoint heads are not ported',
+    'RETINANET.': 'RetinaNet is not ported',
+    'RPN.SIZES': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
+    'RPN.STRIDE': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
+    'RPN.ASPECT_RATIOS': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and '
+                         'FPN.RPN_ASPECT_RATIOS',
+    'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
+    'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
+    'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
+    'MRCNN.': 'Mask R-CNN heads are not ported yet',
+    'FAST_RCNN.CONV_HEAD_DIM': 'only the 2-fc box head (fast_rcnn_heads.add_roi_2mlp_head) is built',
+    'FAST_RCNN.NUM_STACKED_CONVS': 'only the 2-fc box head (fast_rcnn_heads.add_roi_2mlp_head) is built',
+    'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',
+    'MEMONGER': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations to save memory',
+    'MEMONGER_SHARE_ACTIVATIONS': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations '
+                                  'to save memory',
+    'USE_NCCL': 'the backend follows the device: NCCL on GPUs, gloo on the CPU',
+    'MATLAB': 'the MATLAB evaluation of Pascal VOC is not ported',
+    'EXPECTED_RESULTS': 'Detectron\'s expected-results check is not ported',
+    'EXPECTED_RESULTS_RTOL': 'Detectron\'s expected-results check is not ported',
+    'EXPECTED_RESULTS_ATOL': 'Detectron\'s expected-results check is not ported',
+    'EXPECTED_RESULTS_SIGMA_TOL': 'Detectron\'s expected-results check is not ported',
+    'EXPECTED_RESULTS_EMAIL': 'Detectron\'s expected-results check is not ported',
+    'CLUSTER.ON_CLUSTER': 'a Facebook cluster setting; see docs/MULTI_GPU.md for SLURM and torchrun',
+    'EPS': 'no computation of this port reads it (each formula names its own epsilon)',
+    'ROOT_DIR': 'paths are read relative to the working directory',
 }
 
 # Spellings from detectron2-era guides, stored under Detectron's key.
@@ -135,7 +186,7 @@ def assert_and_infer_cfg(make_immutable=True):
     """
     if __C.MODEL.RPN_ONLY or __C.MODEL.FASTER_RCNN:
         __C.RPN.RPN_ON = True
-    if __C.RPN.RPN_ON or __C.RETINANET.RETINANET_ON:
+    if __C.RPN.RPN_ON:
         __C.TEST.PRECOMPUTED_PROPOSALS = False
     _check_cfg()
     if make_immutable:
@@ -432,6 +483,7 @@ def _type_error(value, default, full_key, source):
 # Consistency checks of assert_and_infer_cfg
 # ---------------------------------------------------------------------------------------------
 def _check_cfg():
+    _check_acted_on()
     _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER',
                      'TRAIN.SNAPSHOT_ITERS', 'TRAIN.CUDA_GRAPHS_MAX_SHAPES',
                      'TEST.CUDA_GRAPHS_MAX_SHAPES'))
@@ -450,6 +502,21 @@ def _check_cfg():
             raise ConfigValueError(
                 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'
             )
+
+
+def _check_acted_on():
+    """A key of _NOT_ACTED_ON set to anything but its default: one line naming it and why."""
+    for full_key in _all_leaf_keys(__C, ''):
+        reason = _NOT_ACTED_ON.get(full_key) or _NOT_ACTED_ON.get(full_key.rsplit('.', 1)[0] + '.')
+        value = _leaf_value(__C, full_key)
+        if reason and value != _leaf_value(_DEFAULTS, full_key):
+            raise ConfigValueError('{} {!r} is not acted on by this port: {}'.format(full_key, value, reason))
+
+
+def _leaf_value(node, full_key):
+    for name in full_key.split('.'):
+        node = node[name]
+    return node
 
 
 def _check_solver():

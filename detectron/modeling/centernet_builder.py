@@ -46,6 +46,9 @@ class CenterNetType(ModelType):
                                    '(the backbones have stride 4), got {} and {}'.format(c.INPUT_RES, c.DOWN_RATIO))
         if not c.TEST_SCALES or min(c.TEST_SCALES) <= 0:
             raise ConfigValueError('CENTERNET.TEST_SCALES must hold scales > 0, got {}'.format(c.TEST_SCALES))
+        if cfg.TRAIN.FREEZE_CONV_BODY:
+            raise ConfigValueError('TRAIN.FREEZE_CONV_BODY True freezes an R-CNN body; CenterNet trains its whole '
+                                   'network, as CenterNet does: set it to False')
         rank_chunks(cfg)
 
     def derive_training_cfg(self, cfg):

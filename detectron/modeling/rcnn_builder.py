@@ -25,10 +25,9 @@ _CONV_BODIES = {
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head',)
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
+# (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
 _UNSUPPORTED = {
-    'MODEL.MASK_ON': 'Mask R-CNN heads', 'MODEL.KEYPOINTS_ON': 'keypoint heads',
-    'RETINANET.RETINANET_ON': 'RetinaNet', 'MODEL.RPN_ONLY': 'RPN-only models',
-    'TEST.BBOX_AUG.ENABLED': 'test-time box augmentation',
+    'MODEL.MASK_ON': 'Mask R-CNN heads', 'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models',
 }
 
 
@@ -52,7 +51,7 @@ class GeneralizedRCNNType(ModelType):
         return load_weights_and_momentum(model, path)
 
     def training_roidb(self, cfg):
-        roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
+        roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA)
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -148,9 +147,20 @@ def check_supported(cfg):
         raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
                                'ported: training and variance voting read the head as alpha = log(sigma^2); set '
                                'PRED_STD_LOG True, as KL-Loss\'s configs do')
+    _check_one_norm(cfg.RESNETS)
     if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
+
+
+def _check_one_norm(resnets):
+    """The body normalises one way: Detectron's GN configs name the GN stem, transformation and shortcut."""
+    funcs = {'RESNETS.STEM_FUNC': resnets.STEM_FUNC, 'RESNETS.TRANS_FUNC': resnets.TRANS_FUNC,
+             'RESNETS.SHORTCUT_FUNC': resnets.SHORTCUT_FUNC}
+    if len({'_gn_' in f for f in funcs.values()}) > 1:
+        raise ConfigValueError('{} mix GroupNorm and affine/BatchNorm functions; for GroupNorm set all three: '
+                               'basic_gn_stem, bottleneck_gn_transformation (basic_gn_transformation for R-18/34) '
+                               'and basic_gn_shortcut'.format(', '.join('{} {}'.format(k, v) for k, v in funcs.items())))
 
 
 def build_model(cfg):
@@ -166,8 +176,8 @@ def build_model(cfg):
 
 
 def _norm_kind(cfg):
-    funcs = (cfg.RESNETS.TRANS_FUNC, cfg.RESNETS.STEM_FUNC)
-    if any('_gn_' in f or f.endswith('_gn_stem') for f in funcs):
+    funcs = (cfg.RESNETS.TRANS_FUNC, cfg.RESNETS.STEM_FUNC, cfg.RESNETS.SHORTCUT_FUNC)
+    if any('_gn_' in f for f in funcs):
         return 'gn'
     if any(f.startswith(('bottleneck_bn_', 'basic_bn_transformation')) for f in funcs):
         return 'bn'
@@ -175,13 +185,16 @@ def _norm_kind(cfg):
 
 
 def build_conv_body(cfg):
-    return _CONV_BODIES[cfg.MODEL.CONV_BODY](
+    body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
         fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
         gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
         gn_eps=cfg.GROUP_NORM.EPSILON, coarsest_stride=cfg.FPN.COARSEST_STRIDE,
         stride_1x1=cfg.RESNETS.STRIDE_1X1, freeze_at=cfg.TRAIN.FREEZE_AT, norm=_norm_kind(cfg),
         num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP,
         checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
+    if cfg.TRAIN.FREEZE_CONV_BODY:  # Detectron's StopGradient on the body's outputs: ResNet and FPN stay as loaded
+        body.requires_grad_(False)
+    return body
 
 
 def rcnn_params(cfg, num_rpn_levels):
@@ -241,6 +254,7 @@ def nms_params(cfg):
         score_thresh=test.SCORE_THRESH, nms=test.NMS, detections_per_im=test.DETECTIONS_PER_IM,
         soft_nms=test.SOFT_NMS.ENABLED, soft_nms_method=test.SOFT_NMS.METHOD, soft_nms_sigma=test.SOFT_NMS.SIGMA,
         bbox_vote=test.BBOX_VOTE.ENABLED, bbox_vote_th=test.BBOX_VOTE.VOTE_TH,
-        bbox_vote_scoring_method=test.BBOX_VOTE.SCORING_METHOD, std_nms=cfg.STD_NMS, std_method=cfg.STD.METHOD,
+        bbox_vote_scoring_method=test.BBOX_VOTE.SCORING_METHOD,
+        bbox_vote_scoring_beta=test.BBOX_VOTE.SCORING_METHOD_BETA, std_nms=cfg.STD_NMS, std_method=cfg.STD.METHOD,
         std_soft=cfg.STD.SOFT, std_iou_sigma=cfg.STD.IOU_SIGMA, std_th=cfg.STD_TH,
         sigma_column_order=cfg.STD.SIGMA_COLUMN_ORDER)

@@ -47,6 +47,7 @@ class NMSParams:
     bbox_vote: bool = False
     bbox_vote_th: float = 0.8
     bbox_vote_scoring_method: str = 'ID'
+    bbox_vote_scoring_beta: float = 1.0
     std_nms: bool = False
     std_method: str = 'stdiou'
     std_soft: str = 'soft'
@@ -223,7 +224,8 @@ def _detectron_soft_nms(all_dets, classes, num_classes, p):
 
 def _box_voting(dets, det_classes, all_dets, classes, num_classes, p):
     """Detectron's box voting (host side) of each class's kept detections with its candidates."""
-    voted = [box_utils.box_voting(top, pool, p.bbox_vote_th, scoring_method=p.bbox_vote_scoring_method)
+    voted = [box_utils.box_voting(top, pool, p.bbox_vote_th, scoring_method=p.bbox_vote_scoring_method,
+                                  beta=p.bbox_vote_scoring_beta)
              for top, pool in zip(_per_class_numpy(dets, det_classes, num_classes),
                                   _per_class_numpy(all_dets, classes, num_classes))]
     return torch.from_numpy(np.concatenate(voted)).to(dets.device)

@@ -129,6 +129,12 @@ def test_explicit_chunk_sizes_override_and_bad_ones_are_refused(monkeypatch):
         centernet_builder.derive_training_cfg(cfg)
 
 
+def test_freeze_conv_body_is_refused_for_centernet():
+    merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'TRAIN.FREEZE_CONV_BODY', 'True'])
+    with pytest.raises(ConfigValueError, match='TRAIN.FREEZE_CONV_BODY True freezes an R-CNN body'):
+        model_builder.get_model_type(cfg).check(cfg)
+
+
 def _run_tool(*args):
     env = dict(os.environ, PYTHONPATH=REPO)
     return subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'train_net.py')] + list(args),

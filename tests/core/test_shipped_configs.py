@@ -63,7 +63,7 @@ def test_amp_dtype_unknown_spelling_is_refused():
         _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'SOLVER.AMP.DTYPE', 'int8')
 
 
-@pytest.mark.parametrize('key', ['MODEL.MASK_ON', 'MODEL.KEYPOINTS_ON', 'TEST.BBOX_AUG.ENABLED'])
+@pytest.mark.parametrize('key', ['MODEL.MASK_ON', 'MODEL.KEYPOINTS_ON'])
 def test_unsupported_detectron_features_are_refused_by_the_builder(key):
     _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), key, 'True')
     with pytest.raises(ConfigValueError, match='{} True asks for'.format(key)):

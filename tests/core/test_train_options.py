@@ -346,3 +346,15 @@ def test_the_engine_prepares_the_model_before_building_its_optimizer(tiny_catalo
     assert [event for event, _ in events] == ['prepare', 'optimizer'] and events[0][1] is events[1][1]
     assert all(torch.isfinite(value).all() for value in trained.values())
     assert _changed_count(trained, _initial_model().state_dict()) > 0.9 * len(trained)
+
+
+def test_freeze_conv_body_trains_the_heads_and_leaves_resnet_and_fpn_as_built(tiny_catalog, tmp_path):
+    """Detectron's TRAIN.FREEZE_CONV_BODY: a StopGradient on the body's outputs (ResNet and FPN)."""
+    use_tiny_config(tiny_catalog, tmp_path, 'TRAIN.FREEZE_CONV_BODY', 'True', 'SOLVER.MAX_ITER', '2', *PLAIN_SGD)
+    trained = _train(tmp_path)
+    initial = _initial_model().state_dict()
+    body = [key for key in initial if key.startswith('conv_body.')]
+    heads = [key for key in initial if key.startswith(('rpn.', 'box_head.', 'box_outs.'))]
+    assert len(body) > 20 and len(heads) >= 6
+    assert all(torch.equal(trained[key], initial[key]) for key in body)
+    assert all(not torch.equal(trained[key], initial[key]) for key in heads if key.endswith('weight'))

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from detectron.core.config import cfg
-from detectron.modeling import rcnn_builder
+from detectron.modeling import rcnn_builder, rcnn_inference
+from detectron.utils.errors import ConfigValueError
 from detectron.roi_data.loader import scale_rng
 from detectron.roi_data.minibatch import (UnresizedImages, collate_minibatch, collate_unresized, prepare_training_entry,
                                           prepare_unresized_training_entry)
@@ -79,3 +80,39 @@ def test_a_resized_batch_passes_through_batch_to_device(tmp_path):
     batch = collate_minibatch(items, stride=32)
     images, im_info, targets = rcnn_builder._batch_to_device(batch, CPU, PIXEL_MEANS, 32)
     assert torch.equal(images, batch[0]) and torch.equal(im_info, batch[1])
+
+
+def test_box_voting_gets_the_configured_beta(monkeypatch):
+    cfg.TEST.BBOX_VOTE.SCORING_METHOD_BETA = 2.5
+    params = rcnn_builder.nms_params(cfg)
+    assert params.bbox_vote_scoring_beta == 2.5
+    seen = []
+    monkeypatch.setattr(rcnn_inference.box_utils, 'box_voting',
+                        lambda top, pool, thresh, scoring_method, beta: seen.append(beta) or top)
+    dets = torch.tensor([[0., 0., 9., 9., 0.9]])
+    rcnn_inference._box_voting(dets, torch.tensor([1]), dets, torch.tensor([1]), 2, params)
+    assert seen == [2.5, 2.5]  # one call per class (background included)
+
+
+@pytest.mark.parametrize('shortcut', ['basic_bn_shortcut', 'basic_gn_shortcut'])
+def test_a_body_that_mixes_groupnorm_and_affine_functions_is_refused(shortcut):
+    cfg.merge_from_list(['MODEL.FASTER_RCNN', True, 'FPN.FPN_ON', True, 'FPN.MULTILEVEL_RPN', True,
+                         'FPN.MULTILEVEL_ROIS', True, 'MODEL.CONV_BODY', 'FPN.add_fpn_ResNet50_conv5_body',
+                         'FAST_RCNN.ROI_BOX_HEAD', 'fast_rcnn_heads.add_roi_2mlp_head',
+                         'FAST_RCNN.ROI_XFORM_METHOD', 'RoIAlign', 'RESNETS.STEM_FUNC', 'basic_gn_stem',
+                         'RESNETS.TRANS_FUNC', 'bottleneck_gn_transformation', 'RESNETS.SHORTCUT_FUNC', shortcut])
+    if shortcut == 'basic_gn_shortcut':
+        rcnn_builder.check_supported(cfg)
+        return
+    with pytest.raises(ConfigValueError, match='RESNETS.STEM_FUNC basic_gn_stem, RESNETS.TRANS_FUNC '
+                                               'bottleneck_gn_transformation, RESNETS.SHORTCUT_FUNC '
+                                               'basic_bn_shortcut mix GroupNorm and affine'):
+        rcnn_builder.check_supported(cfg)
+
+
+def test_the_training_roidb_drops_annotations_below_gt_min_area(monkeypatch):
+    calls = []
+    monkeypatch.setattr(rcnn_builder, 'combined_roidb_for_training', lambda *args: calls.append(args) or [])
+    cfg.merge_from_list(['TRAIN.DATASETS', ('a', 'b'), 'TRAIN.GT_MIN_AREA', 32, 'TRAIN.USE_FLIPPED', False])
+    rcnn_builder.GeneralizedRCNNType().training_roidb(cfg)
+    assert calls == [(('a', 'b'), False, 32)]
