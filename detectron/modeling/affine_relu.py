@@ -124,7 +124,9 @@ if triton is not None:
             values = tl.load(ptr + r % channels, mask=r < rows, other=0.0).to(tl.float32)[:, None]
         return tl.broadcast_to(values, (BLOCK_ROWS, BLOCK_COLS))
 
-    @triton.jit
+    # The pixel count (rows, channels_last) changes with every image size: specialising on its
+    # divisibility would compile a kernel per new combination (BENCHMARKS.md, "Start-up").
+    @triton.jit(do_not_specialize=['rows'])
     def _forward_kernel(x_ptr, residual_ptr, bias_ptr, y_ptr, weight_ptr, rows, cols, channels,
                         CHANNELS_LAST: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
                         HAS_RESIDUAL: tl.constexpr):
@@ -139,7 +141,7 @@ if triton is not None:
         y = tl.maximum(y.to(tl.float32), 0.0, propagate_nan=tl.PropagateNan.ALL)
         tl.store(y_ptr + offsets, y.to(dtype), mask=inside)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['rows'])
     def _backward_kernel(grad_y_ptr, y_ptr, grad_x_ptr, grad_residual_ptr, weight_ptr, rows, cols,
                          channels, CHANNELS_LAST: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                          BLOCK_COLS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):

@@ -39,9 +39,14 @@ def greedy_keep(grouped, counts, thresh):
     _mask_kernel[(num_groups, triton.cdiv(size, block_rows), words)](
         grouped, counts, masks, size, words, float(thresh), BLOCK_ROWS=block_rows, enable_fp_fusion=False)
     keep = torch.zeros((num_groups, size), dtype=torch.bool, device=grouped.device)
-    _scan_kernel[(num_groups,)](masks, counts, keep, size, words, BLOCK_WORDS=triton.next_power_of_2(words),
+    _scan_kernel[(num_groups,)](masks, counts, keep, size, words, BLOCK_WORDS=_block_words(words),
                                 num_warps=4)
     return keep
+
+
+def _block_words(words):
+    # At least 8 words (512 boxes): groups of up to 512 boxes share one compiled scan.
+    return max(8, triton.next_power_of_2(words))
 
 
 if triton is not None:
@@ -49,7 +54,9 @@ if triton is not None:
     def _or(a, b):
         return a | b
 
-    @triton.jit
+    # Group sizes change with every image: specialising on their divisibility would compile a
+    # kernel per new combination (BENCHMARKS.md, "Start-up").
+    @triton.jit(do_not_specialize=['size', 'words'])
     def _mask_kernel(boxes_ptr, counts_ptr, masks_ptr, size, words, thresh, BLOCK_ROWS: tl.constexpr):
         """masks[g, i, w] bit k: box i suppresses box j = 64 w + k (j later than i, both valid,
         IoU > thresh)."""
@@ -76,7 +83,7 @@ if triton is not None:
         word = tl.reduce(tl.where(bits, (one << k.to(tl.int64))[None, :], 0), 1, _or)
         tl.store(masks_ptr + (g * size + i) * words + w, word, mask=i < size)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['size', 'words'])
     def _scan_kernel(masks_ptr, counts_ptr, keep_ptr, size, words, BLOCK_WORDS: tl.constexpr):
         """The greedy pass over one group, 64 boxes at a time: the block's own mask words decide,
         box after box, which of its boxes stay (those no kept earlier box removed); the mask rows

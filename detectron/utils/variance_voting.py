@@ -95,7 +95,7 @@ def soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thr
     else:
         vote_terms = boxes  # not read
     thresholds = _float64_on_device([vote_thresh, iou_sigma, hard_nms_thresh or 0.0], device)
-    block = triton.next_power_of_2(width)
+    block = _set_block(width)
     num_matrices = 2 if vote else 1
     sets_per_turn = max(1, PAIR_WEIGHTS_BUDGET_BYTES // (num_matrices * 8 * width * width))
     hard = hard_nms_thresh is not None
@@ -124,6 +124,11 @@ def _float64_on_device(values, device):
     return values_t
 
 
+def _set_block(width):
+    # At least 128 rows (one warp's registers): sets of up to 128 boxes share one compiled kernel.
+    return max(128, triton.next_power_of_2(width))
+
+
 def _num_warps(block):
     # About 4 rows per thread: the set's state, vote terms included, stays in registers.
     return max(1, min(16, block // 128))
@@ -143,7 +148,9 @@ if triton is not None:
         y2 = tl.load(boxes_ptr + rows * 4 + 3, mask=mask, other=0.0)
         return x1, y1, x2, y2
 
-    @triton.jit
+    # Set widths change with every image: specialising on their divisibility would compile a kernel
+    # per new combination (BENCHMARKS.md, "Start-up").
+    @triton.jit(do_not_specialize=['first_set', 'width'])
     def _pair_weights_kernel(boxes_ptr, counts_ptr, thresholds_ptr, vote_weights_ptr, decay_ptr,
                              first_set, width, VOTE: tl.constexpr, HARD: tl.constexpr,
                              TILE: tl.constexpr):
@@ -225,7 +232,7 @@ if triton is not None:
                                  tl.where(rows == mover_row, hole_position, positions))
         return positions
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['first_set', 'width'])
     def _soft_nms_vote_kernel(boxes_ptr, scores_ptr, vote_terms_ptr, counts_ptr,
                               vote_weights_ptr, decay_ptr, order_ptr, num_kept_ptr, voted_ptr,
                               final_scores_ptr, first_set, width, VOTE: tl.constexpr,
