@@ -1,9 +1,9 @@
-"""tools/benchmark.py: its statistics, interleaving, the equal-work torchvision model, the biased
-box classifiers, the log parsers, the profile summary, and a CPU smoke run of main."""
+"""tools/benchmark.py (tools/benchmark_lib): its statistics, interleaving, the equal-work torchvision
+model, the biased box classifiers, the log parsers, the profile summary, and a CPU smoke run of main."""
 
-import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -21,16 +21,9 @@ from detectron.utils.errors import ConfigValueError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES_KL = 'configs/getting_started/shapes_demo_R-18-FPN_kl.yaml'
+sys.path.insert(0, os.path.join(REPO, 'tools'))  # as when tools/benchmark.py runs
 
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location('benchmark', os.path.join(REPO, 'tools', 'benchmark.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bm = _load_benchmark()
+from benchmark_lib import classifiers, cli, logs, loops, profiling, rcnn_rows, timing, torchvision_models
 
 
 def _softmax(logits):
@@ -41,27 +34,27 @@ def _softmax(logits):
 # --- command line ---------------------------------------------------------------------------------
 
 def test_command_line_lists_overrides_and_sections():
-    args = bm.parse_args(['--batch', '2', '16', '--', 'TEST.SCALE', '500'])
+    args = cli.parse_args(['--batch', '2', '16', '--', 'TEST.SCALE', '500'])
     assert (args.batch, args.opts, args.mode) == ([2, 16], ['TEST.SCALE', '500'], ['train', 'test'])
-    assert bm.parse_args(['--profile', '--iters', '3', 'STD_NMS', 'True']).mode == ['train', 'test', 'profile']
+    assert cli.parse_args(['--profile', '--iters', '3', 'STD_NMS', 'True']).mode == ['train', 'test', 'profile']
     with pytest.raises(ConfigValueError):
-        bm.parse_args(['--mode', 'loops', '--train-dataset', 'coco_tiny_train'])
+        cli.parse_args(['--mode', 'loops', '--train-dataset', 'coco_tiny_train'])
 
 
 # --- statistics ---------------------------------------------------------------------------------
 
 def test_spread_on_hand_values():
-    assert bm.spread([3, 1, 2]) == {'median': 2.0, 'min': 1.0, 'max': 3.0}
-    assert bm.spread([4, 1, 10, 2]) == {'median': 3.0, 'min': 1.0, 'max': 10.0}
+    assert timing.spread([3, 1, 2]) == {'median': 2.0, 'min': 1.0, 'max': 3.0}
+    assert timing.spread([4, 1, 10, 2]) == {'median': 3.0, 'min': 1.0, 'max': 10.0}
 
 
 def test_ratios_are_paired_per_round():
-    ratios = bm.per_round_ratios([10, 12, 9], [5, 4, 3])
+    ratios = timing.per_round_ratios([10, 12, 9], [5, 4, 3])
     assert ratios == [2.0, 3.0, 3.0]
     # The median of the per-round ratios (3.0), not the ratio of the medians (10 / 4 = 2.5).
-    assert bm.spread(ratios) == {'median': 3.0, 'min': 2.0, 'max': 3.0}
+    assert timing.spread(ratios) == {'median': 3.0, 'min': 2.0, 'max': 3.0}
     with pytest.raises(ValueError):
-        bm.per_round_ratios([1, 2], [1])
+        timing.per_round_ratios([1, 2], [1])
 
 
 def test_rounds_interleave_rows_and_time_only_the_timed_steps():
@@ -74,10 +67,10 @@ def test_rounds_interleave_rows_and_time_only_the_timed_steps():
             now[0] += seconds
         return step
 
-    train = bm.Row('train', 'a', stepper('a', 0.5), images_per_step=2)
-    test = bm.Row('test', 'b', stepper('b', 0.25), images_per_step=1, cfg={'TEST.SCALE': 123})
+    train = timing.Row('train', 'a', stepper('a', 0.5), images_per_step=2)
+    test = timing.Row('test', 'b', stepper('b', 0.25), images_per_step=1, cfg={'TEST.SCALE': 123})
     scale = cfg.TEST.SCALE
-    bm.run_interleaved([train, test], rounds=2, iters=3, warmup=1, round_warmup=1,
+    timing.run_interleaved([train, test], rounds=2, iters=3, warmup=1, round_warmup=1,
                        device=torch.device('cpu'), clock=lambda: now[0])
     order = [name for name, _ in calls]
     assert order == ['a', 'b'] + (['a'] * 4 + ['b'] * 4) * 2
@@ -91,9 +84,9 @@ def test_rounds_interleave_rows_and_time_only_the_timed_steps():
 def test_a_row_with_steps_per_round_times_that_many_steps_every_round():
     now, inputs = [0.0], []
     durations = {0: 1.0, 1: 2.0, 2: 3.0}
-    step = bm.in_turn(lambda k: (inputs.append(k), now.__setitem__(0, now[0] + durations[k])), [0, 1, 2], prime=False)
-    row = bm.Row('train', 'replay', step, images_per_step=1, steps_per_round=3)
-    bm.run_interleaved([row], rounds=2, iters=5, warmup=1, round_warmup=1, device=torch.device('cpu'),
+    step = timing.in_turn(lambda k: (inputs.append(k), now.__setitem__(0, now[0] + durations[k])), [0, 1, 2], prime=False)
+    row = timing.Row('train', 'replay', step, images_per_step=1, steps_per_round=3)
+    timing.run_interleaved([row], rounds=2, iters=5, warmup=1, round_warmup=1, device=torch.device('cpu'),
                        clock=lambda: now[0])
     # warm-up 0; round 1: warm-up 1, timed 2, 0, 1; round 2: warm-up 2, timed 0, 1, 2
     assert inputs == [0, 1, 2, 0, 1, 2, 0, 1, 2]
@@ -123,7 +116,7 @@ BN_AFFINE = 2 * (64 + 3 * (64 + 64 + 256) + 256 + 4 * (128 + 128 + 512) + 512 + 
 
 
 def test_equal_work_torchvision_model_freezes_exactly_conv1_and_layer1_with_frozen_bn():
-    model = bm.torchvision_equal_work(81, **bm.torchvision_settings(800, 1333))
+    model = torchvision_models.torchvision_equal_work(81, **torchvision_models.torchvision_settings(800, 1333))
     norms = [m for m in model.modules() if isinstance(m, (FrozenBatchNorm2d, nn.BatchNorm2d))]
     assert len(norms) == 53 and all(isinstance(m, FrozenBatchNorm2d) for m in norms)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
@@ -131,22 +124,22 @@ def test_equal_work_torchvision_model_freezes_exactly_conv1_and_layer1_with_froz
                      if n.startswith(('backbone.body.conv1.', 'backbone.body.layer1.'))}
     assert frozen == stem_and_res2 and len(frozen) == 1 + 10  # conv1 + layer1's 9 convs and 1 projection
     assert CONV1 + LAYER1 == 222400
-    assert bm.trainable_parameters(model) == LAYERS_2_TO_4 + FPN + RPN + BOX_HEAD + PREDICTOR_81 == 41481636
+    assert torchvision_models.trainable_parameters(model) == LAYERS_2_TO_4 + FPN + RPN + BOX_HEAD + PREDICTOR_81 == 41481636
 
 
 def test_unequal_torchvision_model_trains_every_stage_with_batch_norm():
-    model = bm.torchvision_all_stages_bn(81, **bm.torchvision_settings(800, 1333))
+    model = torchvision_models.torchvision_all_stages_bn(81, **torchvision_models.torchvision_settings(800, 1333))
     assert sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()) == 53
     assert not any(isinstance(m, FrozenBatchNorm2d) for m in model.modules())
-    assert bm.trainable_parameters(model) == 41481636 + CONV1 + LAYER1 + BN_AFFINE == 41757156
+    assert torchvision_models.trainable_parameters(model) == 41481636 + CONV1 + LAYER1 + BN_AFFINE == 41757156
 
 
 def test_torchvision_settings_follow_our_cfg():
     cfg.immutable(False)
     cfg.TEST.RPN_POST_NMS_TOP_N = 321
     cfg.TRAIN.BATCH_SIZE_PER_IM = 64
-    settings = bm.torchvision_settings(256, 320)
-    model = bm.torchvision_equal_work(6, **settings)
+    settings = torchvision_models.torchvision_settings(256, 320)
+    model = torchvision_models.torchvision_equal_work(6, **settings)
     assert (settings['min_size'], settings['max_size']) == (256, 320)
     assert model.rpn._post_nms_top_n['testing'] == 321
     assert model.roi_heads.fg_bg_sampler.batch_size_per_image == 64
@@ -156,23 +149,23 @@ def test_torchvision_settings_follow_our_cfg():
 
 def test_loaded_classifier_gives_every_roi_the_loaded_scores():
     cls_score, bbox_pred = nn.Linear(8, 6), nn.Linear(8, 24)
-    bm.set_loaded_classifier(cls_score, [bbox_pred], 6)
+    classifiers.set_loaded_classifier(cls_score, [bbox_pred], 6)
     x = torch.randn(50, 8)
     probs = _softmax(cls_score(x).detach().double().numpy())
     np.testing.assert_allclose(probs, np.tile([0.1, 0.18, 0.18, 0.18, 0.18, 0.18], (50, 1)), atol=1e-6)
     assert not bbox_pred(x).abs().sum()
     # 81 classes: still 5 loaded classes per RoI above a 0.05 threshold, nothing else.
-    probs81 = _softmax(np.log(bm.loaded_class_probs(81)))
+    probs81 = _softmax(np.log(classifiers.loaded_class_probs(81)))
     assert (probs81 > 0.05).sum() == 6 and probs81[1:6].min() > 0.17 and probs81[6:].max() < 1e-8
-    np.testing.assert_allclose(bm.loaded_class_probs(4)[:4], [1 - 3 * 0.18, 0.18, 0.18, 0.18])
+    np.testing.assert_allclose(classifiers.loaded_class_probs(4)[:4], [1 - 3 * 0.18, 0.18, 0.18, 0.18])
     with pytest.raises(ConfigValueError):
-        bm.loaded_class_probs(1)
+        classifiers.loaded_class_probs(1)
 
 
 def test_realistic_classifier_lets_about_the_asked_candidates_through():
     gen = torch.Generator().manual_seed(3)
     features = torch.relu(torch.randn(600, 32, generator=gen)) * 7.0
-    weight, bias = bm.realistic_class_head(features, 6, per_class=100, score_thresh=0.05)
+    weight, bias = classifiers.realistic_class_head(features, 6, per_class=100, score_thresh=0.05)
     probs = _softmax(features.double().numpy() @ weight.double().numpy().T + bias.double().numpy())
     per_class = (probs[:, 1:] > 0.05).sum(axis=0)
     assert abs(per_class.sum() - 500) <= 5
@@ -198,26 +191,26 @@ INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 30/30 0.140s + 0.010s 
 
 
 def test_training_log_images_per_second_after_warmup():
-    stats = bm.json_stats(TRAIN_LOG)
+    stats = logs.json_stats(TRAIN_LOG)
     assert [s['iter'] for s in stats] == [0, 20, 40, 59]
-    assert bm.train_log_images_per_s(stats, global_batch=2, warmup_iter=20) == [8.0, 10.0, 5.0]
+    assert logs.train_log_images_per_s(stats, global_batch=2, warmup_iter=20) == [8.0, 10.0, 5.0]
     with pytest.raises(ConfigValueError):
-        bm.train_log_images_per_s(stats, global_batch=2, warmup_iter=60)
+        logs.train_log_images_per_s(stats, global_batch=2, warmup_iter=60)
     # data_time / time at iterations 20, 40, 59: 0.2, 0.05, 0.75 -> median 0.2; the first line has none.
-    assert bm.train_log_data_fraction(stats, warmup_iter=20) == pytest.approx(0.2)
-    assert bm.train_log_data_fraction(stats, warmup_iter=0) == pytest.approx(0.2)
-    assert bm.train_log_data_fraction(stats[:1], warmup_iter=0) is None
+    assert logs.train_log_data_fraction(stats, warmup_iter=20) == pytest.approx(0.2)
+    assert logs.train_log_data_fraction(stats, warmup_iter=0) == pytest.approx(0.2)
+    assert logs.train_log_data_fraction(stats[:1], warmup_iter=0) is None
 
 
 def test_test_log_ms_per_image_excludes_the_first_images():
-    ms, running_mean, detector, rest = bm.test_log_ms_per_image(TEST_LOG)
+    ms, running_mean, detector, rest = logs.test_log_ms_per_image(TEST_LOG)
     # images 12..30: 30 x 0.150 s - 11 x 0.300 s over 19 images, of which the detector's
     # 30 x 0.140 - 11 x 0.290 and the rest's 30 x 0.010 - 11 x 0.010
     assert ms == pytest.approx(1000 * (4.5 - 3.3) / 19)
     assert detector == pytest.approx(1000 * (4.2 - 3.19) / 19) and rest == pytest.approx(1000 * 0.19 / 19)
     assert running_mean == pytest.approx(150.0)
     with pytest.raises(ConfigValueError):
-        bm.test_log_ms_per_image(TEST_LOG.splitlines()[0])
+        logs.test_log_ms_per_image(TEST_LOG.splitlines()[0])
 
 
 def test_dataset_shape_uses_the_resize_rule(tmp_path):
@@ -228,7 +221,7 @@ def test_dataset_shape_uses_the_resize_rule(tmp_path):
     ann = tmp_path / 'ann.json'
     ann.write_text(json.dumps(coco))
     dataset_catalog.register_dataset('benchmark_test_three_images', str(tmp_path), str(ann))
-    shape = bm.dataset_shape('benchmark_test_three_images', 800, 1333)
+    shape = loops.dataset_shape('benchmark_test_three_images', 800, 1333)
     # short side -> 800: 640 x 800/480 = 1066.7, 500 x 800/375 = 1066.7, 640 x 800/427 = 1199.1
     assert shape == {'images': 3, 'height': 427, 'width': 640, 'resized_height': 800, 'resized_width': 1067,
                      'boxes_per_image': 1.0}
@@ -252,14 +245,14 @@ class _ShapeRecorder(nn.Module):
 def test_train_row_primes_on_every_batch_then_takes_them_in_turn():
     model = _ShapeRecorder()
     batches = [(torch.ones(1, 3, 4, w),) for w in (5, 6, 7)]
-    row = bm.train_row('replay', model, batches, model.box_head, batch=1, device=torch.device('cpu'),
+    row = rcnn_rows.train_row('replay', model, batches, model.box_head, batch=1, device=torch.device('cpu'),
                        precision='fp32', lr=0.0, prime=True)
     assert model.widths == [5, 6, 7, 5]  # the priming pass, then the step that counts the RoIs
     for _ in range(4):
         row.step()
     assert model.widths[4:] == [6, 7, 5, 6]
     unprimed = _ShapeRecorder()
-    bm.train_row('synthetic', unprimed, batches[:1], unprimed.box_head, 1, torch.device('cpu'), 'fp32', 0.0)
+    rcnn_rows.train_row('synthetic', unprimed, batches[:1], unprimed.box_head, 1, torch.device('cpu'), 'fp32', 0.0)
     assert unprimed.widths == [5]
 
 
@@ -274,12 +267,12 @@ def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypat
         def batch_to_device(self, cfg, device):
             return lambda batch: (batch, device.type)
 
-    monkeypatch.setattr(bm.train_engine, 'training_batches', batches)
-    monkeypatch.setattr(bm.model_builder, 'get_model_type', lambda cfg: ModelType())
-    args = bm.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te',
+    monkeypatch.setattr(loops.train_engine, 'training_batches', batches)
+    monkeypatch.setattr(loops.model_builder, 'get_model_type', lambda cfg: ModelType())
+    args = cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te',
                           '--loop-iters', '12', '--loop-warmup', '8'])
     cpu = torch.device('cpu')
-    assert bm.train_net_batches(args, batch=3, device=cpu) == [(8, 'cpu'), (9, 'cpu'), (10, 'cpu'), (11, 'cpu')]
+    assert loops.train_net_batches(args, batch=3, device=cpu) == [(8, 'cpu'), (9, 'cpu'), (10, 'cpu'), (11, 'cpu')]
     assert seen == {'start_iter': 0, 'datasets': ('tr',), 'ims': 3, 'device': cpu}
     assert cfg.TRAIN.IMS_PER_BATCH != 3 or cfg.TRAIN.DATASETS != ('tr',)  # restored afterwards
 
@@ -291,10 +284,10 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
         def detector(self, cfg):
             return lambda model, sample: seen.append(sample['id'])
 
-    monkeypatch.setattr(bm.model_builder, 'get_model_type', lambda cfg: ModelType())
-    monkeypatch.setattr(bm, 'test_net_samples', lambda args: [{'id': k} for k in range(3)])
-    args = bm.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
-    row = bm.replayed_test_row(args, model=None, device=torch.device('cpu'))
+    monkeypatch.setattr(loops.model_builder, 'get_model_type', lambda cfg: ModelType())
+    monkeypatch.setattr(loops, 'test_net_samples', lambda args: [{'id': k} for k in range(3)])
+    args = cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
+    row = loops.replayed_test_row(args, model=None, device=torch.device('cpu'))
     assert seen == [0, 1, 2] and row.section == 'test' and row.images_per_step == 1
     for _ in range(4):
         row.step()
@@ -304,14 +297,14 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
 
 def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch):
     seen = []
-    monkeypatch.setattr(bm, 'run_loops', lambda *a: seen.append(torch.backends.cudnn.benchmark))
-    args = bm.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
+    monkeypatch.setattr(cli, 'run_loops', lambda *a: seen.append(torch.backends.cudnn.benchmark))
+    args = cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
     previous = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True  # as main() sets it for the comparisons with torchvision
     try:
         for value in (False, True):
-            with bm.cfg_values({'CUDNN_BENCHMARK': value}):
-                bm.run_rcnn_sections(args, 'fp32', report=None, timing={'device': torch.device('cpu')})
+            with timing.cfg_values({'CUDNN_BENCHMARK': value}):
+                cli.run_rcnn_sections(args, 'fp32', report=None, timing={'device': torch.device('cpu')})
             assert torch.backends.cudnn.benchmark is True
     finally:
         torch.backends.cudnn.benchmark = previous
@@ -324,9 +317,9 @@ def test_pool_bytes_sums_the_allocated_bytes_of_the_given_pools_only():
     segments = [{'segment_pool_id': (0, 0), 'allocated_size': 1000},  # the default pool
                 {'segment_pool_id': (1, 7), 'allocated_size': 300}, {'segment_pool_id': (1, 7), 'allocated_size': 20},
                 {'segment_pool_id': (1, 9), 'allocated_size': 4000}]
-    assert bm.pool_bytes({(1, 7)}, segments) == 320
-    assert bm.pool_bytes({(1, 7), (1, 9)}, segments) == 4320
-    assert bm.pool_bytes(set(), segments) == 0
+    assert timing.pool_bytes({(1, 7)}, segments) == 320
+    assert timing.pool_bytes({(1, 7), (1, 9)}, segments) == 4320
+    assert timing.pool_bytes(set(), segments) == 0
 
 
 def test_a_row_without_captured_graphs_holds_no_graph_memory():
@@ -334,7 +327,7 @@ def test_a_row_without_captured_graphs_holds_no_graph_memory():
     owner = nn.Linear(2, 2)
     cuda_graphs.graphed_method(owner, 'forward', lambda module, x: module(x))  # made, nothing captured
     assert cuda_graphs.graph_pools(owner) == []
-    assert bm._graph_pool_bytes([owner, nn.Linear(1, 1)]) == 0
+    assert timing.graph_pool_bytes([owner, nn.Linear(1, 1)]) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
@@ -346,7 +339,7 @@ def test_a_rows_captured_graph_memory_counts_as_held_by_it():
     for _ in range(3):  # captured on the second call of the shape
         out = graphed(x)
     assert cuda_graphs.graph_pools(owner)
-    assert bm._graph_pool_bytes([owner]) >= out.numel() * out.element_size()  # at least its output
+    assert timing.graph_pool_bytes([owner]) >= out.numel() * out.element_size()  # at least its output
 
 
 def test_profile_summary_on_hand_events():
@@ -354,7 +347,7 @@ def test_profile_summary_on_hand_events():
               ('Memcpy DtoH (Device -> Pageable)', True, 40.0, 42.0),
               ('cudaLaunchKernel', False, 0.0, 1.0), ('cudaStreamSynchronize', False, 2.0, 3.0),
               ('cudaStreamSynchronize', False, 4.0, 5.0), ('cudaDeviceSynchronize', False, 6.0, 7.0)]
-    s = bm.summarise_profile(events, steps=2, wall_s=0.1)
+    s = profiling.summarise_profile(events, steps=2, wall_s=0.1)
     assert s['wall_ms_per_step'] == pytest.approx(50.0)
     assert s['gpu_busy_ms_per_step'] == pytest.approx((15 + 10 + 2) / 1000 / 2)  # k1 and k2 overlap
     assert s['gpu_kernel_sum_ms_per_step'] == pytest.approx((10 + 10 + 10 + 2) / 1000 / 2)
@@ -380,15 +373,15 @@ def _tiny_torchvision(norm):
 
 def test_main_runs_every_cpu_section_at_tiny_settings(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # the CPU sections, on a GPU machine too
-    monkeypatch.setattr(bm, 'torchvision_equal_work', _tiny_torchvision(FrozenBatchNorm2d))
-    monkeypatch.setattr(bm, 'torchvision_all_stages_bn', _tiny_torchvision(nn.BatchNorm2d))
+    monkeypatch.setattr(rcnn_rows, 'torchvision_equal_work', _tiny_torchvision(FrozenBatchNorm2d))
+    monkeypatch.setattr(rcnn_rows, 'torchvision_all_stages_bn', _tiny_torchvision(nn.BatchNorm2d))
     argv = ['--cfg', SHAPES_KL, '--mode', 'train', 'test', '--profile', '--height', '64', '--width', '64',
             '--batch', '1', '--iters', '1', '--rounds', '2', '--warmup', '0', '--round-warmup', '0',
             '--realistic-per-class', '5', '--profile-steps', '1',
             'FPN.DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '32', 'TRAIN.RPN_PRE_NMS_TOP_N', '50',
             'TRAIN.RPN_POST_NMS_TOP_N', '50', 'TRAIN.BATCH_SIZE_PER_IM', '16', 'TEST.RPN_PRE_NMS_TOP_N', '30',
             'TEST.RPN_POST_NMS_TOP_N', '30']
-    report = bm.main(argv)
+    report = cli.main(argv)
     out = capsys.readouterr().out
     records = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     assert records == report.records

@@ -1,0 +1,153 @@
+"""Speed of our Faster R-CNN against torchvision's at equal work, in one run on one device.
+
+Our model comes from --cfg (default: KL-Loss's R-50-FPN 2x config: FREEZE_AT 2, frozen affine
+norm). The torchvision model it is compared with does the same work: fasterrcnn_resnet50_fpn's
+architecture with FrozenBatchNorm2d and 3 trainable backbone layers (conv1 and layer1 frozen, i.e.
+what a user with ImageNet weights trains), built with weights=None since nothing is downloaded.
+Both get the same synthetic images (--height x --width, no resize), the same boxes per image,
+batch, precision and optimizer (Detectron's momentum SGD with its parameter groups), and the RPN /
+RoI settings of our cfg. torchvision with BatchNorm in all stages (weights=None's default, the old
+benchmark's baseline) is kept as an extra row labelled as the unequal comparison it is.
+
+Sections (--mode):
+  train    images/s of full training steps (forward, losses, backward, SGD step), per --batch;
+  test     ms/image at batch 1 with post-processing: im_detect_all(model, im) for ours,
+           torchvision's model([x]); 6-class models whose box classifier is biased so that a
+           "realistic" few hundred candidates per class, or a "loaded" 1000 RoIs x 5 classes, reach
+           post-processing; ours with STD_NMS False and True (variance voting);
+  profile  a torch.profiler trace of a few training steps of ours and torchvision's at the first
+           --batch, and with test of a few realistic inferences (ours with STD_NMS False), summarised
+           (--profile is the same as adding it to --mode);
+  loops    tools/train_net.py and tools/test_net.py run as subprocesses on real datasets, timed
+           from their own logs, next to synthetic rows of the same model, batch, size and precision.
+Rows are timed in interleaved rounds (ours, torchvision, ours, ...): each value is the median over
+--rounds with min and max, each ratio the median of the per-round ratios. Prints one JSON line per
+row and a Markdown table (BENCHMARKS.md describes every row). Examples:
+    python tools/benchmark.py --mode train test --batch 2 16
+    python tools/benchmark.py --mode profile
+    python tools/benchmark.py --mode loops --catalog catalog.json --train-dataset coco_tiny_train         --test-dataset coco_tiny_val
+    python tools/benchmark.py --height 256 --width 256 --iters 2 --rounds 2    # CPU smoke run
+Learning rate: --lr 0 by default. From random init a frozen-norm R-50 diverges within a few dozen
+steps (BENCHMARKS.md) and NaN losses would change what top-k and NMS do; lr 0 keeps all the
+arithmetic of a step and the losses finite. train_net (--mode loops) refuses lr 0, so its run uses
+LOOP_MIN_LR instead: the same arithmetic, weights that move by nothing measurable.
+"""
+import argparse
+
+import torch
+
+from detectron.core.config import cfg
+from detectron.core.config_finalize import finalize_cfg
+from detectron.utils.errors import ConfigValueError
+
+from .centernet_rows import run_centernet
+from .loops import run_loops
+from .profiling import profile_test_rows, profile_train_rows
+from .rcnn_rows import build_test_rows, build_train_rows, train_ratios
+from .report import Report, run_meta
+from .timing import (
+    PRECISIONS,
+    cudnn_autotuning,
+    free_device_memory,
+    per_round_ratios,
+    run_interleaved,
+)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--cfg', default='configs/e2e_faster_rcnn_R-50-FPN_2x.yaml')
+    parser.add_argument('--mode', nargs='+', default=['train', 'test'],
+                        choices=['train', 'test', 'profile', 'loops', 'centernet'])
+    parser.add_argument('--profile', action='store_true', help='add the profile section')
+    parser.add_argument('--precision', choices=sorted(PRECISIONS), default=None,
+                        help='autocast dtype; default bf16 on CUDA, fp32 on the CPU')
+    parser.add_argument('--height', type=int, default=800)
+    parser.add_argument('--width', type=int, default=1333)
+    parser.add_argument('--batch', type=int, nargs='+', default=[2], help='images per training step (one row set each)')
+    parser.add_argument('--boxes', type=int, default=8, help='ground-truth boxes per image')
+    parser.add_argument('--iters', type=int, default=20, help='timed steps per row and round')
+    parser.add_argument('--warmup', type=int, default=5, help='untimed steps per row before the first round')
+    parser.add_argument('--round-warmup', type=int, default=1, help='untimed steps per row at the start of a round')
+    parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--lr', type=float, default=0.0, help='learning rate of the training steps (see above)')
+    parser.add_argument('--realistic-per-class', type=int, default=300,
+                        help='candidates per class of the realistic inference case (at most a third of the RoIs)')
+    parser.add_argument('--profile-steps', type=int, default=5)
+    parser.add_argument('--centernet-batch', type=int, nargs='+', default=[32, 64],
+                        help='--mode centernet (with a CenterNet --cfg): training batch, then the inference batch')
+    parser.add_argument('--trace-dir', default=None, help='also write the profiler traces (chrome JSON) here')
+    loops = parser.add_argument_group('loops section')
+    loops.add_argument('--train-dataset', default=None)
+    loops.add_argument('--test-dataset', default=None)
+    loops.add_argument('--catalog', default=None, help='dataset catalog file (DATASET_CATALOG)')
+    loops.add_argument('--loop-iters', type=int, default=200, help="train_net's SOLVER.MAX_ITER")
+    loops.add_argument('--loop-warmup', type=int, default=60,
+                       help='json_stats lines logged before this iteration are warm-up')
+    loops.add_argument('--loop-test-precision', choices=sorted(PRECISIONS), default='fp32',
+                       help="precision of the synthetic row compared with test_net (test_net uses no autocast)")
+    loops.add_argument('--loop-dir', default=None, help='where the loops write logs and outputs (default: a temp dir)')
+    parser.add_argument('opts', nargs=argparse.REMAINDER,
+                        help='config overrides KEY VALUE ... (also passed to the loops); after a list option '
+                             '(--mode, --batch) separate them with --')
+    args = parser.parse_args(argv)
+    if args.opts[:1] == ['--']:
+        args.opts = args.opts[1:]
+    if args.profile and 'profile' not in args.mode:
+        args.mode.append('profile')
+    if 'loops' in args.mode and not (args.train_dataset and args.test_dataset):
+        raise ConfigValueError('--mode loops needs --train-dataset NAME and --test-dataset NAME')
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    finalize_cfg(args.cfg, args.opts)
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    if device.type == 'cuda':
+        torch.backends.cudnn.benchmark = True  # both sides of the comparisons with torchvision
+    precision = args.precision or ('bf16' if device.type == 'cuda' else 'fp32')
+    report = Report(run_meta(argv, device))
+    timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
+                  device=device)
+    if 'centernet' in args.mode:
+        run_centernet(args, precision, report, timing)
+    else:
+        run_rcnn_sections(args, precision, report, timing)
+    print('\n' + report.markdown(), flush=True)
+    return report
+
+
+def run_rcnn_sections(args, precision, report, timing):
+    """--mode train / test / profile / loops with an R-CNN --cfg."""
+    device = timing['device']
+    if 'train' in args.mode or 'profile' in args.mode:
+        for i, batch in enumerate(args.batch):
+            rows = build_train_rows(args, batch, device, precision)
+            context = dict(batch=batch, precision=precision, size=[args.height, args.width], boxes=args.boxes)
+            if 'train' in args.mode:
+                run_interleaved(rows, **timing)
+                for row in rows:
+                    report.add_row(row, **context)
+                for name, numerator, denominator in train_ratios(rows):
+                    report.add_ratio('{}, batch {}'.format(name, batch),
+                                     per_round_ratios(numerator.values, denominator.values))
+            if 'profile' in args.mode and i == 0:
+                profile_train_rows(rows[:2], args, device, report, context)
+            del rows
+            free_device_memory(device)
+    if 'test' in args.mode:
+        rows, ratios = build_test_rows(args, device, precision)
+        run_interleaved(rows, **timing)
+        for row in rows:
+            report.add_row(row, batch=1, precision=precision, size=[args.height, args.width])
+        for name, numerator, denominator in ratios:
+            report.add_ratio(name, per_round_ratios(numerator.values, denominator.values))
+        if 'profile' in args.mode:
+            profile_test_rows(rows, args, device, report)
+        del rows, ratios
+        free_device_memory(device)
+    if 'loops' in args.mode:
+        # The loops' in-process rows autotune cuDNN as train_net / test_net do: as the config says.
+        with cudnn_autotuning(cfg.CUDNN_BENCHMARK):
+            run_loops(args, device, precision, report)

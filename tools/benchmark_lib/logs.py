@@ -1,0 +1,70 @@
+"""The tools run as subprocesses and their logs read: train_net's json_stats, test_net's im_detect lines."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from detectron.utils.errors import ConfigValueError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_logged(tool, tool_args, log_path):
+    """Run tools/<tool> with this checkout first on the path; returns its log text."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1',
+               PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get('PYTHONPATH')) if p))
+    with open(log_path, 'w') as log:
+        code = subprocess.call([sys.executable, os.path.join(REPO, 'tools', tool)] + tool_args, cwd=REPO,
+                               stdout=log, stderr=subprocess.STDOUT, env=env)
+    with open(log_path) as log:
+        text = log.read()
+    if code != 0:
+        raise RuntimeError('{} exited with status {}; its log is {}'.format(tool, code, log_path))
+    return text
+
+
+_IM_DETECT = re.compile(r'im_detect:.*?(\d+)/(\d+)\s+([0-9.]+)s \+ ([0-9.]+)s')
+
+
+LOOP_TEST_WARMUP_IMAGES = 10
+
+
+def json_stats(log_text):
+    """The dicts of a training log's `json_stats: {...}` lines."""
+    return [json.loads(line.split('json_stats:', 1)[1]) for line in log_text.splitlines() if 'json_stats:' in line]
+
+
+def train_log_images_per_s(stats, global_batch, warmup_iter):
+    """global_batch / 'time' (seconds per iteration) of each json_stats line at iteration >= warmup_iter."""
+    times = [float(s['time']) for s in stats if int(s['iter']) >= warmup_iter]
+    if not times:
+        raise ConfigValueError('the training log has no json_stats line at iteration >= {}: raise --loop-iters '
+                               'or lower --loop-warmup'.format(warmup_iter))
+    return [global_batch / t for t in times]
+
+
+def train_log_data_fraction(stats, warmup_iter):
+    """Median over the json_stats lines at iteration >= warmup_iter of data_time / time: the share of
+    an iteration spent waiting for the loader (None for logs without data_time)."""
+    fractions = [float(s['data_time']) / float(s['time']) for s in stats
+                 if int(s['iter']) >= warmup_iter and 'data_time' in s]
+    return float(np.median(fractions)) if fractions else None
+
+
+def test_log_ms_per_image(log_text, warmup_images=LOOP_TEST_WARMUP_IMAGES):
+    """ms per image after the first warmup_images, from test_net's running means (`im_detect: ...
+    done/total <detector s>s + <rest of the loop s>s`): (mean_b * n_b - mean_a * n_a) / (n_b - n_a)
+    between the first line past the warm-up and the last, of their sum, of the detector's and of the
+    rest of the loop's. Returns (the sum's, the last line's running mean of the sum, the detector's,
+    the rest's), all in ms."""
+    points = [(int(done), float(det), float(misc)) for done, _, det, misc in _IM_DETECT.findall(log_text)]
+    start = next((p for p in points if p[0] > warmup_images), None)
+    if start is None or points[-1][0] <= start[0]:
+        raise ConfigValueError('the test log has too few im_detect lines past image {}: use a test dataset of '
+                               'at least {} images'.format(warmup_images, warmup_images + 12))
+    (n_a, det_a, misc_a), (n_b, det_b, misc_b) = start, points[-1]
+    detector, rest = (1000.0 * (b * n_b - a * n_a) / (n_b - n_a) for a, b in ((det_a, det_b), (misc_a, misc_b)))
+    return detector + rest, 1000.0 * (det_b + misc_b), detector, rest

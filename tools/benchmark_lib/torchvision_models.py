@@ -1,0 +1,59 @@
+"""torchvision's Faster R-CNN set up for the same work as ours: settings from our cfg, its models, its inference."""
+import torch
+from torchvision.models.detection import FasterRCNN, fasterrcnn_resnet50_fpn
+from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+from detectron.core.config import cfg
+
+from .timing import autocast
+
+
+def torchvision_settings(height, width):
+    """FasterRCNN keyword arguments from our cfg (with the KL config they are torchvision's
+    defaults), so that overriding our RPN / RoI settings keeps the work equal; no resize of
+    height x width images."""
+    return dict(
+        min_size=min(height, width), max_size=max(height, width),
+        rpn_pre_nms_top_n_train=cfg.TRAIN.RPN_PRE_NMS_TOP_N, rpn_post_nms_top_n_train=cfg.TRAIN.RPN_POST_NMS_TOP_N,
+        rpn_pre_nms_top_n_test=cfg.TEST.RPN_PRE_NMS_TOP_N, rpn_post_nms_top_n_test=cfg.TEST.RPN_POST_NMS_TOP_N,
+        rpn_nms_thresh=cfg.TRAIN.RPN_NMS_THRESH, rpn_fg_iou_thresh=cfg.TRAIN.RPN_POSITIVE_OVERLAP,
+        rpn_bg_iou_thresh=cfg.TRAIN.RPN_NEGATIVE_OVERLAP, rpn_batch_size_per_image=cfg.TRAIN.RPN_BATCH_SIZE_PER_IM,
+        rpn_positive_fraction=cfg.TRAIN.RPN_FG_FRACTION, box_score_thresh=cfg.TEST.SCORE_THRESH,
+        box_nms_thresh=cfg.TEST.NMS, box_detections_per_img=cfg.TEST.DETECTIONS_PER_IM,
+        box_fg_iou_thresh=cfg.TRAIN.FG_THRESH, box_bg_iou_thresh=cfg.TRAIN.BG_THRESH_HI,
+        box_batch_size_per_image=cfg.TRAIN.BATCH_SIZE_PER_IM, box_positive_fraction=cfg.TRAIN.FG_FRACTION,
+        bbox_reg_weights=tuple(cfg.MODEL.BBOX_REG_WEIGHTS))
+
+
+def torchvision_equal_work(num_classes, **settings):
+    """fasterrcnn_resnet50_fpn as built with ImageNet weights: FrozenBatchNorm2d, layer2-4 trainable
+    (conv1 and layer1 frozen, our FREEZE_AT 2), but random weights."""
+    torch.manual_seed(0)
+    backbone = resnet_fpn_backbone(backbone_name='resnet50', weights=None, norm_layer=FrozenBatchNorm2d,
+                                   trainable_layers=3)
+    return FasterRCNN(backbone, num_classes=num_classes, **settings)
+
+
+def torchvision_all_stages_bn(num_classes, **settings):
+    """weights=None's fasterrcnn_resnet50_fpn: BatchNorm2d with batch statistics, every stage
+    trainable; more work than our FREEZE_AT 2 model (the unequal comparison)."""
+    torch.manual_seed(0)
+    return fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=num_classes, **settings)
+
+
+def trainable_parameters(model):
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def torchvision_detect(model, image, device, precision):
+    """torchvision's whole inference: upload, RGB float, its transform, forward, post-processing."""
+    with torch.no_grad(), autocast(device, precision):
+        x = torch.from_numpy(image[:, :, ::-1].copy()).to(device).permute(2, 0, 1).float().div(255)
+        out = model([x])[0]
+    return {k: v.cpu() for k, v in out.items()}
+
+
+def torchvision_box_layers(model):
+    predictor = model.roi_heads.box_predictor
+    return predictor.cls_score, [predictor.bbox_pred]
