@@ -285,9 +285,8 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
             return lambda model, sample: seen.append(sample['id'])
 
     monkeypatch.setattr(loops.model_builder, 'get_model_type', lambda cfg: ModelType())
-    monkeypatch.setattr(loops, 'test_net_samples', lambda args: [{'id': k} for k in range(3)])
-    args = cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
-    row = loops.replayed_test_row(args, model=None, device=torch.device('cpu'))
+    monkeypatch.setattr(loops, 'test_net_samples', lambda dataset: [{'id': k} for k in range(3)])
+    row = loops.replayed_test_row('ours', 'te', model=None, device=torch.device('cpu'), precision='fp32')
     assert seen == [0, 1, 2] and row.section == 'test' and row.images_per_step == 1
     for _ in range(4):
         row.step()
@@ -295,10 +294,11 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
     assert "3 images replayed" in row.name and row.steps_per_round == 3
 
 
-def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch):
+def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr(cli, 'run_loops', lambda *a: seen.append(torch.backends.cudnn.benchmark))
-    args = cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])
+    args = cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te',
+                           '--loop-dir', str(tmp_path)])
     previous = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True  # as main() sets it for the comparisons with torchvision
     try:

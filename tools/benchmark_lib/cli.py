@@ -1,4 +1,4 @@
-"""Speed of our Faster R-CNN against torchvision's at equal work, in one run on one device.
+r"""Speed of our Faster R-CNN against torchvision's at equal work, in one run on one device.
 
 Our model comes from --cfg (default: KL-Loss's R-50-FPN 2x config: FREEZE_AT 2, frozen affine
 norm). The torchvision model it is compared with does the same work: fasterrcnn_resnet50_fpn's
@@ -20,12 +20,17 @@ Sections (--mode):
            (--profile is the same as adding it to --mode);
   loops    tools/train_net.py and tools/test_net.py run as subprocesses on real datasets, timed
            from their own logs, next to synthetic rows of the same model, batch, size and precision.
+  startup  for any model type (startup.py): test_net's model loaded -> first detection and train_net's
+           first batch -> first iteration, each in a fresh process, and test_net's whole run and
+           steady state on COCO val's mix of image sizes against the bare detector on the same images.
 Rows are timed in interleaved rounds (ours, torchvision, ours, ...): each value is the median over
 --rounds with min and max, each ratio the median of the per-round ratios. Prints one JSON line per
 row and a Markdown table (BENCHMARKS.md describes every row). Examples:
     python tools/benchmark.py --mode train test --batch 2 16
     python tools/benchmark.py --mode profile
-    python tools/benchmark.py --mode loops --catalog catalog.json --train-dataset coco_tiny_train         --test-dataset coco_tiny_val
+    python tools/benchmark.py --mode loops --catalog catalog.json --train-dataset coco_tiny_train \
+        --test-dataset coco_tiny_val
+    python tools/benchmark.py --mode startup --cfg configs/centernet/ctdet_coco_resdcn18.yaml
     python tools/benchmark.py --height 256 --width 256 --iters 2 --rounds 2    # CPU smoke run
 Learning rate: --lr 0 by default. From random init a frozen-norm R-50 diverges within a few dozen
 steps (BENCHMARKS.md) and NaN losses would change what top-k and NMS do; lr 0 keeps all the
@@ -33,10 +38,12 @@ arithmetic of a step and the losses finite. train_net (--mode loops) refuses lr 
 LOOP_MIN_LR instead: the same arithmetic, weights that move by nothing measurable.
 """
 import argparse
+import os
+import tempfile
 
 import torch
 
-from detectron.core.config import cfg
+from detectron.core.config import adopt_cfg, cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.utils.errors import ConfigValueError
 
@@ -45,6 +52,7 @@ from .loops import run_loops
 from .profiling import profile_test_rows, profile_train_rows
 from .rcnn_rows import build_test_rows, build_train_rows, train_ratios
 from .report import Report, run_meta
+from .startup import run_startup
 from .timing import (
     PRECISIONS,
     cudnn_autotuning,
@@ -58,7 +66,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--cfg', default='configs/e2e_faster_rcnn_R-50-FPN_2x.yaml')
     parser.add_argument('--mode', nargs='+', default=['train', 'test'],
-                        choices=['train', 'test', 'profile', 'loops', 'centernet'])
+                        choices=['train', 'test', 'profile', 'loops', 'centernet', 'startup'])
     parser.add_argument('--profile', action='store_true', help='add the profile section')
     parser.add_argument('--precision', choices=sorted(PRECISIONS), default=None,
                         help='autocast dtype; default bf16 on CUDA, fp32 on the CPU')
@@ -86,7 +94,16 @@ def parse_args(argv):
                        help='json_stats lines logged before this iteration are warm-up')
     loops.add_argument('--loop-test-precision', choices=sorted(PRECISIONS), default='fp32',
                        help="precision of the synthetic row compared with test_net (test_net uses no autocast)")
-    loops.add_argument('--loop-dir', default=None, help='where the loops write logs and outputs (default: a temp dir)')
+    loops.add_argument('--loop-dir', default=None,
+                       help='where the loops and start-up write datasets, logs and outputs (default: a temp dir)')
+    startup = parser.add_argument_group('startup section (any model type)')
+    startup.add_argument('--startup-images', type=int, default=500,
+                         help='images of the COCO-val-sized dataset test_net and train_net run on')
+    startup.add_argument('--startup-cfgs', nargs='+', default=None,
+                         help='the models measured in turn (default --cfg); the KEY VALUE overrides apply to each')
+    startup.add_argument('--startup-weights', default=None,
+                         help="test_net's TEST.WEIGHTS (default: the model's random initialisation, R-CNN's box "
+                              'classifier loaded)')
     parser.add_argument('opts', nargs=argparse.REMAINDER,
                         help='config overrides KEY VALUE ... (also passed to the loops); after a list option '
                              '(--mode, --batch) separate them with --')
@@ -102,6 +119,7 @@ def parse_args(argv):
 
 def main(argv):
     args = parse_args(argv)
+    defaults = cfg.clone()
     finalize_cfg(args.cfg, args.opts)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if device.type == 'cuda':
@@ -110,12 +128,35 @@ def main(argv):
     report = Report(run_meta(argv, device))
     timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
                   device=device)
+    if 'startup' in args.mode:
+        run_startup_section(args, device, report, defaults)
     if 'centernet' in args.mode:
         run_centernet(args, precision, report, timing)
-    else:
+    elif set(args.mode) & {'train', 'test', 'profile', 'loops'}:
         run_rcnn_sections(args, precision, report, timing)
     print('\n' + report.markdown(), flush=True)
     return report
+
+
+def run_startup_section(args, device, report, defaults):
+    """--mode startup for each of --startup-cfgs (default --cfg) in turn, the cfg finished anew from
+    the defaults for each; then --cfg's again for the other sections."""
+    cfg_files = args.startup_cfgs or [args.cfg]
+    for cfg_file in cfg_files:
+        finalize_anew(defaults, cfg_file, args.opts)
+        # Its in-process bare detector autotunes cuDNN as test_net does: as the config says.
+        with cudnn_autotuning(cfg.CUDNN_BENCHMARK):
+            run_startup(args, cfg_file, device, report, work_dir(args, 'startup'))
+        free_device_memory(device)
+    if cfg_files != [args.cfg]:
+        finalize_anew(defaults, args.cfg, args.opts)
+
+
+def finalize_anew(defaults, cfg_file, opts):
+    """The global cfg finished from cfg_file and opts over the defaults, as a fresh tool would."""
+    adopt_cfg(defaults)
+    cfg.defrost()
+    finalize_cfg(cfg_file, opts)
 
 
 def run_rcnn_sections(args, precision, report, timing):
@@ -150,4 +191,12 @@ def run_rcnn_sections(args, precision, report, timing):
     if 'loops' in args.mode:
         # The loops' in-process rows autotune cuDNN as train_net / test_net do: as the config says.
         with cudnn_autotuning(cfg.CUDNN_BENCHMARK):
-            run_loops(args, device, precision, report)
+            run_loops(args, device, precision, report, work_dir(args, 'loops'))
+
+
+def work_dir(args, section):
+    """A fresh directory for a section's datasets, logs and outputs (under --loop-dir if given): train_net
+    would resume from a checkpoint left in its OUTPUT_DIR."""
+    if args.loop_dir:
+        os.makedirs(args.loop_dir, exist_ok=True)
+    return tempfile.mkdtemp(prefix='benchmark_{}_'.format(section), dir=args.loop_dir)

@@ -2,8 +2,10 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -12,18 +14,34 @@ from detectron.utils.errors import ConfigValueError
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_logged(tool, tool_args, log_path):
-    """Run tools/<tool> with this checkout first on the path; returns its log text."""
+def run_logged(tool, tool_args, log_path, stop_when=None):
+    """Run tools/<tool> with this checkout first on the path; returns its log text. stop_when(log
+    text) -> True ends the run there, its process group terminated (a loop timed up to one line)."""
     env = dict(os.environ, PYTHONUNBUFFERED='1',
                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get('PYTHONPATH')) if p))
     with open(log_path, 'w') as log:
-        code = subprocess.call([sys.executable, os.path.join(REPO, 'tools', tool)] + tool_args, cwd=REPO,
-                               stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen([sys.executable, os.path.join(REPO, 'tools', tool)] + tool_args, cwd=REPO,
+                                   stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=stop_when is not None)
+        code = _wait(process, log_path, stop_when)
     with open(log_path) as log:
         text = log.read()
     if code != 0:
         raise RuntimeError('{} exited with status {}; its log is {}'.format(tool, code, log_path))
     return text
+
+
+def _wait(process, log_path, stop_when, poll_s=0.2):
+    """The exit status, or 0 once stop_when holds for the log (the process and its loader workers,
+    one process group, are then terminated)."""
+    while stop_when is not None and process.poll() is None:
+        with open(log_path) as log:
+            if stop_when(log.read()):
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait()
+                return 0
+        time.sleep(poll_s)
+    return process.wait()
 
 
 _IM_DETECT = re.compile(r'im_detect:.*?(\d+)/(\d+)\s+([0-9.]+)s \+ ([0-9.]+)s')
@@ -68,3 +86,32 @@ def test_log_ms_per_image(log_text, warmup_images=LOOP_TEST_WARMUP_IMAGES):
     (n_a, det_a, misc_a), (n_b, det_b, misc_b) = start, points[-1]
     detector, rest = (1000.0 * (b * n_b - a * n_a) / (n_b - n_a) for a, b in ((det_a, det_b), (misc_a, misc_b)))
     return detector + rest, 1000.0 * (det_b + misc_b), detector, rest
+
+
+_TOTAL_INFERENCE = re.compile(r'Total inference time: ([0-9.]+)s')
+
+
+def test_log_first_image_s(log_text):
+    """Seconds from the model being loaded to the first detection stored: test_net's first im_detect
+    line (1/n) is the detector's time on image 1 plus the loop's wait for it."""
+    first = next(((float(det), float(misc)) for done, _, det, misc in _IM_DETECT.findall(log_text) if done == '1'), None)
+    if first is None:
+        raise ConfigValueError('the test log has no im_detect line for image 1')
+    return sum(first)
+
+
+def test_log_total_inference_s(log_text):
+    """test_net's `Total inference time: <s>s`: the whole testing of the dataset, model loading included."""
+    match = _TOTAL_INFERENCE.search(log_text)
+    if match is None:
+        raise ConfigValueError('the test log has no "Total inference time" line')
+    return float(match.group(1))
+
+
+def train_log_first_iteration_s(stats):
+    """Seconds from the first batch to the first training iteration done: json_stats of iteration 0
+    ('time' is that iteration's, 'data_time' its wait for the batch)."""
+    first = next((s for s in stats if int(s['iter']) == 0), None)
+    if first is None:
+        raise ConfigValueError('the training log has no json_stats line of iteration 0')
+    return float(first['time']) - float(first.get('data_time', 0.0))

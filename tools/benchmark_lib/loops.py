@@ -3,7 +3,6 @@ import copy
 import itertools
 import json
 import os
-import tempfile
 
 import numpy as np
 import torch
@@ -57,7 +56,7 @@ def dataset_shape(name, scale, max_size):
             'boxes_per_image': boxes / len(heights)}
 
 
-def _dataset_arg(name):
+def dataset_arg(name):
     return "('{}',)".format(name)
 
 
@@ -68,7 +67,7 @@ def run_train_net(args, work, batch, precision):
     """train_net.py from random init (TRAIN.WEIGHTS '') for --loop-iters iterations at lr --lr
     (LOOP_MIN_LR for --lr 0, which train_net rejects)."""
     return run_logged('train_net.py', ['-c', os.path.abspath(args.cfg), '--skip-test'] + _loop_opts(args) + [
-        'TRAIN.DATASETS', _dataset_arg(args.train_dataset), 'TRAIN.IMS_PER_BATCH', str(batch),
+        'TRAIN.DATASETS', dataset_arg(args.train_dataset), 'TRAIN.IMS_PER_BATCH', str(batch),
         'SOLVER.MAX_ITER', str(args.loop_iters), 'SOLVER.BASE_LR', str(args.lr or LOOP_MIN_LR), 'TRAIN.WEIGHTS', "''",
         'TRAIN.SNAPSHOT_ITERS', '100000000', 'SOLVER.AMP.ENABLED', str(precision != 'fp32'),
         'SOLVER.AMP.DTYPE', 'bfloat16', 'OUTPUT_DIR', os.path.join(work, 'train')],
@@ -81,7 +80,7 @@ def run_test_net(args, work, weights):
 
 
 def _loop_opts(args):
-    opts = list(args.opts) + ['NUM_GPUS', '1', 'TEST.DATASETS', _dataset_arg(args.test_dataset)]
+    opts = list(args.opts) + ['NUM_GPUS', '1', 'TEST.DATASETS', dataset_arg(args.test_dataset)]
     if args.catalog:
         opts += ['DATASET_CATALOG', os.path.abspath(args.catalog)]
     return opts
@@ -111,25 +110,26 @@ def replayed_train_row(args, batch, device, precision):
     return row
 
 
-def test_net_samples(args):
-    """The test dataset's images as test_net's loader workers prepare them, in test_net's order."""
-    roidb = JsonDataset(args.test_dataset).get_roidb()
+def test_net_samples(dataset):
+    """The dataset's images as test_net's loader workers prepare them, in test_net's order."""
+    roidb = JsonDataset(dataset).get_roidb()
     loader = build_test_loader(roidb, range(len(roidb)), cfg.DATA_LOADER.NUM_THREADS,
                                model_builder.get_model_type(cfg).test_inputs(cfg))
     return [sample for sample, _ in loader]
 
 
-def replayed_test_row(args, model, device):
-    """test_net's detection on its own images, prepared in advance and taken in turn (one pass over
-    all of them before timing, as test_net meets each size before most of its images)."""
+def replayed_test_row(label, dataset, model, device, precision):
+    """test_net's detection (model: as test_net holds it) on its own images of dataset, prepared in
+    advance and taken in turn (one pass over all of them before timing, as test_net meets each size
+    before most of its images): the bare detector."""
     detect = model_builder.get_model_type(cfg).detector(cfg)
-    samples = test_net_samples(args)
+    samples = test_net_samples(dataset)
 
     def detect_on(sample):
-        with autocast(device, args.loop_test_precision):
+        with autocast(device, precision):
             return detect(model, sample)
 
-    return Row('test', "ours, loaded weights, test_net's {} images replayed from memory".format(len(samples)),
+    return Row('test', "{}, test_net's {} images replayed from memory".format(label, len(samples)),
                in_turn(detect_on, samples, prime=True), 1, resident=lambda: model_tensors(model),
                graph_owners=lambda: [model], steps_per_round=len(samples))
 
@@ -143,12 +143,9 @@ def write_loaded_weights(path):
     return model
 
 
-def run_loops(args, device, precision, report):
-    """train_net and test_net on real datasets vs synthetic rows of the same model, batch and size."""
-    if args.loop_dir:
-        os.makedirs(args.loop_dir, exist_ok=True)
-    # A fresh directory every run: train_net would resume from a model_final.pth left in OUTPUT_DIR.
-    work = tempfile.mkdtemp(prefix='benchmark_loops_', dir=args.loop_dir)
+def run_loops(args, device, precision, report, work):
+    """train_net and test_net on real datasets vs synthetic rows of the same model, batch and size;
+    their logs and outputs in the fresh directory work."""
     if args.catalog:
         dataset_catalog.register_catalog_file(args.catalog)
     batch = args.batch[0]
@@ -171,7 +168,8 @@ def run_loops(args, device, precision, report):
                                            'log': os.path.join(work, 'test_net.log')})
 
     replayed_train = replayed_train_row(args, batch, device, precision)
-    replayed_test = replayed_test_row(args, copy.deepcopy(loaded).to(device), device)
+    replayed_test = replayed_test_row('ours, loaded weights', args.test_dataset, copy.deepcopy(loaded).to(device),
+                                      device, args.loop_test_precision)
     train_hw = [train_shape['resized_height'], train_shape['resized_width']]
     synthetic_train = ours_train_row(args, batch, *train_hw, max(1, round(train_shape['boxes_per_image'])),
                                      device, precision)

@@ -78,7 +78,8 @@ def cudnn_autotuning(enabled):
 
 @dataclass
 class Row:
-    """One timed configuration: section 'train' values are images/s, 'test' values ms/image."""
+    """One timed configuration: section 'train' values are images/s, 'test' values ms/image,
+    'startup' values seconds."""
     section: str
     name: str
     step: Callable[[], object]
@@ -101,7 +102,7 @@ class Row:
 
     @property
     def unit(self):
-        return 'images/s' if self.section == 'train' else 'ms/image'
+        return {'train': 'images/s', 'startup': 's'}.get(self.section, 'ms/image')
 
 
 def run_interleaved(rows, rounds, iters, warmup, round_warmup, device, clock=time.perf_counter):

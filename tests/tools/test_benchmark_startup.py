@@ -1,0 +1,174 @@
+"""tools/benchmark.py --mode startup: COCO val's size table and its sampling, the dataset written
+with those sizes, the log readings, the rows' arithmetic, stopping a tool at a log line, and main
+on the CPU with the tools' runs replaced by known values."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detectron.core.config import cfg
+from detectron.datasets import dataset_catalog
+from detectron.datasets.json_dataset import JsonDataset
+from detectron.utils.errors import ConfigValueError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COCO_TINY_VAL = os.path.join(REPO, '..', 'shared', 'data', 'coco_tiny', 'annotations', 'instances_val2017.json')
+SHAPES_KL = 'configs/getting_started/shapes_demo_R-18-FPN_kl.yaml'
+SHAPES_CENTERNET = 'configs/getting_started/shapes_demo_centernet_res18.yaml'
+sys.path.insert(0, os.path.join(REPO, 'tools'))  # as when tools/benchmark.py runs
+
+from benchmark_lib import cli, coco_val_sizes, image_sizes, logs, startup
+from benchmark_lib.timing import Row
+
+
+def _annotations(tmp_path, sizes):
+    path = tmp_path / 'ann.json'
+    path.write_text(json.dumps({'images': [{'id': i, 'height': h, 'width': w} for i, (h, w) in enumerate(sizes)]}))
+    return str(path)
+
+
+# --- the size table and its sample ---------------------------------------------------------------
+
+def test_size_table_counts_sizes_most_frequent_first(tmp_path):
+    ann = _annotations(tmp_path, [(480, 640)] * 3 + [(640, 480)] * 2 + [(427, 640), (375, 500)])
+    assert image_sizes.size_table(ann) == [(480, 640, 3), (640, 480, 2), (375, 500, 1), (427, 640, 1)]
+    module_file = tmp_path / 'sizes.py'  # the module the script writes
+    module_file.write_text(image_sizes.table_module(ann, 'seven images'))
+    spec = importlib.util.spec_from_file_location('sizes', module_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SIZES == image_sizes.size_table(ann) and module.SOURCE == 'seven images'
+
+
+def test_sample_follows_the_table_frequencies():
+    table = [(480, 640, 6), (640, 480, 3), (427, 640, 1)]
+    sample = image_sizes.sample_sizes(table, 10)
+    # quantiles 0.05, 0.15, ..., 0.95 of the cumulative 0.6, 0.9, 1.0: six, three and one
+    assert sorted(sample) == sorted([(480, 640)] * 6 + [(640, 480)] * 3 + [(427, 640)])
+    unshuffled = [(480, 640)] * 6 + [(640, 480)] * 3 + [(427, 640)]
+    assert sample != unshuffled and sample == image_sizes.sample_sizes(table, 10)  # shuffled, repeatably
+    big = image_sizes.sample_sizes(table, 1000)
+    assert (big.count((480, 640)), big.count((640, 480)), big.count((427, 640))) == (600, 300, 100)
+    assert sorted(image_sizes.sample_sizes(table, 2)) == [(480, 640), (640, 480)]  # quantiles 0.25 and 0.75
+
+
+@pytest.mark.skipif(not os.path.isfile(COCO_TINY_VAL), reason='coco_tiny not found')
+def test_committed_table_is_the_one_its_command_writes():
+    assert coco_val_sizes.SIZES == image_sizes.size_table(COCO_TINY_VAL)
+    assert sum(n for _, _, n in coco_val_sizes.SIZES) == 80 and coco_val_sizes.SIZES[0] == (480, 640, 20)
+
+
+# --- the dataset of those sizes -------------------------------------------------------------------
+
+def test_sized_dataset_has_the_sizes_boxes_and_classes_asked(tmp_path):
+    sizes = [(48, 64), (70, 40), (48, 64)]
+    image_dir, ann = startup.write_sized_dataset(str(tmp_path), sizes, num_classes=3, boxes=4)
+    dataset_catalog.register_dataset('benchmark_sized_test', image_dir, ann)
+    roidb = JsonDataset('benchmark_sized_test').get_roidb(gt=True)
+    assert [(r['height'], r['width']) for r in roidb] == sizes
+    for entry in roidb:
+        assert cv2.imread(entry['image']).shape == (entry['height'], entry['width'], 3)
+        boxes = entry['boxes']
+        assert len(boxes) == 4 and boxes.min() >= 0
+        assert (boxes[:, 2] < entry['width']).all() and (boxes[:, 3] < entry['height']).all()
+        assert set(entry['gt_classes'].tolist()) <= {1, 2, 3}
+    assert JsonDataset('benchmark_sized_test').num_classes == 4
+
+
+# --- the logs -------------------------------------------------------------------------------------
+
+TEST_LOG = """INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 1/30 1.500s + 0.250s (eta: 0:00:58)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 11/30 0.290s + 0.010s (eta: 0:00:05)
+INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 30/30 0.140s + 0.010s (eta: 0:00:00)
+INFO test_engine.py:  68: Total inference time: 6.125s
+"""
+
+
+def test_first_image_and_total_from_the_test_log():
+    assert logs.test_log_first_image_s(TEST_LOG) == pytest.approx(1.75)
+    assert logs.test_log_total_inference_s(TEST_LOG) == pytest.approx(6.125)
+    with pytest.raises(ConfigValueError):
+        logs.test_log_first_image_s(TEST_LOG.splitlines()[1])
+    with pytest.raises(ConfigValueError):
+        logs.test_log_total_inference_s(TEST_LOG.splitlines()[0])
+
+
+def test_first_iteration_from_the_training_log():
+    stats = logs.json_stats('json_stats: {"iter": 0, "time": "2.500000", "data_time": "0.125000"}\n'
+                            'json_stats: {"iter": 20, "time": "0.200000", "data_time": "0.010000"}\n')
+    assert logs.train_log_first_iteration_s(stats) == pytest.approx(2.375)
+    assert startup.first_iteration_logged('json_stats: {"iter": 0, "time": "1.0"}\n')
+    assert not startup.first_iteration_logged('INFO loading\n')
+    with pytest.raises(ConfigValueError):
+        logs.train_log_first_iteration_s(stats[1:])
+
+
+def test_a_run_stops_at_the_line_asked_for(tmp_path):
+    log = tmp_path / 'log.txt'
+    with open(log, 'w') as out:
+        process = subprocess.Popen([sys.executable, '-u', '-c', 'import time; print("ready"); time.sleep(60)'],
+                                   stdout=out, start_new_session=True)
+        assert logs._wait(process, str(log), lambda text: 'ready' in text, poll_s=0.05) == 0
+    assert process.returncode is not None and log.read_text() == 'ready\n'
+    with open(log, 'w') as out:
+        process = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'], stdout=out)
+        assert logs._wait(process, str(log), lambda text: False, poll_s=0.05) == 3
+
+
+# --- the rows' arithmetic -------------------------------------------------------------------------
+
+def test_rows_and_ratios_from_the_rounds():
+    test_runs = [(2.0, 12.0, 11.0), (1.0, 10.0, 9.0)]  # (first detection s, total s, steady ms) per round
+    bare = Row('test', 'bare', None, 1, values=[8.0, 10.0])
+    rows, ratios = startup.startup_rows('m.yaml', test_runs, [3.0, 1.5], bare, num_images=1000)
+    first, train, whole, steady, bare_row = rows
+    assert first.values == [2.0, 1.0] and first.unit == 's' and train.values == [3.0, 1.5]
+    assert whole.values == [12.0, 10.0] and whole.unit == 'ms/image'  # 1000 x total s / 1000 images
+    assert whole.info == {'total_s': 11.0} and steady.values == [11.0, 9.0] and bare_row is bare
+    assert all(r.name.startswith('m.yaml: ') for r in rows)
+    (whole_name, whole_ratios), (steady_name, steady_ratios) = ratios
+    assert whole_ratios == [1.5, 1.0] and steady_ratios == [11.0 / 8.0, 0.9]
+    assert 'target <= 1.3' in whole_name and 'steady' in steady_name
+
+
+# --- main on the CPU, the tools' runs replaced ----------------------------------------------------
+
+def test_main_runs_the_startup_rows_of_each_model(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(coco_val_sizes, 'SIZES', [(60, 80, 2), (80, 60, 1)])
+    runs = {}
+
+    def test_net_run(args, cfg_file, catalog, weights, work):
+        assert dataset_catalog.get_ann_fn(startup.DATASET).startswith(os.path.dirname(catalog))
+        runs.setdefault(cfg_file, []).append(work)
+        return 0.5 * len(runs[cfg_file]), 0.03 * len(runs[cfg_file]), 9.0  # 10 and 20 ms/image whole
+
+    monkeypatch.setattr(startup, 'test_net_run', test_net_run)
+    monkeypatch.setattr(startup, 'train_net_run', lambda args, cfg_file, catalog, work: 4.0)
+    report = cli.main(['--mode', 'startup', '--startup-cfgs', SHAPES_KL, SHAPES_CENTERNET, '--cfg', SHAPES_KL,
+                       '--startup-images', '3', '--rounds', '2', '--round-warmup', '0',
+                       '--loop-dir', str(tmp_path), 'DATA_LOADER.NUM_THREADS', '1'])
+    assert cfg.MODEL.TYPE == 'generalized_rcnn' and cfg.is_frozen()  # --cfg's again
+    assert sorted(runs) == sorted([SHAPES_KL, SHAPES_CENTERNET]) and all(len(w) == 2 for w in runs.values())
+    records = report.records
+    assert len(records) == 2 * (5 + 2)
+    for model in (SHAPES_KL, SHAPES_CENTERNET):
+        name = os.path.basename(model)
+        rows = {r['row'][len(name) + 2:]: r for r in records if r['row'].startswith(name + ': ')}
+        assert rows['test_net, model loaded -> first detection']['rounds'] == [0.5, 1.0]
+        assert rows['train_net, first batch -> first iteration done']['median'] == 4.0
+        whole = next(r for k, r in rows.items() if 'whole run' in k and r['section'] == 'test')
+        bare = next(r for k, r in rows.items() if 'bare detector' in k)
+        assert whole['rounds'] == pytest.approx([10.0, 20.0]) and len(bare['rounds']) == 2
+        assert all(v > 0 for v in bare['rounds']) and whole['images'] == 3 and whole['cfg'] == model
+        ratio = next(r for k, r in rows.items() if r['section'] == 'ratio' and 'whole run' in k)
+        assert ratio['rounds'] == pytest.approx([w / b for w, b in zip(whole['rounds'], bare['rounds'])])
+    assert 'startup' in capsys.readouterr().out
+    assert np.isfinite([r['median'] for r in records]).all()
