@@ -53,13 +53,7 @@ from .profiling import profile_test_rows, profile_train_rows
 from .rcnn_rows import build_test_rows, build_train_rows, train_ratios
 from .report import Report, run_meta
 from .startup import run_startup
-from .timing import (
-    PRECISIONS,
-    cudnn_autotuning,
-    free_device_memory,
-    per_round_ratios,
-    run_interleaved,
-)
+from .timing import PRECISIONS, cudnn_autotuning, free_device_memory, per_round_ratios, run_interleaved
 
 
 def parse_args(argv):

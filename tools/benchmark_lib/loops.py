@@ -17,29 +17,9 @@ from detectron.utils import blob as blob_utils
 
 from .classifiers import ours_box_layers, set_loaded_classifier
 from .inputs import synthetic_images
-from .logs import (
-    json_stats,
-    run_logged,
-    test_log_ms_per_image,
-    train_log_data_fraction,
-    train_log_images_per_s,
-)
-from .rcnn_rows import (
-    build_ours,
-    build_ours_for_training,
-    ours_test_row,
-    ours_train_row,
-    train_row,
-)
-from .timing import (
-    Row,
-    autocast,
-    cfg_values,
-    in_turn,
-    model_tensors,
-    run_interleaved,
-    spread,
-)
+from .logs import json_stats, run_logged, test_log_ms_per_image, train_log_data_fraction, train_log_images_per_s
+from .rcnn_rows import build_ours, build_ours_for_training, ours_test_row, ours_train_row, train_row
+from .timing import Row, autocast, cfg_values, in_turn, model_tensors, run_interleaved, spread
 
 
 def dataset_shape(name, scale, max_size):
@@ -134,11 +114,13 @@ def replayed_test_row(label, dataset, model, device, precision):
                graph_owners=lambda: [model], steps_per_round=len(samples))
 
 
-def write_loaded_weights(path):
-    """Our model (cfg's classes) whose classifier passes every RoI on 5 classes, saved for
-    test_net: its post-processing work then does not depend on the images. Returns the model."""
+def write_test_weights(path):
+    """The model of cfg (cfg's classes, seed 0) saved for test_net; returns it. A model with a box
+    classifier (R-CNN) gets the loaded one, passing every RoI on 5 classes: its post-processing work
+    then does not depend on the images."""
     model = build_ours(torch.device('cpu')).eval()
-    set_loaded_classifier(*ours_box_layers(model), cfg.MODEL.NUM_CLASSES)
+    if hasattr(model, 'box_outs'):
+        set_loaded_classifier(*ours_box_layers(model), cfg.MODEL.NUM_CLASSES)
     torch.save({'model': model.state_dict()}, path)
     return model
 
@@ -152,7 +134,7 @@ def run_loops(args, device, precision, report, work):
     train_shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
     test_shape = dataset_shape(args.test_dataset, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)
     weights = os.path.join(work, 'loaded_weights.pth')
-    loaded = write_loaded_weights(weights)
+    loaded = write_test_weights(weights)
 
     stats = json_stats(run_train_net(args, work, batch, precision))
     train_net = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, batch,

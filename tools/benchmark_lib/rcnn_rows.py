@@ -9,27 +9,9 @@ from detectron.core.config import cfg
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import build_optimizer
 
-from .classifiers import (
-    TEST_NUM_CLASSES,
-    calibrate_realistic,
-    ours_box_layers,
-    set_loaded_classifier,
-)
-from .inputs import (
-    ours_train_inputs,
-    synthetic_batch,
-    synthetic_images,
-    torchvision_train_inputs,
-)
-from .timing import (
-    Row,
-    autocast,
-    capture,
-    cfg_values,
-    flat_tensors,
-    in_turn,
-    model_tensors,
-)
+from .classifiers import TEST_NUM_CLASSES, calibrate_realistic, ours_box_layers, set_loaded_classifier
+from .inputs import ours_train_inputs, synthetic_batch, synthetic_images, torchvision_train_inputs
+from .timing import Row, autocast, capture, cfg_values, flat_tensors, in_turn, model_tensors
 from .torchvision_models import (
     torchvision_all_stages_bn,
     torchvision_box_layers,

@@ -19,7 +19,6 @@ import os
 
 import cv2
 import numpy as np
-import torch
 
 from detectron.core.config import cfg
 from detectron.core.test_engine import load_test_model
@@ -27,7 +26,6 @@ from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 
 from . import coco_val_sizes
-from .classifiers import ours_box_layers, set_loaded_classifier
 from .image_sizes import sample_sizes
 from .logs import (
     LOOP_TEST_WARMUP_IMAGES,
@@ -38,7 +36,7 @@ from .logs import (
     test_log_total_inference_s,
     train_log_first_iteration_s,
 )
-from .loops import LOOP_MIN_LR, dataset_arg, replayed_test_row
+from .loops import LOOP_MIN_LR, dataset_arg, replayed_test_row, write_test_weights
 from .timing import Row, per_round_ratios, run_interleaved
 
 DATASET = 'benchmark_coco_val_sizes'
@@ -80,17 +78,6 @@ def write_catalog(directory, image_dir, ann_file):
         json.dump({DATASET: {'image_directory': image_dir, 'annotation_file': ann_file}}, f)
     dataset_catalog.register_catalog_file(path)
     return path
-
-
-def write_weights(path):
-    """The model of cfg, randomly initialised (seed 0), saved as test_net loads it. A model with a
-    box classifier gets the loaded one (every RoI on 5 classes), so post-processing does the same
-    work on every image from the first."""
-    torch.manual_seed(0)
-    model = model_builder.create(cfg).eval()
-    if hasattr(model, 'box_outs'):
-        set_loaded_classifier(*ours_box_layers(model), cfg.MODEL.NUM_CLASSES)
-    torch.save({'model': model.state_dict()}, path)
 
 
 def tool_opts(args, catalog, output_dir):
@@ -152,7 +139,7 @@ def run_startup(args, cfg_file, device, report, work):
     catalog = write_catalog(work, *write_sized_dataset(work, sizes, num_classes, args.boxes))
     weights = args.startup_weights or os.path.join(work, 'weights.pth')
     if not args.startup_weights:
-        write_weights(weights)
+        write_test_weights(weights)
     test_runs, train_firsts, bare = [], [], None
     for k in range(args.rounds):
         round_dir = os.path.join(work, 'round{}'.format(k + 1))
