@@ -5,6 +5,7 @@
 #   bash tools/gpu_checks.sh setup bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed
 #   bash tools/gpu_checks.sh setup nms_speed shapes_multi_gpu_test   (quick, 2 GPUs)
 #   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid
+#   bash tools/gpu_checks.sh setup startup
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -265,6 +266,14 @@ rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val list
     --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters ${LOOP_ITERS:-400} --loop-warmup ${LOOP_WARMUP:-200} \
     --iters ${LOOP_ROW_ITERS:-40} --rounds 3 --loop-dir /tmp/bench_loops \
     -- DATA_LOADER.NUM_THREADS 6 ${LOOP_OPTS:-} 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops${LOOP_TAG:-}.md"
+}
+
+startup() {  # the start-up rows (model loaded -> first detection, first batch -> first iteration) and test_net on COCO val's image sizes against the bare detector, KL R-CNN and CenterNet resdcn_18
+  python3 tools/benchmark.py --mode startup --startup-cfgs $KL_CFG configs/centernet/ctdet_coco_resdcn18.yaml \
+    --rounds ${STARTUP_ROUNDS:-3} --startup-images ${STARTUP_IMAGES:-500} --loop-dir /tmp/bench_startup \
+    -- DATA_LOADER.NUM_THREADS 12 CENTERNET.BATCH_SIZE 32 CENTERNET.MASTER_BATCH_SIZE -1 SOLVER.AMP.ENABLED True \
+    SOLVER.AMP.DTYPE bfloat16 > "$OUT/startup.log" 2>&1
+  echo "startup exit $?"; grep '^|' "$OUT/startup.log" | tee "$OUT/startup.md"
 }
 
 val_x10() {  # coco_tiny_val listed 10 times (800 images: one-time graph captures amortised), added to the catalog
