@@ -82,6 +82,29 @@ def test_sized_dataset_has_the_sizes_boxes_and_classes_asked(tmp_path):
     assert JsonDataset('benchmark_sized_test').num_classes == 4
 
 
+def test_test_weights_load_the_box_classifier_of_models_that_have_one(tmp_path):
+    from benchmark_lib.classifiers import loaded_class_probs
+
+    from detectron.core.config_finalize import finalize_cfg
+    from detectron.modeling import model_builder
+    finalize_cfg(SHAPES_KL, [])
+    state = _written_weights(tmp_path)
+    np.testing.assert_allclose(state['box_outs.cls_score.bias'].numpy(), np.log(loaded_class_probs(4)), rtol=1e-6)
+    assert not state['box_outs.cls_score.weight'].any() and not state['box_outs.bbox_pred.weight'].any()
+    cfg.defrost()
+    finalize_cfg(SHAPES_CENTERNET, [])
+    torch.manual_seed(0)
+    fresh = model_builder.create(cfg).state_dict()
+    state = _written_weights(tmp_path)
+    assert state.keys() == fresh.keys() and all(torch.equal(state[k], fresh[k]) for k in fresh)
+
+
+def _written_weights(tmp_path):
+    path = str(tmp_path / 'weights.pth')
+    startup.write_test_weights(path)
+    return torch.load(path)['model']
+
+
 # --- the logs -------------------------------------------------------------------------------------
 
 TEST_LOG = """INFO test_engine.py: 131: im_detect: range [1, 30] of 30: 1/30 1.500s + 0.250s (eta: 0:00:58)

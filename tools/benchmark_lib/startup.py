@@ -1,5 +1,5 @@
 """--mode startup: how soon the loops users run give their first result, and test_net on COCO val's
-mix of image sizes, for the model of --cfg (any MODEL.TYPE).
+mix of image sizes, for the model of --cfg or of each --startup-cfgs (any MODEL.TYPE).
 
 A dataset of --startup-images JPEGs is written with the sizes of COCO val (coco_val_sizes.py,
 sampled by image_sizes.sample_sizes) and --boxes random boxes per image. Each round runs, as
