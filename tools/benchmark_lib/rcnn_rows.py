@@ -148,10 +148,10 @@ def build_test_rows(args, device, precision):
         if case == 'realistic':
             with cfg_values(dict(base, STD_NMS=False)):
                 calibrate_realistic(ours_box_layers(ours_case), ours_case.box_head,
-                                    lambda: ours_detect(ours_case, image, device, precision),
+                                    lambda model=ours_case: ours_detect(model, image, device, precision),
                                     args.realistic_per_class, cfg.TEST.SCORE_THRESH)
             calibrate_realistic(torchvision_box_layers(tv_case), tv_case.roi_heads.box_head,
-                                lambda: torchvision_detect(tv_case, image, device, precision),
+                                lambda model=tv_case: torchvision_detect(model, image, device, precision),
                                 args.realistic_per_class, tv_case.roi_heads.score_thresh)
         else:
             set_loaded_classifier(*ours_box_layers(ours_case), TEST_NUM_CLASSES)

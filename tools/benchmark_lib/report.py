@@ -68,8 +68,8 @@ class Report:
                     _fmt(r['max']), r['unit'], _fmt(r.get('peak_mem_mib')), _notes(r)))
         profiles = [r for r in self.records if r['section'] == 'profile']
         if profiles:
-            lines += ['', '| profiled row | wall ms/step | GPU busy ms/step | GPU busy | kernel sum ms/step '
-                      '| GPU ops/step | host syncs/step | D2H copies/step |', '|---|---|---|---|---|---|---|---|']
+            lines += ['', ('| profiled row | wall ms/step | GPU busy ms/step | GPU busy | kernel sum ms/step '
+                           '| GPU ops/step | host syncs/step | D2H copies/step |'), '|---|---|---|---|---|---|---|---|']
             lines += ['| {} | {} | {} | {:.0%} | {} | {} | {} | {} |'.format(
                 r['row'], _fmt(r['wall_ms_per_step']), _fmt(r['gpu_busy_ms_per_step']), r['gpu_busy_fraction'],
                 _fmt(r['gpu_kernel_sum_ms_per_step']), _fmt(r['gpu_ops_per_step']), _fmt(r['host_syncs_per_step']),
