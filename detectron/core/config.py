@@ -344,6 +344,15 @@ def _key_exists(full_key):
     return not isinstance(node, CfgNode)
 
 
+# Keys that guides written for other code bases teach (the KL-Loss guide's `fp16: true` and
+# `loss_scale: 128.0`), and the keys that do the same here.
+_AMP_KEYS = 'SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE float16 SOLVER.AMP.LOSS_SCALE 128'
+_OTHER_SPELLINGS = {
+    'fp16': 'mixed precision here is ' + _AMP_KEYS + ' (or SOLVER.AMP.DTYPE bfloat16)',
+    'loss_scale': 'a fixed loss scale here is ' + _AMP_KEYS + ' (0 = dynamic)',
+}
+
+
 def _find_node(full_key, source):
     """(parent node, leaf name) of an existing leaf key, else ConfigKeyError with a suggestion."""
     if not _key_exists(full_key):
@@ -352,7 +361,10 @@ def _find_node(full_key, source):
         message = 'Non-existent {}key: {} (from {})'.format(
             '' if from_overrides else 'config ', full_key, source)
         closest = difflib.get_close_matches(full_key, _all_leaf_keys(__C, ''), n=1)
-        if closest:
+        leaf = full_key.rsplit('.', 1)[-1].lower()
+        if leaf in _OTHER_SPELLINGS:
+            message += f'; {_OTHER_SPELLINGS[leaf]}'
+        elif closest:
             message += '; closest valid key: {}'.format(closest[0])
         raise (OverridesKeyError if from_overrides else ConfigKeyError)(message)
     *parents, leaf = full_key.split('.')

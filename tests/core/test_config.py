@@ -855,3 +855,17 @@ def test_scaling_after_freezing_is_refused():
     assert_and_infer_cfg()
     with pytest.raises(ConfigValueError, match='before assert_and_infer_cfg'):
         scale_schedule_to_global_batch(4)
+
+
+def test_the_kl_loss_guides_fp16_spelling_names_the_keys_to_use(tmp_path):
+    path = _write(tmp_path, 'fp16: true\nloss_scale: 128.0\n')
+    with pytest.raises(ConfigKeyError) as err:
+        merge_cfg_from_file(path)
+    assert str(err.value) == (
+        f'Non-existent config key: fp16 (from {path}); mixed precision here is SOLVER.AMP.ENABLED True '
+        'SOLVER.AMP.DTYPE float16 SOLVER.AMP.LOSS_SCALE 128 (or SOLVER.AMP.DTYPE bfloat16)')
+    with pytest.raises(ConfigKeyError, match=r'\(from command line\); a fixed loss scale here is SOLVER.AMP'):
+        merge_cfg_from_list(['loss_scale', '128.0'])
+    # The advice is itself a valid override.
+    merge_cfg_from_list('SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE float16 SOLVER.AMP.LOSS_SCALE 128'.split())
+    assert (cfg.SOLVER.AMP.ENABLED, cfg.SOLVER.AMP.DTYPE, cfg.SOLVER.AMP.LOSS_SCALE) == (True, 'float16', 128.0)
