@@ -8,6 +8,8 @@ import sys
 import pytest
 import yaml
 
+from detectron.utils import distributed
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TUTORIAL_8GPU = 'configs/getting_started/tutorial_8gpu_e2e_faster_rcnn_R-50-FPN.yaml'
 
@@ -211,3 +213,33 @@ def test_an_output_dir_under_a_file_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith('error: OUTPUT_DIR {} cannot be used: '.format(tmp_path / 'a_file' / 'out'))
     assert result.stderr.count('\n') == 1 and 'Traceback' not in result.stderr
+
+
+@pytest.mark.parametrize('spelling', [['--local-rank=1'], ['--local_rank', '1']])
+def test_the_launchers_local_rank_flag_sets_or_matches_local_rank(spelling, monkeypatch):
+    train_net = _load_tool('train_net.py')
+    monkeypatch.setenv('LOCAL_RANK', '')  # records the variable's state, so the flag's setting is undone
+    monkeypatch.delenv('LOCAL_RANK')
+    args = train_net.parse_args(['--cfg', TUTORIAL_8GPU] + spelling)
+    assert args.local_rank == 1 and os.environ['LOCAL_RANK'] == '1'
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    with pytest.raises(SystemExit) as exit_info:
+        train_net.parse_args(['--cfg', TUTORIAL_8GPU] + spelling)
+    assert exit_info.value.code == 2
+
+
+def test_torch_distributed_launch_trains_as_torchrun(tmp_path):
+    # The CenterNet guide's launcher: it passes --local-rank=N to each of its processes.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')}
+    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS='1')
+    port = str(distributed._free_local_port())
+    done = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.launch', '--nproc_per_node', '2', '--master_port', port,
+         'tools/train_net.py', '--cfg', 'configs/getting_started/shapes_demo_R-18-FPN.yaml', '--skip-test',
+         'SOLVER.MAX_ITER', '2', 'DATA_LOADER.NUM_THREADS', '0', 'OUTPUT_DIR', str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    output = done.stdout + done.stderr
+    assert 'images per iteration: 8 (NUM_GPUS 2 x TRAIN.IMS_PER_BATCH 4' in output
+    assert os.path.exists(os.path.join(tmp_path, 'train', 'shapes_train', 'generalized_rcnn', 'model_final.pth'))
