@@ -360,10 +360,10 @@ def _find_node(full_key, source):
         from_overrides = source == _COMMAND_LINE
         message = 'Non-existent {}key: {} (from {})'.format(
             '' if from_overrides else 'config ', full_key, source)
-        closest = difflib.get_close_matches(full_key, _all_leaf_keys(__C, ''), n=1)
-        leaf = full_key.rsplit('.', 1)[-1].lower()
-        if leaf in _OTHER_SPELLINGS:
-            message += f'; {_OTHER_SPELLINGS[leaf]}'
+        other_spelling = _OTHER_SPELLINGS.get(full_key.rsplit('.', 1)[-1].lower())
+        closest = [] if other_spelling else difflib.get_close_matches(full_key, _all_leaf_keys(__C, ''), n=1)
+        if other_spelling:
+            message += f'; {other_spelling}'
         elif closest:
             message += '; closest valid key: {}'.format(closest[0])
         raise (OverridesKeyError if from_overrides else ConfigKeyError)(message)
