@@ -21,9 +21,10 @@ class ModelType:
     def check(self, cfg):
         """ConfigValueError (one line) for settings this model cannot run."""
 
-    def derive_training_cfg(self, cfg):
-        """Fill training keys that this model derives from others (before the cfg is frozen);
-        returns 'KEY: old -> new' lines for --print-config and the log."""
+    def derive_training_cfg(self, cfg, typed):
+        """Fill the training keys this model derives from others that the user left untyped (typed:
+        {full key: where it was typed}; before the cfg is frozen); returns lines for --print-config
+        and the log, one of them saying what was derived (utils/derived_keys.py)."""
         return []
 
     def build(self, cfg):
