@@ -61,8 +61,8 @@ class CenterNetResNet(nn.Module):
     def forward(self, x):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        # The up-sampling path runs in NCHW, the layout measured for it (BENCHMARKS.md, tenth
-        # session, run 5): a trunk stored channels_last (channels_last_modules) hands over an NCHW copy.
+        # The up-sampling path runs in NCHW, the layout measured for it (BENCHMARKS.md,
+        # "CenterNet speed"): a trunk stored channels_last (channels_last_modules) hands over an NCHW copy.
         return self.deconv_layers(x.contiguous())
 
     def channels_last_modules(self):
