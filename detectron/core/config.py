@@ -437,6 +437,7 @@ def _check_solver():
         ('SOLVER.AMP.LOSS_SCALE', solver.AMP.LOSS_SCALE, solver.AMP.LOSS_SCALE >= 0,
          'a finite number >= 0 (0: dynamic loss scaling)'),
         ('SOLVER.LRS', solver.LRS, all(lr > 0 for lr in solver.LRS), 'a list of finite numbers > 0'),
+        ('TRAIN.KEEP_CHECKPOINTS', __C.TRAIN.KEEP_CHECKPOINTS, __C.TRAIN.KEEP_CHECKPOINTS >= 0, '>= 0 (0: keep all)'),
     ]
     if solver.LR_POLICY == 'step':
         checks.append(('SOLVER.STEP_SIZE', solver.STEP_SIZE, solver.STEP_SIZE >= 1, 'at least 1 with LR_POLICY step'))

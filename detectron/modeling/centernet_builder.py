@@ -20,6 +20,7 @@ from detectron.roi_data.shared_memory import stacked_batch
 from detectron.utils.c2_weights import load_state_dict_by_key, require_weights_file
 from detectron.utils.c2_weights import load_weights as load_port_weights
 from detectron.utils.centernet_weights import is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone
+from detectron.utils.checkpoint import Retention
 from detectron.utils.derived_keys import Derivation
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.torch_file import read_torch_file
@@ -54,6 +55,12 @@ class CenterNetType(ModelType):
 
     def derive_training_cfg(self, cfg, typed):
         return derive_training_cfg(cfg, typed)
+
+    def checkpoint_retention(self, cfg, lr_change_iters):
+        # CenterNet's main.py: model_last.pth overwritten every epoch, model_<epoch>.pth kept at each
+        # LR step (the weights before the drop).
+        return Retention(last=True, milestones=frozenset(it - 1 for it in lr_change_iters),
+                         keep=cfg.TRAIN.KEEP_CHECKPOINTS)
 
     def build(self, cfg):
         c = cfg.CENTERNET

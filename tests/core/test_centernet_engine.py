@@ -20,7 +20,7 @@ from detectron.modeling import centernet, centernet_builder, model_builder
 from detectron.roi_data.centernet import get_affine_transform
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import distributed
+from detectron.utils import checkpoint, distributed
 from detectron.utils.errors import ConfigValueError, WeightsError
 from test_train_engine import write_tiny_datasets
 
@@ -422,3 +422,12 @@ def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path,
 def _all_boxes(path):
     with open(path, 'rb') as f:
         return pickle.load(f)['all_boxes']
+
+
+def test_centernet_keeps_model_last_and_the_checkpoints_before_its_lr_drops():
+    merge_cfg_from_list(['TRAIN.KEEP_CHECKPOINTS', '3'])
+    centernet = model_builder.MODEL_TYPES['centernet'].checkpoint_retention(cfg, [180, 240])
+    assert centernet == checkpoint.Retention(last=True, milestones=frozenset({179, 239}), keep=3)
+    # Detectron's configs: a numbered file every period.
+    assert model_builder.MODEL_TYPES['generalized_rcnn'].checkpoint_retention(cfg, [180]) == \
+        checkpoint.Retention(keep=3)
