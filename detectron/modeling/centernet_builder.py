@@ -56,7 +56,7 @@ class CenterNetType(ModelType):
 
     def build(self, cfg):
         c = cfg.CENTERNET
-        backbone = build_centernet_backbone(c.ARCH)
+        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
         heads = {'hm': c.NUM_CLASSES, 'wh': 2 * c.NUM_CLASSES if c.CAT_SPEC_WH else 2}
         if c.REG_OFFSET:
             heads['reg'] = 2
