@@ -6,10 +6,7 @@ Usage (as in Detectron): tools merge a YAML file and command-line pairs into `cf
 differently (KL-Loss and CenterNet keys, aliases, type rules).
 """
 
-import ast
-import copy
 import difflib
-import importlib
 import logging
 import math
 import os
@@ -17,10 +14,10 @@ import os.path as osp
 import tempfile
 from collections.abc import Mapping
 
-import numpy as np
-import yaml
 
 from detectron.core.config_defaults import CfgNode, cfg
+from detectron.core.config_values import coerce_value, decode_value
+from detectron.core.config_yaml import load_cfg, load_yaml_file  # noqa: F401  (load_cfg: public here, as in Detectron)
 from detectron.utils import distributed
 from detectron.utils.errors import (
     ConfigKeyError, ConfigValueError, OutputDirError, OverridesFormatError, OverridesKeyError,
@@ -135,14 +132,6 @@ _KEY_ALIASES = {
     'SOLVER.CHECKPOINT_PERIOD': 'TRAIN.SNAPSHOT_ITERS',
 }
 
-# Tuple keys holding names or paths: a bare word or an unquoted "(a, b)" becomes a tuple of names.
-_NAME_TUPLE_KEYS = {
-    'TRAIN.DATASETS',
-    'TEST.DATASETS',
-    'TRAIN.PROPOSAL_FILES',
-    'TEST.PROPOSAL_FILES',
-}
-
 _COMMAND_LINE = 'command line'
 
 
@@ -151,7 +140,7 @@ _COMMAND_LINE = 'command line'
 # ---------------------------------------------------------------------------------------------
 def merge_cfg_from_file(cfg_filename):
     """Merge a YAML config file into the global cfg."""
-    _merge_mapping(_load_yaml_file(cfg_filename), str(cfg_filename))
+    _merge_mapping(load_yaml_file(cfg_filename), str(cfg_filename))
 
 
 def merge_cfg_from_cfg(cfg_other):
@@ -223,21 +212,6 @@ def get_output_dir(datasets, training=True):
             'OUTPUT_DIR {} cannot be used: {} is not a writable directory ({}); set OUTPUT_DIR to a '
             'writable directory'.format(__C.OUTPUT_DIR, outdir, err.strerror or err)) from err
     return outdir
-
-
-def load_cfg(cfg_to_load):
-    """Parse YAML text or an open file, including configs dumped by Detectron into .pkl files.
-
-    Detectron dumps carry Python tags (its AttrDict, numpy arrays and scalars); only those tags
-    are constructed, so a config file cannot run arbitrary code.
-    """
-    if hasattr(cfg_to_load, 'read'):
-        cfg_to_load = cfg_to_load.read()
-    if not isinstance(cfg_to_load, str):
-        raise ConfigValueError(
-            'load_cfg expects YAML text or an open file, got {}'.format(type(cfg_to_load).__name__)
-        )
-    return yaml.load(cfg_to_load, Loader=_CfgYamlLoader)
 
 
 def images_per_iter():
@@ -326,7 +300,7 @@ def _set_value(full_key, raw_value, source):
     full_key = _KEY_ALIASES.get(full_key, full_key)
     if _key_exists(full_key):
         node, leaf = _find_node(full_key, source)
-        node[leaf] = _coerce_value(_decode_value(raw_value), node[leaf], full_key, source)
+        node[leaf] = coerce_value(decode_value(raw_value), node[leaf], full_key, source)
     elif full_key in _DEPRECATED_KEYS:
         logger.warning('Deprecated config key (ignoring): %s', full_key)
     elif full_key in _RENAMED_KEYS:
@@ -392,102 +366,6 @@ def _raise_key_rename_error(full_key):
         note = ' Note: ' + hint
     raise ConfigKeyError(
         'Key {} was renamed to {}; please update your config.{}'.format(full_key, new_key, note)
-    )
-
-
-def _decode_value(value):
-    """Strings are Python literals when they parse as one, otherwise stay raw strings."""
-    if not isinstance(value, str):
-        return copy.deepcopy(value)
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value
-
-
-# ---------------------------------------------------------------------------------------------
-# Type rules (docs/CONFIG.md, "Types")
-# ---------------------------------------------------------------------------------------------
-def _coerce_value(value, default, full_key, source):
-    if full_key == 'PIXEL_MEANS':
-        return _as_pixel_means(value, default, source)
-    if full_key == 'TRAIN.RANK_IMS_PER_BATCH':
-        return _as_image_counts(value, full_key, source)
-    if full_key in _NAME_TUPLE_KEYS:
-        return _as_name_tuple(value, default, full_key, source)
-    if type(value) is type(default):
-        return value
-    if isinstance(default, str):
-        return str(value)
-    if isinstance(default, float) and _is_real_number(value):
-        return float(value)
-    if isinstance(default, list) and isinstance(value, tuple):
-        return list(value)
-    if isinstance(default, tuple) and isinstance(value, list):
-        return tuple(value)
-    raise _type_error(value, default, full_key, source)
-
-
-def _is_real_number(value):
-    return isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
-
-
-def _as_name_tuple(value, default, full_key, source):
-    if isinstance(value, str):
-        value = _split_names(value)
-    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
-        raise _type_error(value, default, full_key, source)
-    return tuple(value)
-
-
-def _split_names(text):
-    """'a' -> ('a',); '(a, b)' or '[a,b]' -> ('a', 'b'); quotes around names are dropped."""
-    text = text.strip()
-    if text[:1] + text[-1:] in ('()', '[]'):
-        text = text[1:-1]
-    names = (name.strip().strip('\'"') for name in text.split(','))
-    return tuple(name for name in names if name)
-
-
-def _as_image_counts(value, full_key, source):
-    if isinstance(value, (tuple, list)) and all(_is_int(v) and v >= 1 for v in value):
-        return tuple(int(v) for v in value)
-    raise ConfigValueError(
-        'Config key {} expects a tuple of integers >= 1, one per process (default: ()), but got {} {!r} '
-        '(from {})'.format(full_key, type(value).__name__, value, source)
-    )
-
-
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _as_pixel_means(value, default, source):
-    try:
-        means = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        means = None
-    if means is None or means.size != 3:
-        raise _type_error(value, default, 'PIXEL_MEANS', source)
-    return ((tuple(float(m) for m in means.ravel()),),)
-
-
-_TYPE_NAMES = {
-    bool: 'True or False',
-    int: 'an integer',
-    float: 'a number',
-    str: 'a string',
-    tuple: 'a tuple',
-    list: 'a list',
-}
-
-
-def _type_error(value, default, full_key, source):
-    return ConfigValueError(
-        'Config key {} expects {} (default: {!r}) but got {} {!r} (from {})'.format(
-            full_key, _TYPE_NAMES.get(type(default), type(default).__name__), default,
-            type(value).__name__, value, source
-        )
     )
 
 
@@ -579,72 +457,3 @@ def _check_choice(full_key, choices):
 
 def _scaled_iters(iters, factor):
     return int(round(iters / factor))
-
-
-# ---------------------------------------------------------------------------------------------
-# YAML reading
-# ---------------------------------------------------------------------------------------------
-def _load_yaml_file(path):
-    try:
-        with open(path, 'r', encoding='utf-8') as f:
-            text = f.read()
-    except OSError as err:
-        raise ConfigValueError('Cannot read config file {}: {}'.format(path, err.strerror))
-    except UnicodeDecodeError as err:
-        raise ConfigValueError(
-            'Config file {} is not a YAML text file (the byte at offset {} is not UTF-8 text); pass the .yaml config '
-            'with --cfg, and weights files with TRAIN.WEIGHTS / TEST.WEIGHTS'.format(path, err.start))
-    try:
-        return load_cfg(text)
-    except yaml.YAMLError as err:
-        raise ConfigValueError('Invalid YAML in {}: {}'.format(path, _describe_yaml_error(err)))
-
-
-def _describe_yaml_error(err):
-    mark = getattr(err, 'problem_mark', None)
-    problem = getattr(err, 'problem', None) or str(err).splitlines()[0]
-    if mark is None:
-        return problem
-    return 'line {}, column {}: {}'.format(mark.line + 1, mark.column + 1, problem)
-
-
-def _numpy_multiarray():
-    try:
-        return importlib.import_module('numpy._core.multiarray')
-    except ImportError:  # numpy < 2
-        return importlib.import_module('numpy.core.multiarray')
-
-
-def _yaml_python_names():
-    """The only Python objects a config YAML may construct (what Detectron's dumps contain)."""
-    multiarray = _numpy_multiarray()
-    names = {
-        'detectron.utils.collections.AttrDict': CfgNode,
-        'utils.collections.AttrDict': CfgNode,  # Detectron's older module path
-        'detectron.core.config.CfgNode': CfgNode,  # dumps made before the key tree moved
-        'detectron.core.config_defaults.CfgNode': CfgNode,
-        'yacs.config.CfgNode': CfgNode,
-        'numpy.ndarray': np.ndarray,
-        'numpy.dtype': np.dtype,
-    }
-    for module in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-        names[module + '._reconstruct'] = multiarray._reconstruct
-        names[module + '.scalar'] = multiarray.scalar
-    return names
-
-
-class _CfgYamlLoader(yaml.UnsafeLoader):
-    """PyYAML's Python-object loader restricted to the names in _yaml_python_names()."""
-
-    def find_python_name(self, name, mark, unsafe=False):
-        allowed = _yaml_python_names()
-        if name not in allowed:
-            raise yaml.constructor.ConstructorError(
-                None, None, 'refusing to construct Python object {!r} in a config'.format(name), mark
-            )
-        return allowed[name]
-
-    def find_python_module(self, name, mark, unsafe=False):
-        raise yaml.constructor.ConstructorError(
-            None, None, 'refusing to import Python module {!r} in a config'.format(name), mark
-        )

@@ -92,7 +92,7 @@ class CenterNetType(ModelType):
     def prepare_for_training(self, cfg, model):
         # bfloat16 autocast on the CPU: oneDNN's bfloat16 convolutions work in NHWC. Stored
         # channels_last, res_18's step (16 images at 128 px, the CPU demo) took 0.266 s instead of
-        # 0.355 on a 2-core AVX512-BF16 EPYC (BENCHMARKS.md, thirteenth session). float32 and
+        # 0.355 on a 2-core AVX512-BF16 EPYC (BENCHMARKS.md, "CPU demos"). float32 and
         # CUDA training keep NCHW (float32 CPU kernels round differently in NHWC).
         amp_bf16 = cfg.SOLVER.AMP.ENABLED and cfg.SOLVER.AMP.DTYPE == 'bfloat16'
         if amp_bf16 and next(model.parameters()).device.type == 'cpu':

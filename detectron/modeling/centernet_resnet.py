@@ -71,8 +71,8 @@ class CenterNetResNet(nn.Module):
     def forward(self, x):
         for segment in self.trunk_segments:
             x = checkpointed(self.checkpoint_activations, segment, x)
-        # The up-sampling path runs in NCHW, the layout measured for it (BENCHMARKS.md, tenth
-        # session, run 5): a trunk stored channels_last (channels_last_modules) hands over an NCHW copy.
+        # The up-sampling path runs in NCHW, the layout measured for it (BENCHMARKS.md,
+        # "CenterNet speed"): a trunk stored channels_last (channels_last_modules) hands over an NCHW copy.
         x = x.contiguous()
         for segment in self.up_segments:
             x = checkpointed(self.checkpoint_activations, segment, x)

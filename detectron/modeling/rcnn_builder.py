@@ -96,7 +96,7 @@ class GeneralizedRCNNType(ModelType):
 def resizes_on_device(cfg, device):
     """TRAIN.RESIZE_ON_DEVICE on a GPU: the loader workers read and flip, the device does the rest.
     At batch 2 the training step is host-bound, and the workers' float32 blobs (11.7 MB per COCO
-    image, copied into pinned memory by the main process) slowed it (BENCHMARKS.md)."""
+    image, copied into pinned memory by the main process) slowed it (BENCHMARKS.md, "Real loops")."""
     return cfg.TRAIN.RESIZE_ON_DEVICE and device.type == 'cuda'
 
 

@@ -144,3 +144,22 @@ def test_the_proposal_decode_reads_the_configured_clips():
     merge_cfg_from_file(os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
     merge_cfg_from_list(['BBOX_XFORM_CLIP', '2.5', 'BBOX_XFORM_CLIPe', '7.0'])
     assert rcnn_builder.rcnn_params(cfg, 5).bbox_xform_clips == (2.5, 7.0)
+
+
+def test_design_doc_lists_exactly_the_contract_methods():
+    """docs/DESIGN.md's contract table names every public method of ModelType, and nothing else."""
+    import inspect
+    import os
+    import re
+
+    from detectron.modeling.model_type import ModelType
+    design = os.path.join(os.path.dirname(__file__), '..', '..', 'docs', 'DESIGN.md')
+    text = open(design, encoding='utf-8').read()
+    table = text[text.index('| method | what the entry says |'):]
+    table = table[:table.index('\n\n')]
+    listed = set()
+    for row in table.splitlines()[2:]:
+        listed.update(re.findall(r'`([a-z_]+)\(', row.split('|')[1]))
+        listed.update(re.findall(r'`([a-z_]+)`', row.split('|')[1]))
+    methods = {name for name, _ in inspect.getmembers(ModelType, inspect.isfunction) if not name.startswith('_')}
+    assert listed == methods
