@@ -11,7 +11,7 @@ from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
 from detectron.modeling.centernet_heads import CenterNetHeads
-from detectron.modeling.model_type import ModelType
+from detectron.modeling.model_type import ModelType, checkpoint_setting
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
@@ -64,7 +64,7 @@ class CenterNetType(ModelType):
 
     def build(self, cfg):
         c = cfg.CENTERNET
-        backbone = build_centernet_backbone(c.ARCH)
+        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
         heads = {'hm': c.NUM_CLASSES, 'wh': 2 * c.NUM_CLASSES if c.CAT_SPEC_WH else 2}
         if c.REG_OFFSET:
             heads['reg'] = 2
@@ -111,6 +111,17 @@ class CenterNetType(ModelType):
         if next(model.parameters()).device.type == 'cuda':
             model.use_channels_last()
         return model
+
+    def memory_settings(self, cfg, training):
+        c = cfg.CENTERNET
+        if not training:
+            return '; '.join(['fewer or smaller CENTERNET.TEST_SCALES {}'.format(tuple(c.TEST_SCALES))]
+                             + ['CENTERNET.{} False'.format(key) for key in ('FLIP_TEST', 'CUDA_GRAPHS') if c[key]])
+        chunks = rank_chunks(cfg)
+        batch = ('lower CENTERNET.MASTER_BATCH_SIZE {} (rank 0 takes {} of the {} images) or CENTERNET.BATCH_SIZE {}; '
+                 'raise SOLVER.ITER_SIZE {} to accumulate the batch over more steps'.format(
+                     c.MASTER_BATCH_SIZE, chunks[0], c.BATCH_SIZE, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
+        return '; '.join([batch] + checkpoint_setting(cfg))
 
     def results_format(self, cfg):
         return CENTERNET_RESULTS
