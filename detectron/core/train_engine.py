@@ -35,6 +35,7 @@ from detectron.utils.memory import out_of_memory_error
 from detectron.utils.lr_policy import LRSchedule
 from detectron.utils.tensorboard import EventWriter
 from detectron.utils.training_curves import write_training_curves
+from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = distributed.unwrap_model(model)
         missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
+        check_weights_fit(unwrapped, path, missing, unused, model_type.name)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
         if momentum and isinstance(optimizer, DetectronSGD):

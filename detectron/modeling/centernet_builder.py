@@ -17,9 +17,10 @@ from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
 from detectron.roi_data.shared_memory import stacked_batch
-from detectron.utils.c2_weights import load_state_dict_by_key, require_weights_file
+from detectron.utils.c2_weights import require_weights_file
 from detectron.utils.c2_weights import load_weights as load_port_weights
-from detectron.utils.centernet_weights import is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone
+from detectron.utils.centernet_weights import (is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone,
+                                               load_port_checkpoint)
 from detectron.utils.checkpoint import Retention
 from detectron.utils.derived_keys import Derivation
 from detectron.utils.errors import ConfigValueError
@@ -232,7 +233,7 @@ def load_weights(model, path, arch):
     require_weights_file(path)
     content = read_torch_file(path)  # read once; digest-checked; one sentence for a bad file
     if isinstance(content, dict) and isinstance(content.get('model'), dict):
-        return load_state_dict_by_key(model, content['model'], path)
+        return load_port_checkpoint(model, path, content['model'])
     if is_centernet_checkpoint(content):
         return load_centernet_checkpoint(model, path, content)
     return load_imagenet_backbone(model.backbone, path, arch, content)
