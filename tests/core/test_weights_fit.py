@@ -10,6 +10,14 @@ import sys
 
 import pytest
 import torch
+from test_centernet_engine import use_centernet
+from test_train_engine import (
+    REPO,
+    SHAPES_CFG,
+    TINY_OVERRIDES,
+    use_tiny_config,
+    write_tiny_datasets,
+)
 
 from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
@@ -17,8 +25,6 @@ from detectron.modeling import model_builder
 from detectron.utils.c2_weights import state_dict_to_detectron_blobs
 from detectron.utils.errors import WeightsError
 from detectron.utils.io import save_object
-from test_centernet_engine import use_centernet
-from test_train_engine import REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config, write_tiny_datasets
 
 CPU = torch.device('cpu')
 
@@ -34,29 +40,33 @@ def catalog(tmp_path_factory):
     return write_tiny_datasets(tmp_path_factory.mktemp('fit'))
 
 
-@pytest.fixture(scope='module')
-def weights(catalog):
-    """{'rcnn': an R-CNN .pth, 'rcnn_kl': one with bbox_pred_std, 'centernet': a CenterNet .pth (2 classes),
-    'centernet3': CenterNet's own format with 3 classes, 'r50_pkl': Detectron-named ImageNet blobs} (paths)."""
-    root, paths = catalog.parent, {}
+@pytest.fixture
+def weights(catalog, restore_global_cfg):
+    """{'rcnn': an R-CNN .pth, 'r50_pkl': its ResNet body as Detectron-named ImageNet blobs, 'centernet': a
+    CenterNet .pth (2 classes), 'centernet3' / 'centernet3_ours': a 3-class CenterNet in CenterNet's
+    format and in this port's} (paths, written once)."""
+    root = catalog.parent
+    paths = {name: str(root / file) for name, file in (
+        ('rcnn', 'rcnn.pth'), ('r50_pkl', 'R-18.pkl'), ('centernet', 'centernet.pth'),
+        ('centernet3', 'ctdet_3.pth'), ('centernet3_ours', 'ours_3.pth'))}
+    if os.path.exists(paths['centernet3_ours']):
+        return paths
     torch.manual_seed(0)
     use_tiny_config(catalog, root / 'unused')
     rcnn = model_builder.create(cfg).state_dict()
-    paths['rcnn'] = str(root / 'rcnn.pth')
     torch.save({'model': rcnn}, paths['rcnn'])
     body = {k: v for k, v in rcnn.items() if k.startswith('conv_body.body.')}
-    paths['r50_pkl'] = str(root / 'R-18.pkl')
     save_object({'blobs': state_dict_to_detectron_blobs(body)}, paths['r50_pkl'])
+    restore_global_cfg()
     use_centernet(catalog, root / 'unused')
-    paths['centernet'] = str(root / 'centernet.pth')
     torch.save({'model': model_builder.create(cfg).state_dict()}, paths['centernet'])
+    restore_global_cfg()
     use_centernet(catalog, root / 'unused', 'CENTERNET.NUM_CLASSES', '3')
     three = model_builder.create(cfg).state_dict()
-    paths['centernet3'] = str(root / 'ctdet_3.pth')
     torch.save({'epoch': 70, 'state_dict': {'module.' + k.split('.', 1)[1]: v for k, v in three.items()}},
                paths['centernet3'])
-    paths['centernet3_ours'] = str(root / 'ours_3.pth')
     torch.save({'model': three}, paths['centernet3_ours'])
+    restore_global_cfg()
     return paths
 
 
