@@ -123,10 +123,12 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
 
 
 def _on_host(value):
-    """value with its tensors in host memory: device tensors are copied once here, where the digest
-    and torch.save would each copy them again."""
+    """value with its tensors in host memory, contiguous: the one host copy of a checkpoint, which the
+    digest and torch.save then read as it is. A device tensor is made contiguous on its device first
+    (channels_last weights: a copy on the device, not a second one on the host); a host tensor is
+    copied only if it is not contiguous, and otherwise saved as it is."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        return value.detach().contiguous().cpu()
     if isinstance(value, dict):
         return {k: _on_host(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
