@@ -404,7 +404,8 @@ def _check_cfg():
         _check_choice('STD.METHOD', ('stdiou', 'soft'))
         if not __C.PRED_STD:
             raise ConfigValueError(
-                'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'
+                'STD_NMS True needs the predicted sigmas: set PRED_STD True as well, with weights trained with '
+                'PRED_STD True (they hold bbox_pred_std)'
             )
 
 

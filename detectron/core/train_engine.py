@@ -31,9 +31,11 @@ from detectron.utils import checkpoint, distributed, run_lock
 from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
 from detectron.utils.logging import log_json_stats
+from detectron.utils.memory import out_of_memory_error
 from detectron.utils.lr_policy import LRSchedule
 from detectron.utils.tensorboard import EventWriter
 from detectron.utils.training_curves import write_training_curves
+from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +111,8 @@ def train_options(retention=checkpoint.Retention()):
         amp_dtype=cfg.SOLVER.AMP.DTYPE, loss_scale=cfg.SOLVER.AMP.LOSS_SCALE,
         checkpoint_period=checkpoint_period(),
         log_lr_change_threshold=cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD,
-        checkpoint_extra={'cfg': cfg.dump()}, sampler_state=_sampler_state())
+        checkpoint_extra={'cfg': cfg.dump()}, sampler_state=_sampler_state(),
+        memory_settings=model_builder.get_model_type(cfg).memory_settings(cfg, training=True))
 
 
 def with_sync_batchnorm(model, device):
@@ -140,6 +143,7 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = distributed.unwrap_model(model)
         missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
+        check_weights_fit(unwrapped, path, missing, unused, model_type.name)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
         if momentum and isinstance(optimizer, DetectronSGD):
@@ -254,6 +258,7 @@ class TrainOptions:
     log_lr_change_threshold: float = 1.1
     checkpoint_extra: dict = field(default_factory=dict)  # plain data saved with every checkpoint
     sampler_state: dict = None  # compared on resume
+    memory_settings: str = ''  # what lowers the model's memory, named by an out-of-memory error
 
 
 class TrainLoop:
@@ -349,29 +354,41 @@ class TrainLoop:
         options = self.options
         tic = time.time()
         lr = self.lr_at_iter(self.start_iter - 1) if self.start_iter > 0 else None
-        for cur_iter in range(self.start_iter, options.max_iter):
-            lr, previous_lr = self.lr_at_iter(cur_iter), lr
-            self._set_lr(lr, cur_iter, previous_lr)
-            self.optimizer.zero_grad(set_to_none=True)
-            data_time = 0.0
-            for micro in range(options.iter_size):
-                data_tic = time.time()
-                batch = next(self.batches)
-                data_time += time.time() - data_tic
-                total, outputs = self._micro_step(batch, sync=micro == options.iter_size - 1)
-                self._note_nonfinite(total, cur_iter)
-            self._optimizer_step()
-            periodic = (cur_iter + 1) % options.checkpoint_period == 0 and cur_iter > self.start_iter
-            checkpoint_names = options.retention.names(cur_iter, periodic)
-            last = cur_iter == options.max_iter - 1
-            if cur_iter % LOG_PERIOD == 0 or checkpoint_names or last:
-                self._raise_if_nonfinite(outputs)
-            self._record(cur_iter, lr, total, outputs, time.time() - tic, data_time)
-            tic = time.time()
-            if checkpoint_names:
-                self.save(cur_iter, *checkpoint_names)
+        cur_iter = self.start_iter
+        try:
+            for cur_iter in range(self.start_iter, options.max_iter):
+                lr, previous_lr = self.lr_at_iter(cur_iter), lr
+                self._set_lr(lr, cur_iter, previous_lr)
+                self.optimizer.zero_grad(set_to_none=True)
+                data_time = 0.0
+                for micro in range(options.iter_size):
+                    data_tic = time.time()
+                    batch = next(self.batches)
+                    data_time += time.time() - data_tic
+                    total, outputs = self._micro_step(batch, sync=micro == options.iter_size - 1)
+                    self._note_nonfinite(total, cur_iter)
+                self._optimizer_step()
+                periodic = (cur_iter + 1) % options.checkpoint_period == 0 and cur_iter > self.start_iter
+                checkpoint_names = options.retention.names(cur_iter, periodic)
+                last = cur_iter == options.max_iter - 1
+                if cur_iter % LOG_PERIOD == 0 or checkpoint_names or last:
+                    self._raise_if_nonfinite(outputs)
+                self._record(cur_iter, lr, total, outputs, time.time() - tic, data_time)
+                tic = time.time()
+                if checkpoint_names:
+                    self.save(cur_iter, *checkpoint_names)
+        except torch.OutOfMemoryError:
+            raise self._out_of_memory(cur_iter) from None
         if self.events is not None:
             self.events.close()
+
+    def _out_of_memory(self, cur_iter):
+        """The one-line error for running out of device memory in cur_iter; no checkpoint was touched."""
+        last = checkpoint.find_last_checkpoint(self.output_dir)
+        saved = ('The checkpoints are intact: started again, the run resumes from {}.'.format(last) if last
+                 else 'No checkpoint had been written yet.')
+        return out_of_memory_error('iteration {}'.format(cur_iter), distributed.get_rank(), self.device,
+                                   self.options.memory_settings, saved)
 
     def save(self, iteration, name, *copies):
         """Checkpoint after iteration into output_dir/name (and byte copies under the names in copies)

@@ -11,15 +11,16 @@ from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
 from detectron.modeling.centernet_heads import CenterNetHeads
-from detectron.modeling.model_type import ModelType
+from detectron.modeling.model_type import ModelType, checkpoint_setting
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
 from detectron.roi_data.shared_memory import stacked_batch
-from detectron.utils.c2_weights import load_state_dict_by_key, require_weights_file
+from detectron.utils.c2_weights import require_weights_file
 from detectron.utils.c2_weights import load_weights as load_port_weights
-from detectron.utils.centernet_weights import is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone
+from detectron.utils.centernet_weights import (is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone,
+                                               load_port_checkpoint)
 from detectron.utils.checkpoint import Retention
 from detectron.utils.derived_keys import Derivation
 from detectron.utils.errors import ConfigValueError
@@ -64,7 +65,7 @@ class CenterNetType(ModelType):
 
     def build(self, cfg):
         c = cfg.CENTERNET
-        backbone = build_centernet_backbone(c.ARCH)
+        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
         heads = {'hm': c.NUM_CLASSES, 'wh': 2 * c.NUM_CLASSES if c.CAT_SPEC_WH else 2}
         if c.REG_OFFSET:
             heads['reg'] = 2
@@ -111,6 +112,17 @@ class CenterNetType(ModelType):
         if next(model.parameters()).device.type == 'cuda':
             model.use_channels_last()
         return model
+
+    def memory_settings(self, cfg, training):
+        c = cfg.CENTERNET
+        if not training:
+            return '; '.join(['fewer or smaller CENTERNET.TEST_SCALES {}'.format(tuple(c.TEST_SCALES))]
+                             + ['CENTERNET.{} False'.format(key) for key in ('FLIP_TEST', 'CUDA_GRAPHS') if c[key]])
+        chunks = rank_chunks(cfg)
+        batch = ('lower CENTERNET.MASTER_BATCH_SIZE {} (rank 0 takes {} of the {} images) or CENTERNET.BATCH_SIZE {}; '
+                 'raise SOLVER.ITER_SIZE {} to accumulate the batch over more steps'.format(
+                     c.MASTER_BATCH_SIZE, chunks[0], c.BATCH_SIZE, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
+        return '; '.join([batch] + checkpoint_setting(cfg))
 
     def results_format(self, cfg):
         return CENTERNET_RESULTS
@@ -221,7 +233,7 @@ def load_weights(model, path, arch):
     require_weights_file(path)
     content = read_torch_file(path)  # read once; digest-checked; one sentence for a bad file
     if isinstance(content, dict) and isinstance(content.get('model'), dict):
-        return load_state_dict_by_key(model, content['model'], path)
+        return load_port_checkpoint(model, path, content['model'])
     if is_centernet_checkpoint(content):
         return load_centernet_checkpoint(model, path, content)
     return load_imagenet_backbone(model.backbone, path, arch, content)

@@ -85,6 +85,28 @@ class ModelType:
         in a faster memory layout; returns it. Unchanged by default."""
         return model
 
+    def memory_settings(self, cfg, training):
+        """The settings that lower this model's device memory in training (training True) or testing,
+        with their values, as the out-of-memory error names them. By default: the images per GPU,
+        made up for by SOLVER.ITER_SIZE, and TRAIN.CHECKPOINT_ACTIVATIONS; in testing, none."""
+        if not training:
+            return 'a device with more memory'
+        return '; '.join([batch_setting(cfg, 'TRAIN.IMS_PER_BATCH {}'.format(cfg.TRAIN.IMS_PER_BATCH))]
+                         + checkpoint_setting(cfg))
+
     def results_format(self, cfg):
         """How its boxes go into the COCO results json (Detectron's +1 widths by default)."""
         return DETECTRON_RESULTS
+
+
+def batch_setting(cfg, batch):
+    """Fewer images per micro-step, as many per iteration."""
+    return 'lower {}, raising SOLVER.ITER_SIZE {} by the same factor (the same images per iteration)'.format(
+        batch, cfg.SOLVER.ITER_SIZE)
+
+
+def checkpoint_setting(cfg):
+    """['TRAIN.CHECKPOINT_ACTIVATIONS True ...'] when it is off, else []."""
+    if cfg.TRAIN.CHECKPOINT_ACTIVATIONS:
+        return []
+    return ['TRAIN.CHECKPOINT_ACTIVATIONS True (recompute backbone activations in the backward)']

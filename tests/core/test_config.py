@@ -719,7 +719,8 @@ def test_make_immutable_false():
 
 
 @pytest.mark.parametrize('overrides, message', [
-    (['STD_NMS', 'True'], 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'),
+    (['STD_NMS', 'True'], 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well, with weights '
+                      'trained with PRED_STD True (they hold bbox_pred_std)'),
     (['STD_NMS', 'True', 'PRED_STD', 'True', 'STD.METHOD', 'std2'], "STD.METHOD must be one of 'stdiou', 'soft'"),
     (['SOLVER.AMP.DTYPE', 'float8'], "SOLVER.AMP.DTYPE must be one of 'float16', 'bfloat16', got 'float8'"),
     (['STD.SIGMA_COLUMN_ORDER', 'fixed'], "STD.SIGMA_COLUMN_ORDER must be one of 'reference', 'corrected'"),
