@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list, typed_keys
+from detectron.core.config import (assert_and_infer_cfg, cfg, merge_cfg_from_command_line, merge_cfg_from_file,
+                                   merge_cfg_from_list, typed_keys)
 from detectron.modeling import centernet_builder
 from detectron.utils.errors import ConfigValueError
 from test_train_engine import write_tiny_datasets
@@ -144,3 +145,11 @@ def test_the_derived_config_passes_the_checks(eighty_images):
     merge_cfg_from_list(ONE_GPU + ['TRAIN.SNAPSHOT_ITERS', '1000000'])
     derive()
     assert_and_infer_cfg()
+
+
+def test_a_tools_config_records_only_what_its_command_typed(tmp_path):
+    merge_cfg_from_list(['SOLVER.BASE_LR', '0.5'])  # an earlier merge in the same process
+    path = tmp_path / 'c.yaml'
+    path.write_text('SOLVER:\n  MAX_ITER: 90\n')
+    merge_cfg_from_command_line(str(path), ['TRAIN.SNAPSHOT_ITERS', '10'])
+    assert typed_keys() == {'SOLVER.MAX_ITER': str(path), 'TRAIN.SNAPSHOT_ITERS': 'command line'}
