@@ -77,6 +77,15 @@ class Retention:
         return ([LAST_CHECKPOINT_NAME] if self.last and (periodic or numbered) else []) + numbered
 
 
+    def describe(self):
+        """Where the checkpoints go and which stay, for the schedule print-out."""
+        kept = 'all kept' if self.keep <= 0 else 'the {} newest kept (TRAIN.KEEP_CHECKPOINTS)'.format(self.keep)
+        if not self.last:
+            return 'into model_iterN.pth, {}'.format(kept)
+        steps = ', '.join(str(it) for it in sorted(self.milestones)) or 'none'
+        return 'into model_last.pth (overwritten); model_iterN.pth after iterations {}, {}'.format(steps, kept)
+
+
 def prune_checkpoints(output_dir, keep):
     """Remove all but the `keep` newest model_iterN.pth of output_dir (keep 0: none removed);
     returns the removed paths."""
