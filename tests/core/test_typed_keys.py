@@ -138,7 +138,8 @@ def test_train_net_prints_the_contradiction_as_one_error_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines == ['error: SOLVER.MAX_ITER 1000 (from command line) contradicts CENTERNET.NUM_EPOCHS 65 (from {}), '
-                     "from which CenterNet's epoch schedule makes SOLVER.MAX_ITER 65: give only one of them".format(demo)]
+                     "from which CenterNet's epoch schedule makes SOLVER.MAX_ITER 65: give only one "
+                     'of them'.format(demo)]
 
 
 def test_the_derived_config_passes_the_checks_and_says_which_checkpoints_stay(eighty_images):
