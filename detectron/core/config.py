@@ -133,6 +133,7 @@ _KEY_ALIASES = {
 }
 
 _COMMAND_LINE = 'command line'
+_TYPED_KEYS = 'typed_keys'  # the entry of cfg.__dict__ that typed_keys() returns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,6 +167,13 @@ def merge_cfg_from_list(cfg_list):
         )
     for full_key, value in zip(cfg_list[0::2], cfg_list[1::2]):
         _set_value(str(full_key), value, _COMMAND_LINE)
+
+
+def typed_keys():
+    """{full key: where the user typed it (a config file's path or 'command line')}: every key merged
+    into cfg so far. Derivations (CenterNet's epoch schedule, the linear scaling rule) fill only the
+    other keys, those left at their defaults."""
+    return __C.__dict__.setdefault(_TYPED_KEYS, {})
 
 
 def assert_and_infer_cfg(make_immutable=True):
@@ -231,8 +239,9 @@ def scale_schedule_to_global_batch(global_batch):
     iteration counts divided by global_batch / REFERENCE_WORLD_BATCH. Detectron's checkpoint
     period int(SNAPSHOT_ITERS / NUM_GPUS) already keeps SNAPSHOT_ITERS x IMS_PER_BATCH images
     between checkpoints; SNAPSHOT_ITERS is rescaled so that this stays true when the batch also
-    grows by other means (ITER_SIZE). Returns the list of changes, also logged. Call before
-    assert_and_infer_cfg freezes the cfg.
+    grows by other means (ITER_SIZE); a typed TRAIN.SNAPSHOT_ITERS is kept as typed. The schedule
+    keys are rescaled as merged: REFERENCE_WORLD_BATCH says which batch they were typed for.
+    Returns the list of changes, also logged. Call before assert_and_infer_cfg freezes the cfg.
     """
     reference = __C.SOLVER.REFERENCE_WORLD_BATCH
     if reference <= 0 or global_batch == reference:
@@ -255,6 +264,10 @@ def scale_schedule_to_global_batch(global_batch):
         'SOLVER.WARM_UP_ITERS': _scaled_iters(solver.WARM_UP_ITERS, factor),
         'TRAIN.SNAPSHOT_ITERS': max(1, int(round(__C.TRAIN.SNAPSHOT_ITERS * snapshot_scale))),
     }
+    kept = ''
+    if 'TRAIN.SNAPSHOT_ITERS' in typed_keys():
+        del new_values['TRAIN.SNAPSHOT_ITERS']
+        kept = '; TRAIN.SNAPSHOT_ITERS {} kept as typed'.format(__C.TRAIN.SNAPSHOT_ITERS)
     changes = []
     for full_key, new_value in new_values.items():
         node, leaf = _find_node(full_key, 'scale_schedule_to_global_batch')
@@ -263,7 +276,7 @@ def scale_schedule_to_global_batch(global_batch):
             node[leaf] = new_value
     logger.info(
         'Linear scaling rule: %d images per iteration instead of SOLVER.REFERENCE_WORLD_BATCH %d '
-        '(x%g): %s', global_batch, reference, factor, '; '.join(changes) or 'nothing to change'
+        '(x%g): %s%s', global_batch, reference, factor, '; '.join(changes) or 'nothing to change', kept
     )
     return changes
 
@@ -301,6 +314,7 @@ def _set_value(full_key, raw_value, source):
     if _key_exists(full_key):
         node, leaf = _find_node(full_key, source)
         node[leaf] = coerce_value(decode_value(raw_value), node[leaf], full_key, source)
+        typed_keys()[full_key] = source
     elif full_key in _DEPRECATED_KEYS:
         logger.warning('Deprecated config key (ignoring): %s', full_key)
     elif full_key in _RENAMED_KEYS:
@@ -390,7 +404,8 @@ def _check_cfg():
         _check_choice('STD.METHOD', ('stdiou', 'soft'))
         if not __C.PRED_STD:
             raise ConfigValueError(
-                'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'
+                'STD_NMS True needs the predicted sigmas: set PRED_STD True as well, with weights trained with '
+                'PRED_STD True (they hold bbox_pred_std)'
             )
 
 
@@ -423,6 +438,7 @@ def _check_solver():
         ('SOLVER.AMP.LOSS_SCALE', solver.AMP.LOSS_SCALE, solver.AMP.LOSS_SCALE >= 0,
          'a finite number >= 0 (0: dynamic loss scaling)'),
         ('SOLVER.LRS', solver.LRS, all(lr > 0 for lr in solver.LRS), 'a list of finite numbers > 0'),
+        ('TRAIN.KEEP_CHECKPOINTS', __C.TRAIN.KEEP_CHECKPOINTS, __C.TRAIN.KEEP_CHECKPOINTS >= 0, '>= 0 (0: keep all)'),
     ]
     if solver.LR_POLICY == 'step':
         checks.append(('SOLVER.STEP_SIZE', solver.STEP_SIZE, solver.STEP_SIZE >= 1, 'at least 1 with LR_POLICY step'))

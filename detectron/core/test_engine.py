@@ -31,6 +31,7 @@ from detectron.utils.io import cache_url, save_object
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.vis import write_vis_image
+from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ def load_test_model(weights_file, device):
     model = model_builder.create(cfg)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
     model_type = model_builder.get_model_type(cfg)
-    model_type.load_weights(cfg, model, path)
+    missing, unused = model_type.load_weights(cfg, model, path)
+    check_weights_fit(model, path, missing, unused, model_type.name, testing=True)
     return model_type.prepare_for_inference(cfg, model.to(device).eval())
 
 
