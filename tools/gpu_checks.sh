@@ -250,8 +250,8 @@ out_of_memory() {  # a batch that cannot fit, resumed from a checkpoint: one err
   python3 tools/train_net.py -c $cfg --skip-test SOLVER.MAX_ITER 30 TRAIN.SNAPSHOT_ITERS 10 OUTPUT_DIR $dir > "$OUT/oom_first.log" 2>&1
   rm $dir/train/shapes_train/generalized_rcnn/model_final.pth  # as if the run had been stopped after model_iter29.pth
   local before; before=$(md5sum $dir/train/shapes_train/generalized_rcnn/model_iter29.pth)
-  python3 tools/train_net.py -c $cfg --skip-test SOLVER.MAX_ITER 60 TRAIN.IMS_PER_BATCH 512 TRAIN.SCALES "(1024,)" \
-    TRAIN.MAX_SIZE 1024 OUTPUT_DIR $dir > "$OUT/oom.log" 2>&1
+  python3 tools/train_net.py -c $cfg --skip-test SOLVER.MAX_ITER 60 TRAIN.IMS_PER_BATCH 256 TRAIN.SCALES "(1600,)" \
+    TRAIN.MAX_SIZE 1600 OUTPUT_DIR $dir > "$OUT/oom.log" 2>&1
   echo "exit $? (2 expected)"; grep '^error:' "$OUT/oom.log"; grep -c Traceback "$OUT/oom.log"
   [ "$before" = "$(md5sum $dir/train/shapes_train/generalized_rcnn/model_iter29.pth)" ] && echo "model_iter29.pth unchanged"
   tail -1 $dir/log.txt
