@@ -57,7 +57,6 @@ def _json_value(value):
     return value
 
 
-
 @contextlib.contextmanager
 def log_file(output_dir, rank, command=None):
     """Within the block, append this process's log to <output_dir>/log.txt (created if missing), which
