@@ -30,7 +30,7 @@ from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed, run_lock
 from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
-from detectron.utils.logging import log_json_stats
+from detectron.utils.logging import log_file, log_json_stats
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.lr_policy import LRSchedule
 from detectron.utils.tensorboard import EventWriter
@@ -71,7 +71,12 @@ def train_model():
 def train_worker(cfg_snapshot):
     """One rank of a training job: everything model-specific comes from the model type's entry."""
     receive_cfg(cfg_snapshot)
-    model_type = model_builder.get_model_type(cfg)
+    # Spawned workers write OUTPUT_DIR/log.txt themselves (their tool's process already does).
+    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):
+        _train(model_builder.get_model_type(cfg))
+
+
+def _train(model_type):
     device = distributed.get_device()
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)

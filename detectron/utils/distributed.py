@@ -155,6 +155,13 @@ def job_from_environment(environ=None):
     return None
 
 
+def launched_rank():
+    """The rank a launcher (torchrun, SLURM) gave this process, before any process group exists; 0
+    for a tool started by itself (it runs rank 0 or starts the workers)."""
+    job = job_from_environment()
+    return job.rank if job is not None else 0
+
+
 def _require_variables(environ, names, kind):
     missing = [name for name in names if name not in environ]
     if missing:

@@ -136,5 +136,10 @@ def run_tool(main, argv):
         with termination_signals_raise(), dead_loader_workers_as_errors():
             main(argv)
     except DetectronError as err:
-        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         sys.exit(getattr(err, 'exit_status', 2))
+
+
+def error_line(err):
+    """A DetectronError as the one `error:` line the tools print."""
+    return 'error: {}'.format(' '.join(str(err).splitlines()))
