@@ -63,10 +63,21 @@ def test_amp_dtype_unknown_spelling_is_refused():
         _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'SOLVER.AMP.DTYPE', 'int8')
 
 
-@pytest.mark.parametrize('key', ['MODEL.MASK_ON', 'MODEL.KEYPOINTS_ON'])
-def test_unsupported_detectron_features_are_refused_by_the_builder(key):
-    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), key, 'True')
-    with pytest.raises(ConfigValueError, match='{} True asks for'.format(key)):
+def test_unsupported_detectron_features_are_refused_by_the_builder():
+    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'MODEL.KEYPOINTS_ON', 'True')
+    with pytest.raises(ConfigValueError, match='MODEL.KEYPOINTS_ON True asks for'):
+        model_builder.create(cfg)
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v0up', "MRCNN.ROI_MASK_HEAD 'mask_rcnn_heads"),
+    ('MRCNN.DILATION', '2', 'MRCNN.DILATION 2 is not supported'),
+    ('MRCNN.USE_FC_OUTPUT', 'True', 'MRCNN.USE_FC_OUTPUT True is not supported'),
+    ('MRCNN.RESOLUTION', '14', 'MRCNN.RESOLUTION 14 must be twice MRCNN.ROI_XFORM_RESOLUTION 14'),
+])
+def test_mask_heads_not_built_are_refused(key, value, message):
+    _load(os.path.join('getting_started', 'shapes_demo_mask_R-18-FPN.yaml'), key, value)
+    with pytest.raises(ConfigValueError, match=message):
         model_builder.create(cfg)
 
 
