@@ -211,7 +211,7 @@ def _outline_polygon(mask):
     for y in np.nonzero(mask.any(axis=1))[0]:
         xs = np.nonzero(mask[y])[0]
         if xs[-1] - xs[0] + 1 != len(xs):
-            raise ValueError('row {} of the mask has more than one run of pixels'.format(y))
+            raise ValueError(f'row {y} of the mask has more than one run of pixels')
         right += [(xs[-1] + 1, y), (xs[-1] + 1, y + 1)]
         left += [(xs[0], y), (xs[0], y + 1)]
     ring = right + left[::-1]
