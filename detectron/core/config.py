@@ -105,9 +105,6 @@ _NOT_ACTED_ON = {
     'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
-    'MRCNN.': 'Mask R-CNN heads are not ported yet',
-    'FAST_RCNN.CONV_HEAD_DIM': 'only the 2-fc box head (fast_rcnn_heads.add_roi_2mlp_head) is built',
-    'FAST_RCNN.NUM_STACKED_CONVS': 'only the 2-fc box head (fast_rcnn_heads.add_roi_2mlp_head) is built',
     'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',
     'MEMONGER': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations to save memory',
     'MEMONGER_SHARE_ACTIVATIONS': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations '
