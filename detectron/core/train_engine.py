@@ -62,7 +62,7 @@ def train_model():
         return {'final': final_path}
     # A second run on this directory is refused (its PID named); temporaries of dead runs go.
     with run_lock.exclusive_run(output_dir):
-        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),))
+        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
     return {'final': final_path}
 
 
