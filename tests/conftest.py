@@ -18,7 +18,9 @@ def _restore_in_place(node, snapshot):
             _restore_in_place(current, value)
         else:
             dict.__setitem__(node, key, value)
-    node.__dict__[CfgNode.IMMUTABLE] = snapshot.__dict__[CfgNode.IMMUTABLE]
+    # The frozen state and the record of typed keys (config.typed_keys) live in the node's __dict__.
+    node.__dict__.clear()
+    node.__dict__.update(snapshot.__dict__)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs recorded in BENCHMARKS.md, as run on the lent H200 machine (see that file).
+# The GPU runs recorded in BENCHMARKS.md, on any CUDA machine (see that file).
 # Needs: .whl/ (yacs, pycocotools, Cython wheels for the machine's Python) and .data/coco_tiny
 # (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
 #   bash tools/gpu_checks.sh setup bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed
@@ -12,6 +12,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
 ROOT=$(pwd)
 CATALOG=$OUT/catalog.json
+SITE=${SITE:-${TMPDIR:-/tmp}/gpu_checks_site}  # where setup installs the extra wheels
 KL_CFG=configs/e2e_faster_rcnn_R-50-FPN_2x.yaml
 KL=(DATASET_CATALOG "$CATALOG" TRAIN.WEIGHTS "''"
     TRAIN.DATASETS "('coco_tiny_train',)" TEST.DATASETS "('coco_tiny_val',)" SOLVER.BASE_LR 0.002
@@ -22,9 +23,9 @@ KL=(DATASET_CATALOG "$CATALOG" TRAIN.WEIGHTS "''"
     RESNETS.SHORTCUT_FUNC basic_gn_shortcut FPN.USE_GN True TRAIN.FREEZE_AT 0)
 
 setup() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  PATH=/tmp/site/bin:$PATH python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+  PATH=$SITE/bin:$PATH python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
   cat > "$CATALOG" <<JSON
 {"coco_tiny_train": {"image_directory": "$ROOT/.data/coco_tiny/train2017",
   "annotation_file": "$ROOT/.data/coco_tiny/annotations/instances_train2017.json"},

@@ -6,10 +6,7 @@ Usage (as in Detectron): tools merge a YAML file and command-line pairs into `cf
 differently (KL-Loss and CenterNet keys, aliases, type rules).
 """
 
-import ast
-import copy
 import difflib
-import importlib
 import logging
 import math
 import os
@@ -17,10 +14,10 @@ import os.path as osp
 import tempfile
 from collections.abc import Mapping
 
-import numpy as np
-import yaml
 
 from detectron.core.config_defaults import CfgNode, cfg
+from detectron.core.config_values import coerce_value, decode_value
+from detectron.core.config_yaml import load_cfg, load_yaml_file  # noqa: F401  (load_cfg: public here, as in Detectron)
 from detectron.utils import distributed
 from detectron.utils.errors import (
     ConfigKeyError, ConfigValueError, OutputDirError, OverridesFormatError, OverridesKeyError,
@@ -135,15 +132,8 @@ _KEY_ALIASES = {
     'SOLVER.CHECKPOINT_PERIOD': 'TRAIN.SNAPSHOT_ITERS',
 }
 
-# Tuple keys holding names or paths: a bare word or an unquoted "(a, b)" becomes a tuple of names.
-_NAME_TUPLE_KEYS = {
-    'TRAIN.DATASETS',
-    'TEST.DATASETS',
-    'TRAIN.PROPOSAL_FILES',
-    'TEST.PROPOSAL_FILES',
-}
-
 _COMMAND_LINE = 'command line'
+_TYPED_KEYS = 'typed_keys'  # the entry of cfg.__dict__ that typed_keys() returns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,7 +141,7 @@ _COMMAND_LINE = 'command line'
 # ---------------------------------------------------------------------------------------------
 def merge_cfg_from_file(cfg_filename):
     """Merge a YAML config file into the global cfg."""
-    _merge_mapping(_load_yaml_file(cfg_filename), str(cfg_filename))
+    _merge_mapping(load_yaml_file(cfg_filename), str(cfg_filename))
 
 
 def merge_cfg_from_cfg(cfg_other):
@@ -177,6 +167,13 @@ def merge_cfg_from_list(cfg_list):
         )
     for full_key, value in zip(cfg_list[0::2], cfg_list[1::2]):
         _set_value(str(full_key), value, _COMMAND_LINE)
+
+
+def typed_keys():
+    """{full key: where the user typed it (a config file's path or 'command line')}: every key merged
+    into cfg so far. Derivations (CenterNet's epoch schedule, the linear scaling rule) fill only the
+    other keys, those left at their defaults."""
+    return __C.__dict__.setdefault(_TYPED_KEYS, {})
 
 
 def assert_and_infer_cfg(make_immutable=True):
@@ -225,21 +222,6 @@ def get_output_dir(datasets, training=True):
     return outdir
 
 
-def load_cfg(cfg_to_load):
-    """Parse YAML text or an open file, including configs dumped by Detectron into .pkl files.
-
-    Detectron dumps carry Python tags (its AttrDict, numpy arrays and scalars); only those tags
-    are constructed, so a config file cannot run arbitrary code.
-    """
-    if hasattr(cfg_to_load, 'read'):
-        cfg_to_load = cfg_to_load.read()
-    if not isinstance(cfg_to_load, str):
-        raise ConfigValueError(
-            'load_cfg expects YAML text or an open file, got {}'.format(type(cfg_to_load).__name__)
-        )
-    return yaml.load(cfg_to_load, Loader=_CfgYamlLoader)
-
-
 def images_per_iter():
     """Images consumed by one training iteration (one optimizer step) over all GPUs."""
     return _images_per_micro_batch() * __C.SOLVER.ITER_SIZE
@@ -257,8 +239,9 @@ def scale_schedule_to_global_batch(global_batch):
     iteration counts divided by global_batch / REFERENCE_WORLD_BATCH. Detectron's checkpoint
     period int(SNAPSHOT_ITERS / NUM_GPUS) already keeps SNAPSHOT_ITERS x IMS_PER_BATCH images
     between checkpoints; SNAPSHOT_ITERS is rescaled so that this stays true when the batch also
-    grows by other means (ITER_SIZE). Returns the list of changes, also logged. Call before
-    assert_and_infer_cfg freezes the cfg.
+    grows by other means (ITER_SIZE); a typed TRAIN.SNAPSHOT_ITERS is kept as typed. The schedule
+    keys are rescaled as merged: REFERENCE_WORLD_BATCH says which batch they were typed for.
+    Returns the list of changes, also logged. Call before assert_and_infer_cfg freezes the cfg.
     """
     reference = __C.SOLVER.REFERENCE_WORLD_BATCH
     if reference <= 0 or global_batch == reference:
@@ -281,6 +264,10 @@ def scale_schedule_to_global_batch(global_batch):
         'SOLVER.WARM_UP_ITERS': _scaled_iters(solver.WARM_UP_ITERS, factor),
         'TRAIN.SNAPSHOT_ITERS': max(1, int(round(__C.TRAIN.SNAPSHOT_ITERS * snapshot_scale))),
     }
+    kept = ''
+    if 'TRAIN.SNAPSHOT_ITERS' in typed_keys():
+        del new_values['TRAIN.SNAPSHOT_ITERS']
+        kept = '; TRAIN.SNAPSHOT_ITERS {} kept as typed'.format(__C.TRAIN.SNAPSHOT_ITERS)
     changes = []
     for full_key, new_value in new_values.items():
         node, leaf = _find_node(full_key, 'scale_schedule_to_global_batch')
@@ -289,7 +276,7 @@ def scale_schedule_to_global_batch(global_batch):
             node[leaf] = new_value
     logger.info(
         'Linear scaling rule: %d images per iteration instead of SOLVER.REFERENCE_WORLD_BATCH %d '
-        '(x%g): %s', global_batch, reference, factor, '; '.join(changes) or 'nothing to change'
+        '(x%g): %s%s', global_batch, reference, factor, '; '.join(changes) or 'nothing to change', kept
     )
     return changes
 
@@ -326,7 +313,8 @@ def _set_value(full_key, raw_value, source):
     full_key = _KEY_ALIASES.get(full_key, full_key)
     if _key_exists(full_key):
         node, leaf = _find_node(full_key, source)
-        node[leaf] = _coerce_value(_decode_value(raw_value), node[leaf], full_key, source)
+        node[leaf] = coerce_value(decode_value(raw_value), node[leaf], full_key, source)
+        typed_keys()[full_key] = source
     elif full_key in _DEPRECATED_KEYS:
         logger.warning('Deprecated config key (ignoring): %s', full_key)
     elif full_key in _RENAMED_KEYS:
@@ -395,102 +383,6 @@ def _raise_key_rename_error(full_key):
     )
 
 
-def _decode_value(value):
-    """Strings are Python literals when they parse as one, otherwise stay raw strings."""
-    if not isinstance(value, str):
-        return copy.deepcopy(value)
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value
-
-
-# ---------------------------------------------------------------------------------------------
-# Type rules (docs/CONFIG.md, "Types")
-# ---------------------------------------------------------------------------------------------
-def _coerce_value(value, default, full_key, source):
-    if full_key == 'PIXEL_MEANS':
-        return _as_pixel_means(value, default, source)
-    if full_key == 'TRAIN.RANK_IMS_PER_BATCH':
-        return _as_image_counts(value, full_key, source)
-    if full_key in _NAME_TUPLE_KEYS:
-        return _as_name_tuple(value, default, full_key, source)
-    if type(value) is type(default):
-        return value
-    if isinstance(default, str):
-        return str(value)
-    if isinstance(default, float) and _is_real_number(value):
-        return float(value)
-    if isinstance(default, list) and isinstance(value, tuple):
-        return list(value)
-    if isinstance(default, tuple) and isinstance(value, list):
-        return tuple(value)
-    raise _type_error(value, default, full_key, source)
-
-
-def _is_real_number(value):
-    return isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
-
-
-def _as_name_tuple(value, default, full_key, source):
-    if isinstance(value, str):
-        value = _split_names(value)
-    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
-        raise _type_error(value, default, full_key, source)
-    return tuple(value)
-
-
-def _split_names(text):
-    """'a' -> ('a',); '(a, b)' or '[a,b]' -> ('a', 'b'); quotes around names are dropped."""
-    text = text.strip()
-    if text[:1] + text[-1:] in ('()', '[]'):
-        text = text[1:-1]
-    names = (name.strip().strip('\'"') for name in text.split(','))
-    return tuple(name for name in names if name)
-
-
-def _as_image_counts(value, full_key, source):
-    if isinstance(value, (tuple, list)) and all(_is_int(v) and v >= 1 for v in value):
-        return tuple(int(v) for v in value)
-    raise ConfigValueError(
-        'Config key {} expects a tuple of integers >= 1, one per process (default: ()), but got {} {!r} '
-        '(from {})'.format(full_key, type(value).__name__, value, source)
-    )
-
-
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _as_pixel_means(value, default, source):
-    try:
-        means = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        means = None
-    if means is None or means.size != 3:
-        raise _type_error(value, default, 'PIXEL_MEANS', source)
-    return ((tuple(float(m) for m in means.ravel()),),)
-
-
-_TYPE_NAMES = {
-    bool: 'True or False',
-    int: 'an integer',
-    float: 'a number',
-    str: 'a string',
-    tuple: 'a tuple',
-    list: 'a list',
-}
-
-
-def _type_error(value, default, full_key, source):
-    return ConfigValueError(
-        'Config key {} expects {} (default: {!r}) but got {} {!r} (from {})'.format(
-            full_key, _TYPE_NAMES.get(type(default), type(default).__name__), default,
-            type(value).__name__, value, source
-        )
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Consistency checks of assert_and_infer_cfg
 # ---------------------------------------------------------------------------------------------
@@ -513,7 +405,8 @@ def _check_cfg():
         _check_choice('STD.METHOD', ('stdiou', 'soft'))
         if not __C.PRED_STD:
             raise ConfigValueError(
-                'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'
+                'STD_NMS True needs the predicted sigmas: set PRED_STD True as well, with weights trained with '
+                'PRED_STD True (they hold bbox_pred_std)'
             )
 
 
@@ -546,6 +439,7 @@ def _check_solver():
         ('SOLVER.AMP.LOSS_SCALE', solver.AMP.LOSS_SCALE, solver.AMP.LOSS_SCALE >= 0,
          'a finite number >= 0 (0: dynamic loss scaling)'),
         ('SOLVER.LRS', solver.LRS, all(lr > 0 for lr in solver.LRS), 'a list of finite numbers > 0'),
+        ('TRAIN.KEEP_CHECKPOINTS', __C.TRAIN.KEEP_CHECKPOINTS, __C.TRAIN.KEEP_CHECKPOINTS >= 0, '>= 0 (0: keep all)'),
     ]
     if solver.LR_POLICY == 'step':
         checks.append(('SOLVER.STEP_SIZE', solver.STEP_SIZE, solver.STEP_SIZE >= 1, 'at least 1 with LR_POLICY step'))
@@ -580,72 +474,3 @@ def _check_choice(full_key, choices):
 
 def _scaled_iters(iters, factor):
     return int(round(iters / factor))
-
-
-# ---------------------------------------------------------------------------------------------
-# YAML reading
-# ---------------------------------------------------------------------------------------------
-def _load_yaml_file(path):
-    try:
-        with open(path, 'r', encoding='utf-8') as f:
-            text = f.read()
-    except OSError as err:
-        raise ConfigValueError('Cannot read config file {}: {}'.format(path, err.strerror))
-    except UnicodeDecodeError as err:
-        raise ConfigValueError(
-            'Config file {} is not a YAML text file (the byte at offset {} is not UTF-8 text); pass the .yaml config '
-            'with --cfg, and weights files with TRAIN.WEIGHTS / TEST.WEIGHTS'.format(path, err.start))
-    try:
-        return load_cfg(text)
-    except yaml.YAMLError as err:
-        raise ConfigValueError('Invalid YAML in {}: {}'.format(path, _describe_yaml_error(err)))
-
-
-def _describe_yaml_error(err):
-    mark = getattr(err, 'problem_mark', None)
-    problem = getattr(err, 'problem', None) or str(err).splitlines()[0]
-    if mark is None:
-        return problem
-    return 'line {}, column {}: {}'.format(mark.line + 1, mark.column + 1, problem)
-
-
-def _numpy_multiarray():
-    try:
-        return importlib.import_module('numpy._core.multiarray')
-    except ImportError:  # numpy < 2
-        return importlib.import_module('numpy.core.multiarray')
-
-
-def _yaml_python_names():
-    """The only Python objects a config YAML may construct (what Detectron's dumps contain)."""
-    multiarray = _numpy_multiarray()
-    names = {
-        'detectron.utils.collections.AttrDict': CfgNode,
-        'utils.collections.AttrDict': CfgNode,  # Detectron's older module path
-        'detectron.core.config.CfgNode': CfgNode,  # dumps made before the key tree moved
-        'detectron.core.config_defaults.CfgNode': CfgNode,
-        'yacs.config.CfgNode': CfgNode,
-        'numpy.ndarray': np.ndarray,
-        'numpy.dtype': np.dtype,
-    }
-    for module in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-        names[module + '._reconstruct'] = multiarray._reconstruct
-        names[module + '.scalar'] = multiarray.scalar
-    return names
-
-
-class _CfgYamlLoader(yaml.UnsafeLoader):
-    """PyYAML's Python-object loader restricted to the names in _yaml_python_names()."""
-
-    def find_python_name(self, name, mark, unsafe=False):
-        allowed = _yaml_python_names()
-        if name not in allowed:
-            raise yaml.constructor.ConstructorError(
-                None, None, 'refusing to construct Python object {!r} in a config'.format(name), mark
-            )
-        return allowed[name]
-
-    def find_python_module(self, name, mark, unsafe=False):
-        raise yaml.constructor.ConstructorError(
-            None, None, 'refusing to import Python module {!r} in a config'.format(name), mark
-        )

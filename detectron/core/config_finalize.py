@@ -12,7 +12,7 @@ import logging
 import torch
 
 from detectron.core.config import (adopt_cfg, assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_command_line,
-                                   scale_schedule_to_global_batch)
+                                   scale_schedule_to_global_batch, typed_keys)
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 
@@ -21,15 +21,15 @@ logger = logging.getLogger(__name__)
 
 def finalize_cfg(cfg_file, opts, training=False):
     """Finish the global cfg of a tool (cfg_file: a YAML path or None; opts: KEY VALUE overrides) and
-    freeze it. Returns the 'KEY: old -> new' lines of the keys the model type derived for training
-    (the schedule's rescaling and a precision change are logged where they happen)."""
+    freeze it. Returns the lines in which the model type says what it derived for training, keys the
+    user typed kept (the schedule's rescaling and a precision change are logged where they happen)."""
     merge_cfg_from_command_line(cfg_file, opts)
     model_type = model_builder.get_model_type(cfg)
     model_type.check(cfg)  # once, before any process starts
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     derived = []
     if training:
-        derived = model_type.derive_training_cfg(cfg)
+        derived = model_type.derive_training_cfg(cfg, typed_keys())
         scale_schedule_to_global_batch(images_per_iter())
         _train_in_a_precision_this_cpu_runs()
     assert_and_infer_cfg()

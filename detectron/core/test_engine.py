@@ -28,7 +28,9 @@ from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url, save_object
+from detectron.utils.memory import out_of_memory_error
 from detectron.utils.vis import write_vis_image
+from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +118,8 @@ def load_test_model(weights_file, device):
     model = model_builder.create(cfg)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
     model_type = model_builder.get_model_type(cfg)
-    model_type.load_weights(cfg, model, path)
+    missing, unused = model_type.load_weights(cfg, model, path)
+    check_weights_fit(model, path, missing, unused, model_type.name, testing=True)
     return model_type.prepare_for_inference(cfg, model.to(device).eval())
 
 
@@ -144,7 +147,12 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     last = time.perf_counter()
     for i, (sample, index) in enumerate(images):
         before_detect = time.perf_counter()
-        cls_boxes = detect(model, sample)
+        try:
+            cls_boxes = detect(model, sample)
+        except torch.OutOfMemoryError:
+            raise out_of_memory_error('image {} of {} ({})'.format(index + 1, total, roidb[index]['image']),
+                                      distributed.get_rank(), distributed.get_device(),
+                                      model_type.memory_settings(cfg, training=False)) from None
         after_detect = time.perf_counter()
         for j in range(1, dataset.num_classes):
             all_boxes[j][i] = cls_boxes[j]

@@ -31,9 +31,11 @@ from detectron.utils import checkpoint, distributed, run_lock
 from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
 from detectron.utils.logging import log_json_stats
+from detectron.utils.memory import out_of_memory_error
 from detectron.utils.lr_policy import LRSchedule
 from detectron.utils.tensorboard import EventWriter
 from detectron.utils.training_curves import write_training_curves
+from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +88,12 @@ def train_worker(cfg_snapshot):
         scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD, name=cfg.SOLVER.OPTIMIZER)
     start_iter, saved_progress = _resume_or_initialise(model_type, model, optimizer, output_dir)
     batches = training_batches(model_type, start_iter, device)
+    retention = model_type.checkpoint_retention(cfg, schedule.change_iters())
     loop = TrainLoop(model, optimizer, schedule.lr_at, batches, device, output_dir, start_iter,
-                     train_options(), progress=saved_progress, batch_to_device=model_type.batch_to_device(cfg, device))
+                     train_options(retention), progress=saved_progress,
+                     batch_to_device=model_type.batch_to_device(cfg, device))
     loop.run()
-    loop.save('model_final.pth', cfg.SOLVER.MAX_ITER - 1)
+    loop.save(cfg.SOLVER.MAX_ITER - 1, checkpoint.FINAL_CHECKPOINT_NAME)
 
 
 def lr_schedule():
@@ -101,13 +105,14 @@ def lr_schedule():
                       warm_up_method=s.WARM_UP_METHOD)
 
 
-def train_options():
-    return TrainOptions(
+def train_options(retention=checkpoint.Retention()):
+    return TrainOptions(retention=retention,
         max_iter=cfg.SOLVER.MAX_ITER, iter_size=cfg.SOLVER.ITER_SIZE, amp=cfg.SOLVER.AMP.ENABLED,
         amp_dtype=cfg.SOLVER.AMP.DTYPE, loss_scale=cfg.SOLVER.AMP.LOSS_SCALE,
         checkpoint_period=checkpoint_period(),
         log_lr_change_threshold=cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD,
-        checkpoint_extra={'cfg': cfg.dump()}, sampler_state=_sampler_state())
+        checkpoint_extra={'cfg': cfg.dump()}, sampler_state=_sampler_state(),
+        memory_settings=model_builder.get_model_type(cfg).memory_settings(cfg, training=True))
 
 
 def with_sync_batchnorm(model, device):
@@ -138,6 +143,7 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = distributed.unwrap_model(model)
         missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
+        check_weights_fit(unwrapped, path, missing, unused, model_type.name)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
         if momentum and isinstance(optimizer, DetectronSGD):
@@ -248,9 +254,11 @@ class TrainOptions:
     amp_dtype: str = 'float16'
     loss_scale: float = 0.0  # 0: dynamic loss scaling with float16
     checkpoint_period: int = 20000
+    retention: checkpoint.Retention = checkpoint.Retention()  # which checkpoint files are written and kept
     log_lr_change_threshold: float = 1.1
     checkpoint_extra: dict = field(default_factory=dict)  # plain data saved with every checkpoint
     sampler_state: dict = None  # compared on resume
+    memory_settings: str = ''  # what lowers the model's memory, named by an out-of-memory error
 
 
 class TrainLoop:
@@ -346,31 +354,46 @@ class TrainLoop:
         options = self.options
         tic = time.time()
         lr = self.lr_at_iter(self.start_iter - 1) if self.start_iter > 0 else None
-        for cur_iter in range(self.start_iter, options.max_iter):
-            lr, previous_lr = self.lr_at_iter(cur_iter), lr
-            self._set_lr(lr, cur_iter, previous_lr)
-            self.optimizer.zero_grad(set_to_none=True)
-            data_time = 0.0
-            for micro in range(options.iter_size):
-                data_tic = time.time()
-                batch = next(self.batches)
-                data_time += time.time() - data_tic
-                total, outputs = self._micro_step(batch, sync=micro == options.iter_size - 1)
-                self._note_nonfinite(total, cur_iter)
-            self._optimizer_step()
-            checkpoint_now = (cur_iter + 1) % options.checkpoint_period == 0 and cur_iter > self.start_iter
-            last = cur_iter == options.max_iter - 1
-            if cur_iter % LOG_PERIOD == 0 or checkpoint_now or last:
-                self._raise_if_nonfinite(outputs)
-            self._record(cur_iter, lr, total, outputs, time.time() - tic, data_time)
-            tic = time.time()
-            if checkpoint_now:
-                self.save(checkpoint.checkpoint_name(cur_iter), cur_iter)
+        cur_iter = self.start_iter
+        try:
+            for cur_iter in range(self.start_iter, options.max_iter):
+                lr, previous_lr = self.lr_at_iter(cur_iter), lr
+                self._set_lr(lr, cur_iter, previous_lr)
+                self.optimizer.zero_grad(set_to_none=True)
+                data_time = 0.0
+                for micro in range(options.iter_size):
+                    data_tic = time.time()
+                    batch = next(self.batches)
+                    data_time += time.time() - data_tic
+                    total, outputs = self._micro_step(batch, sync=micro == options.iter_size - 1)
+                    self._note_nonfinite(total, cur_iter)
+                self._optimizer_step()
+                periodic = (cur_iter + 1) % options.checkpoint_period == 0 and cur_iter > self.start_iter
+                checkpoint_names = options.retention.names(cur_iter, periodic)
+                last = cur_iter == options.max_iter - 1
+                if cur_iter % LOG_PERIOD == 0 or checkpoint_names or last:
+                    self._raise_if_nonfinite(outputs)
+                self._record(cur_iter, lr, total, outputs, time.time() - tic, data_time)
+                tic = time.time()
+                if checkpoint_names:
+                    self.save(cur_iter, *checkpoint_names)
+        except torch.OutOfMemoryError:
+            raise self._out_of_memory(cur_iter) from None
         if self.events is not None:
             self.events.close()
 
-    def save(self, name, iteration):
-        """Checkpoint on rank 0 with every rank's RNG state (a collective: all ranks call it)."""
+    def _out_of_memory(self, cur_iter):
+        """The one-line error for running out of device memory in cur_iter; no checkpoint was touched."""
+        last = checkpoint.find_last_checkpoint(self.output_dir)
+        saved = ('The checkpoints are intact: started again, the run resumes from {}.'.format(last) if last
+                 else 'No checkpoint had been written yet.')
+        return out_of_memory_error('iteration {}'.format(cur_iter), distributed.get_rank(), self.device,
+                                   self.options.memory_settings, saved)
+
+    def save(self, iteration, name, *copies):
+        """Checkpoint after iteration into output_dir/name (and byte copies under the names in copies)
+        on rank 0 with every rank's RNG state, then remove the numbered files the retention no longer
+        keeps (a collective: all ranks call it)."""
         rng_states = checkpoint.gather_rng_states()
         if distributed.is_main_process():
             path = os.path.join(self.output_dir, name)
@@ -378,7 +401,11 @@ class TrainLoop:
             checkpoint.save_checkpoint(path, self.model_without_ddp, self.optimizer, iteration,
                                        extra=extra, rng_states=rng_states,
                                        sampler_state=self.options.sampler_state)
-            logger.info('Wrote checkpoint %s', path)
+            for copy_name in copies:
+                checkpoint.copy_checkpoint(path, os.path.join(self.output_dir, copy_name))
+            logger.info('Wrote checkpoint %s', ', '.join(os.path.join(self.output_dir, n) for n in (name,) + copies))
+            for removed in checkpoint.prune_checkpoints(self.output_dir, self.options.retention.keep):
+                logger.info('Removed %s (TRAIN.KEEP_CHECKPOINTS %d)', removed, self.options.retention.keep)
             if self.history:
                 write_training_curves(os.path.join(self.output_dir, 'training_curves.png'), self.history)
         distributed.synchronize()

@@ -9,11 +9,10 @@ for CPU demos) with the same naming.
 import functools
 import math
 
-import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from detectron.modeling.activation_checkpoint import checkpointed
 from detectron.modeling.norm import norm_factory, norm_relu
 from detectron.utils.errors import ConfigValueError
 
@@ -128,7 +127,6 @@ class ResNet(nn.Module):
         (ResNeXt when num_groups > 1); ignored by R-18/34.
       gn_num_groups, gn_dim_per_group, gn_eps [GROUP_NORM.NUM_GROUPS, DIM_PER_GP, EPSILON].
       checkpoint_stages: recompute each stage in backward (torch.utils.checkpoint) to save memory.
-        With norm='bn' the recomputation updates the running statistics a second time.
     """
 
     strides = STAGE_STRIDES
@@ -191,9 +189,6 @@ class ResNet(nn.Module):
         outputs = []
         for name in STAGE_NAMES:
             stage = getattr(self, name)
-            if self.checkpoint_stages and torch.is_grad_enabled():
-                x = checkpoint(stage, x, use_reentrant=False)
-            else:
-                x = stage(x)
+            x = checkpointed(self.checkpoint_stages, stage, x)
             outputs.append(x)
         return outputs

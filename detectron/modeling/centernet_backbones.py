@@ -15,11 +15,12 @@ def check_centernet_arch(arch):
                                .format(arch, ', '.join(CENTERNET_ARCHS)))
 
 
-def build_centernet_backbone(arch):
+def build_centernet_backbone(arch, checkpoint_activations=False):
     """'resdcn_<depth>' | 'res_<depth>' (depth 18, 34, 50, 101) | 'dla_34' -> a module whose
-    forward(x) returns its stride-4 feature map of `out_channels` channels."""
+    forward(x) returns its stride-4 feature map of `out_channels` channels; checkpoint_activations
+    [TRAIN.CHECKPOINT_ACTIVATIONS] recomputes its activations in the backward pass of training."""
     check_centernet_arch(arch)
     if arch == 'dla_34':
-        return CenterNetDLA()
+        return CenterNetDLA(checkpoint_activations)
     kind, depth = arch.split('_')
-    return CenterNetResNet(int(depth), deformable=kind == 'resdcn')
+    return CenterNetResNet(int(depth), deformable=kind == 'resdcn', checkpoint_activations=checkpoint_activations)

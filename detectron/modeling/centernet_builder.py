@@ -11,15 +11,18 @@ from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
 from detectron.modeling.centernet_heads import CenterNetHeads
-from detectron.modeling.model_type import ModelType
+from detectron.modeling.model_type import ModelType, checkpoint_setting
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
 from detectron.roi_data.shared_memory import stacked_batch
-from detectron.utils.c2_weights import load_state_dict_by_key, require_weights_file
+from detectron.utils.c2_weights import require_weights_file
 from detectron.utils.c2_weights import load_weights as load_port_weights
-from detectron.utils.centernet_weights import is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone
+from detectron.utils.centernet_weights import (is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone,
+                                               load_port_checkpoint)
+from detectron.utils.checkpoint import Retention
+from detectron.utils.derived_keys import Derivation
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.torch_file import read_torch_file
 
@@ -51,12 +54,18 @@ class CenterNetType(ModelType):
                                    'network, as CenterNet does: set it to False')
         rank_chunks(cfg)
 
-    def derive_training_cfg(self, cfg):
-        return derive_training_cfg(cfg)
+    def derive_training_cfg(self, cfg, typed):
+        return derive_training_cfg(cfg, typed)
+
+    def checkpoint_retention(self, cfg, lr_change_iters):
+        # CenterNet's main.py: model_last.pth overwritten every epoch, model_<epoch>.pth kept at each
+        # LR step (the weights before the drop).
+        return Retention(last=True, milestones=frozenset(it - 1 for it in lr_change_iters),
+                         keep=cfg.TRAIN.KEEP_CHECKPOINTS)
 
     def build(self, cfg):
         c = cfg.CENTERNET
-        backbone = build_centernet_backbone(c.ARCH)
+        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
         heads = {'hm': c.NUM_CLASSES, 'wh': 2 * c.NUM_CLASSES if c.CAT_SPEC_WH else 2}
         if c.REG_OFFSET:
             heads['reg'] = 2
@@ -92,7 +101,7 @@ class CenterNetType(ModelType):
     def prepare_for_training(self, cfg, model):
         # bfloat16 autocast on the CPU: oneDNN's bfloat16 convolutions work in NHWC. Stored
         # channels_last, res_18's step (16 images at 128 px, the CPU demo) took 0.266 s instead of
-        # 0.355 on a 2-core AVX512-BF16 EPYC (BENCHMARKS.md, thirteenth session). float32 and
+        # 0.355 on a 2-core AVX512-BF16 EPYC (BENCHMARKS.md, "CPU demos"). float32 and
         # CUDA training keep NCHW (float32 CPU kernels round differently in NHWC).
         amp_bf16 = cfg.SOLVER.AMP.ENABLED and cfg.SOLVER.AMP.DTYPE == 'bfloat16'
         if amp_bf16 and next(model.parameters()).device.type == 'cpu':
@@ -103,6 +112,17 @@ class CenterNetType(ModelType):
         if next(model.parameters()).device.type == 'cuda':
             model.use_channels_last()
         return model
+
+    def memory_settings(self, cfg, training):
+        c = cfg.CENTERNET
+        if not training:
+            return '; '.join(['fewer or smaller CENTERNET.TEST_SCALES {}'.format(tuple(c.TEST_SCALES))]
+                             + ['CENTERNET.{} False'.format(key) for key in ('FLIP_TEST', 'CUDA_GRAPHS') if c[key]])
+        chunks = rank_chunks(cfg)
+        batch = ('lower CENTERNET.MASTER_BATCH_SIZE {} (rank 0 takes {} of the {} images) or CENTERNET.BATCH_SIZE {}; '
+                 'raise SOLVER.ITER_SIZE {} to accumulate the batch over more steps'.format(
+                     c.MASTER_BATCH_SIZE, chunks[0], c.BATCH_SIZE, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
+        return '; '.join([batch] + checkpoint_setting(cfg))
 
     def results_format(self, cfg):
         return CENTERNET_RESULTS
@@ -148,55 +168,60 @@ def rank_chunks(cfg):
     return chunks
 
 
-def derive_training_cfg(cfg):
-    """CenterNet's schedule in Detectron's keys, from CENTERNET.* and the training-set size:
-    per-rank batches (TRAIN.RANK_IMS_PER_BATCH) = the chunk sizes; iterations per epoch =
-    images // BATCH_SIZE (CenterNet's loader drops the last partial batch); SOLVER.MAX_ITER =
-    NUM_EPOCHS epochs; after an LR_STEP epoch e the LR is BASE_LR x 0.1 ** (LR_STEP.index(e) + 1)
-    until the next one (main.py's rule, also for repeated or unordered epochs); SOLVER.BASE_LR = CENTERNET.LR x
-    BATCH_SIZE / LR_BATCH_SIZE (CenterNet's "1.25e-4 for batch 32", linearly scaled); no warm-up, no weight decay (CenterNet's
-    Adam); a checkpoint every epoch (CenterNet's model_last.pth). Returns the lines to show."""
+def derive_training_cfg(cfg, typed):
+    """CenterNet's schedule in Detectron's keys, from CENTERNET.* and the training-set size, for every
+    key the user left untyped (typed: {full key: where it was typed}; utils/derived_keys.py):
+    per-rank batches (TRAIN.RANK_IMS_PER_BATCH) = the chunk sizes; iterations per epoch = images //
+    (BATCH_SIZE x SOLVER.ITER_SIZE) (CenterNet's loader drops the last partial batch; ITER_SIZE 1
+    unless typed); SOLVER.MAX_ITER = NUM_EPOCHS epochs; after an LR_STEP epoch e the LR is BASE_LR x
+    0.1 ** (LR_STEP.index(e) + 1) until the next one (main.py's rule, also for repeated or unordered
+    epochs); SOLVER.BASE_LR = CENTERNET.LR x the images per step / LR_BATCH_SIZE (CenterNet's "1.25e-4
+    for batch 32", linearly scaled); no warm-up, no weight decay (CenterNet's Adam); a checkpoint every
+    epoch (CenterNet's model_last.pth). A typed key that contradicts a typed CENTERNET key it would be
+    derived from is a ConfigValueError naming both. Returns the lines to show."""
     c = cfg.CENTERNET
     if cfg.SOLVER.REFERENCE_WORLD_BATCH > 0:
         raise ConfigValueError('SOLVER.REFERENCE_WORLD_BATCH rescales a Detectron schedule; CenterNet derives its '
                                'schedule from CENTERNET.LR/BATCH_SIZE/NUM_EPOCHS: set it to 0')
+    derive = Derivation(cfg, typed, "CenterNet's epoch schedule")
     chunks = rank_chunks(cfg)
+    batch_keys = ('CENTERNET.BATCH_SIZE', 'CENTERNET.MASTER_BATCH_SIZE', 'CENTERNET.CHUNK_SIZES')
+    derive.value('TRAIN.RANK_IMS_PER_BATCH', tuple(chunks), batch_keys, strict=True)
+    derive.value('TRAIN.IMS_PER_BATCH', chunks[0], batch_keys, strict=True)
+    iter_size = derive.value('SOLVER.ITER_SIZE', 1)
     num_images = len(centernet_roidb(cfg.TRAIN.DATASETS))
-    per_epoch = num_images // c.BATCH_SIZE
+    per_epoch = num_images // (c.BATCH_SIZE * max(iter_size, 1))
     if per_epoch < 1:
-        raise ConfigValueError('TRAIN.DATASETS {} hold {} images, fewer than one CENTERNET.BATCH_SIZE {}; lower '
-                               'the batch size'.format(tuple(cfg.TRAIN.DATASETS), num_images, c.BATCH_SIZE))
-    base_lr = c.LR * c.BATCH_SIZE / c.LR_BATCH_SIZE
+        raise ConfigValueError('TRAIN.DATASETS {} hold {} images, fewer than one iteration (CENTERNET.BATCH_SIZE {} x '
+                               'SOLVER.ITER_SIZE {}); lower the batch size'.format(
+                                   tuple(cfg.TRAIN.DATASETS), num_images, c.BATCH_SIZE, iter_size))
+    derive.value('TRAIN.SNAPSHOT_ITERS', per_epoch * cfg.NUM_GPUS)
+    max_iter = derive.value('SOLVER.MAX_ITER', c.NUM_EPOCHS * per_epoch, ('CENTERNET.NUM_EPOCHS',))
+    base_lr = derive.value('SOLVER.BASE_LR', c.LR * c.BATCH_SIZE * iter_size / c.LR_BATCH_SIZE,
+                           ('CENTERNET.LR', 'CENTERNET.LR_BATCH_SIZE'))
     # main.py drops the LR after finishing epoch e in lr_step (epochs count from 1): one in the last
     # epoch or beyond changes nothing, one below 1 is never reached.
     drops = sorted({epoch for epoch in c.LR_STEP if 1 <= epoch < c.NUM_EPOCHS})
-    lrs = [base_lr] + [base_lr * 0.1 ** (list(c.LR_STEP).index(epoch) + 1) for epoch in drops]
-    values = {
-        'TRAIN.RANK_IMS_PER_BATCH': tuple(chunks),
-        'TRAIN.IMS_PER_BATCH': chunks[0],
-        'TRAIN.SNAPSHOT_ITERS': per_epoch * cfg.NUM_GPUS,
-        'SOLVER.MAX_ITER': c.NUM_EPOCHS * per_epoch,
-        'SOLVER.LR_POLICY': 'steps_with_lrs',
-        'SOLVER.STEPS': [0] + [epoch * per_epoch for epoch in drops],
-        'SOLVER.LRS': lrs,
-        'SOLVER.BASE_LR': base_lr,
-        'SOLVER.WARM_UP_ITERS': 0,
-        'SOLVER.WEIGHT_DECAY': 0.0,
-        'SOLVER.ITER_SIZE': 1,
-    }
-    for key, value in values.items():
-        section, leaf = key.split('.')
-        cfg[section][leaf] = value
+    derive.value('SOLVER.LR_POLICY', 'steps_with_lrs', ('CENTERNET.LR_STEP',))
+    steps = derive.value('SOLVER.STEPS', [0] + [epoch * per_epoch for epoch in drops], ('CENTERNET.LR_STEP',))
+    # Typed steps drop the LR x0.1 each, as Detectron's steps_with_decay.
+    factors = [0.1 ** (list(c.LR_STEP).index(epoch) + 1) for epoch in drops] \
+        if 'SOLVER.STEPS' not in typed else [0.1 ** i for i in range(1, len(steps))]
+    lrs = derive.value('SOLVER.LRS', [base_lr] + [base_lr * factor for factor in factors],
+                       ('CENTERNET.LR_STEP', 'CENTERNET.LR'))
+    derive.value('SOLVER.WARM_UP_ITERS', 0)
+    derive.value('SOLVER.WEIGHT_DECAY', 0.0)
     if cfg.SOLVER.OPTIMIZER != 'adam':
         logger.warning("SOLVER.OPTIMIZER is %r: CenterNet trains with Adam ('adam')", cfg.SOLVER.OPTIMIZER)
+    accumulated = ' x SOLVER.ITER_SIZE {}'.format(iter_size) if iter_size != 1 else ''
     return [
-        'CenterNet: {} training images // CENTERNET.BATCH_SIZE {} = {} iterations per epoch; {} epochs = '
-        'SOLVER.MAX_ITER {}'.format(num_images, c.BATCH_SIZE, per_epoch, c.NUM_EPOCHS, cfg.SOLVER.MAX_ITER),
+        'CenterNet: {} training images // CENTERNET.BATCH_SIZE {}{} = {} iterations per epoch; SOLVER.MAX_ITER {} '
+        '= {:g} epochs'.format(num_images, c.BATCH_SIZE, accumulated, per_epoch, max_iter, max_iter / per_epoch),
         'CenterNet: per-GPU batches (chunk sizes) {}'.format(chunks),
-        'CenterNet: LR after epochs {} (SOLVER.STEPS {}): SOLVER.LRS {}; SOLVER.BASE_LR = CENTERNET.LR {:g} x '
-        'BATCH_SIZE {} / LR_BATCH_SIZE {} = {:g}'.format(tuple(c.LR_STEP), list(cfg.SOLVER.STEPS),
-                                                         ['{:g}'.format(lr) for lr in lrs], c.LR, c.BATCH_SIZE,
-                                                         c.LR_BATCH_SIZE, base_lr),
+        'CenterNet: LR after epochs {} (SOLVER.STEPS {}): SOLVER.LRS {}; SOLVER.BASE_LR {:g} (CENTERNET.LR {:g} x '
+        'BATCH_SIZE {}{} / LR_BATCH_SIZE {})'.format(tuple(c.LR_STEP), list(steps), ['{:g}'.format(lr) for lr in lrs],
+                                                     base_lr, c.LR, c.BATCH_SIZE, accumulated, c.LR_BATCH_SIZE),
+        derive.summary(),
     ]
 
 
@@ -208,7 +233,7 @@ def load_weights(model, path, arch):
     require_weights_file(path)
     content = read_torch_file(path)  # read once; digest-checked; one sentence for a bad file
     if isinstance(content, dict) and isinstance(content.get('model'), dict):
-        return load_state_dict_by_key(model, content['model'], path)
+        return load_port_checkpoint(model, path, content['model'])
     if is_centernet_checkpoint(content):
         return load_centernet_checkpoint(model, path, content)
     return load_imagenet_backbone(model.backbone, path, arch, content)

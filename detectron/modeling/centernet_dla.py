@@ -17,6 +17,7 @@ find_unused_parameters.
 import torch
 from torch import nn
 
+from detectron.modeling.activation_checkpoint import checkpointed
 from detectron.modeling.centernet_layers import BatchNorm2d, fill_up_weights
 from detectron.modeling.dcn import DCN
 
@@ -103,10 +104,12 @@ class Tree(nn.Module):
 
 
 class DLA34(nn.Module):
-    """DLA-34 trunk without its classifier; forward returns the six level outputs (strides 1-32)."""
+    """DLA-34 trunk without its classifier; forward returns the six level outputs (strides 1-32).
+    checkpoint_activations: keep only the input of the stem and of each level in training."""
 
-    def __init__(self):
+    def __init__(self, checkpoint_activations=False):
         super().__init__()
+        self.checkpoint_activations = checkpoint_activations
         levels, channels = DLA34_LEVELS, DLA34_CHANNELS
         self.channels = channels
         self.base_layer = nn.Sequential(
@@ -121,9 +124,9 @@ class DLA34(nn.Module):
 
     def forward(self, x):
         outputs = []
-        x = self.base_layer(x)
+        x = checkpointed(self.checkpoint_activations, self.base_layer, x)
         for level in range(len(self.channels)):
-            x = getattr(self, 'level{}'.format(level))(x)
+            x = checkpointed(self.checkpoint_activations, getattr(self, 'level{}'.format(level)), x)
             outputs.append(x)
         return outputs
 
@@ -181,10 +184,12 @@ class IDAUp(nn.Module):
 
 class DLAUp(nn.Module):
     """Coarse-to-fine aggregation of maps with `channels` at relative `scales`: step i fuses the
-    i + 2 coarsest (already fused) maps with IDAUp `ida_<i>` into the next finer one's channels."""
+    i + 2 coarsest (already fused) maps with IDAUp `ida_<i>` into the next finer one's channels.
+    checkpoint_activations: keep only the inputs of each step in training."""
 
-    def __init__(self, channels, scales):
+    def __init__(self, channels, scales, checkpoint_activations=False):
         super().__init__()
+        self.checkpoint_activations = checkpoint_activations
         channels_in, scales = list(channels), list(scales)
         for i in range(len(channels) - 1):
             j = len(channels) - 2 - i
@@ -201,19 +206,23 @@ class DLAUp(nn.Module):
         outputs = [maps[-1]]
         for i in range(self.steps):
             j = len(maps) - 2 - i
-            maps[j:] = getattr(self, 'ida_{}'.format(i))(maps[j:])
+            maps[j:] = checkpointed(self.checkpoint_activations, getattr(self, 'ida_{}'.format(i)), maps[j:])
             outputs.insert(0, maps[-1])
         return outputs
 
 
 class CenterNetDLA(nn.Module):
-    """DLA-34 + DLAUp + IDAUp -> (B, 64, H / 4, W / 4); H and W must be multiples of 32."""
+    """DLA-34 + DLAUp + IDAUp -> (B, 64, H / 4, W / 4); H and W must be multiples of 32.
+    checkpoint_activations [TRAIN.CHECKPOINT_ACTIVATIONS]: in training, keep only the inputs of the
+    trunk's stem and levels, of each aggregation step and of the last IDAUp, and recompute the rest
+    in the backward."""
 
-    def __init__(self):
+    def __init__(self, checkpoint_activations=False):
         super().__init__()
-        self.base = DLA34()
+        self.checkpoint_activations = checkpoint_activations
+        self.base = DLA34(checkpoint_activations)
         channels = self.base.channels[_FIRST_LEVEL:]
-        self.dla_up = DLAUp(channels, [2 ** i for i in range(len(channels))])
+        self.dla_up = DLAUp(channels, [2 ** i for i in range(len(channels))], checkpoint_activations)
         fused = _LAST_LEVEL - _FIRST_LEVEL
         self.ida_up = IDAUp(channels[0], channels[:fused], [2 ** i for i in range(fused)])
         self.out_channels = channels[0]
@@ -225,4 +234,4 @@ class CenterNetDLA(nn.Module):
 
     def forward(self, x):
         fused = self.dla_up(self.base(x)[_FIRST_LEVEL:])
-        return self.ida_up(fused[:_LAST_LEVEL - _FIRST_LEVEL])[-1]
+        return checkpointed(self.checkpoint_activations, self.ida_up, fused[:_LAST_LEVEL - _FIRST_LEVEL])[-1]

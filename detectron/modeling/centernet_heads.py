@@ -3,7 +3,7 @@
 Follows CenterNet's models/networks (head layout and initialisation), models/losses.py and
 trains/ctdet.py (focal + L1 losses), models/decode.py (peak NMS, top-K, boxes),
 utils/post_process.py and detectors/ctdet.py (inverse affine, flip test, multi-scale merge with
-soft-NMS); see /work/shared/reference/centernet.md sections 4-6. Decoding runs as batched tensor
+soft-NMS). Decoding runs as batched tensor
 ops on the model's device; post-processing is host-side numpy, as in the reference.
 """
 

@@ -16,6 +16,7 @@ ImageNet weights); the upsampling path is initialised as CenterNet does.
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+from detectron.modeling.activation_checkpoint import checkpointed
 from detectron.modeling.centernet_layers import BatchNorm2d, fill_up_weights
 from detectron.modeling.dcn import DCN
 
@@ -35,10 +36,13 @@ class CenterNetResNet(nn.Module):
     """ResNet-<depth> (stride 32) + 3 upsampling stages -> (B, out_channels, H / 4, W / 4).
 
     deformable=True is CenterNet's `resdcn` (out_channels 64), False its `res` (out_channels 256).
+    checkpoint_activations [TRAIN.CHECKPOINT_ACTIVATIONS]: in training, keep only the inputs of the
+    stem, of each ResNet stage and of each upsampling stage, and recompute the rest in the backward.
     """
 
-    def __init__(self, depth=18, deformable=True):
+    def __init__(self, depth=18, deformable=True, checkpoint_activations=False):
         super().__init__()
+        self.checkpoint_activations = checkpoint_activations
         block, blocks_per_stage = RESNET_SPECS[depth]
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = BatchNorm2d(64)
@@ -57,13 +61,22 @@ class CenterNetResNet(nn.Module):
             in_channels = channels
         self.deconv_layers = nn.Sequential(*layers)
         self.out_channels = in_channels
+        # The checkpointed segments, as views sharing the registered modules (a plain list, so
+        # that parameter names stay CenterNet's).
+        self.trunk_segments = [nn.Sequential(self.conv1, self.bn1, self.relu, self.maxpool),
+                               self.layer1, self.layer2, self.layer3, self.layer4]
+        stage_length = len(layers) // len(up_channels)
+        self.up_segments = [self.deconv_layers[i:i + stage_length] for i in range(0, len(layers), stage_length)]
 
     def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        # The up-sampling path runs in NCHW, the layout measured for it (BENCHMARKS.md, tenth
-        # session, run 5): a trunk stored channels_last (channels_last_modules) hands over an NCHW copy.
-        return self.deconv_layers(x.contiguous())
+        for segment in self.trunk_segments:
+            x = checkpointed(self.checkpoint_activations, segment, x)
+        # The up-sampling path runs in NCHW, the layout measured for it (BENCHMARKS.md,
+        # "CenterNet speed"): a trunk stored channels_last (channels_last_modules) hands over an NCHW copy.
+        x = x.contiguous()
+        for segment in self.up_segments:
+            x = checkpointed(self.checkpoint_activations, segment, x)
+        return x
 
     def channels_last_modules(self):
         """The layers that may be stored channels_last (CenterNet.use_channels_last): the ResNet."""

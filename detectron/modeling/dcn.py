@@ -7,7 +7,7 @@ nothing has to be compiled and the CPU works too. Parameter names and shapes are
 for tensor.
 
 Why not `torchvision.ops.deform_conv2d`, which computes the same function: it replays wrong values from
-a CUDA graph (torchvision 0.26, BENCHMARKS.md), so a detector with it cannot be graphed at batch 1, and
+a CUDA graph (torchvision 0.26, BENCHMARKS.md "CenterNet speed"), so a detector with it cannot be graphed at batch 1, and
 under autocast it runs its im2col / col2im and the matmul in float32. Here the sampling positions and
 the bilinear sampling stay in float32 (a bfloat16 position would be off by up to half a pixel at 128)
 and the matmul follows autocast like any convolution. tests/modeling/test_dcn.py checks both against a

@@ -82,7 +82,7 @@ class GeneralizedRCNN(nn.Module):
         that layout. cuDNN runs bfloat16 convolutions in NHWC and converts NCHW tensors around each
         one (19 of the 116 ms of kernels of a batch-16 training step on the H200); stored NHWC they
         need none: training at batch 16 103.9 -> 128.4 images/s, at 2 57.5 -> 62.3, the losses of
-        the step bit for bit the same (BENCHMARKS.md, eleventh session). RoIAlign and the box head
+        the step bit for bit the same (BENCHMARKS.md, "Training speed"). RoIAlign and the box head
         read the features as they come."""
         self.conv_body.to(memory_format=torch.channels_last)
         self.rpn.to(memory_format=torch.channels_last)

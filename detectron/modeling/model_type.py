@@ -2,6 +2,7 @@
 of model_builder's table). Subclasses read cfg: they are the builders of their model."""
 from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
 from detectron.roi_data.loader import to_device
+from detectron.utils.checkpoint import Retention
 
 
 class ModelType:
@@ -21,10 +22,17 @@ class ModelType:
     def check(self, cfg):
         """ConfigValueError (one line) for settings this model cannot run."""
 
-    def derive_training_cfg(self, cfg):
-        """Fill training keys that this model derives from others (before the cfg is frozen);
-        returns 'KEY: old -> new' lines for --print-config and the log."""
+    def derive_training_cfg(self, cfg, typed):
+        """Fill the training keys this model derives from others that the user left untyped (typed:
+        {full key: where it was typed}; before the cfg is frozen); returns lines for --print-config
+        and the log, one of them saying what was derived (utils/derived_keys.py)."""
         return []
+
+    def checkpoint_retention(self, cfg, lr_change_iters):
+        """Which checkpoints training writes and keeps (lr_change_iters: the iterations where the LR
+        schedule steps): Detectron's model_iterN.pth every period by default, TRAIN.KEEP_CHECKPOINTS
+        of them kept."""
+        return Retention(keep=cfg.TRAIN.KEEP_CHECKPOINTS)
 
     def build(self, cfg):
         raise NotImplementedError
@@ -77,6 +85,28 @@ class ModelType:
         in a faster memory layout; returns it. Unchanged by default."""
         return model
 
+    def memory_settings(self, cfg, training):
+        """The settings that lower this model's device memory in training (training True) or testing,
+        with their values, as the out-of-memory error names them. By default: the images per GPU,
+        made up for by SOLVER.ITER_SIZE, and TRAIN.CHECKPOINT_ACTIVATIONS; in testing, none."""
+        if not training:
+            return 'a device with more memory'
+        return '; '.join([batch_setting(cfg, 'TRAIN.IMS_PER_BATCH {}'.format(cfg.TRAIN.IMS_PER_BATCH))]
+                         + checkpoint_setting(cfg))
+
     def results_format(self, cfg):
         """How its boxes go into the COCO results json (Detectron's +1 widths by default)."""
         return DETECTRON_RESULTS
+
+
+def batch_setting(cfg, batch):
+    """Fewer images per micro-step, as many per iteration."""
+    return 'lower {}, raising SOLVER.ITER_SIZE {} by the same factor (the same images per iteration)'.format(
+        batch, cfg.SOLVER.ITER_SIZE)
+
+
+def checkpoint_setting(cfg):
+    """['TRAIN.CHECKPOINT_ACTIVATIONS True ...'] when it is off, else []."""
+    if cfg.TRAIN.CHECKPOINT_ACTIVATIONS:
+        return []
+    return ['TRAIN.CHECKPOINT_ACTIVATIONS True (recompute backbone activations in the backward)']

@@ -7,7 +7,7 @@ from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import FPN, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, ProposalParams, RCNNParams
-from detectron.modeling.model_type import ModelType
+from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
 from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
@@ -45,6 +45,16 @@ class GeneralizedRCNNType(ModelType):
 
     def load_weights(self, cfg, model, path):
         return load_weights(model, path)
+
+    def memory_settings(self, cfg, training):
+        if not training:
+            graphs = ['TEST.CUDA_GRAPHS False'] if cfg.TEST.CUDA_GRAPHS else []
+            return '; '.join(['lower TEST.SCALE {} / TEST.MAX_SIZE {}'.format(cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)]
+                             + graphs)
+        batch = ('TRAIN.RANK_IMS_PER_BATCH {}'.format(tuple(cfg.TRAIN.RANK_IMS_PER_BATCH))
+                 if cfg.TRAIN.RANK_IMS_PER_BATCH else 'TRAIN.IMS_PER_BATCH {}'.format(cfg.TRAIN.IMS_PER_BATCH))
+        return '; '.join([batch_setting(cfg, batch)] + checkpoint_setting(cfg)
+                         + ['lower TRAIN.BATCH_SIZE_PER_IM {} (RoIs per image)'.format(cfg.TRAIN.BATCH_SIZE_PER_IM)])
 
     def load_training_weights(self, cfg, model, path):
         # Detectron's model_final.pkl files hold `<blob>_momentum` (KL-Loss fine-tunes from one).
@@ -96,7 +106,7 @@ class GeneralizedRCNNType(ModelType):
 def resizes_on_device(cfg, device):
     """TRAIN.RESIZE_ON_DEVICE on a GPU: the loader workers read and flip, the device does the rest.
     At batch 2 the training step is host-bound, and the workers' float32 blobs (11.7 MB per COCO
-    image, copied into pinned memory by the main process) slowed it (BENCHMARKS.md)."""
+    image, copied into pinned memory by the main process) slowed it (BENCHMARKS.md, "Real loops")."""
     return cfg.TRAIN.RESIZE_ON_DEVICE and device.type == 'cuda'
 
 

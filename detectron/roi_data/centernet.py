@@ -1,7 +1,7 @@
 """What CenterNet (ctdet, "Objects as Points") trains on, and how it prepares a test image.
 
 Numerics follow CenterNet's src/lib/utils/image.py, datasets/sample/ctdet.py, datasets/dataset/coco.py
-and detectors/base_detector.py (see /work/shared/reference/centernet.md, sections 2, 3 and 6):
+and detectors/base_detector.py:
 gaussian radius and splats, the centre/scale affine transform, colour jitter, the per-image training
 targets (hm, wh, reg, ind, reg_mask), a roidb of all images and annotations of COCO json datasets,
 and the test-time input tensor with its meta (c, s, output size).

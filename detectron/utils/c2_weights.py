@@ -23,9 +23,11 @@ import re
 import numpy as np
 import torch
 
+from detectron.utils.centernet_weights import is_centernet_checkpoint
 from detectron.utils.errors import WeightsError
 from detectron.utils.io import load_object
 from detectron.utils.torch_file import looks_like_torch_file, read_torch_file
+from detectron.utils.weights_fit import weights_kind
 
 logger = logging.getLogger(__name__)
 
@@ -475,10 +477,11 @@ def load_weights(model, path):
     content = read_torch_file(path)
     if isinstance(content, dict) and isinstance(content.get('model'), dict):
         return load_state_dict_by_key(model, content['model'], path)
-    if isinstance(content, dict) and 'layer1.0.conv1.weight' in content:
+    if isinstance(content, dict) and 'layer1.0.conv1.weight' in content and not is_centernet_checkpoint(content):
         return load_torchvision_resnet(model, content)
-    raise WeightsError('{} holds neither a {{"model": state_dict}} checkpoint nor torchvision '
-                       'ResNet weights'.format(path))
+    kind = weights_kind(content) if isinstance(content, dict) else 'a {}'.format(type(content).__name__)
+    raise WeightsError('{} holds neither a {{"model": state_dict}} checkpoint nor torchvision ResNet weights '
+                       'but {}; set TRAIN.WEIGHTS / TEST.WEIGHTS to weights of this model'.format(path, kind))
 
 
 def load_weights_and_momentum(model, path):

@@ -13,7 +13,8 @@ keys (its `fc.*` classifier is unused); a DLA-34 file's keys are the dla_34 back
 Shapes. A CenterNet checkpoint's tensor whose shape differs from the model's is skipped with a
 warning naming it, both shapes and the likely cause, and keeps its init, as CenterNet's load_model
 does ("Skip loading parameter ..."): that is how a COCO model is fine-tuned to another number of
-classes. In an ImageNet file a mismatch is a WeightsError (CenterNet's load_state_dict raises too).
+classes. This port's own CenterNet .pth files load the same way. A file that fills (almost) none of
+the model, or for testing not all of it, is refused by the engines (utils/weights_fit.py). In an ImageNet file a mismatch is a WeightsError (CenterNet's load_state_dict raises too).
 BatchNorm's `num_batches_tracked` counters are loaded when present but never reported missing:
 with a fixed momentum BatchNorm does not read them, and 2018 files do not have them.
 """
@@ -24,6 +25,7 @@ import torch
 
 from detectron.utils.errors import ConfigValueError, WeightsError
 from detectron.utils.torch_file import read_torch_file
+from detectron.utils.weights_fit import weights_kind
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,17 @@ def load_centernet_checkpoint(model, path, content=None):
     return missing, unused
 
 
+def load_port_checkpoint(model, path, state_dict):
+    """Load this port's CenterNet .pth (its 'model' state dict, our keys) as load_centernet_checkpoint
+    loads CenterNet's: a tensor of another shape (another class count) is skipped with a warning and
+    keeps its init. Returns (missing, unused)."""
+    _check_state_dict(state_dict, path, "a {'model': state_dict} checkpoint")
+    missing, unused = _copy_by_name(model, {key: (key, value) for key, value in state_dict.items()}, path,
+                                    _port_mismatch_cause, skip_mismatched=True)
+    _log_summary(path, len(state_dict) - len(unused), missing, unused)
+    return missing, unused
+
+
 def load_imagenet_backbone(backbone, path, arch, content=None):
     """Load ImageNet weights into a CenterNet backbone module (before training, as CenterNet does):
     a torchvision ResNet .pth (e.g. resnet18-5c106cde.pth) for arch 'res_<depth>' /
@@ -97,9 +110,9 @@ def load_imagenet_backbone(backbone, path, arch, content=None):
     trunk_missing = [k for k in missing if not k.startswith(upsampling_prefixes)]
     if trunk_missing:
         raise WeightsError(
-            '{} lacks {} tensors of the {} ImageNet trunk (e.g. {}): it holds another network\'s '
-            'weights; use the ImageNet file of CENTERNET.ARCH\'s trunk'.format(
-                path, len(trunk_missing), arch, trunk_missing[0]))
+            '{} lacks {} tensors of the {} ImageNet trunk (e.g. {}): it holds {}; use the ImageNet file of '
+            'CENTERNET.ARCH\'s trunk'.format(path, len(trunk_missing), arch, trunk_missing[0],
+                                             weights_kind(state_dict)))
     _log_summary('ImageNet weights {} for {}'.format(path, arch), len(renamed) - len(unused),
                  missing, unused)
     return missing, unused
@@ -131,11 +144,6 @@ def _copy_by_name(model, renamed, source, mismatch_cause, skip_mismatched=False)
     """
     own = model.state_dict()
     loaded = {k: v for k, v in renamed.items() if k in own}
-    if not loaded:
-        raise WeightsError('{}: none of its {} tensors (e.g. {}) has a place in the model '
-                           '(e.g. {}); check that the file and the model are the ones meant'.format(
-                               source, len(renamed), next(iter(renamed.values()))[0],
-                               next(iter(own), None)))
     for key, (file_key, value) in list(loaded.items()):
         if value.shape == own[key].shape:
             continue
@@ -165,6 +173,11 @@ def _checkpoint_mismatch_cause(file_key, file_shape, model_shape):
     if final_conv_outputs_differ and head == 'wh':
         return 'per-class vs shared box sizes: check CENTERNET.CAT_SPEC_WH and NUM_CLASSES'
     return 'a different head width: check CENTERNET.HEAD_CONV'
+
+
+def _port_mismatch_cause(key, file_shape, model_shape):
+    top, _, rest = key.partition('.')
+    return _checkpoint_mismatch_cause(rest if top in ('heads', 'backbone') else key, file_shape, model_shape)
 
 
 def _first_names(names):

@@ -1,4 +1,5 @@
-"""Training checkpoints: write atomically with a digest, find the newest intact one, load, resume.
+"""Training checkpoints: write atomically with a digest, keep the files a model type asks for
+(`Retention`), find the newest intact one, load, resume.
 
 Starting from a file means one of two different things; they are separate functions on purpose:
 - `resume_from(path, model, optimizer)` continues an interrupted run: model, optimizer (momentum),
@@ -22,6 +23,8 @@ import logging
 import os
 import random
 import re
+import shutil
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,6 +37,7 @@ from detectron.utils.torch_file import read_torch_file, with_digest
 logger = logging.getLogger(__name__)
 
 FINAL_CHECKPOINT_NAME = 'model_final.pth'
+LAST_CHECKPOINT_NAME = 'model_last.pth'
 _ITERATION_CHECKPOINT = re.compile(r'^model_iter(\d+)\.pth$')
 _PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
 _REQUIRED_KEYS = ('model', 'optimizer', 'iteration', 'world_size', 'rng_states')
@@ -49,6 +53,46 @@ class DivergedWeightsError(DetectronError, FloatingPointError):
 def checkpoint_name(iteration):
     """Detectron's name for the checkpoint written after iteration `iteration` (0-based)."""
     return 'model_iter{}.pth'.format(iteration)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which checkpoint files a run writes and keeps (a model type's choice, see ModelType).
+
+    last: every checkpoint overwrites LAST_CHECKPOINT_NAME (CenterNet's model_last.pth) instead of
+      adding a model_iterN.pth each period (Detectron's rule, the default).
+    milestones: iterations after which model_iterN.pth is written and kept whatever the period
+      (CenterNet's checkpoint at each LR step, taken before the drop).
+    keep: how many model_iterN.pth files stay, the oldest removed first; 0 keeps all
+      (TRAIN.KEEP_CHECKPOINTS). model_last.pth and model_final.pth are never removed.
+    """
+    last: bool = False
+    milestones: frozenset = frozenset()
+    keep: int = 0
+
+    def names(self, iteration, periodic):
+        """The files to write after iteration (0-based); periodic: the checkpoint period ends there."""
+        numbered = [checkpoint_name(iteration)] if iteration in self.milestones or (periodic and not self.last) else []
+        # With `last`, model_last.pth is written with any other file, so it is always the newest one.
+        return ([LAST_CHECKPOINT_NAME] if self.last and (periodic or numbered) else []) + numbered
+
+
+def prune_checkpoints(output_dir, keep):
+    """Remove all but the `keep` newest model_iterN.pth of output_dir (keep 0: none removed);
+    returns the removed paths."""
+    if keep <= 0:
+        return []
+    numbered = [path for path in _checkpoints_newest_first(output_dir)
+                if _ITERATION_CHECKPOINT.match(os.path.basename(path))]
+    for path in numbered[keep:]:
+        os.remove(path)
+    return numbered[keep:]
+
+
+def copy_checkpoint(source, path):
+    """Make path a copy of the checkpoint file source, atomically, without serialising it again."""
+    with open(source, 'rb') as f:
+        _write_atomically(path, lambda out: shutil.copyfileobj(f, out, 1 << 24))
 
 
 def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=None, sampler_state=None):
@@ -132,9 +176,10 @@ def _check_plain(value, where):
 
 
 def find_last_checkpoint(output_dir):
-    """model_final.pth if present (training is complete), else the model_iter{N}.pth with the
-    largest N, else None. Unfinished temporary files are never returned. The file is not read: see
-    resume_from_last for the newest one that is also intact."""
+    """model_final.pth if present (training is complete), else model_last.pth (written with every
+    checkpoint of a run that keeps one, so never older than its numbered files), else the
+    model_iter{N}.pth with the largest N, else None. Unfinished temporary files are never returned.
+    The file is not read: see resume_from_last for the newest one that is also intact."""
     candidates = _checkpoints_newest_first(output_dir)
     return candidates[0] if candidates else None
 
@@ -143,9 +188,9 @@ def _checkpoints_newest_first(output_dir):
     if not os.path.isdir(output_dir):
         return []
     names = os.listdir(output_dir)
-    final = [os.path.join(output_dir, FINAL_CHECKPOINT_NAME)] if FINAL_CHECKPOINT_NAME in names else []
+    named = [os.path.join(output_dir, name) for name in (FINAL_CHECKPOINT_NAME, LAST_CHECKPOINT_NAME) if name in names]
     iterations = sorted((int(m.group(1)) for m in map(_ITERATION_CHECKPOINT.match, names) if m), reverse=True)
-    return final + [os.path.join(output_dir, checkpoint_name(i)) for i in iterations]
+    return named + [os.path.join(output_dir, checkpoint_name(i)) for i in iterations]
 
 
 def resume_from_last(output_dir, model, optimizer, sampler_state=None):

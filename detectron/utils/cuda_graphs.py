@@ -80,7 +80,7 @@ class GraphedCallable:
         allocator reuses a freed block only on the stream it was allocated on, a graph pool's
         blocks included: with a new stream per capture, each shape kept its own warm-up blocks and
         the shared pool shared nothing (the likely reason why 12 R-CNN test graphs reserved 22 GB
-        against 9 GB for 4: BENCHMARKS.md, ninth session)."""
+        against 9 GB for 4: BENCHMARKS.md "CUDA graph memory")."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=device)
         return self._stream
@@ -298,7 +298,7 @@ def _capturing(graph, pool, stream):
 
     thread_local: only this thread's unsafe CUDA calls break the capture. torch's default 'global'
     mode also forbids them in other threads, such as the DataLoader's pin-memory thread allocating
-    pinned memory: the likely cause of a training capture that broke in train_net (BENCHMARKS.md).
+    pinned memory: the likely cause of a training capture that broke in train_net (BENCHMARKS.md, "CUDA graph memory").
     The default generator's state is swapped for a copy while capturing: the graph registers and
     advances the copy, never the state eager code draws from (the graphed functions draw no random
     numbers)."""

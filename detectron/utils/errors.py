@@ -83,6 +83,10 @@ def dead_loader_workers_as_errors():
         raise translated from None
 
 
+class DeviceOutOfMemory(DetectronError, RuntimeError):
+    """The device ran out of memory (torch.OutOfMemoryError): where, how much, and the keys that lower it."""
+
+
 class OutputDirError(DetectronError, OSError):
     """OUTPUT_DIR cannot be used: not a writable directory, full, or in use by another run."""
 

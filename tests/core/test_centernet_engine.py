@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from detectron.core import config_finalize, test_engine, train_engine
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list, typed_keys
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
 from detectron.modeling import centernet, centernet_builder, model_builder
 from detectron.roi_data.centernet import get_affine_transform
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import distributed
+from detectron.utils import checkpoint, distributed
 from detectron.utils.errors import ConfigValueError, WeightsError
 from test_train_engine import write_tiny_datasets
 
@@ -65,7 +65,7 @@ def use_centernet(catalog, output_dir, *overrides):
 def test_shipped_configs_derive_the_reference_schedule(monkeypatch, name, gpus, images, chunks, per_epoch):
     monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: [None] * images)
     merge_cfg_from_file(os.path.join(REPO, 'configs', 'centernet', name))
-    lines = centernet_builder.derive_training_cfg(cfg)
+    lines = centernet_builder.derive_training_cfg(cfg, typed_keys())
     assert cfg.NUM_GPUS == gpus and tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == chunks
     assert cfg.SOLVER.MAX_ITER == 140 * per_epoch
     assert cfg.SOLVER.STEPS == [0, 90 * per_epoch, 120 * per_epoch]
@@ -98,7 +98,7 @@ def test_lr_steps_follow_main_py_also_when_repeated_unordered_or_out_of_range(mo
     merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'NUM_GPUS', '1', 'CENTERNET.BATCH_SIZE', '10',
                          'CENTERNET.LR_BATCH_SIZE', '10', 'CENTERNET.LR', '0.001', 'CENTERNET.NUM_EPOCHS', '8',
                          'CENTERNET.LR_STEP', str(lr_step)])
-    centernet_builder.derive_training_cfg(cfg)
+    centernet_builder.derive_training_cfg(cfg, typed_keys())
     assert_and_infer_cfg()
     schedule = train_engine.lr_schedule()
     per_epoch = 4
@@ -111,7 +111,7 @@ def test_lr_scales_linearly_with_the_global_batch(monkeypatch):
     monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: [None] * 1000)
     merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'NUM_GPUS', '4', 'CENTERNET.BATCH_SIZE', '12',
                          'CENTERNET.MASTER_BATCH_SIZE', '4'])
-    centernet_builder.derive_training_cfg(cfg)
+    centernet_builder.derive_training_cfg(cfg, typed_keys())
     # CenterNet's "1.25e-4 for batch size 32": 12 images -> 4.6875e-5; chunks as opts.py: [4, 3, 3, 2].
     assert cfg.SOLVER.BASE_LR == pytest.approx(1.25e-4 * 12 / 32)
     assert tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == (4, 3, 3, 2)
@@ -122,11 +122,11 @@ def test_explicit_chunk_sizes_override_and_bad_ones_are_refused(monkeypatch):
     monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: [None] * 100)
     merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'NUM_GPUS', '2', 'CENTERNET.BATCH_SIZE', '10',
                          'CENTERNET.CHUNK_SIZES', '(7, 3)'])
-    centernet_builder.derive_training_cfg(cfg)
+    centernet_builder.derive_training_cfg(cfg, typed_keys())
     assert tuple(cfg.TRAIN.RANK_IMS_PER_BATCH) == (7, 3)
     cfg.CENTERNET.CHUNK_SIZES = (7, 2)
     with pytest.raises(ConfigValueError, match='CENTERNET'):
-        centernet_builder.derive_training_cfg(cfg)
+        centernet_builder.derive_training_cfg(cfg, typed_keys())
 
 
 def test_freeze_conv_body_is_refused_for_centernet():
@@ -422,3 +422,12 @@ def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path,
 def _all_boxes(path):
     with open(path, 'rb') as f:
         return pickle.load(f)['all_boxes']
+
+
+def test_centernet_keeps_model_last_and_the_checkpoints_before_its_lr_drops():
+    merge_cfg_from_list(['TRAIN.KEEP_CHECKPOINTS', '3'])
+    centernet = model_builder.MODEL_TYPES['centernet'].checkpoint_retention(cfg, [180, 240])
+    assert centernet == checkpoint.Retention(last=True, milestones=frozenset({179, 239}), keep=3)
+    # Detectron's configs: a numbered file every period.
+    assert model_builder.MODEL_TYPES['generalized_rcnn'].checkpoint_retention(cfg, [180]) == \
+        checkpoint.Retention(keep=3)

@@ -719,7 +719,8 @@ def test_make_immutable_false():
 
 
 @pytest.mark.parametrize('overrides, message', [
-    (['STD_NMS', 'True'], 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well'),
+    (['STD_NMS', 'True'], 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well, with weights '
+                      'trained with PRED_STD True (they hold bbox_pred_std)'),
     (['STD_NMS', 'True', 'PRED_STD', 'True', 'STD.METHOD', 'std2'], "STD.METHOD must be one of 'stdiou', 'soft'"),
     (['SOLVER.AMP.DTYPE', 'float8'], "SOLVER.AMP.DTYPE must be one of 'float16', 'bfloat16', got 'float8'"),
     (['STD.SIGMA_COLUMN_ORDER', 'fixed'], "STD.SIGMA_COLUMN_ORDER must be one of 'reference', 'corrected'"),
@@ -826,8 +827,7 @@ def test_scaling_with_accumulation_and_explicit_lrs(caplog):
     merge_cfg_from_list([
         'SOLVER.REFERENCE_WORLD_BATCH', '2', 'SOLVER.ITER_SIZE', '2', 'TRAIN.IMS_PER_BATCH', '2',
         'SOLVER.LR_POLICY', 'steps_with_lrs', 'SOLVER.STEPS', '[0, 600]', 'SOLVER.LRS', '[0.01, 0.001]',
-        'SOLVER.MAX_ITER', '1000', 'SOLVER.WARM_UP_ITERS', '101', 'SOLVER.STEP_SIZE', '300',
-        'TRAIN.SNAPSHOT_ITERS', '400'])
+        'SOLVER.MAX_ITER', '1000', 'SOLVER.WARM_UP_ITERS', '101', 'SOLVER.STEP_SIZE', '300'])
     with caplog.at_level(logging.INFO):
         changes = scale_schedule_to_global_batch(4)  # 1 GPU x 2 images x 2 accumulated
     solver = cfg.SOLVER
@@ -835,10 +835,21 @@ def test_scaling_with_accumulation_and_explicit_lrs(caplog):
     assert solver.LRS == pytest.approx([0.02, 0.002])
     assert (solver.MAX_ITER, solver.STEPS, solver.STEP_SIZE) == (500, [0, 300], 150)
     assert solver.WARM_UP_ITERS == 50  # round(50.5) -> 50, Python's round half to even
-    assert cfg.TRAIN.SNAPSHOT_ITERS == 200  # SNAPSHOT_ITERS x IMS_PER_BATCH = 800 images between checkpoints
+    # The default 80000: SNAPSHOT_ITERS x IMS_PER_BATCH = 160000 images between checkpoints.
+    assert cfg.TRAIN.SNAPSHOT_ITERS == 40000
     assert 'SOLVER.MAX_ITER: 1000 -> 500' in changes
-    assert 'TRAIN.SNAPSHOT_ITERS: 400 -> 200' in changes
+    assert 'TRAIN.SNAPSHOT_ITERS: 80000 -> 40000' in changes
     assert 'SOLVER.MAX_ITER: 1000 -> 500' in caplog.text
+
+
+def test_scaling_keeps_a_typed_checkpoint_period(caplog):
+    merge_cfg_from_list(['SOLVER.REFERENCE_WORLD_BATCH', '2', 'SOLVER.ITER_SIZE', '2', 'TRAIN.IMS_PER_BATCH', '2',
+                         'SOLVER.MAX_ITER', '1000', 'SOLVER.CHECKPOINT_PERIOD', '400'])
+    with caplog.at_level(logging.INFO):
+        changes = scale_schedule_to_global_batch(4)
+    assert (cfg.SOLVER.MAX_ITER, cfg.TRAIN.SNAPSHOT_ITERS) == (500, 400)
+    assert not [change for change in changes if 'SNAPSHOT' in change]
+    assert 'TRAIN.SNAPSHOT_ITERS 400 kept as typed' in caplog.text
 
 
 def test_scaling_is_off_by_default_and_at_the_reference_batch():

@@ -16,7 +16,7 @@ from detectron.utils.errors import ConfigValueError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Tables of key names that are not reads: the refusals, the merge rules' renames and aliases.
-_NAME_TABLES = {'_NOT_ACTED_ON', '_DEPRECATED_KEYS', '_RENAMED_KEYS', '_KEY_ALIASES', '_NAME_TUPLE_KEYS'}
+_NAME_TABLES = {'_NOT_ACTED_ON', '_DEPRECATED_KEYS', '_RENAMED_KEYS', '_KEY_ALIASES', 'NAME_TUPLE_KEYS'}
 
 
 def _leaf_keys(node, prefix=''):

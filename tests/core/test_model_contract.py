@@ -144,3 +144,57 @@ def test_the_proposal_decode_reads_the_configured_clips():
     merge_cfg_from_file(os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
     merge_cfg_from_list(['BBOX_XFORM_CLIP', '2.5', 'BBOX_XFORM_CLIPe', '7.0'])
     assert rcnn_builder.rcnn_params(cfg, 5).bbox_xform_clips == (2.5, 7.0)
+
+
+def test_design_doc_lists_exactly_the_contract_methods():
+    """docs/DESIGN.md's contract table names every public method of ModelType, and nothing else."""
+    import inspect
+    import os
+    import re
+
+    from detectron.modeling.model_type import ModelType
+    design = os.path.join(os.path.dirname(__file__), '..', '..', 'docs', 'DESIGN.md')
+    text = open(design, encoding='utf-8').read()
+    table = text[text.index('| method | what the entry says |'):]
+    table = table[:table.index('\n\n')]
+    listed = set()
+    for row in table.splitlines()[2:]:
+        listed.update(re.findall(r'`([a-z_]+)\(', row.split('|')[1]))
+        listed.update(re.findall(r'`([a-z_]+)`', row.split('|')[1]))
+    methods = {name for name, _ in inspect.getmembers(ModelType, inspect.isfunction) if not name.startswith('_')}
+    assert listed == methods
+
+
+def test_detectron_retention_keeps_the_newest_keep_checkpoints(catalog, tmp_path):
+    use_tiny_type(catalog, tmp_path, 'SOLVER.MAX_ITER', '6', 'TRAIN.KEEP_CHECKPOINTS', '1')
+    train_engine.train_model()
+    # Checkpoints after iterations 1, 3 and 5; the two older ones removed as the next was written.
+    assert sorted(os.listdir(tmp_path / TRAIN_SUBDIR)) == ['model_final.pth', 'model_iter5.pth', 'tensorboard',
+                                                           'training_curves.png']
+
+
+def test_a_model_types_retention_keeps_model_last_and_the_lr_steps_and_resumes_from_model_last(
+        catalog, tmp_path, monkeypatch, caplog):
+    # The tiny type keeps checkpoints as CenterNet does; its LR drops at iteration 3.
+    monkeypatch.setattr(tiny_model_type.TinyModelType, 'checkpoint_retention',
+                        model_builder.MODEL_TYPES['centernet'].checkpoint_retention)
+    schedule = ('SOLVER.LR_POLICY', 'steps_with_decay', 'SOLVER.STEPS', '[0, 3]', 'SOLVER.MAX_ITER', '6')
+    use_tiny_type(catalog, tmp_path / 'whole', *schedule)
+    train_engine.train_model()
+    train_dir = tmp_path / 'whole' / TRAIN_SUBDIR
+    assert sorted(os.listdir(train_dir)) == ['model_final.pth', 'model_iter2.pth', 'model_last.pth', 'tensorboard',
+                                             'training_curves.png']
+    assert torch.load(train_dir / 'model_last.pth', weights_only=True)['iteration'] == 5
+    assert torch.load(train_dir / 'model_iter2.pth', weights_only=True)['iteration'] == 2
+    final = _final_state(tmp_path / 'whole')
+
+    # Stopped after iteration 3 (model_final removed, as if killed before it): auto-resume finds model_last.
+    use_tiny_type(catalog, tmp_path / 'stopped', *schedule[:4], 'SOLVER.MAX_ITER', '4')
+    train_engine.train_model()
+    os.remove(tmp_path / 'stopped' / TRAIN_SUBDIR / 'model_final.pth')
+    use_tiny_type(catalog, tmp_path / 'stopped', *schedule)
+    with caplog.at_level('INFO'):
+        train_engine.train_model()
+    assert 'Resuming from checkpoint {}'.format(tmp_path / 'stopped' / TRAIN_SUBDIR / 'model_last.pth') in caplog.text
+    for key, value in final['model'].items():
+        assert torch.equal(_final_state(tmp_path / 'stopped')['model'][key], value), key

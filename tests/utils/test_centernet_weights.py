@@ -12,6 +12,7 @@ from detectron.modeling.centernet_backbones import build_centernet_backbone
 from detectron.utils.centernet_weights import (
     centernet_key_to_ours, load_centernet_checkpoint, load_imagenet_backbone)
 from detectron.utils.errors import ConfigValueError, WeightsError
+from detectron.utils.weights_fit import check_weights_fit
 
 with open(os.path.join(os.path.dirname(__file__), '..', 'modeling', 'data',
                        'centernet_reference_keys.json')) as _f:
@@ -192,10 +193,17 @@ def test_unreadable_files_are_one_line_weights_errors(models, tmp_path):
         assert '\n' not in str(err.value)
 
 
-def test_a_file_matching_nothing_is_an_error(models, tmp_path):
+def test_a_file_matching_nothing_is_refused_by_the_fit_check(models, tmp_path):
     path = _save(tmp_path / 'w.pth', {'fc.weight': torch.zeros(2)})
-    with pytest.raises(WeightsError, match='none of its 1 tensors'):
-        load_centernet_checkpoint(models['resdcn_18'], path)
+    model = models['resdcn_18']
+    missing, unused = load_centernet_checkpoint(model, path)
+    assert unused == ['fc.weight']
+    total = sum(not k.endswith('num_batches_tracked') for k in model.state_dict())
+    assert len(missing) == total
+    with pytest.raises(WeightsError) as err:
+        check_weights_fit(model, path, missing, unused, 'centernet')
+    assert str(err.value).startswith('{} fills 0 of the {} tensors of the centernet model: it holds tensors '
+                                     'such as fc.weight; set TRAIN.WEIGHTS'.format(path, total))
 
 
 def test_key_mapping_rule():

@@ -342,3 +342,60 @@ def test_adam_state_with_cpu_step_counters_checkpoints_on_any_device(tmp_path, d
     assert optimizer.state[model.weight]['step'].device.type == 'cpu'
     checkpoint.save_checkpoint(str(tmp_path / 'model_iter0.pth'), model, optimizer, 0)
     assert checkpoint.load_checkpoint(str(tmp_path / 'model_iter0.pth'), model, optimizer)['iteration'] == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# retention: which files a run writes and keeps
+
+def test_detectron_retention_writes_a_numbered_file_each_period():
+    retention = checkpoint.Retention()
+    assert [retention.names(i, periodic=(i + 1) % 2 == 0) for i in range(4)] == \
+        [[], ['model_iter1.pth'], [], ['model_iter3.pth']]
+
+
+def test_centernet_retention_overwrites_model_last_and_keeps_the_lr_steps():
+    # One epoch = 2 iterations; the LR drops at iteration 4: the checkpoint before the drop is kept.
+    retention = checkpoint.Retention(last=True, milestones=frozenset({3}))
+    assert [retention.names(i, periodic=(i + 1) % 2 == 0) for i in range(6)] == \
+        [[], ['model_last.pth'], [], ['model_last.pth', 'model_iter3.pth'], [], ['model_last.pth']]
+    # A period longer than the run (TRAIN.SNAPSHOT_ITERS 1000000): the LR steps only, model_last with them.
+    assert [retention.names(i, periodic=False) for i in range(6)] == \
+        [[], [], [], ['model_last.pth', 'model_iter3.pth'], [], []]
+
+
+def test_pruning_keeps_the_newest_numbered_files_and_never_last_or_final(tmp_path):
+    names = ['model_iter9.pth', 'model_iter19.pth', 'model_iter100.pth', 'model_last.pth', 'model_final.pth',
+             'model_iter5.pth.tmp.3f2a', 'notes.txt']
+    for name in names:
+        (tmp_path / name).write_bytes(b'')
+    assert checkpoint.prune_checkpoints(str(tmp_path), 0) == []
+    assert checkpoint.prune_checkpoints(str(tmp_path), 2) == [str(tmp_path / 'model_iter9.pth')]
+    assert checkpoint.prune_checkpoints(str(tmp_path), 1) == [str(tmp_path / 'model_iter19.pth')]
+    assert sorted(os.listdir(tmp_path)) == sorted(set(names) - {'model_iter9.pth', 'model_iter19.pth'})
+
+
+def test_resume_takes_model_last_before_the_numbered_files_and_falls_back_when_damaged(tmp_path, caplog):
+    paths = _iteration_checkpoints(tmp_path, [3, 7])
+    model, optimizer = _trained_model_and_optimizer(seed=9)
+    last = str(tmp_path / checkpoint.LAST_CHECKPOINT_NAME)
+    checkpoint.save_checkpoint(last, model, optimizer, 9)
+    assert checkpoint.find_last_checkpoint(str(tmp_path)) == last
+    fresh, fresh_optimizer = _trained_model_and_optimizer(seed=1)
+    path, start_iter, _ = checkpoint.resume_from_last(str(tmp_path), fresh, fresh_optimizer)
+    assert (path, start_iter) == (last, 10)
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    _truncate(last)
+    with caplog.at_level(logging.WARNING):
+        path, start_iter, _ = checkpoint.resume_from_last(str(tmp_path), fresh, fresh_optimizer)
+    assert (path, start_iter) == (paths[7], 8)
+    assert 'model_last.pth' in caplog.text
+
+
+def test_a_copied_checkpoint_reads_as_the_original(tmp_path):
+    paths = _iteration_checkpoints(tmp_path, [4])
+    copy = str(tmp_path / checkpoint.LAST_CHECKPOINT_NAME)
+    checkpoint.copy_checkpoint(paths[4], copy)
+    with open(paths[4], 'rb') as a, open(copy, 'rb') as b:
+        assert a.read() == b.read()
+    assert [name for name in os.listdir(tmp_path) if '.tmp.' in name] == []

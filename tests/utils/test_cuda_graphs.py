@@ -144,7 +144,7 @@ def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working(
 def test_training_captures_succeed_while_another_thread_pins_memory():
     """The DataLoader's pin-memory thread allocates pinned host memory while the training loop
     captures: torch's default capture mode forbids that in every thread, the likely cause of the
-    broken capture of BENCHMARKS.md (not reproduced apart: this test has not run on a GPU yet)."""
+    broken capture of BENCHMARKS.md "CUDA graph memory"."""
     import threading
     import time
     stop, pinned, errors = threading.Event(), [0], []

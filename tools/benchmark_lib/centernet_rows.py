@@ -10,7 +10,7 @@ from detectron.modeling import model_builder
 from .inputs import synthetic_images
 from .profiling import profile_row, trace_path
 from .rcnn_rows import build_ours_for_training
-from .timing import Row, autocast, flat_tensors, model_tensors, run_interleaved
+from .timing import Row, autocast, cfg_values, flat_tensors, model_tensors, run_interleaved
 
 
 def centernet_rows(args, device, precision):
@@ -18,7 +18,10 @@ def centernet_rows(args, device, precision):
     random images, built once); inference ms/image with the whole detector (forward, flip as
     configured, decode on the device, inverse affine, merge to cls_boxes) at batch 1 (detect) and at
     the second batch (detect_batch), on a prepared 640x480 image; and at the second batch the
-    network and decode alone (forward_decode of inputs already on the device)."""
+    network and decode alone (forward_decode of inputs already on the device). With
+    --checkpoint-activations-row, the training step again with TRAIN.CHECKPOINT_ACTIVATIONS True (its
+    own model, the same batch), interleaved with the plain one: images/s and peak
+    memory of both."""
     from detectron.modeling import centernet, centernet_builder
     from detectron.roi_data.centernet import ctdet_train_sample
     train_batch, test_batch = (args.centernet_batch + args.centernet_batch[-1:])[:2]
@@ -36,14 +39,7 @@ def centernet_rows(args, device, precision):
     inputs, targets = inputs.to(device), {k: v.to(device) for k, v in targets.items()}
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
 
-    model.train()
-
-    def train_step():
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(device, precision):
-            loss = model(inputs, targets)['loss']
-        loss.backward()
-        optimizer.step()
+    train_step = training_step(model, optimizer, inputs, targets, device, precision)
 
     test = centernet_builder.test_params(cfg)
     sample = centernet.prepare_test_image(synthetic_images(1, 480, 640, 1)[0], test)
@@ -73,12 +69,36 @@ def centernet_rows(args, device, precision):
                         + flat_tensors([inputs, targets, device_inputs]))
     arch = cfg.CENTERNET.ARCH
     held = dict(resident=resident, graph_owners=lambda: [model, test_model])
-    return [Row('train', '{} train'.format(arch), train_step, train_batch, **held),
+    extra = []
+    if args.checkpoint_activations_row:
+        with cfg_values({'TRAIN.CHECKPOINT_ACTIVATIONS': True}):
+            checkpointed_model = build_ours_for_training(device, precision)
+        checkpointed_optimizer = torch.optim.Adam(checkpointed_model.parameters(), lr=args.lr)
+        # Held as the plain row's: its own model and optimizer, the detect rows' model and the inputs.
+        extra.append(Row('train', '{} train, TRAIN.CHECKPOINT_ACTIVATIONS True'.format(arch),
+                         training_step(checkpointed_model, checkpointed_optimizer, inputs, targets, device, precision),
+                         train_batch, resident=lambda: (model_tensors(checkpointed_model, checkpointed_optimizer)
+                                                        + model_tensors(test_model)
+                                                        + flat_tensors([inputs, targets, device_inputs]))))
+    return [Row('train', '{} train'.format(arch), train_step, train_batch, **held), *extra,
             Row('test', '{} detect (decode, post-process)'.format(arch), detect_one, 1, **held),
             Row('test', '{} detect_batch (decode, post-process)'.format(arch), detect_many, test_batch,
                 info={'inference_batch': test_batch}, **held),
             Row('test', '{} forward + decode only, inputs on the device'.format(arch), forward_decode, test_batch,
                 info={'inference_batch': test_batch}, **held)]
+
+
+def training_step(model, optimizer, inputs, targets, device, precision):
+    """fn() running one Adam step of model on the batch."""
+    model.train()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            loss = model(inputs, targets)['loss']
+        loss.backward()
+        optimizer.step()
+    return step
 
 
 def run_centernet(args, precision, report, timing):

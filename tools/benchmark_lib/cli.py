@@ -78,6 +78,9 @@ def parse_args(argv):
     parser.add_argument('--profile-steps', type=int, default=5)
     parser.add_argument('--centernet-batch', type=int, nargs='+', default=[32, 64],
                         help='--mode centernet (with a CenterNet --cfg): training batch, then the inference batch')
+    parser.add_argument('--checkpoint-activations-row', action='store_true',
+                        help='--mode centernet: also time the training step with TRAIN.CHECKPOINT_ACTIVATIONS True '
+                             '(images/s and peak memory next to the plain step)')
     parser.add_argument('--trace-dir', default=None, help='also write the profiler traces (chrome JSON) here')
     loops = parser.add_argument_group('loops section')
     loops.add_argument('--train-dataset', default=None)
