@@ -93,7 +93,21 @@ def train_worker(cfg_snapshot):
                      train_options(retention), progress=saved_progress,
                      batch_to_device=model_type.batch_to_device(cfg, device))
     loop.run()
+    log_replica_agreement(model, cfg.SOLVER.MAX_ITER - 1)
     loop.save(cfg.SOLVER.MAX_ITER - 1, checkpoint.FINAL_CHECKPOINT_NAME)
+
+
+def log_replica_agreement(model, iteration):
+    """Say whether the parameters are bitwise equal on every rank, as DDP promises (a collective)."""
+    if distributed.get_world_size() == 1:
+        return
+    digest, differing = distributed.ranks_differing_from_rank0(dict(model.named_parameters()))
+    if differing:
+        logger.warning('Parameters after iteration %d differ from rank 0\'s on rank(s) %s of %d',
+                       iteration, ', '.join(map(str, differing)), distributed.get_world_size())
+    else:
+        logger.info('Parameters after iteration %d are bitwise equal on all %d ranks (sha256 %s)',
+                    iteration, distributed.get_world_size(), digest[:16])
 
 
 def lr_schedule():

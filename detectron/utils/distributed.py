@@ -41,6 +41,7 @@ import torch.multiprocessing
 
 from detectron.utils.errors import DetectronError, LaunchError, as_loader_worker_error, termination_signals_raise
 from detectron.utils.logging import setup_logging
+from detectron.utils.torch_file import content_digest
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,15 @@ class WorkerError(RuntimeError):
 
 class WorkerKilled(DetectronError, WorkerError):
     """A worker was killed by a signal (the OOM killer, a user's kill): one line, there is no traceback."""
+
+
+class PeerLostError(DetectronError, RuntimeError):
+    """This rank lost its connection to the job's other ranks: one of them (or its node) stopped."""
+
+
+# How gloo and the rendezvous store report a peer whose process is gone.
+_LOST_PEER_MESSAGES = ('Connection reset by peer', 'Connection closed by peer', 'Broken pipe',
+                       'Connection refused')
 
 
 @dataclass(frozen=True)
@@ -248,7 +258,26 @@ def _run_worker(main_fn, args, job, options):
         logging.getLogger().setLevel(logging.WARNING)
     if options.seed is not None:
         seed_all_rngs(options.seed + job.rank)
-    return main_fn(*args)
+    try:
+        return main_fn(*args)
+    except RuntimeError as err:
+        if job.world_size > 1 and not isinstance(err, DetectronError) and _is_lost_peer(err):
+            raise PeerLostError(
+                f'rank {job.rank} of {job.world_size} lost its connection to the other ranks ({_first_line(err)}): '
+                "another process of the job or its node stopped, and its own output (or its launcher's summary) "
+                'names it; started again, training resumes from its last checkpoint') from err
+        raise
+
+
+def _is_lost_peer(err):
+    return isinstance(err, dist.DistNetworkError) or any(m in str(err) for m in _LOST_PEER_MESSAGES)
+
+
+def _first_line(err):
+    # gloo's messages start with its source location in brackets and go on after the first sentence.
+    line = str(err).strip().splitlines()[0]
+    line = line.split('] ', 1)[1] if line.startswith('[') and '] ' in line else line
+    return line.split('. ', 1)[0]
 
 
 def _bind_device(options, local_rank):
@@ -505,6 +534,13 @@ def broadcast_object(obj, src=0):
     box = [obj]
     dist.broadcast_object_list(box, src=src, group=_state['object_group'])
     return box[0]
+
+
+def ranks_differing_from_rank0(tensors):
+    """(rank 0's SHA-256 of {name: tensor}, the ranks whose tensors are not bitwise equal to rank 0's):
+    a collective, the same answer on every rank. DDP keeps the parameters equal on all ranks."""
+    digests = all_gather_object(content_digest(tensors))
+    return digests[0], [rank for rank, digest in enumerate(digests) if digest != digests[0]]
 
 
 def reduce_dict(tensors, average=True):
