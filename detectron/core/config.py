@@ -105,7 +105,6 @@ _NOT_ACTED_ON = {
     'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
-    'MRCNN.THRESH_BINARIZE': 'test-time mask pasting is not ported yet',
     'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',
     'MEMONGER': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations to save memory',
     'MEMONGER_SHARE_ACTIVATIONS': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations '
@@ -149,7 +148,9 @@ def merge_cfg_from_cfg(cfg_other):
 
 def merge_cfg_from_command_line(cfg_file, opts):
     """A tool's config: cfg_file (if any), then its KEY VALUE overrides; the world size of a launcher
-    (torchrun, SLURM) replaces a NUM_GPUS from the file, and a typed NUM_GPUS must equal it."""
+    (torchrun, SLURM) replaces a NUM_GPUS from the file, and a typed NUM_GPUS must equal it.
+    typed_keys() then holds what this command typed, none of an earlier merge."""
+    typed_keys().clear()
     if cfg_file is not None:
         merge_cfg_from_file(cfg_file)
     merge_cfg_from_list(opts)

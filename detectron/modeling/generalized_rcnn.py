@@ -190,6 +190,10 @@ class GeneralizedRCNN(nn.Module):
                   'bbox_pred': out['bbox_pred'].float()}
         if 'bbox_pred_std' in out:
             result['bbox_pred_std'] = out['bbox_pred_std'].float()
+        if self.mask_head is not None:
+            # For mask_logits on the final detections. Replayed from a CUDA graph, these are the
+            # graph's buffers: the caller uses them before the next forward.
+            result['features'] = features
         return result
 
 

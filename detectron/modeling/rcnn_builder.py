@@ -105,7 +105,7 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self, cfg):
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg), graphs=test_graphs(cfg))
+                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
 
 
 def resizes_on_device(cfg, device):
@@ -123,8 +123,14 @@ def _batch_to_device(batch, device, pixel_means, stride):
     return to_device((images, im_info, targets), device)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, graphs):
-    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, **graphs)
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs):
+    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
+                                        mask_thresh=mask_thresh, **graphs)
+
+
+def mask_thresh(cfg):
+    """rcnn_inference.im_detect_all's mask_thresh: MRCNN.THRESH_BINARIZE of a Mask R-CNN, else None."""
+    return cfg.MRCNN.THRESH_BINARIZE if cfg.MODEL.MASK_ON else None
 
 
 def test_graphs(cfg):
