@@ -148,7 +148,9 @@ def merge_cfg_from_cfg(cfg_other):
 
 def merge_cfg_from_command_line(cfg_file, opts):
     """A tool's config: cfg_file (if any), then its KEY VALUE overrides; the world size of a launcher
-    (torchrun, SLURM) replaces a NUM_GPUS from the file, and a typed NUM_GPUS must equal it."""
+    (torchrun, SLURM) replaces a NUM_GPUS from the file, and a typed NUM_GPUS must equal it.
+    typed_keys() then holds what this command typed, none of an earlier merge."""
+    typed_keys().clear()
     if cfg_file is not None:
         merge_cfg_from_file(cfg_file)
     merge_cfg_from_list(opts)

@@ -28,6 +28,7 @@ from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url, save_object
+from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.vis import write_vis_image
 from detectron.utils.weights_fit import check_weights_fit
@@ -95,7 +96,8 @@ def _test_worker(cfg_snapshot, weights_file, name):
     output_dir = get_output_dir((name,), training=False)
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]
-    _, all_boxes, all_segms = test_net(weights_file, name, output_dir, (start, end))
+    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):  # as in train_worker
+        _, all_boxes, all_segms = test_net(weights_file, name, output_dir, (start, end))
     gathered = distributed.all_gather_object((all_boxes, all_segms))
     if not distributed.is_main_process():
         return None

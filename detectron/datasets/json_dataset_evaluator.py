@@ -2,7 +2,6 @@
 
 import contextlib
 import io
-import json
 import logging
 import os
 import uuid
@@ -12,7 +11,7 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from detectron.utils.io import save_object
+from detectron.utils.io import save_json, save_object
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +96,7 @@ def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file, results_for
         results.extend(_coco_bbox_results_one_category(all_boxes[cls_ind], image_ids, category_id,
                                                        results_format))
     logger.info('Writing bbox results json to: {}'.format(os.path.abspath(res_file)))
-    with open(res_file, 'w') as f:
-        json.dump(results, f)
+    save_json(results, res_file)
     return len(results)
 
 
@@ -118,8 +116,7 @@ def _write_coco_segms_results_file(json_dataset, all_boxes, all_segms, res_file)
                             'segmentation': {'size': rle['size'], 'counts': _str_counts(rle['counts'])}}
                            for rle, score in zip(rles, scores))
     logger.info('Writing segmentation results json to: {}'.format(os.path.abspath(res_file)))
-    with open(res_file, 'w') as f:
-        json.dump(results, f)
+    save_json(results, res_file)
     return len(results)
 
 
