@@ -150,5 +150,10 @@ def run_tool(main, argv):
             # The job is stopping: its DataLoader workers, stopped by the same signal, are expected to die.
             # torch's SIGCHLD handler would report one as a failure from the loader's clean-up at exit.
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         sys.exit(getattr(err, 'exit_status', 2))
+
+
+def error_line(err):
+    """A DetectronError as the one `error:` line the tools print."""
+    return 'error: {}'.format(' '.join(str(err).splitlines()))
