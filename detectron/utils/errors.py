@@ -6,6 +6,7 @@ they are about what the user typed (or did), not about a bug. Each subclasses th
 Detectron raised in the same situation, so code and tests written for Detectron still catch them.
 """
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -121,13 +122,19 @@ class JobInterrupted(DetectronError):
 @contextlib.contextmanager
 def termination_signals_raise():
     """Within the block, SIGTERM and SIGINT raise JobInterrupted in the main thread, so that `finally`
-    blocks run (stopping worker processes, removing temporary files) and the tool prints one line.
-    Elsewhere than the main thread (where Python cannot set handlers) it changes nothing."""
+    blocks run (stopping worker processes, removing temporary files) and the tool prints one line;
+    in a process forked meanwhile they raise KeyboardInterrupt. Elsewhere than the main thread (where Python cannot set handlers) it changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    owner = os.getpid()
+
     def interrupt(signum, frame):
+        if os.getpid() != owner:
+            # A forked child, e.g. a DataLoader worker: it ends quietly, as Ctrl-C ends a DataLoader worker
+            # (its loop swallows KeyboardInterrupt); the job's own process prints the one line.
+            raise KeyboardInterrupt
         raise JobInterrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
