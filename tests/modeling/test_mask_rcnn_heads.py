@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import torch
+import torchvision
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
 from detectron.modeling import model_builder
@@ -93,7 +94,7 @@ def _mask_model(*opts):
 
 def test_mask_logits_contract_pools_the_box_heads_feature_list():
     torch.manual_seed(0)
-    model = _mask_model().eval()
+    model = _mask_model('MRCNN.RESOLUTION', '28', 'MRCNN.ROI_XFORM_RESOLUTION', '14').eval()
     assert isinstance(model.mask_head, MaskRCNNHead)
     features = [torch.randn(1, 128, 32 // 2 ** k, 32 // 2 ** k) for k in range(5)]  # P2..P6 of a 128 px image
     rois = torch.tensor([[0, 4.0, 4.0, 60.0, 50.0], [0, 0.0, 0.0, 127.0, 127.0]])
@@ -103,6 +104,9 @@ def test_mask_logits_contract_pools_the_box_heads_feature_list():
         assert logits.shape == (2, 4, 28, 28)
         torch.testing.assert_close(logits, model.mask_head(pooled))
         assert pooled.shape == (2, 128, 14, 14)
+        # RoIAlign on each RoI's FPN level: the 57 x 47 RoI on P2, the 128 x 128 one on P3 (FPN eq. 1)
+        torch.testing.assert_close(pooled[:1], torchvision.ops.roi_align(features[0], rois[:1], 14, 1 / 4, 2))
+        torch.testing.assert_close(pooled[1:], torchvision.ops.roi_align(features[1], rois[1:], 14, 1 / 8, 2))
 
 
 def test_no_mask_head_without_mask_on():
