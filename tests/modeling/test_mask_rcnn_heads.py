@@ -115,3 +115,29 @@ def test_no_mask_head_without_mask_on():
 
 def test_class_agnostic_masks_have_one_channel():
     assert _mask_model('MRCNN.CLS_SPECIFIC_MASK', 'False').mask_head.mask_fcn_logits.out_channels == 1
+
+
+def test_demo_config_trains_two_steps_on_the_cpu_with_masks():
+    torch.manual_seed(0)
+    model = _mask_model('MODEL.NUM_CLASSES', '4').train()
+    images = torch.randn(2, 3, 128, 128)
+    im_info = torch.tensor([[128.0, 128.0, 1.0], [128.0, 128.0, 1.0]])
+    square = [np.array([20, 30, 70, 30, 70, 80, 20, 80], np.float32)]
+    triangle = [np.array([60, 10, 120, 100, 10, 100], np.float32)]
+    targets = [
+        {'boxes': torch.tensor([[20.0, 30, 69, 79]]), 'classes': torch.tensor([1]),
+         'is_crowd': torch.tensor([False]), 'segms': [square]},
+        {'boxes': torch.tensor([[10.0, 10, 119, 99]]), 'classes': torch.tensor([3]),
+         'is_crowd': torch.tensor([False]), 'segms': [triangle]},
+    ]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(2):
+        losses = model(images, im_info, targets)
+        optimizer.zero_grad()
+        sum(v for k, v in losses.items() if k.startswith('loss')).backward()
+        assert torch.isfinite(losses['loss_mask']) and losses['loss_mask'] > 0
+        assert model.mask_head.fcn1.weight.grad.abs().sum() > 0
+        logits_grad = model.mask_head.mask_fcn_logits.weight.grad
+        # only the gt classes' channels (1 and 3) learn: Detectron's -1 targets elsewhere
+        assert logits_grad[[1, 3]].abs().sum() > 0 and logits_grad[[0, 2]].abs().sum() == 0
+        optimizer.step()
