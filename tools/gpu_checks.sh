@@ -7,6 +7,7 @@
 #   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid
 #   bash tools/gpu_checks.sh setup startup
 #   bash tools/gpu_checks.sh setup checkpoint_activations_bench out_of_memory
+#   bash tools/gpu_checks.sh setup mask_bench mask_coco_tiny gpu_tests
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -40,6 +41,18 @@ JSON
 
 bench() {
   python3 tools/benchmark.py --precision bf16 --mode train test --iters 20 --warmup 5 2>&1 | tee "$OUT/bench_bf16.log"
+}
+
+mask_bench() {  # Mask R-CNN (KL-Loss config) against torchvision's maskrcnn_resnet50_fpn at equal work: training step and inference with masks as RLEs
+  python3 tools/benchmark.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --precision bf16 --mode train test \
+    --batch 2 --iters 20 --warmup 5 2>&1 | tee "$OUT/mask_bench_bf16.log"
+}
+
+mask_coco_tiny() {  # KL-Loss Mask R-CNN R-50-FPN through train_net on coco_tiny's JPEGs (bf16, 800x1333, 2 images/GPU), then test_net with masks and STD_NMS
+  python3 tools/train_net.py -c configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml "${KL[@]}" NUM_GPUS 1 TRAIN.IMS_PER_BATCH 2 \
+    SOLVER.MAX_ITER 200 STD_NMS True OUTPUT_DIR /tmp/mask_coco_tiny > "$OUT/mask_coco_tiny.log" 2>&1
+  echo "mask coco_tiny exit $?"; grep json_stats "$OUT/mask_coco_tiny.log" | tail -2
+  grep -E "copypaste|Total inference time|im_detect:" "$OUT/mask_coco_tiny.log" | tail -12
 }
 
 kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 then 2 (NCCL)
