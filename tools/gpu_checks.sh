@@ -7,7 +7,7 @@
 #   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid
 #   bash tools/gpu_checks.sh setup startup
 #   bash tools/gpu_checks.sh setup checkpoint_activations_bench out_of_memory
-#   bash tools/gpu_checks.sh setup mask_bench mask_coco_tiny gpu_tests
+#   bash tools/gpu_checks.sh setup mask_train mask_test mask_bench gpu_tests
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -48,11 +48,14 @@ mask_bench() {  # Mask R-CNN (KL-Loss config) against torchvision's maskrcnn_res
     --batch 2 --iters 20 --warmup 5 2>&1 | tee "$OUT/mask_bench_bf16.log"
 }
 
-mask_coco_tiny() {  # KL-Loss Mask R-CNN R-50-FPN through train_net on coco_tiny's JPEGs (bf16, 800x1333, 2 images/GPU), then test_net with masks and STD_NMS
-  python3 tools/train_net.py -c configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml "${KL[@]}" NUM_GPUS 1 TRAIN.IMS_PER_BATCH 2 \
-    SOLVER.MAX_ITER 200 STD_NMS True OUTPUT_DIR /tmp/mask_coco_tiny > "$OUT/mask_coco_tiny.log" 2>&1
-  echo "mask coco_tiny exit $?"; grep json_stats "$OUT/mask_coco_tiny.log" | tail -2
-  grep -E "copypaste|Total inference time|im_detect:" "$OUT/mask_coco_tiny.log" | tail -12
+mask_test() {  # run after mask_train: its KL model through test_net on coco_tiny val with STD_NMS True (masks on the voted boxes), 1 GPU then 2 (--multi-gpu-testing)
+  local weights=/tmp/mask_e2e_mask_rcnn_R-50-FPN_2x_log/train/coco_tiny_train/generalized_rcnn/model_final.pth
+  for n in 1 2; do
+    python3 tools/test_net.py -c configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --multi-gpu-testing "${KL[@]}" \
+      TEST.WEIGHTS $weights STD_NMS True NUM_GPUS $n OUTPUT_DIR /tmp/mask_test_gpus$n > "$OUT/mask_test_gpus$n.log" 2>&1
+    echo "mask test_net NUM_GPUS $n exit $?"
+    grep -E "copypaste|Total inference time|im_detect:" "$OUT/mask_test_gpus$n.log" | tail -12
+  done
 }
 
 kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 then 2 (NCCL)
@@ -340,6 +343,15 @@ rcnn_test_repeated() {  # test_net on coco_tiny_val_x10, graphs on / off (TEST_G
     python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
       --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters 40 --loop-warmup 20 --loop-dir /tmp/bench_loops \
       -- DATA_LOADER.NUM_THREADS 6 TEST.CUDA_GRAPHS $graphs 2>&1 | grep -v '^{' | tee "$OUT/rcnn_test_x10_graphs_$graphs.md"
+  done
+}
+
+mask_train() {  # Mask R-CNN (KL head, then the GN baseline) trained 100 iterations on coco_tiny's JPEGs, bf16, 800x1333, 2 images per GPU
+  for cfg in configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml configs/04_2018_gn_baselines/e2e_mask_rcnn_R-50-FPN_2x_gn.yaml; do
+    local name; name=$(basename $cfg .yaml)
+    python3 tools/train_net.py -c $cfg --skip-test "${KL[@]}" NUM_GPUS 1 SOLVER.MAX_ITER 100 \
+      OUTPUT_DIR /tmp/mask_$name > "$OUT/mask_train_$name.log" 2>&1
+    echo "$name exit $?"; grep json_stats "$OUT/mask_train_$name.log" | tail -2
   done
 }
 

@@ -109,7 +109,7 @@ _NOT_ACTED_ON = {
     'MEMONGER': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations to save memory',
     'MEMONGER_SHARE_ACTIVATIONS': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations '
                                   'to save memory',
-    'USE_NCCL': 'the backend follows the device: NCCL on GPUs, gloo on the CPU',
+    'USE_NCCL': 'the backend follows the device (NCCL on GPUs, gloo on the CPU) unless DIST_BACKEND names one',
     'MATLAB': 'the MATLAB evaluation of Pascal VOC is not ported',
     'EXPECTED_RESULTS': 'Detectron\'s expected-results check is not ported',
     'EXPECTED_RESULTS_RTOL': 'Detectron\'s expected-results check is not ported',
@@ -397,6 +397,7 @@ def _check_cfg():
         __C.SOLVER.AMP.DTYPE, __C.SOLVER.AMP.DTYPE)
     _check_choice('SOLVER.AMP.DTYPE', ('float16', 'bfloat16'))
     _check_choice('SOLVER.OPTIMIZER', ('sgd', 'adam'))
+    _check_choice('DIST_BACKEND', ('', 'nccl', 'gloo'))
     _check_choice('STD.SIGMA_COLUMN_ORDER', ('reference', 'corrected'))
     _check_choice('TRAIN.FREEZE_AT', (0, 2, 3, 4, 5))
     if __C.STD_NMS:

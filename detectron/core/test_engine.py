@@ -58,7 +58,8 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
         output_dir = get_output_dir((name,), training=False)
         started = time.perf_counter()
         if parallel:
-            detections = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name))
+            detections = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
+                                            backend=cfg.DIST_BACKEND)
         else:
             detections = test_net(weights_file, name, output_dir)[1:]
         if detections is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates

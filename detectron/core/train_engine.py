@@ -64,7 +64,7 @@ def train_model():
         return {'final': final_path}
     # A second run on this directory is refused (its PID named); temporaries of dead runs go.
     with run_lock.exclusive_run(output_dir):
-        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),))
+        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
     return {'final': final_path}
 
 
@@ -98,7 +98,21 @@ def _train(model_type):
                      train_options(retention), progress=saved_progress,
                      batch_to_device=model_type.batch_to_device(cfg, device))
     loop.run()
+    log_replica_agreement(model, cfg.SOLVER.MAX_ITER - 1)
     loop.save(cfg.SOLVER.MAX_ITER - 1, checkpoint.FINAL_CHECKPOINT_NAME)
+
+
+def log_replica_agreement(model, iteration):
+    """Say whether the parameters are bitwise equal on every rank, as DDP promises (a collective)."""
+    if distributed.get_world_size() == 1:
+        return
+    digest, differing = distributed.ranks_differing_from_rank0(dict(model.named_parameters()))
+    if differing:
+        logger.warning('Parameters after iteration %d differ from rank 0\'s on rank(s) %s of %d',
+                       iteration, ', '.join(map(str, differing)), distributed.get_world_size())
+    else:
+        logger.info('Parameters after iteration %d are bitwise equal on all %d ranks (sha256 %s)',
+                    iteration, distributed.get_world_size(), digest[:16])
 
 
 def lr_schedule():
