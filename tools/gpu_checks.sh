@@ -7,6 +7,7 @@
 #   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid
 #   bash tools/gpu_checks.sh setup startup
 #   bash tools/gpu_checks.sh setup checkpoint_activations_bench out_of_memory
+#   bash tools/gpu_checks.sh setup mask_train
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -327,6 +328,15 @@ rcnn_test_repeated() {  # test_net on coco_tiny_val_x10, graphs on / off (TEST_G
     python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
       --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters 40 --loop-warmup 20 --loop-dir /tmp/bench_loops \
       -- DATA_LOADER.NUM_THREADS 6 TEST.CUDA_GRAPHS $graphs 2>&1 | grep -v '^{' | tee "$OUT/rcnn_test_x10_graphs_$graphs.md"
+  done
+}
+
+mask_train() {  # Mask R-CNN (KL head, then the GN baseline) trained 100 iterations on coco_tiny's JPEGs, bf16, 800x1333, 2 images per GPU
+  for cfg in configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml configs/04_2018_gn_baselines/e2e_mask_rcnn_R-50-FPN_2x_gn.yaml; do
+    local name; name=$(basename $cfg .yaml)
+    python3 tools/train_net.py -c $cfg --skip-test "${KL[@]}" NUM_GPUS 1 SOLVER.MAX_ITER 100 \
+      OUTPUT_DIR /tmp/mask_$name > "$OUT/mask_train_$name.log" 2>&1
+    echo "$name exit $?"; grep json_stats "$OUT/mask_train_$name.log" | tail -2
   done
 }
 

@@ -367,6 +367,8 @@ __C.CENTERNET.STD = (0.28863828, 0.27408164, 0.27809835)
 # Miscellaneous
 # ---------------------------------------------------------------------------------------------
 __C.NUM_GPUS = 1
+# '' (NCCL on GPUs, gloo on CPU), 'nccl' or 'gloo'; gloo on GPUs lets ranks share GPUs (a check mode)
+__C.DIST_BACKEND = ''
 __C.USE_NCCL = False
 __C.DEDUP_BOXES = 1 / 16.
 __C.BBOX_XFORM_CLIP = math.log(1000. / 16.)  # upper clamp of dw, dh before exp

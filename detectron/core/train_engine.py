@@ -64,7 +64,7 @@ def train_model():
         return {'final': final_path}
     # A second run on this directory is refused (its PID named); temporaries of dead runs go.
     with run_lock.exclusive_run(output_dir):
-        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),))
+        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
     return {'final': final_path}
 
 
@@ -93,12 +93,26 @@ def _train(model_type):
         scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD, name=cfg.SOLVER.OPTIMIZER)
     start_iter, saved_progress = _resume_or_initialise(model_type, model, optimizer, output_dir)
     batches = training_batches(model_type, start_iter, device)
-    retention = model_type.checkpoint_retention(cfg, schedule.change_iters())
+    retention = checkpoint_retention(model_type, schedule)
     loop = TrainLoop(model, optimizer, schedule.lr_at, batches, device, output_dir, start_iter,
                      train_options(retention), progress=saved_progress,
                      batch_to_device=model_type.batch_to_device(cfg, device))
     loop.run()
+    log_replica_agreement(model, cfg.SOLVER.MAX_ITER - 1)
     loop.save(cfg.SOLVER.MAX_ITER - 1, checkpoint.FINAL_CHECKPOINT_NAME)
+
+
+def log_replica_agreement(model, iteration):
+    """Say whether the parameters are bitwise equal on every rank, as DDP promises (a collective)."""
+    if distributed.get_world_size() == 1:
+        return
+    digest, differing = distributed.ranks_differing_from_rank0(dict(model.named_parameters()))
+    if differing:
+        logger.warning('Parameters after iteration %d differ from rank 0\'s on rank(s) %s of %d',
+                       iteration, ', '.join(map(str, differing)), distributed.get_world_size())
+    else:
+        logger.info('Parameters after iteration %d are bitwise equal on all %d ranks (sha256 %s)',
+                    iteration, distributed.get_world_size(), digest[:16])
 
 
 def lr_schedule():
@@ -199,6 +213,11 @@ def checkpoint_period(world_size=None):
     return max(1, int(cfg.TRAIN.SNAPSHOT_ITERS / world_size))
 
 
+def checkpoint_retention(model_type, schedule):
+    """The checkpoint files the model type writes and keeps on this LR schedule."""
+    return model_type.checkpoint_retention(cfg, schedule.change_iters())
+
+
 _MAX_LISTED_STEPS = 10
 
 
@@ -226,8 +245,9 @@ def describe_schedule(num_images=None):
     if num_images:
         lines.append('epochs: {:.2f} over {} training images'.format(schedule.max_iter * batch / num_images,
                                                                    num_images))
-    lines.append('checkpoint every {} iterations (int(TRAIN.SNAPSHOT_ITERS {} / NUM_GPUS {}))'.format(
-        checkpoint_period(cfg.NUM_GPUS), cfg.TRAIN.SNAPSHOT_ITERS, cfg.NUM_GPUS))
+    retention = checkpoint_retention(model_builder.get_model_type(cfg), schedule)
+    lines.append('checkpoint every {} iterations (int(TRAIN.SNAPSHOT_ITERS {} / NUM_GPUS {})) {}'.format(
+        checkpoint_period(cfg.NUM_GPUS), cfg.TRAIN.SNAPSHOT_ITERS, cfg.NUM_GPUS, retention.describe()))
     return lines
 
 

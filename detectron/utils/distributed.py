@@ -8,6 +8,10 @@ A job starts in one of three ways (docs/MULTI_GPU.md has the commands):
 - `NUM_GPUS 1`: `main_fn` runs in the calling process, without a process group.
 Every helper below also works in the last case (world size 1, no process group).
 
+Backend gloo on CUDA is a check mode: ranks may then outnumber the visible GPUs and share them
+round-robin (local rank r on GPU r % count), as NCCL refuses two ranks on one GPU. It runs every
+multi-GPU code path on any machine and measures no scaling.
+
 No process of a job outlives its launcher: spawned workers (and, through `die_with_parent` in their
 worker_init_fn, DataLoader workers) ask Linux to kill them when their parent dies, whatever the signal
 that ended it; a SIGTERM or SIGINT to the launcher stops its workers and raises errors.JobInterrupted.
@@ -35,8 +39,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from detectron.utils.errors import DetectronError, LaunchError, as_loader_worker_error, termination_signals_raise
+from detectron.utils.errors import (DetectronError, JobInterrupted, LaunchError, as_loader_worker_error,
+                                    termination_signals_raise)
 from detectron.utils.logging import setup_logging
+from detectron.utils.torch_file import content_digest
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +62,15 @@ class WorkerKilled(DetectronError, WorkerError):
     """A worker was killed by a signal (the OOM killer, a user's kill): one line, there is no traceback."""
 
 
+class PeerLostError(DetectronError, RuntimeError):
+    """This rank lost its connection to the job's other ranks: one of them (or its node) stopped."""
+
+
+# How gloo and the rendezvous store report a peer whose process is gone.
+_LOST_PEER_MESSAGES = ('Connection reset by peer', 'Connection closed by peer', 'Broken pipe',
+                       'Connection refused')
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """Where this process sits in the job."""
@@ -72,6 +87,7 @@ class _LaunchOptions:
     timeout: datetime.timedelta
     device_type: str
     seed: object  # int or None
+    share_gpus: bool  # gloo on CUDA: ranks map round-robin onto the visible GPUs
 
 
 _state = {'local_rank': 0, 'device': None, 'object_group': None}
@@ -85,7 +101,8 @@ def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout
     """Run main_fn(*args) in every process of the job and return its result on rank 0.
 
     num_processes: NUM_GPUS, the processes wanted when no launcher started the job.
-    backend: default 'nccl' on CUDA, 'gloo' on CPU.
+    backend: 'nccl', 'gloo', or None/'' for the default: 'nccl' on CUDA, 'gloo' on CPU. 'gloo' on
+      CUDA is the check mode of the module docstring.
     dist_url: rendezvous address; default env:// (the launcher's MASTER_ADDR/PORT, or a free port
       on 127.0.0.1 for spawned workers).
     device: 'cuda', 'cpu' or None (CUDA when available).
@@ -105,19 +122,20 @@ def launch(main_fn, num_processes, args=(), backend=None, dist_url=None, timeout
 
 
 def _launch(main_fn, num_processes, args, backend, dist_url, timeout, device_type, seed):
+    share_gpus = backend == 'gloo' and device_type == 'cuda'
     job = job_from_environment()
     if job is not None:
         resolve_num_gpus(num_processes, explicit=True, job=job)
-        _check_visible_gpus(device_type, job.local_rank + 1,
+        _check_visible_gpus(device_type, 1 if share_gpus else job.local_rank + 1,
                             'LOCAL_RANK {} (from {})'.format(job.local_rank, job.source))
-        options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed)
+        options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed, share_gpus)
         return _run_worker(main_fn, args, job, options)
-    _check_visible_gpus(device_type, num_processes, 'NUM_GPUS {}'.format(num_processes))
+    _check_visible_gpus(device_type, 1 if share_gpus else num_processes, 'NUM_GPUS {}'.format(num_processes))
     if num_processes == 1:
-        options = _LaunchOptions(backend, None, timeout, device_type, seed)
+        options = _LaunchOptions(backend, None, timeout, device_type, seed, share_gpus)
         return _run_worker(main_fn, args, JobSpec(0, 1, 0, 'single process'), options)
     port = _free_local_port()
-    options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed)
+    options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed, share_gpus)
     return _spawn_and_watch(main_fn, args, num_processes, options, port)
 
 
@@ -188,8 +206,14 @@ def _check_visible_gpus(device_type, needed, asked_by):
     visible = os.environ.get('CUDA_VISIBLE_DEVICES')
     where = ' (CUDA_VISIBLE_DEVICES={})'.format(visible) if visible is not None else ''
     raise LaunchError('{} needs {} GPU{} but only {} {} visible{}; ask for at most {} or free/expose '
-                      'more GPUs'.format(asked_by, needed, 's' if needed > 1 else '', count,
-                                         'is' if count == 1 else 'are', where, count))
+                      'more GPUs (DIST_BACKEND gloo runs more ranks than GPUs, to check a multi-GPU job)'
+                      .format(asked_by, needed, 's' if needed > 1 else '', count,
+                              'is' if count == 1 else 'are', where, count))
+
+
+def gpu_index(local_rank, share_gpus, num_visible):
+    """The visible GPU a local rank uses: its own, or round-robin when ranks share GPUs (check mode)."""
+    return local_rank % num_visible if share_gpus else local_rank
 
 
 def _free_local_port():
@@ -232,7 +256,7 @@ def die_with_parent(sig=signal.SIGKILL):
 
 def _run_worker(main_fn, args, job, options):
     """Bind the device, join the process group, seed, log, then run main_fn."""
-    _bind_device(options.device_type, job.local_rank)
+    _bind_device(options, job.local_rank)
     _configure_worker_logging()
     # Under torchrun one process may launch twice (train, then test): the group of the first stays.
     if job.source != 'single process' and not _in_process_group():
@@ -242,15 +266,35 @@ def _run_worker(main_fn, args, job, options):
         logging.getLogger().setLevel(logging.WARNING)
     if options.seed is not None:
         seed_all_rngs(options.seed + job.rank)
-    return main_fn(*args)
+    try:
+        return main_fn(*args)
+    except RuntimeError as err:
+        if job.world_size > 1 and not isinstance(err, DetectronError) and _is_lost_peer(err):
+            raise PeerLostError(
+                f'rank {job.rank} of {job.world_size} lost its connection to the other ranks ({_first_line(err)}): '
+                "another process of the job or its node stopped, and its own output (or its launcher's summary) "
+                'names it; started again, training resumes from its last checkpoint') from err
+        raise
 
 
-def _bind_device(device_type, local_rank):
+def _is_lost_peer(err):
+    return isinstance(err, dist.DistNetworkError) or any(m in str(err) for m in _LOST_PEER_MESSAGES)
+
+
+def _first_line(err):
+    # gloo's messages start with its source location in brackets and go on after the first sentence.
+    line = str(err).strip().splitlines()[0]
+    line = line.split('] ', 1)[1] if line.startswith('[') and '] ' in line else line
+    return line.split('. ', 1)[0]
+
+
+def _bind_device(options, local_rank):
     _state['local_rank'] = local_rank
-    if device_type == 'cuda':
+    if options.device_type == 'cuda':
+        index = gpu_index(local_rank, options.share_gpus, torch.cuda.device_count())
         # Before any CUDA work, or every rank would create a context (and buffers) on GPU 0.
-        torch.cuda.set_device(local_rank)
-        _state['device'] = torch.device('cuda', local_rank)
+        torch.cuda.set_device(index)
+        _state['device'] = torch.device('cuda', index)
     else:
         _state['device'] = torch.device('cpu')
 
@@ -285,6 +329,14 @@ def _log_identity(job, options):
         return
     logger.info('Distributed job from %s: world size %d, rank %d, local rank %d, backend %s, device %s',
                 job.source, job.world_size, job.rank, job.local_rank, options.backend, get_device())
+    if options.share_gpus and job.rank == 0:
+        logger.warning(_check_mode_message(job.world_size, torch.cuda.device_count()))
+
+
+def _check_mode_message(world_size, num_visible):
+    return ('Check mode (DIST_BACKEND gloo on CUDA): {} ranks on {} visible GPU{}, local rank r on GPU r % {}, '
+            'gradients all-reduced through host memory; it runs the multi-GPU code paths and measures no '
+            'scaling'.format(world_size, num_visible, 's' if num_visible > 1 else '', num_visible))
 
 
 def seed_all_rngs(seed):
@@ -418,6 +470,8 @@ def _raise_worker_failure(failed, workers, report_dir):
         raise WorkerKilled(_describe_exit(rank, world_size, exitcode))
     if report['user_error'] is not None:
         user_error = pickle.loads(report['user_error'])
+        if isinstance(user_error, JobInterrupted):  # a stopped job: the same line and exit status as here
+            raise user_error
         raise type(user_error)('rank {}: {}'.format(rank, user_error))
     raise WorkerError('worker rank {} of {} failed with {}\n\nTraceback of rank {}:\n{}'.format(
         rank, world_size, report['error'], rank, report['traceback']))
@@ -448,7 +502,7 @@ def get_rank():
 
 
 def get_local_rank():
-    """Index of this process on its machine (= its GPU index)."""
+    """Index of this process on its machine (its GPU index, except in check mode: see get_device)."""
     return _state['local_rank']
 
 
@@ -490,6 +544,13 @@ def broadcast_object(obj, src=0):
     box = [obj]
     dist.broadcast_object_list(box, src=src, group=_state['object_group'])
     return box[0]
+
+
+def ranks_differing_from_rank0(tensors):
+    """(rank 0's SHA-256 of {name: tensor}, the ranks whose tensors are not bitwise equal to rank 0's):
+    a collective, the same answer on every rank. DDP keeps the parameters equal on all ranks."""
+    digests = all_gather_object(content_digest(tensors))
+    return digests[0], [rank for rank, digest in enumerate(digests) if digest != digests[0]]
 
 
 def reduce_dict(tensors, average=True):

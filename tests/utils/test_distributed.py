@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from detectron.utils import distributed
 from detectron.utils.errors import DatasetError, LaunchError
+from detectron.utils.torch_file import content_digest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,6 +38,9 @@ def _report_collectives(marker):
         'mean_a': reduced['a'].item(), 'mean_b': reduced['b'].item(), 'sum_a': summed['a'].item(),
         'broadcast': distributed.all_gather_object(distributed.broadcast_object('from rank {}'.format(rank))),
         'seeds': distributed.all_gather_object(distributed.shared_random_seed()),
+        'equal': distributed.ranks_differing_from_rank0({'w': torch.ones(2), 'b': torch.zeros(1)}),
+        # one ulp apart on rank 1 (float32 1 + 1e-7 rounds to 1 + 2 ** -23)
+        'one_ulp_apart': distributed.ranks_differing_from_rank0({'w': torch.ones(2) + rank * 1e-7}),
     }
 
 
@@ -123,6 +127,12 @@ def _world_of_one():
     return (distributed.get_world_size(), distributed.get_rank(), distributed.is_main_process(),
             distributed.all_gather_object(7), distributed.broadcast_object('x'),
             distributed.reduce_dict({'x': torch.tensor(2.5)})['x'].item(), dist.is_initialized(), os.getpid())
+
+
+def test_ranks_differing_from_rank0_compares_bits(two_gloo_workers):
+    report = two_gloo_workers[0]
+    assert report['equal'] == (content_digest({'w': torch.ones(2), 'b': torch.zeros(1)}), [])
+    assert report['one_ulp_apart'] == (content_digest({'w': torch.ones(2)}), [1])
 
 
 def test_single_process_runs_in_process_without_process_group():

@@ -1,0 +1,86 @@
+"""DIST_BACKEND gloo on CUDA: more ranks than GPUs, mapped round-robin (CUDA mocked; no process group)."""
+import logging
+
+import pytest
+import torch
+
+from detectron.core.config_finalize import finalize_cfg
+from detectron.utils import distributed
+from detectron.utils.errors import ConfigValueError, LaunchError
+
+SHAPES = 'configs/getting_started/shapes_demo_R-18-FPN.yaml'
+
+
+@pytest.fixture
+def two_mocked_gpus(monkeypatch):
+    """CUDA with two visible GPUs; set_device records its argument; launch's state is restored after."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'set_device', chosen.append)
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    for name in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'SLURM_NTASKS'):
+        monkeypatch.delenv(name, raising=False)
+    # No process group: the mapping and the log line come before any collective.
+    monkeypatch.setattr(distributed, '_init_process_group', lambda job, options: None)
+    for key, value in distributed._state.items():
+        monkeypatch.setitem(distributed._state, key, value)
+    return chosen
+
+
+def _torchrun_rank(monkeypatch, rank, local_rank, world_size):
+    environ = {'RANK': rank, 'WORLD_SIZE': world_size, 'LOCAL_RANK': local_rank, 'MASTER_ADDR': '127.0.0.1',
+               'MASTER_PORT': 1}
+    for name, value in environ.items():
+        monkeypatch.setenv(name, str(value))
+
+
+def test_gpu_index_is_round_robin_only_when_ranks_share_gpus():
+    assert [distributed.gpu_index(r, True, 3) for r in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [distributed.gpu_index(r, False, 3) for r in range(3)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize('local_rank, gpu', [(0, 0), (1, 1), (2, 0), (5, 1)])
+def test_gloo_on_cuda_maps_a_torchrun_rank_onto_the_visible_gpus(two_mocked_gpus, monkeypatch, local_rank, gpu):
+    _torchrun_rank(monkeypatch, rank=local_rank + 6, local_rank=local_rank, world_size=12)
+    device = distributed.launch(distributed.get_device, 12, backend='gloo')
+    assert device == torch.device('cuda', gpu) and two_mocked_gpus == [gpu]
+
+
+def test_the_check_mode_is_said_once_by_rank_0(two_mocked_gpus, monkeypatch, caplog):
+    _torchrun_rank(monkeypatch, rank=0, local_rank=0, world_size=5)
+    with caplog.at_level(logging.INFO):
+        distributed.launch(distributed.get_device, 5, backend='gloo')
+    said = [r.getMessage() for r in caplog.records if 'Check mode' in r.getMessage()]
+    assert said == [('Check mode (DIST_BACKEND gloo on CUDA): 5 ranks on 2 visible GPUs, local rank r on GPU r % 2, '
+                     'gradients all-reduced through host memory; it runs the multi-GPU code paths and measures '
+                     'no scaling')]
+    caplog.clear()
+    _torchrun_rank(monkeypatch, rank=3, local_rank=3, world_size=5)
+    with caplog.at_level(logging.INFO):
+        distributed.launch(distributed.get_device, 5, backend='gloo')
+    assert 'Check mode' not in caplog.text
+
+
+@pytest.mark.parametrize('backend', [None, '', 'nccl'])
+def test_nccl_with_more_ranks_than_gpus_stays_the_one_error(two_mocked_gpus, monkeypatch, backend):
+    with pytest.raises(LaunchError, match=r'^NUM_GPUS 3 needs 3 GPUs but only 2 are visible; ask for at most 2 '
+                                          r'or free/expose more GPUs \(DIST_BACKEND gloo runs more ranks'):
+        distributed.launch(pytest.fail, 3, backend=backend)
+    _torchrun_rank(monkeypatch, rank=2, local_rank=2, world_size=3)
+    with pytest.raises(LaunchError, match=r'^LOCAL_RANK 2 \(from torchrun\) needs 3 GPUs but only 2 are visible'):
+        distributed.launch(pytest.fail, 3, backend=backend)
+    assert two_mocked_gpus == []  # refused before any device was bound
+
+
+def test_gloo_on_cpu_is_no_check_mode(monkeypatch, caplog):
+    for key, value in distributed._state.items():
+        monkeypatch.setitem(distributed._state, key, value)
+    with caplog.at_level(logging.INFO):
+        assert distributed.launch(distributed.get_device, 1, backend='gloo', device='cpu') == torch.device('cpu')
+    assert 'Check mode' not in caplog.text
+
+
+def test_an_unknown_dist_backend_is_one_line():
+    with pytest.raises(ConfigValueError, match=r"^DIST_BACKEND must be one of '', 'nccl', 'gloo', got 'mpi'$"):
+        finalize_cfg(SHAPES, ['DIST_BACKEND', 'mpi'])
