@@ -105,6 +105,9 @@ def test_each_model_type_names_its_own_memory_settings():
         'TRAIN.CHECKPOINT_ACTIVATIONS True (recompute backbone activations in the backward)')
     assert centernet.memory_settings(cfg, training=False) == (
         'fewer or smaller CENTERNET.TEST_SCALES (0.5, 1.0); CENTERNET.FLIP_TEST False; CENTERNET.CUDA_GRAPHS False')
+    merge_cfg_from_list(['CENTERNET.MASTER_BATCH_SIZE', '-1', 'CENTERNET.CHUNK_SIZES', '(20, 12)'])
+    assert centernet.memory_settings(cfg, training=True).startswith(
+        'lower CENTERNET.CHUNK_SIZES (20, 12) or CENTERNET.BATCH_SIZE 32; raise SOLVER.ITER_SIZE 2 ')
     merge_cfg_from_list(['TRAIN.CHECKPOINT_ACTIVATIONS', 'True', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)'])
     rcnn = model_builder.MODEL_TYPES['generalized_rcnn']
     assert rcnn.memory_settings(cfg, training=True) == (
