@@ -14,6 +14,7 @@
 #   gpu_tests                      the tests that only run with CUDA
 #   bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops ...
+#   checkpoint_activations_bench out_of_memory mask_train
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -251,6 +252,24 @@ centernet_bench() {  # synthetic CenterNet rows (training step, detect at batch 
   done
 }
 
+checkpoint_activations_bench() {  # resdcn_18 training step at batch 32, with and without TRAIN.CHECKPOINT_ACTIVATIONS: images/s and peak MiB
+  python3 tools/benchmark.py --cfg configs/centernet/ctdet_coco_resdcn18.yaml --mode centernet --centernet-batch 32 64 \
+    --checkpoint-activations-row --rounds 5 --iters 10 -- NUM_GPUS 1 2>&1 | grep -v '^{' | tee "$OUT/checkpoint_activations.md"
+}
+
+out_of_memory() {  # a batch that cannot fit, resumed from a checkpoint: one error line, the checkpoint unchanged
+  local cfg=configs/getting_started/shapes_demo_R-18-FPN.yaml dir=/tmp/oom
+  rm -rf $dir
+  python3 tools/train_net.py -c $cfg --skip-test SOLVER.MAX_ITER 30 TRAIN.SNAPSHOT_ITERS 10 OUTPUT_DIR $dir > "$OUT/oom_first.log" 2>&1
+  rm $dir/train/shapes_train/generalized_rcnn/model_final.pth  # as if the run had been stopped after model_iter29.pth
+  local before; before=$(md5sum $dir/train/shapes_train/generalized_rcnn/model_iter29.pth)
+  python3 tools/train_net.py -c $cfg --skip-test SOLVER.MAX_ITER 60 TRAIN.IMS_PER_BATCH 256 TRAIN.SCALES "(1600,)" \
+    TRAIN.MAX_SIZE 1600 OUTPUT_DIR $dir > "$OUT/oom.log" 2>&1
+  echo "exit $? (2 expected)"; grep '^error:' "$OUT/oom.log"; grep -c Traceback "$OUT/oom.log"
+  [ "$before" = "$(md5sum $dir/train/shapes_train/generalized_rcnn/model_iter29.pth)" ] && echo "model_iter29.pth unchanged"
+  tail -1 $dir/log.txt
+}
+
 centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny, bf16, 512x512; GPU utilisation sampled
   for arch in ${CN_ARCHS:-resdcn18 dla_1x}; do
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/util_$arch.txt" &
@@ -321,6 +340,15 @@ rcnn_test_repeated() {  # test_net on coco_tiny_val_x10, graphs on / off (TEST_G
     python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
       --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters 40 --loop-warmup 20 --loop-dir /tmp/bench_loops \
       -- DATA_LOADER.NUM_THREADS 6 TEST.CUDA_GRAPHS $graphs 2>&1 | grep -v '^{' | tee "$OUT/rcnn_test_x10_graphs_$graphs.md"
+  done
+}
+
+mask_train() {  # Mask R-CNN (KL head, then the GN baseline) trained 100 iterations on coco_tiny's JPEGs, bf16, 800x1333, 2 images per GPU
+  for cfg in configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml configs/04_2018_gn_baselines/e2e_mask_rcnn_R-50-FPN_2x_gn.yaml; do
+    local name; name=$(basename $cfg .yaml)
+    python3 tools/train_net.py -c $cfg --skip-test "${KL[@]}" NUM_GPUS 1 SOLVER.MAX_ITER 100 \
+      OUTPUT_DIR /tmp/mask_$name > "$OUT/mask_train_$name.log" 2>&1
+    echo "$name exit $?"; grep json_stats "$OUT/mask_train_$name.log" | tail -2
   done
 }
 

@@ -17,7 +17,7 @@ import torch
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.core.test import im_detect_all
-from detectron.core.test_engine import load_test_model
+from detectron.core.test_engine import boxes_and_segms, load_test_model
 from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
@@ -75,8 +75,8 @@ def main(argv):
     os.makedirs(args.output_dir, exist_ok=True)
     for path in _image_paths(args.im_or_folder, args.image_ext):
         im = read_image(path)
-        cls_boxes = im_detect_all(model, im)
-        out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh)
+        cls_boxes, cls_segms = boxes_and_segms(im_detect_all(model, im))
+        out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh, cls_segms=cls_segms)
         logger.info('%s -> %s', path, out_path)
 
 

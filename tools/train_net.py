@@ -14,8 +14,9 @@ import sys
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.utils.cli import parse_args_anywhere
+from detectron.utils import distributed
 from detectron.utils.errors import run_tool
-from detectron.utils.logging import setup_logging
+from detectron.utils.logging import log_file, setup_logging
 
 
 def parse_args(argv):
@@ -48,11 +49,12 @@ def main(argv):
         print(cfg.dump())
         print('\n'.join(schedule))
         return
-    for line in schedule:
-        logger.info(line)
-    checkpoints = train_engine.train_model()
-    if not args.skip_test:
-        test_engine.run_inference(checkpoints['final'], multi_gpu_testing=args.multi_gpu_testing)
+    with log_file(cfg.OUTPUT_DIR, distributed.launched_rank(), command=sys.argv):
+        for line in schedule:
+            logger.info(line)
+        checkpoints = train_engine.train_model()
+        if not args.skip_test:
+            test_engine.run_inference(checkpoints['final'], multi_gpu_testing=args.multi_gpu_testing)
 
 
 if __name__ == '__main__':

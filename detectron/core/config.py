@@ -105,9 +105,6 @@ _NOT_ACTED_ON = {
     'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
-    'MRCNN.': 'Mask R-CNN heads are not ported yet',
-    'FAST_RCNN.CONV_HEAD_DIM': 'only the 2-fc box head (fast_rcnn_heads.add_roi_2mlp_head) is built',
-    'FAST_RCNN.NUM_STACKED_CONVS': 'only the 2-fc box head (fast_rcnn_heads.add_roi_2mlp_head) is built',
     'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',
     'MEMONGER': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations to save memory',
     'MEMONGER_SHARE_ACTIVATIONS': 'Caffe2\'s memory optimiser; TRAIN.CHECKPOINT_ACTIVATIONS recomputes activations '
@@ -151,7 +148,9 @@ def merge_cfg_from_cfg(cfg_other):
 
 def merge_cfg_from_command_line(cfg_file, opts):
     """A tool's config: cfg_file (if any), then its KEY VALUE overrides; the world size of a launcher
-    (torchrun, SLURM) replaces a NUM_GPUS from the file, and a typed NUM_GPUS must equal it."""
+    (torchrun, SLURM) replaces a NUM_GPUS from the file, and a typed NUM_GPUS must equal it.
+    typed_keys() then holds what this command typed, none of an earlier merge."""
+    typed_keys().clear()
     if cfg_file is not None:
         merge_cfg_from_file(cfg_file)
     merge_cfg_from_list(opts)

@@ -1,20 +1,24 @@
 """Inference on one image, configured from cfg (Detectron's core/test.py API).
 
-`im_detect_all` runs whichever model cfg.MODEL.TYPE names and returns Detectron's `cls_boxes`.
-`im_detect_bbox` and `box_results_with_nms_and_limit` are Detectron's Faster R-CNN functions of those
-names (with KL-Loss's variance voting when cfg.STD_NMS): they read cfg like Detectron's and call
-the plain-argument implementations in detectron/modeling/rcnn_inference.py.
+`im_detect_all` runs whichever model cfg.MODEL.TYPE names and returns Detectron's `cls_boxes`
+(with `cls_segms` beside them for a Mask R-CNN). `im_detect_bbox`, `box_results_with_nms_and_limit`
+and `segm_results` are Detectron's R-CNN functions of those names (with KL-Loss's variance voting
+when cfg.STD_NMS): they read cfg like Detectron's and call the plain-argument implementations in
+detectron/modeling/rcnn_inference.py and mask_inference.py.
 """
 import dataclasses
 
+import numpy as np
+
 from detectron.core.config import cfg
-from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
+from detectron.modeling import mask_inference, model_builder, rcnn_builder, rcnn_inference
 from detectron.utils.errors import ConfigValueError
 
 
 def im_detect_all(model, im):
     """`cls_boxes` of one BGR image (H, W, 3): cls_boxes[j] is a float32 (N_j, 5) array
-    (x1, y1, x2, y2, score) for class j >= 1; class 0 is empty."""
+    (x1, y1, x2, y2, score) for class j >= 1; class 0 is empty. A model with masks returns
+    (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of detection cls_boxes[j][k]."""
     model_type = model_builder.get_model_type(cfg)
     return model_type.detector(cfg)(model, model_type.test_inputs(cfg)(im))
 
@@ -43,3 +47,15 @@ def box_results_with_nms_and_limit(scores, boxes, confs=None):
     """Detectron's `box_results_with_nms_and_limit` (KL-Loss version) with cfg.TEST's settings;
     see rcnn_inference.box_results_with_nms_and_limit. Returns (scores, boxes, cls_boxes)."""
     return rcnn_inference.box_results_with_nms_and_limit(scores, boxes, confs, rcnn_builder.nms_params(cfg))
+
+
+def segm_results(cls_boxes, masks, ref_boxes, im_h, im_w):
+    """Detectron's `segm_results`: per-class lists of COCO RLEs of the soft masks (R, C, M, M) of
+    the detections ref_boxes (R, 4), listed class by class as in cls_boxes, pasted into the im_h x
+    im_w image (each box's class channel with MRCNN.CLS_SPECIFIC_MASK, else channel 0, binarised
+    at MRCNN.THRESH_BINARIZE)."""
+    masks = np.asarray(masks)
+    classes = np.repeat(np.arange(len(cls_boxes)), [len(b) for b in cls_boxes])
+    channels = classes if cfg.MRCNN.CLS_SPECIFIC_MASK else np.zeros_like(classes)
+    return mask_inference.segm_results(cls_boxes, masks[np.arange(len(masks)), channels], ref_boxes, im_h, im_w,
+                                       cfg.MRCNN.THRESH_BINARIZE)

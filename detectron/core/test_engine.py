@@ -1,8 +1,8 @@
 """Test a model on TEST.DATASETS: detections per image, Detectron's detections.pkl, COCO evaluation.
 
 Any model: the model type that cfg.MODEL.TYPE names prepares each image (in the loader workers)
-and turns the model's outputs into Detectron's per-class `cls_boxes`; this engine only shards,
-collects and evaluates.
+and turns the model's outputs into Detectron's per-class `cls_boxes` (and `cls_segms` for a model
+with masks); this engine only shards, collects and evaluates.
 
 Single-process testing runs in this process. `--multi-gpu-testing` starts NUM_GPUS workers through
 torch.distributed (or joins a torchrun job); each worker takes one contiguous range of images
@@ -28,6 +28,7 @@ from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url, save_object
+from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.vis import write_vis_image
 from detectron.utils.weights_fit import check_weights_fit
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
     """Test weights_file on every TEST.DATASETS entry in turn (the cfg finished by finalize_cfg);
-    returns {dataset: {'box': metrics}}."""
+    returns {dataset: {'box': metrics}} ({'box': ..., 'mask': ...} for a model with masks)."""
     if ind_range is not None:
         if len(cfg.TEST.DATASETS) != 1:
             raise ConfigValueError('--range needs exactly one TEST.DATASETS entry, got {}; set TEST.DATASETS to '
@@ -46,9 +47,9 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
         dataset = JsonDataset(name)  # parsed once, for the check and the testing
         check_range(ind_range, dataset)
         output_dir = get_output_dir((name,), training=False)
-        all_boxes = test_net(weights_file, name, output_dir, ind_range, dataset=dataset)[1]
+        _, all_boxes, all_segms = test_net(weights_file, name, output_dir, ind_range, dataset=dataset)
         path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
-        save_object({'all_boxes': all_boxes, 'cfg': cfg.dump()}, path)
+        save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'cfg': cfg.dump()}, path)
         logger.info('Wrote detections of range %s to %s', ind_range, path)
         return {}
     results = collections.OrderedDict()
@@ -57,19 +58,20 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
         output_dir = get_output_dir((name,), training=False)
         started = time.perf_counter()
         if parallel:
-            all_boxes = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
-                                           backend=cfg.DIST_BACKEND)
+            detections = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
+                                            backend=cfg.DIST_BACKEND)
         else:
-            all_boxes = test_net(weights_file, name, output_dir)[1]
-        if all_boxes is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
+            detections = test_net(weights_file, name, output_dir)[1:]
+        if detections is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
             continue
+        all_boxes, all_segms = detections
         # Detectron's test_net_on_dataset line: the whole testing of the dataset (all GPUs, model
         # loading and start-up included), before the evaluation
         logger.info('Total inference time: %.3fs', time.perf_counter() - started)
-        _write_detections(all_boxes, output_dir)
+        _write_detections(all_boxes, all_segms, output_dir)
         results.update(task_evaluation.evaluate_all(
             JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
-            results_format=model_builder.get_model_type(cfg).results_format(cfg)))
+            results_format=model_builder.get_model_type(cfg).results_format(cfg), all_segms=all_segms))
     if results:
         task_evaluation.log_copy_paste_friendly_results(results)
     return results
@@ -89,25 +91,35 @@ def _parallel_testing(multi_gpu_testing):
 
 
 def _test_worker(cfg_snapshot, weights_file, name):
-    """One rank's contiguous range; returns the merged all_boxes on rank 0 and None elsewhere."""
+    """One rank's contiguous range; returns the merged (all_boxes, all_segms) on rank 0 and None
+    elsewhere."""
     receive_cfg(cfg_snapshot)
     output_dir = get_output_dir((name,), training=False)
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]
-    _, all_boxes = test_net(weights_file, name, output_dir, (start, end))
-    gathered = distributed.all_gather_object(all_boxes)
-    return merge_ranges(gathered) if distributed.is_main_process() else None
+    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):  # as in train_worker
+        _, all_boxes, all_segms = test_net(weights_file, name, output_dir, (start, end))
+    gathered = distributed.all_gather_object((all_boxes, all_segms))
+    if not distributed.is_main_process():
+        return None
+    per_range_boxes, per_range_segms = zip(*gathered)
+    if all(segms is None for segms in per_range_segms):
+        return merge_ranges(per_range_boxes), None
+    # A rank given no images has no segms: its range contributes no images either way.
+    per_range_segms = [segms if segms is not None else boxes for boxes, segms in gathered]
+    return merge_ranges(per_range_boxes), merge_ranges(per_range_segms)
 
 
-def merge_ranges(per_range_boxes):
-    """Concatenate all_boxes[cls][img] lists of consecutive ranges, in range order."""
-    num_classes = len(per_range_boxes[0])
-    return [[dets for part in per_range_boxes for dets in part[j]] for j in range(num_classes)]
+def merge_ranges(per_range):
+    """Concatenate all_boxes[cls][img] (or all_segms[cls][img]) lists of consecutive ranges, in range
+    order."""
+    num_classes = len(per_range[0])
+    return [[dets for part in per_range for dets in part[j]] for j in range(num_classes)]
 
 
-def _write_detections(all_boxes, output_dir):
+def _write_detections(all_boxes, all_segms, output_dir):
     path = os.path.join(output_dir, 'detections.pkl')
-    save_object({'all_boxes': all_boxes, 'all_segms': [], 'all_keyps': [], 'cfg': cfg.dump()}, path)
+    save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': [], 'cfg': cfg.dump()}, path)
     logger.info('Wrote detections to: %s', os.path.abspath(path))
 
 
@@ -142,13 +154,14 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     model = load_test_model(weights_file, distributed.get_device())
     detect = model_type.detector(cfg)
     all_boxes = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
+    all_segms = None
     images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS, model_type.test_inputs(cfg))
     detect_s = misc_s = 0.0
     last = time.perf_counter()
     for i, (sample, index) in enumerate(images):
         before_detect = time.perf_counter()
         try:
-            cls_boxes = detect(model, sample)
+            cls_boxes, cls_segms = boxes_and_segms(detect(model, sample))
         except torch.OutOfMemoryError:
             raise out_of_memory_error('image {} of {} ({})'.format(index + 1, total, roidb[index]['image']),
                                       distributed.get_rank(), distributed.get_device(),
@@ -156,8 +169,13 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
         after_detect = time.perf_counter()
         for j in range(1, dataset.num_classes):
             all_boxes[j][i] = cls_boxes[j]
+        if cls_segms is not None:
+            if all_segms is None:
+                all_segms = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
+            for j in range(1, dataset.num_classes):
+                all_segms[j][i] = cls_segms[j]
         if cfg.VIS:
-            _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, dataset.classes)
+            _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, cls_segms, dataset.classes)
         now, detect_time = time.perf_counter(), after_detect - before_detect
         detect_s += detect_time
         misc_s += now - last - detect_time
@@ -167,7 +185,12 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
             eta = datetime.timedelta(seconds=int((detect_s + misc_s) / done * (end - start - done)))
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs + %.3fs (eta: %s)',
                         start + 1, end, total, done, end - start, detect_s / done, misc_s / done, eta)
-    return roidb[start:end], all_boxes
+    return roidb[start:end], all_boxes, all_segms
+
+
+def boxes_and_segms(detections):
+    """A model type's detector result -> (cls_boxes, cls_segms or None)."""
+    return detections if isinstance(detections, tuple) else (detections, None)
 
 
 def check_range(ind_range, dataset):
@@ -179,7 +202,7 @@ def check_range(ind_range, dataset):
                                .format(start, end, name, total, total))
 
 
-def _write_vis(output_dir, image_path, im, cls_boxes, class_names):
+def _write_vis(output_dir, image_path, im, cls_boxes, cls_segms, class_names):
     vis_dir = os.path.join(output_dir, 'vis')
     os.makedirs(vis_dir, exist_ok=True)
-    write_vis_image(vis_dir, image_path, im, cls_boxes, class_names, cfg.VIS_TH)
+    write_vis_image(vis_dir, image_path, im, cls_boxes, class_names, cfg.VIS_TH, cls_segms=cls_segms)

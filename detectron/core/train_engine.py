@@ -30,7 +30,7 @@ from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed, run_lock
 from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
-from detectron.utils.logging import log_json_stats
+from detectron.utils.logging import log_file, log_json_stats
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.lr_policy import LRSchedule
 from detectron.utils.tensorboard import EventWriter
@@ -71,7 +71,12 @@ def train_model():
 def train_worker(cfg_snapshot):
     """One rank of a training job: everything model-specific comes from the model type's entry."""
     receive_cfg(cfg_snapshot)
-    model_type = model_builder.get_model_type(cfg)
+    # Spawned workers write OUTPUT_DIR/log.txt themselves (their tool's process already does).
+    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):
+        _train(model_builder.get_model_type(cfg))
+
+
+def _train(model_type):
     device = distributed.get_device()
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
@@ -88,7 +93,7 @@ def train_worker(cfg_snapshot):
         scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD, name=cfg.SOLVER.OPTIMIZER)
     start_iter, saved_progress = _resume_or_initialise(model_type, model, optimizer, output_dir)
     batches = training_batches(model_type, start_iter, device)
-    retention = model_type.checkpoint_retention(cfg, schedule.change_iters())
+    retention = checkpoint_retention(model_type, schedule)
     loop = TrainLoop(model, optimizer, schedule.lr_at, batches, device, output_dir, start_iter,
                      train_options(retention), progress=saved_progress,
                      batch_to_device=model_type.batch_to_device(cfg, device))
@@ -208,6 +213,11 @@ def checkpoint_period(world_size=None):
     return max(1, int(cfg.TRAIN.SNAPSHOT_ITERS / world_size))
 
 
+def checkpoint_retention(model_type, schedule):
+    """The checkpoint files the model type writes and keeps on this LR schedule."""
+    return model_type.checkpoint_retention(cfg, schedule.change_iters())
+
+
 _MAX_LISTED_STEPS = 10
 
 
@@ -235,8 +245,9 @@ def describe_schedule(num_images=None):
     if num_images:
         lines.append('epochs: {:.2f} over {} training images'.format(schedule.max_iter * batch / num_images,
                                                                    num_images))
-    lines.append('checkpoint every {} iterations (int(TRAIN.SNAPSHOT_ITERS {} / NUM_GPUS {}))'.format(
-        checkpoint_period(cfg.NUM_GPUS), cfg.TRAIN.SNAPSHOT_ITERS, cfg.NUM_GPUS))
+    retention = checkpoint_retention(model_builder.get_model_type(cfg), schedule)
+    lines.append('checkpoint every {} iterations (int(TRAIN.SNAPSHOT_ITERS {} / NUM_GPUS {})) {}'.format(
+        checkpoint_period(cfg.NUM_GPUS), cfg.TRAIN.SNAPSHOT_ITERS, cfg.NUM_GPUS, retention.describe()))
     return lines
 
 

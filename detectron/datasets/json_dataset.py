@@ -9,6 +9,7 @@ from pycocotools.coco import COCO
 
 from detectron.datasets import dataset_catalog
 from detectron.utils import boxes as box_utils
+from detectron.utils import segms as segm_utils
 from detectron.utils.errors import DatasetError
 
 logger = logging.getLogger(__name__)
@@ -60,10 +61,12 @@ class JsonDataset(object):
         """Image ids in ascending order: the order of the roidb and of all_boxes[cls]."""
         return sorted(self.COCO.getImgIds())
 
-    def get_roidb(self, gt=False, gt_min_area=-1):
+    def get_roidb(self, gt=False, gt_min_area=-1, segms=False):
         """One entry per image (ascending id); with gt=True the filtered ground-truth boxes.
 
         gt_min_area drops annotations whose 'area' is below it (Detectron's TRAIN.GT_MIN_AREA).
+        segms=True (Mask R-CNN) adds 'segms': each gt object's segmentation, polygons of fewer than
+        3 points dropped (crowd regions keep their RLE), as Detectron's roidb.
         Detectron's proposal_file / crowd_filter_thresh arguments are absent: they serve
         precomputed proposals, which end-to-end Faster R-CNN does not use.
         """
@@ -71,7 +74,7 @@ class JsonDataset(object):
         for entry in roidb:
             self._prep_roidb_entry(entry)
             if gt:
-                self._add_gt_annotations(entry, gt_min_area)
+                self._add_gt_annotations(entry, gt_min_area, segms)
             _add_class_assignments(entry)
         return roidb
 
@@ -87,7 +90,7 @@ class JsonDataset(object):
         for k in _DROPPED_IMAGE_FIELDS:
             entry.pop(k, None)
 
-    def _add_gt_annotations(self, entry, gt_min_area):
+    def _add_gt_annotations(self, entry, gt_min_area, segms):
         anns = self.COCO.loadAnns(self.COCO.getAnnIds(imgIds=entry['id'], iscrowd=None))
         anns = [a for a in anns if a['area'] >= gt_min_area and a.get('ignore', 0) != 1]
         # Float64 as Detectron's per-box Python arithmetic; the validity test runs before the
@@ -100,6 +103,8 @@ class JsonDataset(object):
         areas = np.array([a['area'] for a in anns], dtype=np.float64)
         valid = (areas > 0) & (x2 > x1) & (y2 > y1)
         anns = [a for a, keep in zip(anns, valid) if keep]
+        if segms:
+            entry['segms'] = [segm_utils.valid_polygons(a['segmentation']) for a in anns]
         classes = np.array([self._contiguous_id(a) for a in anns], dtype=np.int32)
         is_crowd = np.array([bool(a['iscrowd']) for a in anns], dtype=bool)
         gt_overlaps = np.zeros((len(anns), self.num_classes), dtype=np.float32)

@@ -1,8 +1,7 @@
-"""COCO box evaluation of detections on a JsonDataset: Detectron's results json + COCOeval."""
+"""COCO box and mask evaluation of detections on a JsonDataset: Detectron's results json + COCOeval."""
 
 import contextlib
 import io
-import json
 import logging
 import os
 import uuid
@@ -12,7 +11,7 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from detectron.utils.io import save_object
+from detectron.utils.io import save_json, save_object
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +41,39 @@ def evaluate_boxes(json_dataset, all_boxes, output_dir, use_salt=True, cleanup=F
     images in ascending id order. Datasets whose name contains 'test' have no public annotations:
     the json is written for submission and None is returned.
     """
-    res_file = os.path.join(output_dir, 'bbox_' + json_dataset.name + '_results')
+    res_file = _results_path(output_dir, 'bbox_', json_dataset.name, use_salt)
+    num_results = _write_coco_bbox_results_file(json_dataset, all_boxes, res_file, results_format)
+    return _evaluate_results_file(json_dataset, res_file, num_results, output_dir, 'bbox', cleanup)
+
+
+def evaluate_masks(json_dataset, all_boxes, all_segms, output_dir, use_salt=True, cleanup=False):
+    """Detectron's evaluate_masks: write the segmentation results json (each RLE with the score of
+    its box in all_boxes; all_segms[cls][img] lists the RLEs of all_boxes[cls][img]), evaluate it
+    with COCOeval('segm') and return the COCOeval (None for a 'test' set, as evaluate_boxes)."""
+    res_file = _results_path(output_dir, 'segmentations_', json_dataset.name, use_salt)
+    num_results = _write_coco_segms_results_file(json_dataset, all_boxes, all_segms, res_file)
+    return _evaluate_results_file(json_dataset, res_file, num_results, output_dir, 'segm', cleanup)
+
+
+def _results_path(output_dir, prefix, dataset_name, use_salt):
+    res_file = os.path.join(output_dir, prefix + dataset_name + '_results')
     if use_salt:
         res_file += '_{}'.format(uuid.uuid4())
-    res_file += '.json'
-    num_results = _write_coco_bbox_results_file(json_dataset, all_boxes, res_file, results_format)
+    return res_file + '.json'
+
+
+# COCOeval iouType -> (name in the log, file of the pickled COCOeval), as Detectron's.
+_EVAL_OUTPUTS = {'bbox': ('Bbox', 'detection_results.pkl'), 'segm': ('Segmentation', 'segmentation_results.pkl')}
+
+
+def _evaluate_results_file(json_dataset, res_file, num_results, output_dir, iou_type, cleanup):
+    name, eval_file = _EVAL_OUTPUTS[iou_type]
     if 'test' in json_dataset.name:
-        logger.warning('Bbox eval ignored as annotations are undisclosed on test: {} ignored'
-                       .format(json_dataset.name))
+        logger.warning('{} eval ignored as annotations are undisclosed on test: {} ignored'
+                       .format(name, json_dataset.name))
         coco_eval = None
     else:
-        coco_eval = _do_detection_eval(json_dataset, res_file, num_results, output_dir)
+        coco_eval = _do_detection_eval(json_dataset, res_file, num_results, output_dir, iou_type, eval_file)
     if cleanup:
         os.remove(res_file)
     return coco_eval
@@ -75,9 +96,32 @@ def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file, results_for
         results.extend(_coco_bbox_results_one_category(all_boxes[cls_ind], image_ids, category_id,
                                                        results_format))
     logger.info('Writing bbox results json to: {}'.format(os.path.abspath(res_file)))
-    with open(res_file, 'w') as f:
-        json.dump(results, f)
+    save_json(results, res_file)
     return len(results)
+
+
+def _write_coco_segms_results_file(json_dataset, all_boxes, all_segms, res_file):
+    """Write the segmentation results json, RLE counts as str (Detectron's Python 3 decode);
+    returns the number of results written."""
+    image_ids = json_dataset.get_image_ids()
+    results = []
+    for cls_ind in range(1, min(len(all_boxes), json_dataset.num_classes)):
+        if len(all_segms[cls_ind]) != len(image_ids):
+            raise ValueError('all_segms[{}] has {} images but dataset {} has {}'.format(
+                cls_ind, len(all_segms[cls_ind]), json_dataset.name, len(image_ids)))
+        category_id = json_dataset.contiguous_category_id_to_json_id[cls_ind]
+        for image_id, dets, rles in zip(image_ids, all_boxes[cls_ind], all_segms[cls_ind]):
+            scores = np.asarray(dets, dtype=np.float64).reshape(-1, 5)[:, 4].tolist()
+            results.extend({'image_id': image_id, 'category_id': category_id, 'score': score,
+                            'segmentation': {'size': rle['size'], 'counts': _str_counts(rle['counts'])}}
+                           for rle, score in zip(rles, scores))
+    logger.info('Writing segmentation results json to: {}'.format(os.path.abspath(res_file)))
+    save_json(results, res_file)
+    return len(results)
+
+
+def _str_counts(counts):
+    return counts.decode('utf8') if isinstance(counts, bytes) else counts
 
 
 def _coco_bbox_results_one_category(boxes, image_ids, category_id, results_format):
@@ -105,14 +149,14 @@ def _rounded(value, decimals):
     return float('{:.{}f}'.format(value, decimals))
 
 
-def _do_detection_eval(json_dataset, res_file, num_results, output_dir):
+def _do_detection_eval(json_dataset, res_file, num_results, output_dir, iou_type, eval_file):
     coco_gt = json_dataset.COCO
     coco_dt = coco_gt.loadRes(res_file) if num_results else _empty_results(coco_gt)
-    coco_eval = COCOeval(coco_gt, coco_dt, 'bbox')
+    coco_eval = COCOeval(coco_gt, coco_dt, iou_type)
     coco_eval.evaluate()
     coco_eval.accumulate()
     _log_detection_eval_metrics(json_dataset, coco_eval)
-    eval_file = os.path.join(output_dir, 'detection_results.pkl')
+    eval_file = os.path.join(output_dir, eval_file)
     save_object(coco_eval, eval_file)
     logger.info('Wrote json eval results to: {}'.format(eval_file))
     return coco_eval

@@ -6,22 +6,24 @@ import numpy as np
 
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.utils import boxes as box_utils
+from detectron.utils import segms as segm_utils
 from detectron.utils.errors import DatasetError
 
 logger = logging.getLogger(__name__)
 
 
-def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1):
+def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1, segms=False):
     """Concatenated gt roidb of `dataset_names` (a name or a sequence), ready for training.
 
     With use_flipped every dataset's entries are followed by their horizontally flipped copies
-    (Detectron's TRAIN.USE_FLIPPED); gt_min_area is Detectron's TRAIN.GT_MIN_AREA.
+    (Detectron's TRAIN.USE_FLIPPED); gt_min_area is Detectron's TRAIN.GT_MIN_AREA; segms=True keeps
+    the objects' segmentations (MODEL.MASK_ON).
     """
     if isinstance(dataset_names, str):
         dataset_names = (dataset_names,)
     roidb = []
     for name in dataset_names:
-        dataset_roidb = JsonDataset(name).get_roidb(gt=True, gt_min_area=gt_min_area)
+        dataset_roidb = JsonDataset(name).get_roidb(gt=True, gt_min_area=gt_min_area, segms=segms)
         if use_flipped:
             logger.info('Appending horizontally-flipped training examples...')
             dataset_roidb.extend(flipped_entries(dataset_roidb))
@@ -38,11 +40,13 @@ def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1)
 
 
 def flipped_entries(roidb):
-    """Horizontally flipped copies of the entries: boxes mirrored, flipped=True, rest shared."""
+    """Horizontally flipped copies of the entries: boxes (and segms) mirrored, flipped=True, rest shared."""
     flipped = []
     for entry in roidb:
         flipped_entry = dict(entry)
         flipped_entry['boxes'] = box_utils.flip_boxes(entry['boxes'], entry['width'])
+        if 'segms' in entry:
+            flipped_entry['segms'] = segm_utils.flip_segms(entry['segms'], entry['height'], entry['width'])
         flipped_entry['flipped'] = True
         flipped.append(flipped_entry)
     return flipped

@@ -15,9 +15,11 @@ Splits (names as in dataset_catalog):
   (top/bottom edges), then clipped to the image. It shows the KL-Loss head coping with label noise.
 
 Boxes follow Detectron's convention: bbox = [x1, y1, w, h] with x2 = x1 + w - 1 the last object
-pixel column. Everything is drawn from fixed seeds (SEED), so a generation is byte-identical to any
+pixel column. Each segmentation is one polygon along the pixel edges of the drawn object, so
+pycocotools' rasterisation of it (what Mask R-CNN's targets and the segm evaluation use) gives
+exactly the object's pixels. Everything is drawn from fixed seeds (SEED), so a generation is byte-identical to any
 other on the same software stack. The data is generated once into
-`$DETECTRON_DATA_CACHE/shapes` (default `~/.cache/detectron-port/shapes`) with the layout
+`$DETECTRON_DATA_CACHE/shapes_v3` (default `~/.cache/detectron-port/shapes_v3`) with the layout
 `train/*.jpg`, `val/*.jpg`, `annotations/<split name>.json`.
 """
 
@@ -34,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 CACHE_ENV_VAR = 'DETECTRON_DATA_CACHE'
 DEFAULT_CACHE_DIR = os.path.join('~', '.cache', 'detectron-port')
+# The cache subdirectory: renamed whenever the generated files change, so an older copy is not reused.
+CACHE_NAME = 'shapes_v3'
 
 SEED = 2019
 NUM_TRAIN_IMAGES = 400
@@ -60,9 +64,9 @@ SPLITS = {
 
 
 def default_root():
-    """Cache location: $DETECTRON_DATA_CACHE/shapes, default ~/.cache/detectron-port/shapes."""
+    """Cache location: $DETECTRON_DATA_CACHE/<CACHE_NAME>, default ~/.cache/detectron-port/<CACHE_NAME>."""
     cache_dir = os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_DIR
-    return os.path.abspath(os.path.join(os.path.expanduser(cache_dir), 'shapes'))
+    return os.path.abspath(os.path.join(os.path.expanduser(cache_dir), CACHE_NAME))
 
 
 def ensure_shapes_dataset(root=None):
@@ -188,8 +192,6 @@ def _shape_mask(rng, shape, x0, y0, size, image_shape):
 def _annotation(annotation_id, image_id, category_id, mask):
     ys, xs = np.nonzero(mask)
     x1, y1 = int(xs.min()), int(ys.min())
-    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL,
-                                   cv2.CHAIN_APPROX_SIMPLE)
     return {
         'id': annotation_id,
         'image_id': image_id,
@@ -197,8 +199,27 @@ def _annotation(annotation_id, image_id, category_id, mask):
         'bbox': [x1, y1, int(xs.max()) - x1 + 1, int(ys.max()) - y1 + 1],
         'area': int(mask.sum()),
         'iscrowd': 0,
-        'segmentation': [c.reshape(-1).tolist() for c in contours if len(c) >= 3],
+        'segmentation': [_outline_polygon(mask)],
     }
+
+
+def _outline_polygon(mask):
+    """The pixel-edge outline of a mask with one run of pixels per row (a filled convex shape) as a
+    flat COCO polygon [x0, y0, x1, y1, ...]: down the right ends of the runs, up the left ends,
+    corners only. Pixel (x, y) is the square [x, x + 1] x [y, y + 1]."""
+    right, left = [], []
+    for y in np.nonzero(mask.any(axis=1))[0]:
+        xs = np.nonzero(mask[y])[0]
+        if xs[-1] - xs[0] + 1 != len(xs):
+            raise ValueError(f'row {y} of the mask has more than one run of pixels')
+        right += [(xs[-1] + 1, y), (xs[-1] + 1, y + 1)]
+        left += [(xs[0], y), (xs[0], y + 1)]
+    ring = right + left[::-1]
+    ring = [p for i, p in enumerate(ring) if p != ring[i - 1]]  # repeated points where runs share an end
+    corners = [p for i, p in enumerate(ring)
+               if not (ring[i - 1][0] == p[0] == ring[(i + 1) % len(ring)][0]
+                       or ring[i - 1][1] == p[1] == ring[(i + 1) % len(ring)][1])]
+    return [int(v) for p in corners for v in p]
 
 
 def _with_noisy_boxes(coco, rng):

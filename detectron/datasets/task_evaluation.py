@@ -12,10 +12,15 @@ _COCO_STATS_METRICS = (('AP', 0), ('AP50', 1), ('AP75', 2), ('APs', 3), ('APm', 
 
 
 def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True,
-                 results_format=json_dataset_evaluator.DETECTRON_RESULTS):
-    """Evaluate every task this port produces (boxes only; no masks or keypoints)."""
+                 results_format=json_dataset_evaluator.DETECTRON_RESULTS, all_segms=None):
+    """Evaluate every task the detections have: boxes, and masks when all_segms (all_segms[cls][img]
+    the RLEs of all_boxes[cls][img]) is given; returns {dataset name: {'box': ..., 'mask': ...}}."""
     results = evaluate_boxes(dataset, all_boxes, output_dir, competition_mode, results_format)
     logger.info('Evaluating bounding boxes is done!')
+    if all_segms:
+        results[dataset.name].update(evaluate_masks(dataset, all_boxes, all_segms, output_dir, competition_mode)
+                                     [dataset.name])
+        logger.info('Evaluating segmentations is done!')
     return results
 
 
@@ -34,8 +39,17 @@ def evaluate_boxes(dataset, all_boxes, output_dir, competition_mode=True,
         dataset, all_boxes, output_dir,
         use_salt=not competition_mode, cleanup=not competition_mode, results_format=results_format,
     )
-    box_results = OrderedDict([('box', _coco_eval_to_box_results(coco_eval))])
+    box_results = OrderedDict([('box', _coco_eval_to_results(coco_eval))])
     return OrderedDict([(dataset.name, box_results)])
+
+
+def evaluate_masks(dataset, all_boxes, all_segms, output_dir, competition_mode=True):
+    """COCO mask AP (COCOeval 'segm') of all_segms on the JsonDataset `dataset`, as evaluate_boxes:
+    OrderedDict{dataset name: {'mask': OrderedDict of the box metrics' names}}."""
+    logger.info('Evaluating segmentations')
+    coco_eval = json_dataset_evaluator.evaluate_masks(
+        dataset, all_boxes, all_segms, output_dir, use_salt=not competition_mode, cleanup=not competition_mode)
+    return OrderedDict([(dataset.name, OrderedDict([('mask', _coco_eval_to_results(coco_eval))]))])
 
 
 def log_copy_paste_friendly_results(results):
@@ -55,7 +69,7 @@ def box_metric_names():
     ]
 
 
-def _coco_eval_to_box_results(coco_eval):
+def _coco_eval_to_results(coco_eval):
     if coco_eval is None:
         return OrderedDict((name, -1) for name in box_metric_names())
     values = [float(coco_eval.stats[i]) for _, i in _COCO_STATS_METRICS] + [

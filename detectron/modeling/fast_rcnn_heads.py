@@ -7,8 +7,8 @@ Detectron or KL-Loss .pkl maps onto these modules mechanically.
 import math
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 def _caffe2_xavier_fill_(fc):
@@ -17,6 +17,12 @@ def _caffe2_xavier_fill_(fc):
     bound = math.sqrt(3.0 / fc.in_features)
     nn.init.uniform_(fc.weight, -bound, bound)
     nn.init.zeros_(fc.bias)
+
+
+def caffe2_msra_fill_(weight):
+    """Caffe2's MSRAFill: N(0, 2 / fan_out), fan_out = numel / shape[1] (out * kh * kw for a
+    convolution, in * kh * kw for a transposed one, whose weight is (in, out, kh, kw))."""
+    nn.init.normal_(weight, std=math.sqrt(2.0 * weight.shape[1] / weight.numel()))
 
 
 def _gaussian_fill_(fc, std):
@@ -41,6 +47,32 @@ class Roi2MLPHead(nn.Module):
     def forward(self, roi_feat):
         x = F.relu(self.fc6(roi_feat.flatten(1)))
         return F.relu(self.fc7(x))
+
+
+class RoiXConv1FCGNHead(nn.Module):
+    """Detectron's `add_roi_Xconv1fc_gn_head` after the RoI transform: num_convs x (conv 3x3 at
+    conv_dim, no bias, MSRAFill + GroupNorm + ReLU) named `head_conv<i>` / `head_conv<i>_gn`, then
+    fc6 + ReLU. Takes (R, dim_in, roi_size, roi_size), returns (R, hidden_dim).
+    """
+
+    def __init__(self, dim_in, roi_size=7, conv_dim=256, num_convs=4, hidden_dim=1024, gn_groups=None,
+                 gn_eps=1e-5):
+        super().__init__()
+        self.num_convs = num_convs
+        for i in range(1, num_convs + 1):
+            conv = nn.Conv2d(dim_in if i == 1 else conv_dim, conv_dim, 3, padding=1, bias=False)
+            caffe2_msra_fill_(conv.weight)
+            setattr(self, f'head_conv{i}', conv)
+            setattr(self, f'head_conv{i}_gn', nn.GroupNorm(gn_groups(conv_dim), conv_dim, eps=gn_eps))
+        self.fc6 = nn.Linear(conv_dim * roi_size * roi_size, hidden_dim)
+        _caffe2_xavier_fill_(self.fc6)
+        self.dim_out = hidden_dim
+
+    def forward(self, roi_feat):
+        x = roi_feat
+        for i in range(1, self.num_convs + 1):
+            x = F.relu(getattr(self, f'head_conv{i}_gn')(getattr(self, f'head_conv{i}')(x)))
+        return F.relu(self.fc6(x.flatten(1)))
 
 
 class FastRCNNOutputs(nn.Module):

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from detectron.modeling import fast_rcnn_heads, rpn_heads
+from detectron.modeling import fast_rcnn_heads, mask_rcnn_heads, rpn_heads
 from detectron.modeling.roi_pooling import roi_feature_transform
 from detectron.roi_data.fast_rcnn import sample_rois
+from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.rpn import rpn_targets
 from detectron.utils import boxes as box_utils
 from detectron.utils.cuda_graphs import graphed_training_method
@@ -22,6 +23,16 @@ class ProposalParams:
     post_nms_top_n: int
     nms_thresh: float
     min_size: float
+
+
+@dataclass(frozen=True)
+class MaskParams:
+    """Detectron's MRCNN values the mask branch needs besides its head module."""
+    resolution: int = 28  # MRCNN.RESOLUTION: the side of the targets (twice the pooled side)
+    roi_resolution: int = 14
+    roi_sampling_ratio: int = 2
+    cls_specific: bool = True
+    weight_loss: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class RCNNParams:
     # Padded batch shapes that get graphs (the rest run eagerly). All shapes share one memory pool,
     # so a shape costs about its static outputs and gradients.
     train_max_graphs: int = 8
+    mask: MaskParams = MaskParams()  # read only when the model has a mask head
 
 
 class GeneralizedRCNN(nn.Module):
@@ -68,12 +80,13 @@ class GeneralizedRCNN(nn.Module):
     training replays it (forward and backward) from graphs per padded batch shape.
     """
 
-    def __init__(self, conv_body, rpn, box_head, box_outs, params: RCNNParams):
+    def __init__(self, conv_body, rpn, box_head, box_outs, params: RCNNParams, mask_head=None):
         super().__init__()
         self.conv_body = conv_body
         self.rpn = rpn
         self.box_head = box_head
         self.box_outs = box_outs
+        self.mask_head = mask_head  # Mask R-CNN (MODEL.MASK_ON) or None
         self.params = params
         self.channels_last = False
 
@@ -121,12 +134,23 @@ class GeneralizedRCNN(nn.Module):
 
     def _box_outputs(self, features, rois):
         p = self.params
-        num_pooled_levels = len(p.roi_spatial_scales)
-        box_features = roi_feature_transform(
-            features[:num_pooled_levels], rois, spatial_scales=p.roi_spatial_scales,
-            output_size=p.roi_resolution, sampling_ratio=p.roi_sampling_ratio,
-            canonical_scale=p.roi_canonical_scale, canonical_level=p.roi_canonical_level)
+        box_features = self._pooled(features, rois, p.roi_resolution, p.roi_sampling_ratio)
         return self.box_outs(self.box_head(box_features))
+
+    def _pooled(self, features, rois, resolution, sampling_ratio):
+        p = self.params
+        return roi_feature_transform(
+            features[:len(p.roi_spatial_scales)], rois, spatial_scales=p.roi_spatial_scales,
+            output_size=resolution, sampling_ratio=sampling_ratio,
+            canonical_scale=p.roi_canonical_scale, canonical_level=p.roi_canonical_level)
+
+    def mask_logits(self, features, rois):
+        """Mask logits (R, C, M, M) of `rois` (R, 5) (batch index, x1, y1, x2, y2 in network-input
+        coordinates): the FPN features (the list the box head pools from) RoIAligned on each RoI's
+        level at MRCNN.ROI_XFORM_RESOLUTION, through the mask head. C is MODEL.NUM_CLASSES with
+        MRCNN.CLS_SPECIFIC_MASK, else 1."""
+        m = self.params.mask
+        return self.mask_head(self._pooled(features, rois, m.roi_resolution, m.roi_sampling_ratio))
 
     def _losses(self, features, logits, deltas, anchors, im_info, targets):
         p = self.params
@@ -151,6 +175,12 @@ class GeneralizedRCNN(nn.Module):
         if p.pred_std:
             losses['loss_bbox'] = fast_rcnn_heads.kl_loss(
                 out['bbox_pred'], out['bbox_pred_std'], bbox_targets, inside_w, outside_w)
+        if self.mask_head is not None:
+            m = p.mask
+            mt = mask_targets(rois, labels, im_info[:, 2], [t['segms'] for t in targets], gt_crowd,
+                              resolution=m.resolution, cls_specific=m.cls_specific)
+            losses['loss_mask'] = mask_rcnn_heads.mask_loss(self.mask_logits(features, mt.rois), mt.classes,
+                                                            mt.masks, weight=m.weight_loss)
         return losses
 
     def _inference(self, features, logits, deltas, anchors, im_info):
@@ -160,6 +190,10 @@ class GeneralizedRCNN(nn.Module):
                   'bbox_pred': out['bbox_pred'].float()}
         if 'bbox_pred_std' in out:
             result['bbox_pred_std'] = out['bbox_pred_std'].float()
+        if self.mask_head is not None:
+            # For mask_logits on the final detections. Replayed from a CUDA graph, these are the
+            # graph's buffers: the caller uses them before the next forward.
+            result['features'] = features
         return result
 
 

@@ -5,9 +5,11 @@ import functools
 
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import FPN, rcnn_inference
-from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead
-from detectron.modeling.generalized_rcnn import GeneralizedRCNN, ProposalParams, RCNNParams
+from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
+from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
+from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, MaskRCNNHead
 from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting
+from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
 from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
@@ -22,13 +24,14 @@ _CONV_BODIES = {
     'FPN.add_fpn_ResNet18_conv5_body': FPN.add_fpn_ResNet18_conv5_body,
     'FPN.add_fpn_ResNet34_conv5_body': FPN.add_fpn_ResNet34_conv5_body,
 }
-_BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head',)
+_BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
 # (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {
-    'MODEL.MASK_ON': 'Mask R-CNN heads', 'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models',
-}
+_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models'}
+# MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
+_MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
+                'MRCNN.USE_FC_OUTPUT': False}
 
 
 class GeneralizedRCNNType(ModelType):
@@ -61,7 +64,8 @@ class GeneralizedRCNNType(ModelType):
         return load_weights_and_momentum(model, path)
 
     def training_roidb(self, cfg):
-        roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA)
+        roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
+                                            segms=cfg.MODEL.MASK_ON)
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -76,7 +80,8 @@ class GeneralizedRCNNType(ModelType):
         else:
             prepare = functools.partial(prepare_training_entry, scales=tuple(cfg.TRAIN.SCALES),
                                         max_size=cfg.TRAIN.MAX_SIZE, pixel_means=cfg.PIXEL_MEANS)
-        return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=TRAINING_KEYS)
+        keys = TRAINING_KEYS + ('segms',) if cfg.MODEL.MASK_ON else TRAINING_KEYS
+        return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
     def collate(self, cfg, device):
         if resizes_on_device(cfg, device):
@@ -100,7 +105,7 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self, cfg):
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg), graphs=test_graphs(cfg))
+                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
 
 
 def resizes_on_device(cfg, device):
@@ -118,8 +123,14 @@ def _batch_to_device(batch, device, pixel_means, stride):
     return to_device((images, im_info, targets), device)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, graphs):
-    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, **graphs)
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs):
+    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
+                                        mask_thresh=mask_thresh, **graphs)
+
+
+def mask_thresh(cfg):
+    """rcnn_inference.im_detect_all's mask_thresh: MRCNN.THRESH_BINARIZE of a Mask R-CNN, else None."""
+    return cfg.MRCNN.THRESH_BINARIZE if cfg.MODEL.MASK_ON else None
 
 
 def test_graphs(cfg):
@@ -134,10 +145,7 @@ _FPN_LEVELS = (2, 6, 2, 5)
 def check_supported(cfg):
     """ConfigValueError unless cfg asks for an R-CNN this port builds."""
     for key, feature in _UNSUPPORTED.items():
-        node = cfg
-        for name in key.split('.'):
-            node = node[name]
-        if node:
+        if _value(cfg, key):
             raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
                                    .format(key, feature))
     if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
@@ -161,6 +169,31 @@ def check_supported(cfg):
     if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
+    if cfg.MODEL.MASK_ON:
+        _check_mask_head(cfg)
+
+
+def _value(cfg, key):
+    node = cfg
+    for name in key.split('.'):
+        node = node[name]
+    return node
+
+
+def _check_mask_head(cfg):
+    mrcnn = cfg.MRCNN
+    if mrcnn.ROI_MASK_HEAD not in MASK_HEADS:
+        raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported; "
+                               f'use one of {sorted(MASK_HEADS)}')
+    for key, value in _MRCNN_BUILT.items():
+        if _value(cfg, key) != value:
+            raise ConfigValueError(f'{key} {_value(cfg, key)!r} is not supported: the v1up4convs heads are built '
+                                   f'with {value!r}')
+    if mrcnn.CONV_INIT not in CONV_INITS:
+        raise ConfigValueError(f"MRCNN.CONV_INIT '{mrcnn.CONV_INIT}' is not supported; use one of {list(CONV_INITS)}")
+    if mrcnn.RESOLUTION != 2 * mrcnn.ROI_XFORM_RESOLUTION:
+        raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be twice MRCNN.ROI_XFORM_RESOLUTION '
+                               f'{mrcnn.ROI_XFORM_RESOLUTION}: the head upsamples its pooled features once by 2')
 
 
 def _check_one_norm(resnets):
@@ -177,12 +210,34 @@ def build_model(cfg):
     conv_body = build_conv_body(cfg)
     num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
     rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS))
-    box_head = Roi2MLPHead(conv_body.out_channels, roi_size=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
-                           hidden_dim=cfg.FAST_RCNN.MLP_HEAD_DIM)
+    box_head = build_box_head(cfg, conv_body.out_channels)
     box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
                                cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
                                pred_std=cfg.PRED_STD)
-    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels))
+    mask_head = build_mask_head(cfg, conv_body.out_channels) if cfg.MODEL.MASK_ON else None
+    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head)
+
+
+def _gn_groups(cfg):
+    """dim -> GroupNorm groups, Detectron's get_group_gn on GROUP_NORM.NUM_GROUPS / DIM_PER_GP."""
+    return functools.partial(group_norm_groups, num_groups=cfg.GROUP_NORM.NUM_GROUPS,
+                             dim_per_group=cfg.GROUP_NORM.DIM_PER_GP)
+
+
+def build_box_head(cfg, dim_in):
+    fast = cfg.FAST_RCNN
+    if fast.ROI_BOX_HEAD == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
+        return RoiXConv1FCGNHead(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, conv_dim=fast.CONV_HEAD_DIM,
+                                 num_convs=fast.NUM_STACKED_CONVS, hidden_dim=fast.MLP_HEAD_DIM,
+                                 gn_groups=_gn_groups(cfg), gn_eps=cfg.GROUP_NORM.EPSILON)
+    return Roi2MLPHead(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, hidden_dim=fast.MLP_HEAD_DIM)
+
+
+def build_mask_head(cfg, dim_in):
+    num_convs, use_gn = MASK_HEADS[cfg.MRCNN.ROI_MASK_HEAD]
+    return MaskRCNNHead(dim_in, cfg.MODEL.NUM_CLASSES if cfg.MRCNN.CLS_SPECIFIC_MASK else 1, num_convs=num_convs,
+                        dim_reduced=cfg.MRCNN.DIM_REDUCED, use_gn=use_gn, gn_groups=_gn_groups(cfg),
+                        gn_eps=cfg.GROUP_NORM.EPSILON, conv_init=cfg.MRCNN.CONV_INIT)
 
 
 def _norm_kind(cfg):
@@ -243,6 +298,9 @@ def rcnn_params(cfg, num_rpn_levels):
         # Checkpointed stages recompute their forward inside the backward: left to run eagerly.
         train_cuda_graphs=cfg.TRAIN.CUDA_GRAPHS and not cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
         train_max_graphs=cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES,
+        mask=MaskParams(resolution=cfg.MRCNN.RESOLUTION, roi_resolution=cfg.MRCNN.ROI_XFORM_RESOLUTION,
+                        roi_sampling_ratio=cfg.MRCNN.ROI_XFORM_SAMPLING_RATIO,
+                        cls_specific=cfg.MRCNN.CLS_SPECIFIC_MASK, weight_loss=cfg.MRCNN.WEIGHT_LOSS_MASK),
     )
 
 

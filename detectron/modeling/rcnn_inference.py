@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from detectron.modeling import mask_inference
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
 from detectron.utils.cuda_graphs import DEFAULT_MAX_GRAPHS, graphed_method
@@ -78,6 +79,13 @@ def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_
     head from one CUDA graph per padded input size (the first max_graph_shapes sizes met twice;
     others run eagerly): at batch 1 launching their few hundred kernels costs more host time than
     the GPU spends on them."""
+    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes)
+    scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
+    return scores, boxes, confs, im_scale
+
+
+def _forward(model, im, image_params, cuda_graphs, max_graph_shapes):
+    """The model's inference dict on one BGR image, and the image's scale."""
     if model.training:
         raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
     # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
@@ -90,16 +98,30 @@ def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_
                                          max_graphs=max_graph_shapes)
     with torch.no_grad():
         out = model(blob, im_info, **graphed)
-    scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
-    return scores, boxes, confs, im_scale
+    return out, im_scale
 
 
-def im_detect_all(model, im, image_params, decode_params, nms_params, cuda_graphs=False,
+def im_detect_all(model, im, image_params, decode_params, nms_params, mask_thresh=None, cuda_graphs=False,
                   max_graph_shapes=DEFAULT_MAX_GRAPHS):
-    """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3)."""
-    scores, boxes, confs, _ = detect_boxes(model, im, image_params, decode_params, cuda_graphs=cuda_graphs,
-                                           max_graph_shapes=max_graph_shapes)
-    return box_results_with_nms_and_limit(scores, boxes, confs, nms_params)[2]
+    """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3). For a
+    Mask R-CNN, mask_thresh is MRCNN.THRESH_BINARIZE and the result is (cls_boxes, cls_segms):
+    cls_segms[j][k] the RLE of detection cls_boxes[j][k], its mask computed on that final box (after
+    NMS or variance voting, as KL-Loss)."""
+    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes)
+    scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
+    _, boxes, cls_boxes = box_results_with_nms_and_limit(scores, boxes, confs, nms_params)
+    if mask_thresh is None:
+        return cls_boxes
+    if len(boxes) == 0:
+        return cls_boxes, [[] for _ in cls_boxes]
+    device = scores.device
+    classes = torch.repeat_interleave(torch.arange(len(cls_boxes), device=device),
+                                      torch.tensor([len(b) for b in cls_boxes], device=device))
+    with torch.no_grad():
+        masks = mask_inference.detect_masks(model, out['features'], torch.from_numpy(boxes).to(device),
+                                            classes, im_scale)
+    return cls_boxes, mask_inference.segm_results(cls_boxes, masks.cpu().numpy(), boxes, im.shape[0], im.shape[1],
+                                                  mask_thresh)
 
 
 def decode_detections(out, im_scale, im_hw, params):
@@ -282,8 +304,8 @@ def _kl_soft_settings(p):
     if vote and vote_thresh > 0.1:
         # KL-Loss's py_cpu_nms.soft overrides STD_TH this way; the effective default is 0.01.
         vote_thresh = 0.01
-    return dict(vote=vote, vote_thresh=vote_thresh, iou_sigma=p.std_iou_sigma,
-                hard_nms_thresh=p.nms if p.std_soft == 'hard' else None)
+    return {'vote': vote, 'vote_thresh': vote_thresh, 'iou_sigma': p.std_iou_sigma,
+                'hard_nms_thresh': p.nms if p.std_soft == 'hard' else None}
 
 
 def _pad_by_class(values, classes, counts, width, fill):

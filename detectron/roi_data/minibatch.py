@@ -45,7 +45,7 @@ def read_image(path):
     return im
 
 
-# The only roidb fields a training worker needs; the rest (gt_overlaps, segms, ...) stays behind.
+# The roidb fields a training worker needs (Mask R-CNN adds 'segms'); the rest stays behind.
 TRAINING_KEYS = ('image', 'flipped', 'boxes', 'gt_classes', 'is_crowd')
 
 
@@ -73,13 +73,18 @@ def _is_truncated_jpeg(data):
 
 
 def gt_targets(entry):
-    """Ground-truth rows (gt_classes > 0) of a roidb entry as the model's target dict."""
+    """Ground-truth rows (gt_classes > 0) of a roidb entry as the model's target dict; with 'segms'
+    in the entry (Mask R-CNN) also each row's polygons as float32 arrays (None for crowd regions)."""
     is_gt = np.asarray(entry['gt_classes']) > 0
-    return {
+    targets = {
         'boxes': torch.from_numpy(np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[is_gt]),
         'classes': torch.from_numpy(np.asarray(entry['gt_classes'], dtype=np.int64)[is_gt]),
         'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
     }
+    if 'segms' in entry:
+        targets['segms'] = [None if crowd else [np.asarray(p, dtype=np.float32) for p in segm]
+                            for segm, crowd, keep in zip(entry['segms'], entry['is_crowd'], is_gt) if keep]
+    return targets
 
 
 def prepare_training_image(entry, target_size, max_size, pixel_means):

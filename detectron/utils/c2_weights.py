@@ -3,7 +3,9 @@
 Detectron blob names map to our state_dict keys mechanically (docs/DESIGN.md, "Parameter names"):
 `<name>_w`/`_b` -> `<module>.weight`/`.bias`, `<prefix>_bn_s`/`_bn_b` -> `<prefix>_bn.weight`/`.bias`;
 GroupNorm models (Detectron's ConvGN, the 04_2018_gn_baselines) name the norm `<prefix>_gn_s`/`_gn_b`
-(the stem's `conv1_gn_*`, FPN's `fpn_inner_*_gn_*`, `fpn_*_sum_gn_*`), which load into the same modules.
+(the stem's `conv1_gn_*`, FPN's `fpn_inner_*_gn_*`, `fpn_*_sum_gn_*`), which load into the same modules;
+the GN box head's `head_conv<i>` and the mask head's `_[mask]_fcn<i>` (`_mask_fcn<i>` + `_gn` with GroupNorm),
+`conv5_mask` and `mask_fcn_logits` map to `box_head.head_conv<i>` and `mask_head.*`.
 Loading follows Detectron's utils/net.py: for every model tensor the blob of its Detectron name is
 loaded (shapes must match); model tensors without a blob keep their init and are reported as
 missing; file blobs no tensor asked for are reported as unused, except the ones Detectron files
@@ -138,6 +140,18 @@ _KEY_RULES = [
     (re.compile(r'^(?:box_head|box_outs)\.(fc6|fc7|cls_score|bbox_pred|bbox_pred_std)\.'
                 r'(weight|bias)$'),
      lambda m, _, norm: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
+    # The GN box head (add_roi_Xconv1fc_gn_head): ConvGN `head_conv<i>` (no bias) and its `_gn`.
+    (re.compile(r'^box_head\.head_conv(\d+)\.weight$'), lambda m, _, norm: f'head_conv{m.group(1)}_w'),
+    (re.compile(r'^box_head\.head_conv(\d+)_gn\.(weight|bias)$'),
+     lambda m, _, norm: f"head_conv{m.group(1)}{_NORM_SUFFIX['gn'][m.group(2)]}"),
+    # Mask head: Detectron names the convolutions `_[mask]_fcn<i>`, or `_mask_fcn<i>` (no bias) before
+    # a GroupNorm `_mask_fcn<i>_gn`; norm picks the spelling as for the body.
+    (re.compile(r'^mask_head\.fcn(\d+)\.(weight|bias)$'),
+     lambda m, _, norm: f"{'_[mask]' if norm == 'affine' else '_mask'}_fcn{m.group(1)}{_PARAM_SUFFIX[m.group(2)]}"),
+    (re.compile(r'^mask_head\.fcn(\d+)_gn\.(weight|bias)$'),
+     lambda m, _, norm: f"_mask_fcn{m.group(1)}{_NORM_SUFFIX['gn'][m.group(2)]}"),
+    (re.compile(r'^mask_head\.(conv5_mask|mask_fcn_logits)\.(weight|bias)$'),
+     lambda m, _, norm: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
 ]
 
 _BLOB_PARAM = {'w': 'weight', 'b': 'bias', 's': 'weight'}
@@ -160,6 +174,12 @@ _BLOB_RULES = [
      lambda m: 'box_head.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
     (re.compile(r'^(cls_score|bbox_pred|bbox_pred_std)_([wb])$'),
      lambda m: 'box_outs.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^head_conv(\d+)(_gn)?_([wsb])$'),
+     lambda m: f"box_head.head_conv{m.group(1)}{m.group(2) or ''}.{_BLOB_PARAM[m.group(3)]}"),
+    (re.compile(r'^(?:_\[mask\]|_mask)_fcn(\d+)(_gn)?_([wsb])$'),
+     lambda m: f"mask_head.fcn{m.group(1)}{m.group(2) or ''}.{_BLOB_PARAM[m.group(3)]}"),
+    (re.compile(r'^(conv5_mask|mask_fcn_logits)_([wb])$'),
+     lambda m: f'mask_head.{m.group(1)}.{_BLOB_PARAM[m.group(2)]}'),
 ]
 
 

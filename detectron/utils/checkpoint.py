@@ -77,6 +77,15 @@ class Retention:
         return ([LAST_CHECKPOINT_NAME] if self.last and (periodic or numbered) else []) + numbered
 
 
+    def describe(self):
+        """Where the checkpoints go and which stay, for the schedule print-out."""
+        kept = 'all kept' if self.keep <= 0 else 'the {} newest kept (TRAIN.KEEP_CHECKPOINTS)'.format(self.keep)
+        if not self.last:
+            return 'into model_iterN.pth, {}'.format(kept)
+        steps = ', '.join(str(it) for it in sorted(self.milestones)) or 'none'
+        return 'into model_last.pth (overwritten); model_iterN.pth after iterations {}, {}'.format(steps, kept)
+
+
 def prune_checkpoints(output_dir, keep):
     """Remove all but the `keep` newest model_iterN.pth of output_dir (keep 0: none removed);
     returns the removed paths."""
@@ -123,10 +132,12 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
 
 
 def _on_host(value):
-    """value with its tensors in host memory: device tensors are copied once here, where the digest
-    and torch.save would each copy them again."""
+    """value with its tensors in host memory, contiguous: the one host copy of a checkpoint, which the
+    digest and torch.save then read as it is. A device tensor is made contiguous on its device first
+    (channels_last weights: a copy on the device, not a second one on the host); a host tensor is
+    copied only if it is not contiguous, and otherwise saved as it is."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        return value.detach().contiguous().cpu()
     if isinstance(value, dict):
         return {k: _on_host(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

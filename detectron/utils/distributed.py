@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from detectron.utils.errors import DetectronError, LaunchError, as_loader_worker_error, termination_signals_raise
+from detectron.utils.errors import (DetectronError, JobInterrupted, LaunchError, as_loader_worker_error,
+                                    termination_signals_raise)
 from detectron.utils.logging import setup_logging
 from detectron.utils.torch_file import content_digest
 
@@ -170,6 +171,13 @@ def job_from_environment(environ=None):
         return JobSpec(int(environ['SLURM_PROCID']), int(environ['SLURM_NTASKS']),
                        int(environ['SLURM_LOCALID']), 'SLURM')
     return None
+
+
+def launched_rank():
+    """The rank a launcher (torchrun, SLURM) gave this process, before any process group exists; 0
+    for a tool started by itself (it runs rank 0 or starts the workers)."""
+    job = job_from_environment()
+    return job.rank if job is not None else 0
 
 
 def _require_variables(environ, names, kind):
@@ -462,6 +470,8 @@ def _raise_worker_failure(failed, workers, report_dir):
         raise WorkerKilled(_describe_exit(rank, world_size, exitcode))
     if report['user_error'] is not None:
         user_error = pickle.loads(report['user_error'])
+        if isinstance(user_error, JobInterrupted):  # a stopped job: the same line and exit status as here
+            raise user_error
         raise type(user_error)('rank {}: {}'.format(rank, user_error))
     raise WorkerError('worker rank {} of {} failed with {}\n\nTraceback of rank {}:\n{}'.format(
         rank, world_size, report['error'], rank, report['traceback']))

@@ -59,16 +59,26 @@ class LoaderWorkerError(DetectronError, RuntimeError):
 DEAD_WORKER_HINT = '(the out-of-memory killer, see dmesg, or a kill); lower DATA_LOADER.NUM_THREADS if memory is short'
 
 
+# torch's "DataLoader worker (pid N) is killed by signal: <strsignal>." for the signals that stop a job.
+_STOPPING_SIGNALS = {signal.strsignal(sig): sig for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
 def as_loader_worker_error(err):
-    """torch's RuntimeError for a dead DataLoader worker as a LoaderWorkerError, else None.
+    """torch's RuntimeError for a dead DataLoader worker as a LoaderWorkerError, else None; a worker
+    stopped by SIGTERM or SIGINT (sent to the process group, or by torchrun's agent) as the
+    JobInterrupted of that signal.
 
     torch raises it from the loader's iterator or, through its SIGCHLD handler, at whatever line the
     main thread is running, so both the loader and the tools' top levels translate it."""
-    if isinstance(err, LoaderWorkerError):
+    if isinstance(err, (LoaderWorkerError, JobInterrupted)):
         return err
     if not (isinstance(err, RuntimeError) and str(err).startswith('DataLoader worker')):
         return None
-    return LoaderWorkerError('{} {}'.format(str(err).strip().splitlines()[0].rstrip('. '), DEAD_WORKER_HINT))
+    first_line = str(err).strip().splitlines()[0].rstrip('. ')
+    killed_by = first_line.rpartition('killed by signal: ')[2]
+    if killed_by in _STOPPING_SIGNALS:
+        return JobInterrupted(_STOPPING_SIGNALS[killed_by])
+    return LoaderWorkerError('{} {}'.format(first_line, DEAD_WORKER_HINT))
 
 
 @contextlib.contextmanager
@@ -136,5 +146,14 @@ def run_tool(main, argv):
         with termination_signals_raise(), dead_loader_workers_as_errors():
             main(argv)
     except DetectronError as err:
-        print('error: {}'.format(' '.join(str(err).splitlines())), file=sys.stderr)
+        if isinstance(err, JobInterrupted) and threading.current_thread() is threading.main_thread():
+            # The job is stopping: its DataLoader workers, stopped by the same signal, are expected to die.
+            # torch's SIGCHLD handler would report one as a failure from the loader's clean-up at exit.
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        print(error_line(err), file=sys.stderr)
         sys.exit(getattr(err, 'exit_status', 2))
+
+
+def error_line(err):
+    """A DetectronError as the one `error:` line the tools print."""
+    return 'error: {}'.format(' '.join(str(err).splitlines()))

@@ -1,6 +1,7 @@
-"""Pickle files, atomic writes and the URL download cache (Detectron utils/io.py)."""
+"""Pickle and JSON files, atomic writes and the URL download cache (Detectron utils/io.py)."""
 
 import errno
+import json
 import logging
 import os
 import pickle
@@ -15,7 +16,7 @@ try:
 except ImportError:  # numpy < 2
     from numpy.core import multiarray as _multiarray
 
-from detectron.utils.errors import OutputDirError, WeightsError
+from detectron.utils.errors import DetectronError, OutputDirError, WeightsError
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,10 @@ def _write_atomically(path, write):
     tmp_path = '{}.tmp.{}'.format(path, uuid.uuid4().hex)
     try:
         with open(tmp_path, 'wb') as f:
-            write(f)
+            try:
+                write(f)
+            except RuntimeError as e:
+                raise _first_of_chain(e) from None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
@@ -59,6 +63,15 @@ def _write_atomically(path, write):
             os.remove(tmp_path)
         except OSError:
             pass
+
+
+def _first_of_chain(err):
+    """The exception that a write began with. torch.save reports one raised while it writes (a full
+    disk's OSError, the JobInterrupted of a SIGTERM or Ctrl-C) as a RuntimeError of its zip writer
+    ('unexpected pos ...') raised while unwinding, with the cause as its context."""
+    while isinstance(err, RuntimeError) and isinstance(err.__context__, (OSError, DetectronError)):
+        err = err.__context__
+    return err
 
 
 def remove_stale_temporary_files(directory):
@@ -97,6 +110,12 @@ def save_object(obj, path):
     """Pickle obj to path atomically, with protocol 2 and numpy 1's module names, so that Detectron's
     Python 2 (and its numpy 1) can read it."""
     _write_atomically(path, lambda f: _OldNumpyPickler(f, protocol=2).dump(obj))
+
+
+def save_json(obj, path):
+    """json.dump obj to path atomically: a full disk or a kill leaves the old file or none, never a
+    truncated one."""
+    _write_atomically(path, lambda f: f.write(json.dumps(obj).encode('utf-8')))
 
 
 def load_object(path, unpickler=pickle.Unpickler):

@@ -3,9 +3,15 @@ import os
 
 import cv2
 import numpy as np
+import pycocotools.mask as mask_util
 
 _BOX_COLOR = (18, 127, 15)  # BGR, Detectron's green
 _TEXT_COLOR = (218, 227, 218)
+_MASK_ALPHA = 0.4  # Detectron's vis_mask blend
+_MASK_BORDER_COLOR = (255, 255, 255)
+# Detectron's colormap (utils/colormap.py) starts with these; masks cycle through them (BGR).
+_MASK_COLORS = ((189, 114, 0), (25, 83, 217), (32, 177, 237), (142, 47, 126), (48, 172, 119), (238, 190, 77),
+                (47, 20, 162))
 
 
 def convert_from_cls_format(cls_boxes):
@@ -18,15 +24,24 @@ def convert_from_cls_format(cls_boxes):
     return boxes, classes
 
 
-def vis_one_image(im, cls_boxes, class_names, thresh=0.5):
-    """Return a copy of BGR `im` with each detection scoring >= thresh boxed and labelled."""
+def convert_segms_from_cls_format(cls_segms):
+    """cls_segms[j] RLE lists per class -> one list over all classes j >= 1 (convert_from_cls_format's order)."""
+    return [rle for j, segms in enumerate(cls_segms) if j > 0 for rle in segms]
+
+
+def vis_one_image(im, cls_boxes, class_names, thresh=0.5, cls_segms=None):
+    """Return a copy of BGR `im` with each detection scoring >= thresh boxed and labelled, its mask
+    (cls_segms, a model with masks) blended in and outlined as Detectron's vis_mask."""
     out = im.copy()
     boxes, classes = convert_from_cls_format(cls_boxes)
+    segms = convert_segms_from_cls_format(cls_segms) if cls_segms is not None else None
     order = np.argsort(-boxes[:, 4], kind='stable')
-    for i in order:
+    for rank, i in enumerate(order):
         x1, y1, x2, y2, score = boxes[i]
         if score < thresh:
             continue
+        if segms is not None:
+            _draw_mask(out, mask_util.decode(segms[i]), _MASK_COLORS[rank % len(_MASK_COLORS)])
         p1, p2 = (int(round(x1)), int(round(y1))), (int(round(x2)), int(round(y2)))
         cv2.rectangle(out, p1, p2, _BOX_COLOR, 1)
         name = class_names[classes[i]] if class_names is not None else 'id{}'.format(classes[i])
@@ -39,8 +54,16 @@ def vis_one_image(im, cls_boxes, class_names, thresh=0.5):
     return out
 
 
-def write_vis_image(output_dir, image_path, im, cls_boxes, class_names, thresh):
+def _draw_mask(out, mask, color):
+    """Blend color into out where mask is set and outline the mask (in place)."""
+    inside = mask.astype(bool)
+    out[inside] = (out[inside] * (1 - _MASK_ALPHA) + np.asarray(color) * _MASK_ALPHA).astype(np.uint8)
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_CCOMP, cv2.CHAIN_APPROX_NONE)
+    cv2.drawContours(out, contours, -1, _MASK_BORDER_COLOR, 1, cv2.LINE_AA)
+
+
+def write_vis_image(output_dir, image_path, im, cls_boxes, class_names, thresh, cls_segms=None):
     """Write vis_one_image's drawing as <output_dir>/<image name>.png; returns that path."""
     out_path = os.path.join(output_dir, os.path.splitext(os.path.basename(image_path))[0] + '.png')
-    cv2.imwrite(out_path, vis_one_image(im, cls_boxes, class_names, thresh))
+    cv2.imwrite(out_path, vis_one_image(im, cls_boxes, class_names, thresh, cls_segms=cls_segms))
     return out_path

@@ -401,7 +401,7 @@ def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the spawned workers run one thread each, as here
     try:
-        use_centernet(catalog, tmp_path / 'train', 'SOLVER.MAX_ITER', '2')
+        use_centernet(catalog, tmp_path / 'train')
         model = model_builder.create(cfg)
         weights = tmp_path / 'weights.pth'
         torch.save({'model': model.state_dict()}, weights)

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 from detectron.utils.errors import ConfigValueError
@@ -63,11 +64,55 @@ def test_amp_dtype_unknown_spelling_is_refused():
         _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'SOLVER.AMP.DTYPE', 'int8')
 
 
-@pytest.mark.parametrize('key', ['MODEL.MASK_ON', 'MODEL.KEYPOINTS_ON'])
-def test_unsupported_detectron_features_are_refused_by_the_builder(key):
-    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), key, 'True')
-    with pytest.raises(ConfigValueError, match='{} True asks for'.format(key)):
+def test_unsupported_detectron_features_are_refused_by_the_builder():
+    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'MODEL.KEYPOINTS_ON', 'True')
+    with pytest.raises(ConfigValueError, match='MODEL.KEYPOINTS_ON True asks for'):
         model_builder.create(cfg)
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v0up', "MRCNN.ROI_MASK_HEAD 'mask_rcnn_heads"),
+    ('MRCNN.DILATION', '2', 'MRCNN.DILATION 2 is not supported'),
+    ('MRCNN.USE_FC_OUTPUT', 'True', 'MRCNN.USE_FC_OUTPUT True is not supported'),
+    ('MRCNN.RESOLUTION', '14', 'MRCNN.RESOLUTION 14 must be twice MRCNN.ROI_XFORM_RESOLUTION 14'),
+])
+def test_mask_heads_not_built_are_refused(key, value, message):
+    _load(os.path.join('getting_started', 'shapes_demo_mask_R-18-FPN.yaml'), key, value)
+    with pytest.raises(ConfigValueError, match=message):
+        model_builder.create(cfg)
+
+
+# Detectron's config of Mask R-CNN on precomputed proposals: shipped with the GN baselines, refused.
+_PRECOMPUTED = os.path.join('04_2018_gn_baselines', 'mask_rcnn_R-50-FPN_1x_gn.yaml')
+_SHIPPED = sorted(os.path.relpath(os.path.join(d, f), CONFIGS) for d, _, files in os.walk(CONFIGS)
+                  for f in files if f.endswith('.yaml'))
+
+
+@pytest.mark.parametrize('name', [n for n in _SHIPPED if n != _PRECOMPUTED])
+def test_every_shipped_config_finalizes(name):
+    finalize_cfg(os.path.join(CONFIGS, name), [])
+    assert cfg.is_frozen()
+
+
+def test_the_precomputed_proposals_gn_baseline_is_one_error():
+    assert _PRECOMPUTED in _SHIPPED
+    with pytest.raises(ConfigValueError, match='only end-to-end Faster R-CNN with FPN is supported'):
+        finalize_cfg(os.path.join(CONFIGS, _PRECOMPUTED), [])
+
+
+def test_mask_configs_hold_the_reference_values():
+    _load('e2e_mask_rcnn_R-50-FPN_2x_log.yaml')  # KL-Loss's file
+    assert (cfg.MODEL.MASK_ON, cfg.XYXY, cfg.PRED_STD, cfg.PRED_STD_LOG, cfg.STD_NMS) == (True, True, True, True, False)
+    assert (cfg.MRCNN.RESOLUTION, cfg.MRCNN.ROI_XFORM_RESOLUTION, cfg.MRCNN.CONV_INIT) == (28, 14, 'MSRAFill')
+    assert cfg.MRCNN.ROI_MASK_HEAD == 'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs'
+    assert '35859007/12_2017_baselines/e2e_mask_rcnn_R-50-FPN_2x' in cfg.TRAIN.WEIGHTS
+
+
+def test_gn_baseline_holds_detectrons_values():
+    _load(os.path.join('04_2018_gn_baselines', 'e2e_mask_rcnn_R-50-FPN_2x_gn.yaml'))
+    assert cfg.FAST_RCNN.ROI_BOX_HEAD == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head'
+    assert cfg.TRAIN.WEIGHTS.endswith('47261647/R-50-GN.pkl')
+    assert (cfg.SOLVER.MAX_ITER, list(cfg.SOLVER.STEPS)) == (180000, [0, 120000, 160000])
 
 
 def test_voc_2007_trainval_is_a_catalog_name():

@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list, typed_keys
+from detectron.core.config import (assert_and_infer_cfg, cfg, merge_cfg_from_command_line, merge_cfg_from_file,
+                                   merge_cfg_from_list, typed_keys)
+from detectron.core import train_engine
 from detectron.modeling import centernet_builder
 from detectron.utils.errors import ConfigValueError
 from test_train_engine import write_tiny_datasets
@@ -136,11 +138,30 @@ def test_train_net_prints_the_contradiction_as_one_error_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines == ['error: SOLVER.MAX_ITER 1000 (from command line) contradicts CENTERNET.NUM_EPOCHS 65 (from {}), '
-                     "from which CenterNet's epoch schedule makes SOLVER.MAX_ITER 65: give only one of them".format(demo)]
+                     "from which CenterNet's epoch schedule makes SOLVER.MAX_ITER 65: give only one "
+                     'of them'.format(demo)]
 
 
-def test_the_derived_config_passes_the_checks(eighty_images):
+def test_the_derived_config_passes_the_checks_and_says_which_checkpoints_stay(eighty_images):
     merge_cfg_from_file(RESDCN18)
-    merge_cfg_from_list(ONE_GPU + ['TRAIN.SNAPSHOT_ITERS', '1000000'])
+    merge_cfg_from_list(ONE_GPU + ['TRAIN.SNAPSHOT_ITERS', '1000000', 'TRAIN.KEEP_CHECKPOINTS', '1'])
     derive()
     assert_and_infer_cfg()
+    # LR drops after epochs 90 and 120 of 2 iterations: the checkpoints after iterations 179 and 239.
+    assert train_engine.describe_schedule()[-1] == (
+        'checkpoint every 1000000 iterations (int(TRAIN.SNAPSHOT_ITERS 1000000 / NUM_GPUS 1)) into model_last.pth '
+        '(overwritten); model_iterN.pth after iterations 179, 239, the 1 newest kept (TRAIN.KEEP_CHECKPOINTS)')
+
+
+def test_a_negative_keep_checkpoints_is_refused():
+    merge_cfg_from_list(['TRAIN.KEEP_CHECKPOINTS', '-1'])
+    with pytest.raises(ConfigValueError, match=r'^TRAIN.KEEP_CHECKPOINTS must be >= 0 \(0: keep all\), got -1$'):
+        assert_and_infer_cfg()
+
+
+def test_a_tools_config_records_only_what_its_command_typed(tmp_path):
+    merge_cfg_from_list(['SOLVER.BASE_LR', '0.5'])  # an earlier merge in the same process
+    path = tmp_path / 'c.yaml'
+    path.write_text('SOLVER:\n  MAX_ITER: 90\n')
+    merge_cfg_from_command_line(str(path), ['TRAIN.SNAPSHOT_ITERS', '10'])
+    assert typed_keys() == {'SOLVER.MAX_ITER': str(path), 'TRAIN.SNAPSHOT_ITERS': 'command line'}

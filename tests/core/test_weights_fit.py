@@ -3,6 +3,7 @@ Detectron's ImageNet blobs given to CenterNet) fills none of the model and is re
 testing, naming the file and what it holds; testing with a head the file does not fill (sigma-less
 variance voting, CenterNet's heatmap head of another class count) is refused; CenterNet's own format
 and this port's .pth of another class count both load for training with the same tensors skipped."""
+import copy
 import logging
 import os
 import subprocess
@@ -17,6 +18,7 @@ from detectron.modeling import model_builder
 from detectron.utils.c2_weights import state_dict_to_detectron_blobs
 from detectron.utils.errors import WeightsError
 from detectron.utils.io import save_object
+from conftest import _restore_in_place
 from test_centernet_engine import use_centernet
 from test_train_engine import REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config, write_tiny_datasets
 
@@ -39,6 +41,9 @@ def weights(catalog):
     """{'rcnn': an R-CNN .pth, 'rcnn_kl': one with bbox_pred_std, 'centernet': a CenterNet .pth (2 classes),
     'centernet3': CenterNet's own format with 3 classes, 'r50_pkl': Detectron-named ImageNet blobs} (paths)."""
     root, paths = catalog.parent, {}
+    # Module-scoped, so it runs outside the per-test cfg restore: each config starts from the cfg as
+    # it found it, and the cfg is left that way.
+    pristine = copy.deepcopy(cfg)
     torch.manual_seed(0)
     use_tiny_config(catalog, root / 'unused')
     rcnn = model_builder.create(cfg).state_dict()
@@ -47,9 +52,11 @@ def weights(catalog):
     body = {k: v for k, v in rcnn.items() if k.startswith('conv_body.body.')}
     paths['r50_pkl'] = str(root / 'R-18.pkl')
     save_object({'blobs': state_dict_to_detectron_blobs(body)}, paths['r50_pkl'])
+    _restore_in_place(cfg, pristine)
     use_centernet(catalog, root / 'unused')
     paths['centernet'] = str(root / 'centernet.pth')
     torch.save({'model': model_builder.create(cfg).state_dict()}, paths['centernet'])
+    _restore_in_place(cfg, pristine)
     use_centernet(catalog, root / 'unused', 'CENTERNET.NUM_CLASSES', '3')
     three = model_builder.create(cfg).state_dict()
     paths['centernet3'] = str(root / 'ctdet_3.pth')
@@ -57,6 +64,7 @@ def weights(catalog):
                paths['centernet3'])
     paths['centernet3_ours'] = str(root / 'ours_3.pth')
     torch.save({'model': three}, paths['centernet3_ours'])
+    _restore_in_place(cfg, pristine)
     return paths
 
 

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from detectron.datasets import dataset_catalog
+from detectron.datasets import dataset_catalog, shapes
 from detectron.utils.errors import DatasetError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,7 +50,7 @@ def test_listing_includes_builtin_and_synthetic_without_generating(tmp_path):
 
 
 def test_shapes_names_resolve_to_generated_cache(tmp_path):
-    root = tmp_path / 'cache' / 'shapes'
+    root = tmp_path / 'cache' / shapes.CACHE_NAME
     assert dataset_catalog.get_im_dir('shapes_noisy_train') == str(root / 'train')
     assert dataset_catalog.get_ann_fn('shapes_noisy_train') == str(
         root / 'annotations' / 'shapes_noisy_train.json')

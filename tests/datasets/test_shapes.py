@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pycocotools.mask as mask_util
 import pytest
 
 from detectron.datasets import shapes
@@ -29,7 +30,7 @@ def _load(root, split):
 
 @pytest.fixture(scope='module')
 def generated(tmp_path_factory):
-    return shapes.ensure_shapes_dataset(str(tmp_path_factory.mktemp('first') / 'shapes'))
+    return shapes.ensure_shapes_dataset(str(tmp_path_factory.mktemp('first') / shapes.CACHE_NAME))
 
 
 def test_generation_is_byte_identical(generated, tmp_path):
@@ -49,9 +50,9 @@ def test_existing_root_is_reused_untouched(generated):
 
 def test_default_root_follows_cache_env(monkeypatch, tmp_path):
     monkeypatch.setenv('DETECTRON_DATA_CACHE', str(tmp_path))
-    assert shapes.default_root() == str(tmp_path / 'shapes')
+    assert shapes.default_root() == str(tmp_path / 'shapes_v3')
     monkeypatch.delenv('DETECTRON_DATA_CACHE')
-    assert shapes.default_root() == os.path.expanduser('~/.cache/detectron-port/shapes')
+    assert shapes.default_root() == os.path.expanduser('~/.cache/detectron-port/shapes_v3')
 
 
 def test_concurrent_generation_leaves_one_complete_dataset(generated, tmp_path):
@@ -166,3 +167,24 @@ def test_catalog_names_load_as_json_datasets(generated, monkeypatch):
     noisy = combined_roidb_for_training('shapes_noisy_train')
     assert len(noisy) == 2 * shapes.NUM_TRAIN_IMAGES
     assert noisy[0]['image'] == os.path.join(generated, 'train', '000001.jpg')
+
+
+@pytest.mark.parametrize('shape', shapes.CLASSES)
+def test_outline_polygon_rasterises_to_exactly_the_drawn_pixels(shape):
+    rng = np.random.RandomState(3)
+    for size in (12, 13, 40, 109):
+        mask = shapes._shape_mask(rng, shape, 2, 5, size, (120, 116))
+        polygon = shapes._outline_polygon(mask)
+        decoded = mask_util.decode(mask_util.frPyObjects([polygon], 120, 116))[:, :, 0]
+        assert np.array_equal(decoded.astype(bool), mask)
+    if shape == 'square':  # 4 corners, clockwise from the top right
+        assert polygon == [111, 5, 111, 114, 2, 114, 2, 5]
+
+
+def test_segmentations_match_area_and_box(generated):
+    coco = _load(generated, 'shapes_val')
+    sizes = {im['id']: (im['height'], im['width']) for im in coco['images']}
+    for ann in coco['annotations']:
+        rle = mask_util.frPyObjects(ann['segmentation'], *sizes[ann['image_id']])
+        assert int(mask_util.area(mask_util.merge(rle))) == ann['area']
+        assert mask_util.toBbox(mask_util.merge(rle)).tolist() == ann['bbox']

@@ -112,7 +112,9 @@ def test_a_body_that_mixes_groupnorm_and_affine_functions_is_refused(shortcut):
 
 def test_the_training_roidb_drops_annotations_below_gt_min_area(monkeypatch):
     calls = []
-    monkeypatch.setattr(rcnn_builder, 'combined_roidb_for_training', lambda *args: calls.append(args) or [])
-    cfg.merge_from_list(['TRAIN.DATASETS', ('a', 'b'), 'TRAIN.GT_MIN_AREA', 32, 'TRAIN.USE_FLIPPED', False])
+    monkeypatch.setattr(rcnn_builder, 'combined_roidb_for_training',
+                        lambda *args, **kwargs: calls.append((args, kwargs)) or [])
+    cfg.merge_from_list(['TRAIN.DATASETS', ('a', 'b'), 'TRAIN.GT_MIN_AREA', 32, 'TRAIN.USE_FLIPPED', False,
+                         'MODEL.MASK_ON', True])
     rcnn_builder.GeneralizedRCNNType().training_roidb(cfg)
-    assert calls == [(('a', 'b'), False, 32)]
+    assert calls == [((('a', 'b'), False, 32), {'segms': True})]

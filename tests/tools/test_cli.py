@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 
@@ -243,3 +244,11 @@ def test_torch_distributed_launch_trains_as_torchrun(tmp_path):
     output = done.stdout + done.stderr
     assert 'images per iteration: 8 (NUM_GPUS 2 x TRAIN.IMS_PER_BATCH 4' in output
     assert os.path.exists(os.path.join(tmp_path, 'train', 'shapes_train', 'generalized_rcnn', 'model_final.pth'))
+    # OUTPUT_DIR/log.txt: rank 0's log, its start marked once; rank 1 had no error to add.
+    log = (tmp_path / 'log.txt').read_text().splitlines()
+    assert log[0].startswith('=== started ') and log[0].endswith(
+        ': tools/train_net.py --local-rank=0 ' + shlex.join(done.args[8:]))
+    assert sum(line.startswith('=== started ') for line in log) == 1
+    assert [line for line in log if line.startswith('json_stats: ')] == [
+        line for line in done.stdout.splitlines() if line.startswith('json_stats: ')]
+    assert not any(line.startswith('rank 1: ') for line in log)

@@ -1,4 +1,5 @@
 """Checkpoints: atomic writes, finding the newest, round trips, resume (also on another world size)."""
+import copy
 import errno
 import logging
 import os
@@ -7,6 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed
@@ -399,3 +401,55 @@ def test_a_copied_checkpoint_reads_as_the_original(tmp_path):
     with open(paths[4], 'rb') as a, open(copy, 'rb') as b:
         assert a.read() == b.read()
     assert [name for name in os.listdir(tmp_path) if '.tmp.' in name] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# one host copy per tensor
+
+class _HostCopies(TorchDispatchMode):
+    """The shapes of the tensors that copy-like operators (a device-to-host copy, clone, contiguous,
+    copy_) write into host memory while the mode is on."""
+    COPIES = (torch.ops.aten._to_copy.default, torch.ops.aten.clone.default, torch.ops.aten.copy_.default)
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.COPIES and isinstance(out, torch.Tensor) and out.device.type == 'cpu':
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA'))])
+def test_a_checkpoint_copies_each_tensor_to_the_host_at_most_once(tmp_path, device):
+    # channels_last weights (and Adam's moments, which follow their layout) are the case where the
+    # digest used to make a second, contiguous host copy after the device-to-host one.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    model = model.to(device).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(2, 3, 4, 4, device=device)).square().mean().backward()
+    optimizer.step()
+    assert not model[0].weight.is_contiguous()
+    tensors = list(model.state_dict().values()) + [v for state in optimizer.state.values() for v in state.values()]
+    if device == 'cpu':  # host tensors: only the non-contiguous ones need a (contiguous) copy
+        expected = [tuple(t.shape) for t in tensors if not t.is_contiguous()]
+        assert len(expected) == 3  # conv weight, exp_avg, exp_avg_sq
+    else:  # device tensors: each copied to the host once (Adam's step counters live on the host already)
+        expected = [tuple(t.shape) for t in tensors if t.device.type == 'cuda']
+    rng_states = {0: checkpoint.capture_rng_state()}
+    path = str(tmp_path / 'model_iter0.pth')
+    with _HostCopies() as copies:
+        checkpoint.save_checkpoint(path, model, optimizer, 0, rng_states=rng_states)
+    assert sorted(copies.shapes) == sorted(expected)
+    # Stored contiguous: verifying the digest when the file is read copies nothing either.
+    stored = torch.load(path, weights_only=True)
+    stored_tensors = list(stored['model'].values()) + [v for state in stored['optimizer']['state'].values()
+                                                       for v in state.values()]
+    assert len(stored_tensors) == len(tensors) and all(t.is_contiguous() for t in stored_tensors)
+    saved = checkpoint.load_checkpoint(path, copy.deepcopy(model).cpu())  # digest checked
+    for key, value in model.state_dict().items():
+        assert torch.equal(saved['model'][key], value.cpu()), key

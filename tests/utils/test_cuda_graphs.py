@@ -52,6 +52,31 @@ def test_rcnn_detections_with_the_graphed_body_equal_the_eager_ones():
 
 
 @needs_cuda
+def test_mask_rcnn_masks_with_the_graphed_body_equal_the_eager_ones():
+    # The mask head reads the FPN features the graph returned: they must still be this image's.
+    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
+    from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_mask_R-18-FPN.yaml'))
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    model = model_builder.create(cfg).cuda().eval()
+    with torch.no_grad():
+        model.box_outs.cls_score.bias.zero_()
+        for param in model.mask_head.parameters():
+            param.normal_(0.0, 0.3)
+    params = (rcnn_builder.image_params(cfg), rcnn_builder.decode_params(cfg), rcnn_builder.nms_params(cfg))
+    sizes = [(150, 200), (190, 140), (150, 200)]
+    images = [np.random.RandomState(seed).randint(0, 255, sizes[seed] + (3,)).astype(np.uint8) for seed in range(3)]
+    for im in images + images:
+        eager_boxes, eager_segms = rcnn_inference.im_detect_all(model, im, *params, mask_thresh=0.5, cuda_graphs=False)
+        boxes, segms = rcnn_inference.im_detect_all(model, im, *params, mask_thresh=0.5, cuda_graphs=True)
+        assert sum(len(b) for b in eager_boxes) > 0
+        for a, b in zip(boxes, eager_boxes):
+            np.testing.assert_array_equal(a, b)
+        assert segms == eager_segms
+
+
+@needs_cuda
 def test_a_shape_is_captured_the_second_time_it_comes_and_replays_its_values():
     layer = nn.Conv2d(3, 4, 3).cuda().eval()
     graphed = cuda_graphs.GraphedCallable(lambda x: torch.relu(layer(x)), max_graphs=1)

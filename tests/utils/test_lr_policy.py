@@ -36,6 +36,7 @@ def _solver(**values):
 
 
 def _schedule_8gpu(**overrides):
+    cfg.MODEL.TYPE = 'generalized_rcnn'  # describe_schedule names the model type's checkpoint files
     values = dict(BASE_LR=0.02, LR_POLICY='steps_with_decay', GAMMA=0.1, STEPS=[0, 3750, 5000], MAX_ITER=7500)
     _solver(**dict(values, **overrides))
 
@@ -168,13 +169,15 @@ def test_describe_schedule_of_the_8gpu_tutorial():
         'final LR: 0.0002 (iteration 7499)',
         'MAX_ITER: 7500 iterations = 120000 images',
         'epochs: 1.01 over 118287 training images',
-        'checkpoint every 10000 iterations (int(TRAIN.SNAPSHOT_ITERS 80000 / NUM_GPUS 8))',
+        'checkpoint every 10000 iterations (int(TRAIN.SNAPSHOT_ITERS 80000 / NUM_GPUS 8)) into model_iterN.pth, '
+        'all kept',
     ]
 
 
 def test_describe_schedule_step_policy_without_warm_up():
-    merge_cfg_from_list(['SOLVER.WARM_UP_ITERS', '0', 'SOLVER.ITER_SIZE', '3', 'SOLVER.STEP_SIZE', '1000',
-                         'SOLVER.MAX_ITER', '12500', 'SOLVER.BASE_LR', '1.0', 'SOLVER.GAMMA', '0.5'])
+    merge_cfg_from_list(['MODEL.TYPE', 'generalized_rcnn', 'SOLVER.WARM_UP_ITERS', '0', 'SOLVER.ITER_SIZE', '3',
+                         'SOLVER.STEP_SIZE', '1000', 'SOLVER.MAX_ITER', '12500', 'SOLVER.BASE_LR', '1.0',
+                         'SOLVER.GAMMA', '0.5'])
     assert lr_change_iters() == list(range(1000, 12500, 1000))
     lines = describe_schedule()
     assert lines[0] == 'images per iteration: 6 (NUM_GPUS 1 x TRAIN.IMS_PER_BATCH 2 x SOLVER.ITER_SIZE 3)'

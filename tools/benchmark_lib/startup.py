@@ -36,7 +36,7 @@ from .logs import (
     test_log_total_inference_s,
     train_log_first_iteration_s,
 )
-from .loops import LOOP_MIN_LR, dataset_arg, replayed_test_row, write_test_weights
+from .loops import dataset_arg, replayed_test_row, write_test_weights
 from .timing import Row, per_round_ratios, run_interleaved
 
 DATASET = 'benchmark_coco_val_sizes'
@@ -99,12 +99,12 @@ def first_iteration_logged(log_text):
 
 def train_net_run(args, cfg_file, catalog, work):
     """train_net on the dataset from random init, stopped after its first json_stats line: first
-    batch -> first iteration done, s."""
+    batch -> first iteration done, s. The config's own learning rate: its first loss comes before any
+    update, and a typed SOLVER.BASE_LR would contradict a CenterNet config's CENTERNET.LR."""
     output_dir = os.path.join(work, 'train')
     log = run_logged('train_net.py', ['-c', os.path.abspath(cfg_file), '--skip-test']
                      + tool_opts(args, catalog, output_dir) + [
-                         'TRAIN.DATASETS', dataset_arg(DATASET), 'TRAIN.WEIGHTS', "''",
-                         'SOLVER.BASE_LR', str(args.lr or LOOP_MIN_LR)],
+                         'TRAIN.DATASETS', dataset_arg(DATASET), 'TRAIN.WEIGHTS', "''"],
                      os.path.join(work, 'train_net.log'), stop_when=first_iteration_logged)
     return train_log_first_iteration_s(json_stats(log))
 
