@@ -65,22 +65,20 @@ def paste_masks(masks, ref_boxes, im_h, im_w, thresh_binarize):
 def _encode_window(window, x0, y0, im_h, im_w):
     """pycocotools' compressed RLE of an im_h x im_w mask that is zero outside `window` (placed at
     column x0, row y0; None when the box lies outside the image)."""
-    counts = [im_h * im_w]
+    boundaries = []
     if window is not None and window.any():
-        # The column-major pixels of the window's full-height columns; the columns left and right
-        # of them are zeros that only lengthen the first and last zero runs.
-        columns = np.zeros((window.shape[1], im_h), dtype=np.uint8)
-        columns[:, y0:y0 + window.shape[0]] = window.T
+        # The window's columns, each between a zero row above and below (the image is zero there,
+        # and between one column's end and the next one's start): every value change in this
+        # column-major order is one in the whole image's, at the same pixel.
+        h = window.shape[0]
+        columns = np.zeros((window.shape[1], h + 2), dtype=np.uint8)
+        columns[:, 1:-1] = window.T
         flat = columns.ravel()
         changes = np.flatnonzero(flat[1:] != flat[:-1]) + 1
-        runs = np.diff(np.concatenate([[0], changes, [flat.size]])).tolist()
-        if flat[0]:
-            runs.insert(0, 0)
-        runs[0] += x0 * im_h
-        trailing = (im_w - x0 - window.shape[1]) * im_h
-        if not flat[-1]:
-            runs[-1] += trailing
-        elif trailing:
-            runs.append(trailing)
-        counts = runs
-    return mask_util.frPyObjects({'counts': counts, 'size': [im_h, im_w]}, im_h, im_w)
+        column, row = np.divmod(changes, h + 2)
+        pixels, repeats = np.unique((x0 + column) * im_h + (y0 - 1 + row), return_counts=True)
+        # A column ending on the image's last row and the next one starting on its first row meet
+        # at the same pixel (no change there); the image ends after its last pixel.
+        boundaries = pixels[(repeats == 1) & (pixels < im_h * im_w)].tolist()
+    runs = np.diff([0] + boundaries + [im_h * im_w]).tolist()
+    return mask_util.frPyObjects({'counts': runs, 'size': [im_h, im_w]}, im_h, im_w)

@@ -5,6 +5,7 @@ x2 > x1 and y2 > y1, crowd rows -1, flip x -> W - x - 1)."""
 import json
 
 import numpy as np
+import pycocotools.mask as mask_util
 import pytest
 
 from detectron.datasets import dataset_catalog
@@ -194,3 +195,24 @@ def test_model_class_count_is_checked_against_the_categories(tmp_path, caplog, m
         dataset.check_model_classes(4)  # testing: json ids would be wrong
     dataset.check_model_classes(4, at_least=True)
     assert 'never trained' in caplog.text
+
+
+def test_mask_roidb_keeps_segmentations_and_flips_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(dataset_catalog, '_registered', {})
+    (tmp_path / 'a.jpg').write_bytes(b'')
+    crowd_rle = {'size': [4, 10], 'counts': [0, 8, 32]}  # column-major: x = 0, 1 filled
+    coco = {'images': [{'id': 1, 'file_name': 'a.jpg', 'width': 10, 'height': 4}],
+            'categories': [{'id': 1, 'name': 'thing'}],
+            'annotations': [
+                dict(_ann(1, 1, 1, [1, 0, 3, 2], 6), segmentation=[[1, 0, 4, 0, 4, 2], [0, 0, 1, 1]]),
+                dict(_ann(2, 1, 1, [0, 0, 2, 4], 8, iscrowd=1), segmentation=crowd_rle),
+            ]}
+    (tmp_path / 'segm.json').write_text(json.dumps(coco))
+    dataset_catalog.register_dataset('segm', str(tmp_path), str(tmp_path / 'segm.json'))
+    assert 'segms' not in JsonDataset('segm').get_roidb(gt=True)[0]
+    original, flipped = combined_roidb_for_training('segm', segms=True)
+    # Polygons of fewer than 3 points are dropped, as Detectron's roidb does; crowd RLE is kept.
+    assert original['segms'] == [[[1, 0, 4, 0, 4, 2]], crowd_rle]
+    assert flipped['segms'][0] == [[8, 0, 5, 0, 5, 2]]  # x -> W - x - 1
+    decoded = mask_util.decode(flipped['segms'][1])
+    assert decoded[:, 8:].all() and decoded[:, :8].sum() == 0

@@ -88,6 +88,11 @@ def test_pasting_equals_detectron_s_whole_image_masks_and_pycocotools():
         thresh = 0.5 if trial % 2 else 0.3
         assert (mask_inference.paste_masks(masks, boxes, im_h, im_w, thresh)
                 == _detectron_paste(masks, boxes, im_h, im_w, thresh)), trial
+    # Masks filling whole columns of the image: one column's last pixel and the next one's first
+    # continue one run, and the image's last pixel ends one.
+    whole = np.array([[0, 0, 29, 19], [3, 0, 12, 19], [0, 2, 29, 19]], np.float32)
+    ones = np.ones((3, 14, 14), np.float32)
+    assert mask_inference.paste_masks(ones, whole, 20, 30, 0.5) == _detectron_paste(ones, whole, 20, 30, 0.5)
 
 
 def test_segm_results_takes_each_detection_s_class_channel(monkeypatch):

@@ -6,6 +6,7 @@ import torch
 
 from detectron.core import test as test_lib
 from detectron.core.config import cfg
+from detectron.core.test_engine import boxes_and_segms
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import build_optimizer
 
@@ -98,7 +99,7 @@ def ours_detect(model, image, device, precision):
 def ours_test_facts(model, image, device, precision):
     with autocast(device, precision):
         scores = test_lib.im_detect_bbox(model, image, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)[0]
-    detections = sum(len(b) for b in ours_detect(model, image, device, precision)[1:])
+    detections = sum(len(b) for b in boxes_and_segms(ours_detect(model, image, device, precision))[0][1:])
     return {'rois': int(scores.shape[0]), 'candidates': int((scores[:, 1:] > cfg.TEST.SCORE_THRESH).sum()),
             'detections': int(detections)}
 
