@@ -452,6 +452,12 @@ mg_centernet() {  # Must-show 2: CenterNet resdcn_18, bf16, 2 ranks with CenterN
   mg_compare log "$OUT/multi_gpu/cn_2.log" 'TRAIN.RANK_IMS_PER_BATCH \(4, 8\)' "centernet: chunks [4, 8]"
   mg_compare log "$OUT/multi_gpu/cn_2.log" 'Parameters after iteration [0-9]+ are bitwise equal on all 2 ranks' \
     "centernet: weights bitwise equal on both ranks"
+  # The loss weighting of unequal chunks (each rank's loss on its own chunk, gradients averaged) against the
+  # step computed by hand, here with both ranks on the GPU.
+  python3 -m pytest -q tests/core/test_centernet_engine.py -k 'unequal_chunks and cuda' > "$OUT/multi_gpu/cn_chunks.txt" 2>&1
+  grep -q '^1 passed' "$OUT/multi_gpu/cn_chunks.txt"
+  mg_verdict $? "centernet: chunks [1, 2] on the GPU give CenterNet's mean of per-GPU losses" \
+    "$(tail -1 "$OUT/multi_gpu/cn_chunks.txt")"
 }
 
 mg_test_pair() {  # <name> <config> <overrides...>: test_net on 1 rank and on 2 ranks; detections identical
