@@ -129,9 +129,11 @@ class CenterNetType(ModelType):
             return '; '.join(['fewer or smaller CENTERNET.TEST_SCALES {}'.format(tuple(c.TEST_SCALES))]
                              + ['CENTERNET.{} False'.format(key) for key in ('FLIP_TEST', 'CUDA_GRAPHS') if c[key]])
         chunks = rank_chunks(cfg)
-        batch = ('lower CENTERNET.MASTER_BATCH_SIZE {} (rank 0 takes {} of the {} images) or CENTERNET.BATCH_SIZE {}; '
-                 'raise SOLVER.ITER_SIZE {} to accumulate the batch over more steps'.format(
-                     c.MASTER_BATCH_SIZE, chunks[0], c.BATCH_SIZE, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
+        share = ('CENTERNET.CHUNK_SIZES {}'.format(tuple(chunks)) if c.CHUNK_SIZES else
+                 'CENTERNET.MASTER_BATCH_SIZE {} (rank 0 takes {} of the {} images)'.format(
+                     c.MASTER_BATCH_SIZE, chunks[0], c.BATCH_SIZE))
+        batch = ('lower {} or CENTERNET.BATCH_SIZE {}; raise SOLVER.ITER_SIZE {} to accumulate the batch over '
+                 'more steps'.format(share, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
         return '; '.join([batch] + checkpoint_setting(cfg))
 
     def results_format(self, cfg):
