@@ -75,6 +75,10 @@ def as_loader_worker_error(err):
         return err
     if not (isinstance(err, RuntimeError) and str(err).startswith('DataLoader worker')):
         return None
+    if isinstance(err.__cause__, JobInterrupted):
+        # The signal arrived while the loader waited for a batch; torch reports any error of that wait
+        # as "exited unexpectedly" once a worker (here one ended by the same signal) is gone.
+        return err.__cause__
     first_line = str(err).strip().splitlines()[0].rstrip('. ')
     killed_by = first_line.rpartition('killed by signal: ')[2]
     if killed_by in _STOPPING_SIGNALS:

@@ -16,6 +16,7 @@ import torch
 
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
+from detectron.utils.errors import JobInterrupted, as_loader_worker_error
 from detectron.utils.torch_file import read_torch_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -208,3 +209,17 @@ def test_a_signal_to_the_process_group_stops_the_job_with_one_line(tiny_test_set
             job.kill()
     assert job.returncode == 128 + sig, stderr
     assert stderr.strip().splitlines() == [STOPPED.format(sig.name)], stderr
+
+
+def test_torch_s_dead_worker_errors_of_a_stopped_job_are_the_stop():
+    stopped = JobInterrupted(signal.SIGTERM)
+    waited = RuntimeError('DataLoader worker (pid(s) 12) exited unexpectedly')
+    waited.__cause__ = stopped  # torch's _try_get_data: raise RuntimeError(...) from the error of its wait
+    assert as_loader_worker_error(waited) is stopped
+    for name, sig in (('Terminated', signal.SIGTERM), ('Interrupt', signal.SIGINT)):
+        translated = as_loader_worker_error(RuntimeError('DataLoader worker (pid 12) is killed by signal: {}. '
+                                                         .format(name)))
+        assert isinstance(translated, JobInterrupted) and translated.exit_status == 128 + sig
+    killed = as_loader_worker_error(RuntimeError('DataLoader worker (pid 12) is killed by signal: Killed. '))
+    assert str(killed) == ('DataLoader worker (pid 12) is killed by signal: Killed (the out-of-memory killer, see '
+                           'dmesg, or a kill); lower DATA_LOADER.NUM_THREADS if memory is short')
