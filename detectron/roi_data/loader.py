@@ -16,6 +16,7 @@ traceback as its message, and the user should read one line naming the file.
 
 import functools
 import pickle
+import signal
 import sys
 
 import cv2
@@ -124,6 +125,12 @@ def _init_worker(worker_id):
     # A worker must not outlive its process, even one killed by SIGKILL (it would keep reading
     # images for minutes, reparented to init).
     die_with_parent()
+    # torch's worker loop has just set a C handler that lets SIGTERM kill the worker, which makes torch's
+    # SIGCHLD handler raise in the main process while that stops the job with its one line
+    # (errors.termination_signals_raise). SIGTERM ends a worker quietly instead, as Ctrl-C does (the
+    # loop swallows KeyboardInterrupt).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     # Each worker resizes its own images; OpenCV's own thread pool in every worker would
     # oversubscribe the CPU cores the workers already share.
     cv2.setNumThreads(1)

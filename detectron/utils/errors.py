@@ -139,6 +139,9 @@ def termination_signals_raise():
             # A forked child, e.g. a DataLoader worker: it ends quietly, as Ctrl-C ends a DataLoader worker
             # (its loop swallows KeyboardInterrupt); the job's own process prints the one line.
             raise KeyboardInterrupt
+        # The job stops: its DataLoader workers, stopped by the same signal, are expected to die, and
+        # torch's SIGCHLD handler would report one as a failure while the stop unwinds.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         raise JobInterrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -157,10 +160,6 @@ def run_tool(main, argv):
         with termination_signals_raise(), dead_loader_workers_as_errors():
             main(argv)
     except DetectronError as err:
-        if isinstance(err, JobInterrupted) and threading.current_thread() is threading.main_thread():
-            # The job is stopping: its DataLoader workers, stopped by the same signal, are expected to die.
-            # torch's SIGCHLD handler would report one as a failure from the loader's clean-up at exit.
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         print(error_line(err), file=sys.stderr)
         sys.exit(getattr(err, 'exit_status', 2))
 
