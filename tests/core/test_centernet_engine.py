@@ -345,7 +345,9 @@ def _rank_batch(rank, chunks):
     return next(iter(loader))
 
 
-def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(catalog, tmp_path, monkeypatch):
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA: the 2 ranks share GPU 0 in the DIST_BACKEND gloo check mode'))])
+def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(catalog, tmp_path, monkeypatch, device):
     # 3 images on 2 GPUs with 1 on the master: CenterNet's chunk sizes [1, 2].
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     use_centernet(catalog, tmp_path, 'NUM_GPUS', '2', 'CENTERNET.BATCH_SIZE', '3', 'CENTERNET.MASTER_BATCH_SIZE', '1',
@@ -354,7 +356,8 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
     cfg.defrost()
     cfg.SOLVER.MAX_ITER = 1
     cfg.freeze()
-    distributed.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device='cpu')
+    distributed.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device=device,
+                       backend='gloo')
     assert json.loads((tmp_path / 'rank0.json').read_text()) == [1]
     assert json.loads((tmp_path / 'rank1.json').read_text()) == [2]
     final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
@@ -363,18 +366,18 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
     # By hand: each rank's loss on its own chunk (own positives), gradients averaged, one Adam step.
     torch.set_num_threads(1)
     models, losses = [], []
+    to_device = model_builder.get_model_type(cfg).batch_to_device(cfg, torch.device(device))
     for rank in range(2):
         torch.manual_seed(cfg.RNG_SEED)
-        models.append(model_builder.create(cfg).train())
-        images, targets = _rank_batch(rank, [1, 2])
-        losses.append(models[-1](images, targets)['loss'])
+        models.append(model_builder.create(cfg).to(device).train())
+        losses.append(models[-1](*to_device(_rank_batch(rank, [1, 2])))['loss'])
         losses[-1].backward()
     for mine, other in zip(models[0].parameters(), models[1].parameters()):
         if mine.grad is not None:
             mine.grad = (mine.grad + other.grad) / 2
     torch.optim.Adam([p for p in models[0].parameters() if p.requires_grad], lr=cfg.SOLVER.BASE_LR).step()
     for key, value in models[0].state_dict().items():
-        torch.testing.assert_close(final['model'][key], value, rtol=0, atol=1e-6, msg=key)
+        torch.testing.assert_close(final['model'][key], value.cpu(), rtol=0, atol=1e-6, msg=key)
 
 
 @pytest.mark.parametrize('weight', ['CENTERNET.WH_WEIGHT', 'CENTERNET.OFF_WEIGHT'])

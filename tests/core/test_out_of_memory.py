@@ -26,6 +26,13 @@ RCNN_TRAINING = ('lower TRAIN.IMS_PER_BATCH 2, raising SOLVER.ITER_SIZE 1 by the
                  'lower TRAIN.BATCH_SIZE_PER_IM 32 (RoIs per image)')
 
 
+@pytest.fixture
+def on_the_cpu(monkeypatch):
+    """The expected lines name the CPU (no memory statistics): hide a GPU the machine may have."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+
+
 def out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
     """module.name raises torch.OutOfMemoryError from its call number first_failing_call (0-based)
     on; returns the real function."""
@@ -40,7 +47,8 @@ def out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
     return real
 
 
-def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_catalog, monkeypatch, capsys):
+def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_catalog, monkeypatch, capsys,
+                                                                           on_the_cpu):
     output_dir = tiny_catalog.parent / 'oom'
     use_tiny_config(tiny_catalog, output_dir)
     out_of_memory_from_call(monkeypatch, fast_rcnn_heads, 'fast_rcnn_losses', 3)  # one call per iteration
@@ -57,7 +65,8 @@ def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_
     assert checkpoint.load_checkpoint(str(last), model_builder.create(cfg))['iteration'] == 1
 
 
-def test_testing_out_of_memory_names_the_image_and_the_test_settings(tiny_catalog, monkeypatch, tmp_path):
+def test_testing_out_of_memory_names_the_image_and_the_test_settings(tiny_catalog, monkeypatch, tmp_path,
+                                                                     on_the_cpu):
     use_tiny_config(tiny_catalog, tmp_path, 'TEST.CUDA_GRAPHS', 'False')
     torch.save({'model': model_builder.create(cfg).state_dict()}, tmp_path / 'weights.pth')
     real_detector = GeneralizedRCNNType.detector

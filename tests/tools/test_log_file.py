@@ -16,12 +16,13 @@ from detectron.utils.logging import log_file
 from test_cli import _load_tool
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'core'))
-from test_out_of_memory import out_of_memory_from_call  # noqa: E402
+from test_out_of_memory import on_the_cpu, out_of_memory_from_call  # noqa: E402, F401 (a fixture)
 from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, write_tiny_datasets  # noqa: E402
 
 _STAMP = r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d '
 
 
+@pytest.mark.usefixtures('on_the_cpu')  # the error line names the CPU
 def test_train_net_log_is_appended_across_a_failure_and_the_resume(tmp_path, monkeypatch, capsys):
     catalog = write_tiny_datasets(tmp_path)
     output_dir = tmp_path / 'out'

@@ -13,7 +13,8 @@ SHAPES = 'configs/getting_started/shapes_demo_R-18-FPN.yaml'
 
 @pytest.fixture
 def two_mocked_gpus(monkeypatch):
-    """CUDA with two visible GPUs; set_device records its argument; launch's state is restored after."""
+    """CUDA with two visible GPUs; set_device records its argument; launch's state and the root logger's
+    level are restored after."""
     chosen = []
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
@@ -25,7 +26,10 @@ def two_mocked_gpus(monkeypatch):
     monkeypatch.setattr(distributed, '_init_process_group', lambda job, options: None)
     for key, value in distributed._state.items():
         monkeypatch.setitem(distributed._state, key, value)
-    return chosen
+    root = logging.getLogger()
+    level = root.level
+    yield chosen
+    root.setLevel(level)  # ranks other than 0 lower it to WARNING
 
 
 def _torchrun_rank(monkeypatch, rank, local_rank, world_size):
@@ -84,3 +88,15 @@ def test_gloo_on_cpu_is_no_check_mode(monkeypatch, caplog):
 def test_an_unknown_dist_backend_is_one_line():
     with pytest.raises(ConfigValueError, match=r"^DIST_BACKEND must be one of '', 'nccl', 'gloo', got 'mpi'$"):
         finalize_cfg(SHAPES, ['DIST_BACKEND', 'mpi'])
+
+
+def test_num_gpus_spawns_ranks_that_map_round_robin(two_mocked_gpus, monkeypatch):
+    spawned = {}
+    monkeypatch.setattr(distributed, '_spawn_and_watch',
+                        lambda main_fn, args, num_processes, options, port: spawned.update(options=options, n=num_processes))
+    distributed.launch(pytest.fail, 3, backend='gloo')  # 3 ranks on 2 GPUs: no error
+    assert spawned['n'] == 3 and spawned['options'].share_gpus
+    # What each spawned rank then runs (distributed._spawned_worker), rank by rank:
+    devices = [distributed._run_worker(distributed.get_device, (), distributed.JobSpec(r, 3, r, 'launch'),
+                                       spawned['options']) for r in range(3)]
+    assert devices == [torch.device('cuda', i) for i in (0, 1, 0)] and two_mocked_gpus == [0, 1, 0]

@@ -1,38 +1,50 @@
 #!/usr/bin/env bash
-# The GPU runs recorded in BENCHMARKS.md, on any CUDA machine (see that file).
-# Needs: .whl/ (yacs, pycocotools, Cython wheels for the machine's Python) and .data/coco_tiny
-# (a copy of ../shared/data/coco_tiny). Writes logs to $OUT (or ./gpu_checks_out).
-#   bash tools/gpu_checks.sh setup bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed
-#   bash tools/gpu_checks.sh setup nms_speed shapes_multi_gpu_test   (quick, 2 GPUs)
-#   bash tools/gpu_checks.sh setup bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid
-#   bash tools/gpu_checks.sh setup startup
-#   bash tools/gpu_checks.sh setup checkpoint_activations_bench out_of_memory
-#   bash tools/gpu_checks.sh setup mask_train
+# GPU checks and the GPU runs recorded in BENCHMARKS.md, on any CUDA machine. Run from the repository root:
+#   bash dev/gpu_checks.sh <step> [<step> ...]
+# Settings (environment):
+#   COCO_TINY   the coco_tiny data set (train2017/, val2017/, annotations/); default ../shared/data/coco_tiny
+#   WHEELS_DIR  optional: a folder of wheels that `setup` installs without an index into $SITE (for a
+#               machine without yacs, pycocotools or Cython); unset: the environment already has them
+#   OUT         logs and results (default ./gpu_checks_out); RUNS: training outputs (default /tmp/gpu_checks_runs)
+# Steps:
+#   setup                          build the Cython extensions, write the data catalog, record GPU/torch/commit
+#   multi_gpu                      the multi-GPU checks on one GPU (DIST_BACKEND gloo), one PASS/FAIL line each:
+#                                  mg_train mg_centernet mg_test mg_kill (each also a step; mg_test needs the
+#                                  models of mg_train and mg_centernet); docs/MULTI_GPU.md, "Checks on a GPU"
+#   gpu_tests                      the tests that only run with CUDA
+#   bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
+#   bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops ...
+#   checkpoint_activations_bench out_of_memory mask_train mask_test mask_bench
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu_checks_out}; mkdir -p "$OUT"
+RUNS=${RUNS:-${TMPDIR:-/tmp}/gpu_checks_runs}
 ROOT=$(pwd)
+COCO_TINY=$(realpath -m "${COCO_TINY:-$ROOT/../shared/data/coco_tiny}")
 CATALOG=$OUT/catalog.json
-SITE=${SITE:-${TMPDIR:-/tmp}/gpu_checks_site}  # where setup installs the extra wheels
+SITE=${SITE:-${TMPDIR:-/tmp}/gpu_checks_site}  # where setup installs the wheels of WHEELS_DIR
+export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 KL_CFG=configs/e2e_faster_rcnn_R-50-FPN_2x.yaml
 KL=(DATASET_CATALOG "$CATALOG" TRAIN.WEIGHTS "''"
     TRAIN.DATASETS "('coco_tiny_train',)" TEST.DATASETS "('coco_tiny_val',)" SOLVER.BASE_LR 0.002
     SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6
-    # No ImageNet weights can be fetched on the GPU machine: a frozen-affine R-50 from random init
-    # diverges (NaN by iteration 12), so these runs use Detectron's GN-from-scratch body variant.
+    # These runs download nothing, so they train from random init: a frozen-affine R-50 from random init
+    # diverges (NaN by iteration 12), so they use Detectron's GN-from-scratch body variant.
     RESNETS.STEM_FUNC basic_gn_stem RESNETS.TRANS_FUNC bottleneck_gn_transformation
     RESNETS.SHORTCUT_FUNC basic_gn_shortcut FPN.USE_GN True TRAIN.FREEZE_AT 0)
 
 setup() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
-  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-  PATH=$SITE/bin:$PATH python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  if [ -n "${WHEELS_DIR:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS_DIR"/*.whl || exit 1
+  fi
+  python3 setup.py -q build_ext --inplace > "$OUT/build_ext.log" 2>&1 || { tail -5 "$OUT/build_ext.log"; exit 1; }
+  [ -d "$COCO_TINY/train2017" ] || { echo "error: no coco_tiny at $COCO_TINY; set COCO_TINY"; exit 1; }
   cat > "$CATALOG" <<JSON
-{"coco_tiny_train": {"image_directory": "$ROOT/.data/coco_tiny/train2017",
-  "annotation_file": "$ROOT/.data/coco_tiny/annotations/instances_train2017.json"},
- "coco_tiny_val": {"image_directory": "$ROOT/.data/coco_tiny/val2017",
-  "annotation_file": "$ROOT/.data/coco_tiny/annotations/instances_val2017.json"}}
+{"coco_tiny_train": {"image_directory": "$COCO_TINY/train2017",
+  "annotation_file": "$COCO_TINY/annotations/instances_train2017.json"},
+ "coco_tiny_val": {"image_directory": "$COCO_TINY/val2017",
+  "annotation_file": "$COCO_TINY/annotations/instances_val2017.json"}}
 JSON
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpus.txt"
   python3 -c "import torch, torchvision; print(torch.__version__, torchvision.__version__)" | tee -a "$OUT/gpus.txt"
@@ -41,6 +53,21 @@ JSON
 
 bench() {
   python3 tools/benchmark.py --precision bf16 --mode train test --iters 20 --warmup 5 2>&1 | tee "$OUT/bench_bf16.log"
+}
+
+mask_bench() {  # Mask R-CNN (KL-Loss config) against torchvision's maskrcnn_resnet50_fpn at equal work: training step and inference with masks as RLEs
+  python3 tools/benchmark.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --precision bf16 --mode train test \
+    --batch 2 --iters 20 --warmup 5 2>&1 | tee "$OUT/mask_bench_bf16.log"
+}
+
+mask_test() {  # run after mask_train: its KL model through test_net on coco_tiny val with STD_NMS True (masks on the voted boxes), 1 GPU then 2 (--multi-gpu-testing)
+  local weights=/tmp/mask_e2e_mask_rcnn_R-50-FPN_2x_log/train/coco_tiny_train/generalized_rcnn/model_final.pth
+  for n in 1 2; do
+    python3 tools/test_net.py -c configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --multi-gpu-testing "${KL[@]}" \
+      TEST.WEIGHTS $weights STD_NMS True NUM_GPUS $n OUTPUT_DIR /tmp/mask_test_gpus$n > "$OUT/mask_test_gpus$n.log" 2>&1
+    echo "mask test_net NUM_GPUS $n exit $?"
+    grep -E "copypaste|Total inference time|im_detect:" "$OUT/mask_test_gpus$n.log" | tail -12
+  done
 }
 
 kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 then 2 (NCCL)
@@ -262,7 +289,7 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
   for arch in ${CN_ARCHS:-resdcn18 dla_1x}; do
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/util_$arch.txt" &
     local smi=$!
-    # No ImageNet trunk can be fetched on the GPU machine: trained from random init.
+    # Trained from random init (no ImageNet trunk is downloaded).
     python3 tools/train_net.py -c configs/centernet/ctdet_coco_$arch.yaml DATASET_CATALOG "$CATALOG" NUM_GPUS 1 TRAIN.WEIGHTS "''" \
       TRAIN.DATASETS "${CN_TRAIN_DATASETS:-('coco_tiny_train',)}" TEST.DATASETS "('coco_tiny_val',)" CENTERNET.BATCH_SIZE 32 \
       CENTERNET.MASTER_BATCH_SIZE -1 CENTERNET.NUM_EPOCHS ${CN_EPOCHS:-60} CENTERNET.LR_STEP "(50,)" SOLVER.AMP.ENABLED True \
@@ -298,7 +325,7 @@ startup() {  # the start-up rows (model loaded -> first detection, first batch -
 }
 
 val_x10() {  # coco_tiny_val listed 10 times (800 images: one-time graph captures amortised), added to the catalog
-  python3 - "$ROOT/.data/coco_tiny/annotations/instances_val2017.json" /tmp/val_x10.json <<'PY'
+  python3 - "$COCO_TINY/annotations/instances_val2017.json" /tmp/val_x10.json <<'PY'
 import json, sys
 coco = json.load(open(sys.argv[1]))
 images, anns = [], []
@@ -307,7 +334,7 @@ for k in range(10):
     anns += [dict(a, id=a['id'] + k * 10 ** 8, image_id=a['image_id'] + k * 10 ** 7) for a in coco['annotations']]
 json.dump(dict(coco, images=images, annotations=anns), open(sys.argv[2], 'w'))
 PY
-  python3 - "$CATALOG" "$ROOT/.data/coco_tiny/val2017" <<'PY'
+  python3 - "$CATALOG" "$COCO_TINY/val2017" <<'PY'
 import json, sys
 catalog = json.load(open(sys.argv[1]))
 catalog['coco_tiny_val_x10'] = {'image_directory': sys.argv[2], 'annotation_file': '/tmp/val_x10.json'}
@@ -377,5 +404,139 @@ DEMO_RUNS=(
   "cn8_bf16_b4_lr5e-5_e18 shapes_demo_centernet_res18.yaml CENTERNET.BATCH_SIZE 4 CENTERNET.LR_BATCH_SIZE 4 CENTERNET.LR 5e-5 CENTERNET.NUM_EPOCHS 18 CENTERNET.LR_STEP (16,) SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16"
   "cn8_bf16_b4_lr2e-4_e18 shapes_demo_centernet_res18.yaml CENTERNET.BATCH_SIZE 4 CENTERNET.LR_BATCH_SIZE 4 CENTERNET.LR 2e-4 CENTERNET.NUM_EPOCHS 18 CENTERNET.LR_STEP (16,) SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16"
 )
+
+# ----------------------------------------------------------------------------------------------
+# multi_gpu: the multi-GPU code paths on one GPU, ranks sharing it through DIST_BACKEND gloo (docs/MULTI_GPU.md,
+# "Checks on a GPU"). Every check prints one `PASS <what>: ...` or `FAIL <what>: ...` line (also in
+# $OUT/multi_gpu/results.txt); logs are in $OUT/multi_gpu, training outputs in $RUNS/multi_gpu.
+MG_TOL=${MG_TOL:-0.5}  # relative update difference allowed between 2 ranks x 1 image and 1 rank x 2 images
+MG_ITERS=${MG_ITERS:-50}
+MG_KL_DIR=train/coco_tiny_train/generalized_rcnn
+
+mg_compare() { python3 dev/multi_gpu_compare.py "$@" | tee -a "$OUT/multi_gpu/results.txt"; }
+mg_verdict() {  # <0 = pass> <label> <detail>
+  local word=FAIL; [ "$1" = 0 ] && word=PASS
+  echo "$word $2: $3" | tee -a "$OUT/multi_gpu/results.txt"
+}
+mg_kl_train() {  # <name> <overrides...>: train_net on coco_tiny, KL R-CNN R-50-FPN (GN, bf16), MG_ITERS iterations
+  local name=$1; shift
+  # A batch-wide RPN_POST_NMS_TOP_N (Detectron's training rule) would keep 2000 proposals for two images on
+  # one rank but 2000 per image on two: raised so that both layouts keep every proposal.
+  python3 tools/train_net.py -c $KL_CFG --skip-test "${KL[@]}" SOLVER.MAX_ITER $MG_ITERS \
+    TRAIN.RPN_POST_NMS_TOP_N 100000 TRAIN.SNAPSHOT_ITERS 100000 OUTPUT_DIR "$RUNS/multi_gpu/$name" "$@" \
+    > "$OUT/multi_gpu/$name.log" 2>&1
+  echo "train $name exit $?"
+}
+mg_setup() { mkdir -p "$OUT/multi_gpu" "$RUNS/multi_gpu"; }
+
+mg_train() {  # Must-show 1: 2 ranks x 1 image against 1 rank x 2 images (graphs on, off, ITER_SIZE 2)
+  mg_setup
+  local variant overrides
+  for variant in graphs no_graphs iter_size2; do
+    case $variant in
+      graphs) overrides=(TRAIN.CUDA_GRAPHS True) ;;
+      no_graphs) overrides=(TRAIN.CUDA_GRAPHS False) ;;
+      iter_size2) overrides=(SOLVER.ITER_SIZE 2) ;;
+    esac
+    rm -rf "$RUNS/multi_gpu/kl_${variant}_2x1" "$RUNS/multi_gpu/kl_${variant}_1x2"
+    mg_kl_train kl_${variant}_2x1 NUM_GPUS 2 DIST_BACKEND gloo TRAIN.IMS_PER_BATCH 1 "${overrides[@]}"
+    mg_kl_train kl_${variant}_1x2 NUM_GPUS 1 TRAIN.IMS_PER_BATCH 2 "${overrides[@]}"
+    mg_compare log "$OUT/multi_gpu/kl_${variant}_2x1.log" 'Check mode \(DIST_BACKEND gloo on CUDA\): 2 ranks' \
+      "kl $variant: 2 ranks share the GPU in check mode"
+    mg_compare log "$OUT/multi_gpu/kl_${variant}_2x1.log" "Parameters after iteration $((MG_ITERS - 1)) are bitwise equal on all 2 ranks" \
+      "kl $variant: weights bitwise equal on both ranks"
+    mg_compare weights "$RUNS/multi_gpu/kl_${variant}_2x1/$MG_KL_DIR/model_final.pth" \
+      "$RUNS/multi_gpu/kl_${variant}_1x2/$MG_KL_DIR/model_final.pth" $MG_TOL "kl $variant: 2x1 equals 1x2 within $MG_TOL"
+  done
+  # The control: the same comparison must fail for a run that trained differently (a doubled learning rate).
+  rm -rf "$RUNS/multi_gpu/kl_lr2_2x1"
+  mg_kl_train kl_lr2_2x1 NUM_GPUS 2 DIST_BACKEND gloo TRAIN.IMS_PER_BATCH 1 SOLVER.BASE_LR 0.004
+  mg_compare weights-apart "$RUNS/multi_gpu/kl_lr2_2x1/$MG_KL_DIR/model_final.pth" \
+    "$RUNS/multi_gpu/kl_graphs_1x2/$MG_KL_DIR/model_final.pth" $MG_TOL "kl control: a doubled LR is beyond $MG_TOL"
+}
+
+mg_centernet() {  # Must-show 2: CenterNet resdcn_18, bf16, 2 ranks with CenterNet's unequal chunks [4, 8]
+  mg_setup
+  rm -rf "$RUNS/multi_gpu/cn_2"
+  python3 tools/train_net.py -c configs/centernet/ctdet_coco_resdcn18.yaml --skip-test DATASET_CATALOG "$CATALOG" \
+    TRAIN.WEIGHTS "''" TRAIN.DATASETS "('coco_tiny_train',)" TEST.DATASETS "('coco_tiny_val',)" NUM_GPUS 2 \
+    DIST_BACKEND gloo CENTERNET.BATCH_SIZE 12 CENTERNET.MASTER_BATCH_SIZE 4 CENTERNET.NUM_EPOCHS 6 \
+    CENTERNET.LR_STEP "(5,)" SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 \
+    OUTPUT_DIR "$RUNS/multi_gpu/cn_2" > "$OUT/multi_gpu/cn_2.log" 2>&1
+  echo "train cn_2 exit $?"
+  mg_compare log "$OUT/multi_gpu/cn_2.log" 'TRAIN.RANK_IMS_PER_BATCH \(4, 8\)' "centernet: chunks [4, 8]"
+  mg_compare log "$OUT/multi_gpu/cn_2.log" 'Parameters after iteration [0-9]+ are bitwise equal on all 2 ranks' \
+    "centernet: weights bitwise equal on both ranks"
+  # The loss weighting of unequal chunks (each rank's loss on its own chunk, gradients averaged) against the
+  # step computed by hand, here with both ranks on the GPU.
+  python3 -m pytest -q tests/core/test_centernet_engine.py -k 'unequal_chunks and cuda' > "$OUT/multi_gpu/cn_chunks.txt" 2>&1
+  grep -q '^1 passed' "$OUT/multi_gpu/cn_chunks.txt"
+  mg_verdict $? "centernet: chunks [1, 2] on the GPU give CenterNet's mean of per-GPU losses" \
+    "$(tail -1 "$OUT/multi_gpu/cn_chunks.txt")"
+}
+
+mg_test_pair() {  # <name> <config> <overrides...>: test_net on 1 rank and on 2 ranks; detections identical
+  local name=$1 config=$2 n; shift 2
+  for n in 1 2; do
+    local multi=(); [ $n = 2 ] && multi=(--multi-gpu-testing DIST_BACKEND gloo)
+    rm -rf "$RUNS/multi_gpu/test_${name}_$n"
+    python3 tools/test_net.py -c $config "${multi[@]}" DATASET_CATALOG "$CATALOG" TEST.DATASETS "('coco_tiny_val',)" \
+      NUM_GPUS $n OUTPUT_DIR "$RUNS/multi_gpu/test_${name}_$n" "$@" > "$OUT/multi_gpu/test_${name}_$n.log" 2>&1
+    echo "test $name on $n rank(s) exit $?"
+  done
+  mg_compare detections "$(find "$RUNS/multi_gpu/test_${name}_2" -name detections.pkl | head -1)" \
+    "$(find "$RUNS/multi_gpu/test_${name}_1" -name detections.pkl | head -1)" "$name: 2-rank detections identical to 1 rank"
+}
+
+mg_test() {  # Must-show 3: --multi-gpu-testing on 2 ranks against 1 rank (the models of mg_train and mg_centernet)
+  mg_setup
+  mg_test_pair kl_std_nms $KL_CFG "${KL[@]}" STD_NMS True TEST.SCORE_THRESH 0.0 \
+    TEST.WEIGHTS "$RUNS/multi_gpu/kl_graphs_2x1/$MG_KL_DIR/model_final.pth"
+  mg_test_pair centernet_flip configs/centernet/ctdet_coco_resdcn18.yaml CENTERNET.FLIP_TEST True \
+    TEST.WEIGHTS "$(find "$RUNS/multi_gpu/cn_2" -name model_final.pth | head -1)"
+}
+
+mg_rank1_pid() {  # <launcher pid>: the second worker that distributed.launch spawned (rank 1)
+  ps --ppid "$1" -o pid=,args= --sort=start_time | grep spawn_main | sed -n 2p | awk '{print $1}'
+}
+
+mg_kill() {  # Must-show 4: SIGKILL to rank 1 mid-training, the same command resumes, 2 ranks <-> 1 rank
+  mg_setup
+  local dir=$RUNS/multi_gpu/kill t0 pid status found seconds
+  rm -rf "$dir" "$RUNS/multi_gpu/kill_to1" "$RUNS/multi_gpu/kill_to2"
+  local two=(NUM_GPUS 2 DIST_BACKEND gloo TRAIN.IMS_PER_BATCH 1)
+  python3 tools/train_net.py -c $KL_CFG --skip-test "${KL[@]}" "${two[@]}" SOLVER.MAX_ITER 60 TRAIN.SNAPSHOT_ITERS 20 \
+    OUTPUT_DIR "$dir" > "$OUT/multi_gpu/kill_1.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do [ -f "$dir/$MG_KL_DIR/model_iter9.pth" ] && break; sleep 0.5; done
+  kill -9 "$(mg_rank1_pid $pid)"; t0=$(date +%s)
+  wait $pid; status=$?; seconds=$(( $(date +%s) - t0 ))
+  grep -q '^error: worker rank 1 of 2 was killed by SIGKILL' "$OUT/multi_gpu/kill_1.log"; found=$?
+  mg_verdict $(( found || status == 0 || seconds > 60 )) "kill: SIGKILL to rank 1 ends the job within 60 s" \
+    "exit $status after $seconds s: $(grep '^error:' "$OUT/multi_gpu/kill_1.log" | tail -1)"
+  python3 tools/train_net.py -c $KL_CFG --skip-test "${KL[@]}" "${two[@]}" SOLVER.MAX_ITER 60 TRAIN.SNAPSHOT_ITERS 20 \
+    OUTPUT_DIR "$dir" > "$OUT/multi_gpu/kill_2.log" 2>&1
+  status=$?
+  grep -q 'Resuming from checkpoint' "$OUT/multi_gpu/kill_2.log"
+  mg_verdict $(( $? || status )) "kill: the same command resumes and finishes" \
+    "exit $status, $(grep -o 'Resuming from checkpoint .*' "$OUT/multi_gpu/kill_2.log")"
+  # A 2-rank checkpoint resumed on 1 rank (2 images, the same global batch), and that run's checkpoint on 2 ranks.
+  mkdir -p "$RUNS/multi_gpu/kill_to1/$MG_KL_DIR" "$RUNS/multi_gpu/kill_to2/$MG_KL_DIR"
+  cp "$dir/$MG_KL_DIR/model_iter19.pth" "$RUNS/multi_gpu/kill_to1/$MG_KL_DIR/"
+  python3 tools/train_net.py -c $KL_CFG --skip-test "${KL[@]}" NUM_GPUS 1 TRAIN.IMS_PER_BATCH 2 SOLVER.MAX_ITER 35 \
+    TRAIN.SNAPSHOT_ITERS 10 OUTPUT_DIR "$RUNS/multi_gpu/kill_to1" > "$OUT/multi_gpu/kill_to1.log" 2>&1
+  status=$?
+  grep -q "Resuming from checkpoint .*model_iter19.pth" "$OUT/multi_gpu/kill_to1.log"
+  mg_verdict $(( $? || status )) "kill: a 2-rank checkpoint resumes on 1 rank" "exit $status"
+  cp "$RUNS/multi_gpu/kill_to1/$MG_KL_DIR/model_iter29.pth" "$RUNS/multi_gpu/kill_to2/$MG_KL_DIR/"
+  python3 tools/train_net.py -c $KL_CFG --skip-test "${KL[@]}" "${two[@]}" SOLVER.MAX_ITER 35 \
+    OUTPUT_DIR "$RUNS/multi_gpu/kill_to2" > "$OUT/multi_gpu/kill_to2.log" 2>&1
+  status=$?
+  grep -q "Resuming from checkpoint .*model_iter29.pth" "$OUT/multi_gpu/kill_to2.log" &&
+    grep -q 'bitwise equal on all 2 ranks' "$OUT/multi_gpu/kill_to2.log"
+  mg_verdict $(( $? || status )) "kill: a 1-rank checkpoint resumes on 2 ranks" "exit $status"
+}
+
+multi_gpu() { mg_train; mg_centernet; mg_test; mg_kill; }
 
 for step in "$@"; do "$step"; done
