@@ -22,6 +22,17 @@ from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, write_ti
 _STAMP = r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d '
 
 
+@pytest.fixture(autouse=True)
+def tools_stdout_handler_removed():
+    """train_net's setup_logging gives the root logger a handler on this test's captured stdout,
+    which is closed after it: later tests must not write there."""
+    yield
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        if type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+
+
 @pytest.mark.usefixtures('on_the_cpu')  # the error line names the CPU
 def test_train_net_log_is_appended_across_a_failure_and_the_resume(tmp_path, monkeypatch, capsys):
     catalog = write_tiny_datasets(tmp_path)
