@@ -14,7 +14,7 @@
 #   gpu_tests                      the tests that only run with CUDA
 #   bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops ...
-#   checkpoint_activations_bench out_of_memory mask_train
+#   checkpoint_activations_bench out_of_memory mask_train mask_test mask_bench
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -53,6 +53,21 @@ JSON
 
 bench() {
   python3 tools/benchmark.py --precision bf16 --mode train test --iters 20 --warmup 5 2>&1 | tee "$OUT/bench_bf16.log"
+}
+
+mask_bench() {  # Mask R-CNN (KL-Loss config) against torchvision's maskrcnn_resnet50_fpn at equal work: training step and inference with masks as RLEs
+  python3 tools/benchmark.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --precision bf16 --mode train test \
+    --batch 2 --iters 20 --warmup 5 2>&1 | tee "$OUT/mask_bench_bf16.log"
+}
+
+mask_test() {  # run after mask_train: its KL model through test_net on coco_tiny val with STD_NMS True (masks on the voted boxes), 1 GPU then 2 (--multi-gpu-testing)
+  local weights=/tmp/mask_e2e_mask_rcnn_R-50-FPN_2x_log/train/coco_tiny_train/generalized_rcnn/model_final.pth
+  for n in 1 2; do
+    python3 tools/test_net.py -c configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --multi-gpu-testing "${KL[@]}" \
+      TEST.WEIGHTS $weights STD_NMS True NUM_GPUS $n OUTPUT_DIR /tmp/mask_test_gpus$n > "$OUT/mask_test_gpus$n.log" 2>&1
+    echo "mask test_net NUM_GPUS $n exit $?"
+    grep -E "copypaste|Total inference time|im_detect:" "$OUT/mask_test_gpus$n.log" | tail -12
+  done
 }
 
 kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 then 2 (NCCL)

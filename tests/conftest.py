@@ -25,6 +25,7 @@ def _restore_in_place(node, snapshot):
 
 @pytest.fixture(autouse=True)
 def restore_global_cfg():
+    """Also a function that restores the cfg within the test, for one that sets up two configs."""
     snapshot = copy.deepcopy(cfg)
-    yield
+    yield lambda: _restore_in_place(cfg, snapshot)
     _restore_in_place(cfg, snapshot)

@@ -8,11 +8,9 @@ Example:
 import argparse
 import sys
 
-import torch
-
 from detectron.utils.c2_weights import convert_detectron_blobs, read_detectron_pickle
 from detectron.utils.errors import run_tool
-from detectron.utils.torch_file import with_digest
+from detectron.utils.torch_file import write_torch_file
 
 
 def parse_args(argv):
@@ -30,7 +28,7 @@ def main(argv):
     content = {'model': state_dict}
     if cfg_yaml is not None:
         content['cfg'] = cfg_yaml
-    torch.save(with_digest(content), args.output)
+    write_torch_file(content, args.output)
     print('converted {} blobs of {} to {}'.format(len(state_dict), args.input, args.output))
     print('ignored {} blobs (momentum, ImageNet classifier, conv1 bias)'.format(len(ignored)))
     print('not converted ({}, no counterpart in the port): {}'.format(

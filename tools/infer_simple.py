@@ -47,9 +47,13 @@ def parse_args(argv):
 
 
 def _image_paths(im_or_folder, ext):
-    if os.path.isdir(im_or_folder):
-        return sorted(glob.glob(os.path.join(im_or_folder, '*.' + ext)))
-    return [im_or_folder]
+    if not os.path.isdir(im_or_folder):
+        return [im_or_folder]
+    paths = sorted(glob.glob(os.path.join(im_or_folder, '*.' + ext)))
+    if not paths:
+        raise DatasetError('folder {} holds no *.{} image; pass --image-ext for other images, or another '
+                           'folder'.format(im_or_folder, ext))
+    return paths
 
 
 def _class_names(dataset_name):
@@ -69,11 +73,12 @@ def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
     finalize_cfg(args.cfg_file, args.opts)
+    paths = _image_paths(args.im_or_folder, args.image_ext)
     class_names = _class_names(args.class_names_from)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     model = load_test_model(args.wts, device)
     os.makedirs(args.output_dir, exist_ok=True)
-    for path in _image_paths(args.im_or_folder, args.image_ext):
+    for path in paths:
         im = read_image(path)
         cls_boxes, cls_segms = boxes_and_segms(im_detect_all(model, im))
         out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh, cls_segms=cls_segms)

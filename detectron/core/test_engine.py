@@ -26,7 +26,7 @@ from detectron.modeling import model_builder
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import distributed
-from detectron.utils.errors import ConfigValueError
+from detectron.utils.errors import ConfigValueError, DatasetError
 from detectron.utils.io import cache_url, save_object
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
@@ -150,6 +150,9 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     dataset.check_model_classes(model_type.output_classes(cfg))
     roidb = dataset.get_roidb()
     total = len(roidb)
+    if not total:  # COCO's evaluation would report AP -1 everywhere
+        raise DatasetError('dataset {} ({}) lists no images: there is nothing to test; check TEST.DATASETS and '
+                           'the annotation file'.format(name, dataset.annotation_file))
     start, end = ind_range if ind_range is not None else (0, total)
     model = load_test_model(weights_file, distributed.get_device())
     detect = model_type.detector(cfg)

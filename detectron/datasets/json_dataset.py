@@ -1,6 +1,8 @@
 """A COCO-format json dataset and its roidb (Detectron's per-image training/testing records)."""
 
+import collections
 import copy
+import json
 import logging
 import os
 
@@ -30,7 +32,7 @@ class JsonDataset(object):
         _require_path(self.image_directory, 'Image directory', name)
         _require_path(annotation_file, 'Annotation file', name)
         logger.debug('Creating: {}'.format(name))
-        self.COCO = COCO(annotation_file)
+        self.COCO = _read_coco(annotation_file, name)
         category_ids = self.COCO.getCatIds()
         categories = [c['name'] for c in self.COCO.loadCats(category_ids)]
         self.category_to_id_map = dict(zip(categories, category_ids))
@@ -130,6 +132,34 @@ class JsonDataset(object):
                     annotation.get('id'), annotation['image_id'], self.name, category_id,
                     self.annotation_file, sorted(self.json_category_id_to_contiguous_id)))
         return self.json_category_id_to_contiguous_id[category_id]
+
+
+def _read_coco(annotation_file, name):
+    """pycocotools' COCO of a COCO-format json, with one DatasetError line naming the file for what
+    pycocotools would raise on or merge silently: text that is not JSON, a missing "images" or
+    "categories" list, and an image id listed twice (one image would be dropped and its
+    boxes put on the other)."""
+    try:
+        with open(annotation_file, encoding='utf-8') as f:
+            content = json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise DatasetError('Annotation file {} of dataset {} is not valid JSON ({}); restore or regenerate '
+                           'it'.format(annotation_file, name, err)) from None
+    missing = [key for key in ('images', 'categories')
+               if not isinstance(content, dict) or not isinstance(content.get(key), list)]
+    if missing:
+        raise DatasetError('Annotation file {} of dataset {} has no "{}" list: it is not a COCO-format '
+                           'detection file'.format(annotation_file, name, '" or "'.join(missing)))
+    ids = collections.Counter(image.get('id') for image in content['images'])
+    repeated = sorted((i for i, n in ids.items() if n > 1), key=str)
+    if repeated:
+        raise DatasetError('Annotation file {} of dataset {} lists image id {} {} times ({} ids repeated): '
+                           'each image needs its own id'.format(annotation_file, name, repeated[0],
+                                                                 ids[repeated[0]], len(repeated)))
+    coco = COCO()
+    coco.dataset = content
+    coco.createIndex()
+    return coco
 
 
 def _require_path(path, what, name):

@@ -23,7 +23,7 @@ from detectron.utils.centernet_weights import (is_centernet_checkpoint, load_cen
                                                load_port_checkpoint)
 from detectron.utils.checkpoint import Retention
 from detectron.utils.derived_keys import Derivation
-from detectron.utils.errors import ConfigValueError
+from detectron.utils.errors import ConfigValueError, DatasetError
 from detectron.utils.torch_file import read_torch_file
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,11 @@ class CenterNetType(ModelType):
                                    '(the backbones have stride 4), got {} and {}'.format(c.INPUT_RES, c.DOWN_RATIO))
         if not c.TEST_SCALES or min(c.TEST_SCALES) <= 0:
             raise ConfigValueError('CENTERNET.TEST_SCALES must hold scales > 0, got {}'.format(c.TEST_SCALES))
+        if c.NUM_EPOCHS < 1:
+            raise ConfigValueError('CENTERNET.NUM_EPOCHS must be at least 1, got {}'.format(c.NUM_EPOCHS))
+        if cfg.MODEL.MASK_ON:
+            raise ConfigValueError('MODEL.MASK_ON True asks for Mask R-CNN\'s mask head, which CenterNet (ctdet) does '
+                                   'not have: set MODEL.MASK_ON False, or MODEL.TYPE generalized_rcnn for masks')
         if cfg.TRAIN.FREEZE_CONV_BODY:
             raise ConfigValueError('TRAIN.FREEZE_CONV_BODY True freezes an R-CNN body; CenterNet trains its whole '
                                    'network, as CenterNet does: set it to False')
@@ -83,7 +88,12 @@ class CenterNetType(ModelType):
         return load_weights(model, path, cfg.CENTERNET.ARCH)
 
     def training_roidb(self, cfg):
-        return centernet_roidb(cfg.TRAIN.DATASETS)
+        roidb = centernet_roidb(cfg.TRAIN.DATASETS)
+        if not any(len(entry['boxes']) for entry in roidb):
+            # CenterNet would train its heatmap towards all zeros, its size and offset losses 0.
+            raise DatasetError('No training images with annotations in TRAIN.DATASETS {}: none of the {} images '
+                               'has a box; check the annotation files'.format(tuple(cfg.TRAIN.DATASETS), len(roidb)))
+        return roidb
 
     def training_dataset(self, cfg, roidb, device):
         return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(cfg)),
@@ -119,9 +129,11 @@ class CenterNetType(ModelType):
             return '; '.join(['fewer or smaller CENTERNET.TEST_SCALES {}'.format(tuple(c.TEST_SCALES))]
                              + ['CENTERNET.{} False'.format(key) for key in ('FLIP_TEST', 'CUDA_GRAPHS') if c[key]])
         chunks = rank_chunks(cfg)
-        batch = ('lower CENTERNET.MASTER_BATCH_SIZE {} (rank 0 takes {} of the {} images) or CENTERNET.BATCH_SIZE {}; '
-                 'raise SOLVER.ITER_SIZE {} to accumulate the batch over more steps'.format(
-                     c.MASTER_BATCH_SIZE, chunks[0], c.BATCH_SIZE, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
+        share = ('CENTERNET.CHUNK_SIZES {}'.format(tuple(chunks)) if c.CHUNK_SIZES else
+                 'CENTERNET.MASTER_BATCH_SIZE {} (rank 0 takes {} of the {} images)'.format(
+                     c.MASTER_BATCH_SIZE, chunks[0], c.BATCH_SIZE))
+        batch = ('lower {} or CENTERNET.BATCH_SIZE {}; raise SOLVER.ITER_SIZE {} to accumulate the batch over '
+                 'more steps'.format(share, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
         return '; '.join([batch] + checkpoint_setting(cfg))
 
     def results_format(self, cfg):
@@ -163,7 +175,12 @@ def rank_chunks(cfg):
     """CenterNet's per-GPU batches for NUM_GPUS (the launched world size): CENTERNET.CHUNK_SIZES,
     or derived from BATCH_SIZE and MASTER_BATCH_SIZE exactly as CenterNet; checked."""
     c = cfg.CENTERNET
-    chunks = list(c.CHUNK_SIZES) or chunk_sizes(c.BATCH_SIZE, c.MASTER_BATCH_SIZE, cfg.NUM_GPUS)
+    if cfg.NUM_GPUS < 1:
+        raise ConfigValueError('NUM_GPUS must be at least 1, got {}'.format(cfg.NUM_GPUS))
+    if any(size != int(size) for size in c.CHUNK_SIZES):
+        raise ConfigValueError('CENTERNET.CHUNK_SIZES must hold whole numbers of images per GPU, got {}'.format(
+            tuple(c.CHUNK_SIZES)))
+    chunks = [int(size) for size in c.CHUNK_SIZES] or chunk_sizes(c.BATCH_SIZE, c.MASTER_BATCH_SIZE, cfg.NUM_GPUS)
     check_chunk_sizes(chunks, c.BATCH_SIZE, c.MASTER_BATCH_SIZE, cfg.NUM_GPUS)
     return chunks
 

@@ -18,7 +18,8 @@ def detect_masks(model, features, boxes, classes, im_scale):
     a tensor on the features' device) of `classes` (R,): model.mask_logits on the boxes scaled to
     the network input (Detectron's `_get_rois_blob`), then the sigmoid of each box's class channel
     (channel 0 of a class-agnostic head). `features`: the FPN maps of the same forward."""
-    rois = torch.cat([boxes.new_zeros(len(boxes), 1), boxes * im_scale], dim=1)
+    # Scaled in float64, then float32, as Detectron's _project_im_rois and rois blob.
+    rois = torch.cat([boxes.new_zeros(len(boxes), 1), (boxes.double() * im_scale).float()], dim=1)
     logits = model.mask_logits(features, rois)
     channels = classes if logits.shape[1] > 1 else torch.zeros_like(classes)
     return torch.sigmoid(logits[torch.arange(len(boxes), device=logits.device), channels].float())

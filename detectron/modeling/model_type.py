@@ -14,7 +14,9 @@ class ModelType:
     Testing: `test_inputs(cfg)` prepares one BGR image in a loader worker (a picklable callable
     returning a dict that holds the original image under 'image'), and `detector(cfg)(model, sample)`
     returns Detectron's `cls_boxes`: `output_classes(cfg)` float32 (N, 5) arrays (x1, y1, x2, y2,
-    score), index 0 (background) empty, index j the dataset's contiguous category j.
+    score), index 0 (background) empty, index j the dataset's contiguous category j; a model with
+    masks returns the pair (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of cls_boxes[j][k]
+    (the engines evaluate masks whenever they get them).
     """
 
     name = ''

@@ -7,6 +7,12 @@ device does the mean subtraction, resize and padding (TRAIN.RESIZE_ON_DEVICE on 
 stop after the flip: UnresizedImages.
 """
 
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+
 import cv2
 import numpy as np
 import torch
@@ -15,6 +21,7 @@ from detectron.roi_data.shared_memory import empty_for_main_process, shared_copy
 from detectron.utils.blob import blob_shape, fill_blob, prep_im_for_blob, resize_scale
 from detectron.utils.errors import DatasetError
 
+logger = logging.getLogger(__name__)
 
 _JPEG_SOI, _JPEG_EOI, _JPEG_SOS = b'\xff\xd8', b'\xff\xd9', 0xDA
 # Markers without a length field: TEM and the restart markers RST0..RST7.
@@ -37,7 +44,7 @@ def read_image(path):
         raise DatasetError(
             "Image '{}' is a truncated JPEG (it ends before its end-of-image marker, e.g. an interrupted "
             "download or copy); restore the file or remove it from the dataset.".format(path))
-    im = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR) if data else None
+    im = _decode(data, path) if data else None
     if im is None:
         raise DatasetError(
             "Cannot read image '{}': the file is missing, unreadable or not a valid image; "
@@ -45,8 +52,49 @@ def read_image(path):
     return im
 
 
+def _decode(data, path):
+    """cv2.imdecode of the bytes; libjpeg prints its warnings about corrupt data ("Corrupt JPEG data: 608
+    extraneous bytes before marker 0xd9") to the process's stderr without the file name: they are logged
+    as a warning that names the file, and any other text written there meanwhile is passed on."""
+    array = np.frombuffer(data, dtype=np.uint8)
+    if not data.startswith(_JPEG_SOI):
+        return cv2.imdecode(array, cv2.IMREAD_COLOR)
+    with _stderr_captured() as captured:
+        im = cv2.imdecode(array, cv2.IMREAD_COLOR)
+    text = captured[0].strip()
+    if 'JPEG' in text:
+        logger.warning("Image '%s' holds corrupt JPEG data (libjpeg: %s): it decodes with wrong pixels; restore "
+                       "the file or remove it from the dataset", path, ' '.join(text.splitlines()))
+    elif text:
+        os.write(2, captured[0].encode())
+    return im
+
+
+_capture_files = {}  # {process id: the file that _stderr_captured points descriptor 2 at}; forks get their own
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """What native code writes to file descriptor 2 within the block, as a one-element list."""
+    capture = _capture_files.get(os.getpid())
+    if capture is None:
+        capture = _capture_files[os.getpid()] = tempfile.TemporaryFile()
+    capture.seek(0)
+    capture.truncate()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(capture.fileno(), 2)
+    captured = []
+    try:
+        yield captured
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        captured.append(os.pread(capture.fileno(), 1 << 16, 0).decode(errors='replace'))
+
+
 # The roidb fields a training worker needs (Mask R-CNN adds 'segms'); the rest stays behind.
-TRAINING_KEYS = ('image', 'flipped', 'boxes', 'gt_classes', 'is_crowd')
+TRAINING_KEYS = ('image', 'flipped', 'height', 'width', 'boxes', 'gt_classes', 'is_crowd')
 
 
 def _is_truncated_jpeg(data):
@@ -96,7 +144,19 @@ def prepare_training_image(entry, target_size, max_size, pixel_means):
 
 def _read_flipped(entry):
     im = read_image(entry['image'])
+    check_image_size(im, entry)
     return im[:, ::-1, :] if entry['flipped'] else im
+
+
+def check_image_size(im, entry):
+    """The decoded image must have the width and height of its annotation record: the boxes were clipped
+    to that size and are flipped about it, so another size trains boxes off the objects."""
+    height, width = im.shape[:2]
+    if (entry['height'], entry['width']) != (height, width):
+        raise DatasetError(
+            "Image '{}' is {} x {} pixels (width x height) but its record in the annotation file says {} x {}; "
+            "fix the image's width and height there (or the image)".format(
+                entry['image'], width, height, entry['width'], entry['height']))
 
 
 def _training_im_info(im, scale):

@@ -32,7 +32,7 @@ import torch
 from detectron.utils.distributed import all_gather_object, get_rank, get_world_size, unwrap_model
 from detectron.utils.errors import DetectronError, WeightsError
 from detectron.utils.io import _write_atomically
-from detectron.utils.torch_file import read_torch_file, with_digest
+from detectron.utils.torch_file import read_torch_file, write_torch_file
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
         'sampler': sampler_state,
         'extra': extra if extra is not None else {},
     })
-    _write_atomically(path, lambda f: torch.save(with_digest(checkpoint), f))
+    write_torch_file(checkpoint, path)
 
 
 def _on_host(value):

@@ -134,6 +134,8 @@ def _launch(main_fn, num_processes, args, backend, dist_url, timeout, device_typ
     if num_processes == 1:
         options = _LaunchOptions(backend, None, timeout, device_type, seed, share_gpus)
         return _run_worker(main_fn, args, JobSpec(0, 1, 0, 'single process'), options)
+    if device_type == 'cpu':
+        _check_cpu_cores(num_processes)
     port = _free_local_port()
     options = _LaunchOptions(backend, dist_url or 'env://', timeout, device_type, seed, share_gpus)
     return _spawn_and_watch(main_fn, args, num_processes, options, port)
@@ -214,6 +216,16 @@ def _check_visible_gpus(device_type, needed, asked_by):
 def gpu_index(local_rank, share_gpus, num_visible):
     """The visible GPU a local rank uses: its own, or round-robin when ranks share GPUs (check mode)."""
     return local_rank % num_visible if share_gpus else local_rank
+
+
+def _check_cpu_cores(num_processes):
+    """CPU processes share the cores, as GPU processes need their GPUs: more processes than cores only
+    slow the job down and fill the memory (each holds a model and its loader workers)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+    if num_processes > cores:
+        raise LaunchError('NUM_GPUS {} without GPUs starts {} CPU processes but this machine gives {} CPU core{}; '
+                          'ask for at most NUM_GPUS {}, or run on GPUs'.format(
+                              num_processes, num_processes, cores, 's' if cores > 1 else '', cores))
 
 
 def _free_local_port():

@@ -14,18 +14,22 @@ import re
 import torch
 
 from detectron.utils.errors import WeightsError
+from detectron.utils.io import _write_atomically
 
 logger = logging.getLogger(__name__)
 
 DIGEST_KEY = 'digest'
 _ZIP_MAGIC = b'PK\x03\x04'
+_LEGACY_MAGIC = pickle.dumps(0x1950a86a20f9469cfc6c, protocol=2)  # torch.serialization's MAGIC_NUMBER
 _REFUSED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')  # in torch's message for a refused pickled global
 
 
 def looks_like_torch_file(path):
-    """Whether path starts like a torch zip file (complete or not)."""
+    """Whether path starts like a torch file (complete or not): a zip archive, or the pickled magic number
+    that torch.save wrote before torch 1.6 (older torchvision ResNet files)."""
     with open(path, 'rb') as f:
-        return f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+        start = f.read(len(_LEGACY_MAGIC))
+    return start.startswith(_ZIP_MAGIC) or start == _LEGACY_MAGIC
 
 
 def with_digest(content):
@@ -67,6 +71,12 @@ def _feed(digest, value):
         digest.update('{}{};'.format(type(value).__name__, value).encode())
     else:  # what weights_only loading may still return: torch.Size, dtype, device
         digest.update('O{}:{!r};'.format(type(value).__qualname__, value).encode())
+
+
+def write_torch_file(content, path):
+    """torch.save the dict `content` with its digest to path atomically (utils/io.py): one OutputDirError
+    line when the directory is missing, read-only or full."""
+    _write_atomically(path, lambda f: torch.save(with_digest(content), f))
 
 
 def read_torch_file(path):

@@ -1,6 +1,6 @@
-"""Testing a Mask R-CNN on the tiny datasets (CPU): all_segms beside all_boxes in detections.pkl and
-in --range slices, mask AP checked with an independent pycocotools evaluation, 2 gloo processes
-equal to one, and tools/test_net.py printing box and mask AP."""
+"""Testing a Mask R-CNN on the tiny datasets (CPU): tools/test_net.py printing box and mask AP (checked
+with an independent pycocotools evaluation), all_segms beside all_boxes in detections.pkl and in
+--range slices, 2 gloo processes equal to one."""
 import os
 import pickle
 import subprocess
@@ -77,20 +77,30 @@ def _assert_segms_match_boxes(all_boxes, all_segms, image_sizes):
             assert all(rle['size'] == list(size) for rle in rles)
 
 
-def test_single_process_writes_and_evaluates_masks(tiny_catalog, mask_weights, one_thread_per_process):
-    output_dir = tiny_catalog.parent / 'mask_single'
-    _use_mask_config(tiny_catalog, output_dir)
-    results = test_engine.run_inference(mask_weights)
-    content = _detections(output_dir)
+def test_test_net_prints_box_and_mask_ap_and_two_gloo_processes_give_its_masks(tiny_catalog, mask_weights,
+                                                                              one_thread_per_process):
+    # tools/test_net.py in one process (OMP_NUM_THREADS 1, as the gloo workers below).
+    single_dir = tiny_catalog.parent / 'mask_command_line'
+    overrides = TINY_OVERRIDES + MASK_OVERRIDES + ['DATASET_CATALOG', str(tiny_catalog), 'OUTPUT_DIR', str(single_dir)]
+    result = subprocess.run([sys.executable, 'tools/test_net.py', '--cfg', SHAPES_CFG, 'TEST.WEIGHTS', mask_weights]
+                            + overrides, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert 'Evaluating bounding boxes is done!' in out and 'Evaluating segmentations is done!' in out
+    # Per-class AP of both tasks: the class names appear twice after the mean AP header.
+    assert out.count('Mean and per-category AP') == 2 and out.count('red: ') == 2
+    content = _detections(single_dir)
     all_boxes, all_segms = content['all_boxes'], content['all_segms']
     coco = COCO(str(tiny_catalog.parent / 'all.json'))
     sizes = [(coco.imgs[i]['height'], coco.imgs[i]['width']) for i in sorted(coco.getImgIds())]
     _assert_segms_match_boxes(all_boxes, all_segms, sizes)
     assert sum(mask_util.area(rle) for per_class in all_segms[1:] for rles in per_class for rle in rles) > 0
-    assert list(results['tiny_val']) == ['box', 'mask']
     ann_file = str(tiny_catalog.parent / 'all.json')
-    assert results['tiny_val']['box'] == pytest.approx(coco_metrics(ann_file, all_boxes), abs=1e-12)
-    assert results['tiny_val']['mask'] == pytest.approx(mask_metrics(ann_file, all_boxes, all_segms), abs=1e-12)
+    box_expected, mask_expected = coco_metrics(ann_file, all_boxes), mask_metrics(ann_file, all_boxes, all_segms)
+    copypaste = [line.split('copypaste: ', 1)[1] for line in out.splitlines() if 'copypaste: ' in line]
+    assert copypaste == ['Dataset: tiny_val', 'Task: box', ','.join(METRICS),
+                         ','.join(f'{box_expected[name]:.4f}' for name in METRICS),
+                         'Task: mask', ','.join(METRICS), ','.join(f'{mask_expected[name]:.4f}' for name in METRICS)]
 
     # Two gloo processes, each testing its own range, merge to the same boxes and masks.
     multi_dir = tiny_catalog.parent / 'mask_multi'
@@ -100,7 +110,9 @@ def test_single_process_writes_and_evaluates_masks(tiny_catalog, mask_weights, o
     assert merged['all_segms'] == all_segms
     assert all(np.array_equal(a, b) for per_a, per_b in zip(merged['all_boxes'][1:], all_boxes[1:])
                for a, b in zip(per_a, per_b))
-    assert multi == results
+    assert list(multi['tiny_val']) == ['box', 'mask']
+    assert multi['tiny_val']['box'] == pytest.approx(box_expected, abs=1e-12)
+    assert multi['tiny_val']['mask'] == pytest.approx(mask_expected, abs=1e-12)
 
     # --range writes its slice of the masks.
     range_dir = tiny_catalog.parent / 'mask_range'
@@ -108,22 +120,3 @@ def test_single_process_writes_and_evaluates_masks(tiny_catalog, mask_weights, o
     test_engine.run_inference(mask_weights, ind_range=(2, 5))
     sliced = _detections(range_dir, 'detection_range_2_5.pkl')
     assert sliced['all_segms'] == [per_class[2:5] for per_class in all_segms]
-
-
-def test_test_net_prints_box_and_mask_ap(tiny_catalog, mask_weights):
-    output_dir = tiny_catalog.parent / 'mask_command_line'
-    overrides = TINY_OVERRIDES + MASK_OVERRIDES + ['DATASET_CATALOG', str(tiny_catalog), 'OUTPUT_DIR', str(output_dir)]
-    result = subprocess.run([sys.executable, 'tools/test_net.py', '--cfg', SHAPES_CFG, 'TEST.WEIGHTS', mask_weights]
-                            + overrides, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout + result.stderr
-    assert 'Evaluating bounding boxes is done!' in out and 'Evaluating segmentations is done!' in out
-    copypaste = [line.split('copypaste: ', 1)[1] for line in out.splitlines() if 'copypaste: ' in line]
-    assert copypaste[:3] == ['Dataset: tiny_val', 'Task: box', ','.join(METRICS)]
-    assert copypaste[4:6] == ['Task: mask', ','.join(METRICS)]
-    content = _detections(output_dir)
-    ann_file = str(tiny_catalog.parent / 'all.json')
-    expected = mask_metrics(ann_file, content['all_boxes'], content['all_segms'])
-    assert copypaste[6] == ','.join(f'{expected[name]:.4f}' for name in METRICS)
-    # Per-class AP of both tasks: the class names appear twice after the mean AP header.
-    assert out.count('Mean and per-category AP') == 2 and out.count('red: ') == 2

@@ -26,6 +26,13 @@ RCNN_TRAINING = ('lower TRAIN.IMS_PER_BATCH 2, raising SOLVER.ITER_SIZE 1 by the
                  'lower TRAIN.BATCH_SIZE_PER_IM 32 (RoIs per image)')
 
 
+@pytest.fixture
+def on_the_cpu(monkeypatch):
+    """The expected lines name the CPU (no memory statistics): hide a GPU the machine may have."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+
+
 def _out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
     real = getattr(module, name)
     calls = itertools.count()
@@ -37,7 +44,8 @@ def _out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
     monkeypatch.setattr(module, name, failing)
 
 
-def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_catalog, monkeypatch, capsys):
+def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_catalog, monkeypatch, capsys,
+                                                                           on_the_cpu):
     output_dir = tiny_catalog.parent / 'oom'
     use_tiny_config(tiny_catalog, output_dir)
     _out_of_memory_from_call(monkeypatch, fast_rcnn_heads, 'fast_rcnn_losses', 3)  # one call per iteration
@@ -54,7 +62,8 @@ def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_
     assert checkpoint.load_checkpoint(str(last), model_builder.create(cfg))['iteration'] == 1
 
 
-def test_testing_out_of_memory_names_the_image_and_the_test_settings(tiny_catalog, monkeypatch, tmp_path):
+def test_testing_out_of_memory_names_the_image_and_the_test_settings(tiny_catalog, monkeypatch, tmp_path,
+                                                                     on_the_cpu):
     use_tiny_config(tiny_catalog, tmp_path, 'TEST.CUDA_GRAPHS', 'False')
     torch.save({'model': model_builder.create(cfg).state_dict()}, tmp_path / 'weights.pth')
     real_detector = GeneralizedRCNNType.detector
@@ -96,6 +105,9 @@ def test_each_model_type_names_its_own_memory_settings():
         'TRAIN.CHECKPOINT_ACTIVATIONS True (recompute backbone activations in the backward)')
     assert centernet.memory_settings(cfg, training=False) == (
         'fewer or smaller CENTERNET.TEST_SCALES (0.5, 1.0); CENTERNET.FLIP_TEST False; CENTERNET.CUDA_GRAPHS False')
+    merge_cfg_from_list(['CENTERNET.MASTER_BATCH_SIZE', '-1', 'CENTERNET.CHUNK_SIZES', '(20, 12)'])
+    assert centernet.memory_settings(cfg, training=True).startswith(
+        'lower CENTERNET.CHUNK_SIZES (20, 12) or CENTERNET.BATCH_SIZE 32; raise SOLVER.ITER_SIZE 2 ')
     merge_cfg_from_list(['TRAIN.CHECKPOINT_ACTIVATIONS', 'True', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)'])
     rcnn = model_builder.MODEL_TYPES['generalized_rcnn']
     assert rcnn.memory_settings(cfg, training=True) == (

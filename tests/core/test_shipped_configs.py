@@ -74,7 +74,7 @@ def test_unsupported_detectron_features_are_refused_by_the_builder():
     ('MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v0up', "MRCNN.ROI_MASK_HEAD 'mask_rcnn_heads"),
     ('MRCNN.DILATION', '2', 'MRCNN.DILATION 2 is not supported'),
     ('MRCNN.USE_FC_OUTPUT', 'True', 'MRCNN.USE_FC_OUTPUT True is not supported'),
-    ('MRCNN.RESOLUTION', '14', 'MRCNN.RESOLUTION 14 must be twice MRCNN.ROI_XFORM_RESOLUTION 14'),
+    ('MRCNN.RESOLUTION', '28', 'MRCNN.RESOLUTION 28 must be twice MRCNN.ROI_XFORM_RESOLUTION 7'),
 ])
 def test_mask_heads_not_built_are_refused(key, value, message):
     _load(os.path.join('getting_started', 'shapes_demo_mask_R-18-FPN.yaml'), key, value)

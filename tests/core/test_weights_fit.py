@@ -3,7 +3,6 @@ Detectron's ImageNet blobs given to CenterNet) fills none of the model and is re
 testing, naming the file and what it holds; testing with a head the file does not fill (sigma-less
 variance voting, CenterNet's heatmap head of another class count) is refused; CenterNet's own format
 and this port's .pth of another class count both load for training with the same tensors skipped."""
-import copy
 import logging
 import os
 import subprocess
@@ -11,6 +10,14 @@ import sys
 
 import pytest
 import torch
+from test_centernet_engine import use_centernet
+from test_train_engine import (
+    REPO,
+    SHAPES_CFG,
+    TINY_OVERRIDES,
+    use_tiny_config,
+    write_tiny_datasets,
+)
 
 from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
@@ -18,9 +25,6 @@ from detectron.modeling import model_builder
 from detectron.utils.c2_weights import state_dict_to_detectron_blobs
 from detectron.utils.errors import WeightsError
 from detectron.utils.io import save_object
-from conftest import _restore_in_place
-from test_centernet_engine import use_centernet
-from test_train_engine import REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config, write_tiny_datasets
 
 CPU = torch.device('cpu')
 
@@ -36,35 +40,33 @@ def catalog(tmp_path_factory):
     return write_tiny_datasets(tmp_path_factory.mktemp('fit'))
 
 
-@pytest.fixture(scope='module')
-def weights(catalog):
-    """{'rcnn': an R-CNN .pth, 'rcnn_kl': one with bbox_pred_std, 'centernet': a CenterNet .pth (2 classes),
-    'centernet3': CenterNet's own format with 3 classes, 'r50_pkl': Detectron-named ImageNet blobs} (paths)."""
-    root, paths = catalog.parent, {}
-    # Module-scoped, so it runs outside the per-test cfg restore: each config starts from the cfg as
-    # it found it, and the cfg is left that way.
-    pristine = copy.deepcopy(cfg)
+@pytest.fixture
+def weights(catalog, restore_global_cfg):
+    """{'rcnn': an R-CNN .pth, 'r50_pkl': its ResNet body as Detectron-named ImageNet blobs, 'centernet': a
+    CenterNet .pth (2 classes), 'centernet3' / 'centernet3_ours': a 3-class CenterNet in CenterNet's
+    format and in this port's} (paths, written once)."""
+    root = catalog.parent
+    paths = {name: str(root / file) for name, file in (
+        ('rcnn', 'rcnn.pth'), ('r50_pkl', 'R-18.pkl'), ('centernet', 'centernet.pth'),
+        ('centernet3', 'ctdet_3.pth'), ('centernet3_ours', 'ours_3.pth'))}
+    if os.path.exists(paths['centernet3_ours']):
+        return paths
     torch.manual_seed(0)
     use_tiny_config(catalog, root / 'unused')
     rcnn = model_builder.create(cfg).state_dict()
-    paths['rcnn'] = str(root / 'rcnn.pth')
     torch.save({'model': rcnn}, paths['rcnn'])
     body = {k: v for k, v in rcnn.items() if k.startswith('conv_body.body.')}
-    paths['r50_pkl'] = str(root / 'R-18.pkl')
     save_object({'blobs': state_dict_to_detectron_blobs(body)}, paths['r50_pkl'])
-    _restore_in_place(cfg, pristine)
+    restore_global_cfg()
     use_centernet(catalog, root / 'unused')
-    paths['centernet'] = str(root / 'centernet.pth')
     torch.save({'model': model_builder.create(cfg).state_dict()}, paths['centernet'])
-    _restore_in_place(cfg, pristine)
+    restore_global_cfg()
     use_centernet(catalog, root / 'unused', 'CENTERNET.NUM_CLASSES', '3')
     three = model_builder.create(cfg).state_dict()
-    paths['centernet3'] = str(root / 'ctdet_3.pth')
     torch.save({'epoch': 70, 'state_dict': {'module.' + k.split('.', 1)[1]: v for k, v in three.items()}},
                paths['centernet3'])
-    paths['centernet3_ours'] = str(root / 'ours_3.pth')
     torch.save({'model': three}, paths['centernet3_ours'])
-    _restore_in_place(cfg, pristine)
+    restore_global_cfg()
     return paths
 
 

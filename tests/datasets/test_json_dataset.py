@@ -183,8 +183,9 @@ def test_no_usable_annotation_at_all_names_the_training_datasets(tiny_dataset):
 def test_model_class_count_is_checked_against_the_categories(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(dataset_catalog, '_registered', {})
     (tmp_path / 'images').mkdir()
-    (tmp_path / 'a.json').write_text(json.dumps({'images': [], 'annotations': [], 'categories': [
-        {'id': 3, 'name': 'x'}, {'id': 8, 'name': 'y'}]}))
+    (tmp_path / 'a.json').write_text(json.dumps({
+        'images': [{'id': 1, 'file_name': 'a.jpg', 'width': 4, 'height': 4}], 'annotations': [],
+        'categories': [{'id': 3, 'name': 'x'}, {'id': 8, 'name': 'y'}]}))
     dataset_catalog.register_dataset('two_categories', str(tmp_path / 'images'), str(tmp_path / 'a.json'))
     dataset = JsonDataset('two_categories')
     dataset.check_model_classes(3)

@@ -170,7 +170,8 @@ def test_im_detect_all_computes_masks_on_the_final_boxes(tiny_mask_model, std_nm
     (features, rois), = recorded
     np.testing.assert_array_equal(rois[:, 0].numpy(), 0)
     im_scale = 64 / 48
-    np.testing.assert_allclose(rois[:, 1:].numpy(), final * np.float32(im_scale), rtol=1e-6)
+    # Detectron's rois blob: boxes * im_scale in float64, then float32.
+    np.testing.assert_array_equal(rois[:, 1:].numpy(), (final.astype(np.float64) * im_scale).astype(np.float32))
     # The pasted masks are those of the recorded logits at each detection's class channel.
     classes = np.repeat(np.arange(len(cls_boxes)), [len(b) for b in cls_boxes])
     with torch.no_grad():

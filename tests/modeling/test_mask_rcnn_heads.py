@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import torch
+import torchvision
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
 from detectron.modeling import model_builder
@@ -93,7 +94,7 @@ def _mask_model(*opts):
 
 def test_mask_logits_contract_pools_the_box_heads_feature_list():
     torch.manual_seed(0)
-    model = _mask_model().eval()
+    model = _mask_model('MRCNN.RESOLUTION', '28', 'MRCNN.ROI_XFORM_RESOLUTION', '14').eval()
     assert isinstance(model.mask_head, MaskRCNNHead)
     features = [torch.randn(1, 128, 32 // 2 ** k, 32 // 2 ** k) for k in range(5)]  # P2..P6 of a 128 px image
     rois = torch.tensor([[0, 4.0, 4.0, 60.0, 50.0], [0, 0.0, 0.0, 127.0, 127.0]])
@@ -103,6 +104,9 @@ def test_mask_logits_contract_pools_the_box_heads_feature_list():
         assert logits.shape == (2, 4, 28, 28)
         torch.testing.assert_close(logits, model.mask_head(pooled))
         assert pooled.shape == (2, 128, 14, 14)
+        # RoIAlign on each RoI's FPN level: the 57 x 47 RoI on P2, the 128 x 128 one on P3 (FPN eq. 1)
+        torch.testing.assert_close(pooled[:1], torchvision.ops.roi_align(features[0], rois[:1], 14, 1 / 4, 2))
+        torch.testing.assert_close(pooled[1:], torchvision.ops.roi_align(features[1], rois[1:], 14, 1 / 8, 2))
 
 
 def test_no_mask_head_without_mask_on():
@@ -111,3 +115,29 @@ def test_no_mask_head_without_mask_on():
 
 def test_class_agnostic_masks_have_one_channel():
     assert _mask_model('MRCNN.CLS_SPECIFIC_MASK', 'False').mask_head.mask_fcn_logits.out_channels == 1
+
+
+def test_demo_config_trains_two_steps_on_the_cpu_with_masks():
+    torch.manual_seed(0)
+    model = _mask_model('MODEL.NUM_CLASSES', '4').train()
+    images = torch.randn(2, 3, 128, 128)
+    im_info = torch.tensor([[128.0, 128.0, 1.0], [128.0, 128.0, 1.0]])
+    square = [np.array([20, 30, 70, 30, 70, 80, 20, 80], np.float32)]
+    triangle = [np.array([60, 10, 120, 100, 10, 100], np.float32)]
+    targets = [
+        {'boxes': torch.tensor([[20.0, 30, 69, 79]]), 'classes': torch.tensor([1]),
+         'is_crowd': torch.tensor([False]), 'segms': [square]},
+        {'boxes': torch.tensor([[10.0, 10, 119, 99]]), 'classes': torch.tensor([3]),
+         'is_crowd': torch.tensor([False]), 'segms': [triangle]},
+    ]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(2):
+        losses = model(images, im_info, targets)
+        optimizer.zero_grad()
+        sum(v for k, v in losses.items() if k.startswith('loss')).backward()
+        assert torch.isfinite(losses['loss_mask']) and losses['loss_mask'] > 0
+        assert model.mask_head.fcn1.weight.grad.abs().sum() > 0
+        logits_grad = model.mask_head.mask_fcn_logits.weight.grad
+        # only the gt classes' channels (1 and 3) learn: Detectron's -1 targets elsewhere
+        assert logits_grad[[1, 3]].abs().sum() > 0 and logits_grad[[0, 2]].abs().sum() == 0
+        optimizer.step()

@@ -134,6 +134,18 @@ def test_unequal_torchvision_model_trains_every_stage_with_batch_norm():
     assert torchvision_models.trainable_parameters(model) == 41481636 + CONV1 + LAYER1 + BN_AFFINE == 41757156
 
 
+def test_with_masks_the_equal_work_torchvision_model_has_our_mask_head_s_parameters():
+    from detectron.core.config_finalize import finalize_cfg
+    from detectron.modeling import rcnn_builder
+    finalize_cfg(os.path.join(REPO, 'configs', 'e2e_mask_rcnn_R-50-FPN_2x_log.yaml'), [])
+    model = torchvision_models.torchvision_equal_work(81, **torchvision_models.torchvision_settings(800, 1333))
+    # 4 conv 3x3 256 -> 256, the 2x deconv, the 1x1 logits of 81 classes.
+    mask_head = 4 * (256 * 256 * 9 + 256) + (256 * 256 * 4 + 256) + (256 * 81 + 81)
+    assert torchvision_models.trainable_parameters(model) == 41481636 + mask_head
+    ours = rcnn_builder.build_mask_head(cfg, 256)
+    assert sum(p.numel() for p in ours.parameters()) == mask_head
+
+
 def test_torchvision_settings_follow_our_cfg():
     cfg.immutable(False)
     cfg.TEST.RPN_POST_NMS_TOP_N = 321

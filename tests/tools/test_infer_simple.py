@@ -6,6 +6,7 @@ import sys
 
 import cv2
 import numpy as np
+import pycocotools.mask as mask_util
 import torch
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
@@ -122,3 +123,31 @@ def test_centernet_model_through_infer_simple(tmp_path):
     assert len(cls_boxes) == 4 and sum(len(boxes) for boxes in cls_boxes[1:]) == 100  # CenterNet's K
     written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
     assert np.array_equal(written, vis_one_image(cv2.imread(str(folder / 'one.jpg')), cls_boxes, None, 0.0))
+
+
+def test_mask_rcnn_through_infer_simple_draws_the_masks(tmp_path):
+    """A Mask R-CNN's detections are drawn with their masks: the same pixels as vis_one_image of
+    core/test's (cls_boxes, cls_segms)."""
+    config = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_mask_R-18-FPN.yaml')
+    folder = _random_image_folder(tmp_path, 3, (64, 80, 3))
+    overrides = ['TEST.DATASETS', '()', 'TEST.SCORE_THRESH', '0.0', 'TEST.DETECTIONS_PER_IM', '5']
+    merge_cfg_from_file(config)
+    merge_cfg_from_list(overrides)
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    model = model_builder.create(cfg)
+    with torch.no_grad():  # a mask head whose random masks are not all at the 0.5 threshold
+        for param in model.mask_head.parameters():
+            param.normal_(0.0, 0.3)
+    weights = tmp_path / 'random.pth'
+    torch.save({'model': model.state_dict()}, weights)
+    result = _run('--cfg', config, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
+                  '--thresh', '0.0', str(folder), *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    image = cv2.imread(str(folder / 'one.jpg'))
+    model = load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    cls_boxes, cls_segms = im_detect_all(model, image)
+    assert sum(int(mask_util.area(rle)) for segms in cls_segms for rle in segms) > 0
+    written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
+    assert np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0, cls_segms=cls_segms))
+    assert not np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0))  # the masks are drawn

@@ -11,6 +11,7 @@ import torch
 
 from detectron.core.config import cfg
 from detectron.modeling import fast_rcnn_heads
+from detectron.utils import distributed
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import log_file
 from test_cli import _load_tool
@@ -102,3 +103,24 @@ def test_an_unexpected_error_is_written_with_its_traceback(tmp_path):
     text = (tmp_path / 'log.txt').read_text()
     assert text.startswith('error: Traceback (most recent call last):\n')
     assert text.rstrip().endswith('ZeroDivisionError: division by zero')
+
+
+def _rank_1_fails(output_dir):
+    with log_file(output_dir, distributed.get_rank()):
+        logging.getLogger('detectron.some_module').info('rank %d started', distributed.get_rank())
+        if distributed.get_rank() == 1:
+            raise ConfigValueError('a value only rank 1 reads is bad')
+        distributed.synchronize()  # rank 0 waits for rank 1, which never comes
+
+
+def test_a_spawned_rank_writes_its_error_line(tmp_path):
+    with pytest.raises(ConfigValueError, match='^rank 1: a value only rank 1 reads is bad$'):
+        distributed.launch(_rank_1_fails, 2, args=(str(tmp_path),), device='cpu')
+    lines = (tmp_path / 'log.txt').read_text().splitlines()
+    # Rank 1: its error line alone (not its INFO line); rank 0: its INFO line (and, when the lost peer
+    # reaches it before the watcher's SIGTERM, its own error with the traceback).
+    assert [line for line in lines if line.startswith('rank 1: ')] == [
+        'rank 1: error: a value only rank 1 reads is bad']
+    started = re.compile(_STAMP + r'INFO test_log_file.py: +\d+: rank 0 started')
+    assert len([line for line in lines if started.fullmatch(line)]) == 1
+    assert not any('rank 1 started' in line for line in lines)

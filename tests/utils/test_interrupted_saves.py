@@ -20,7 +20,12 @@ from detectron.utils.torch_file import read_torch_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, 'tests', 'core'))
-from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, use_tiny_config, write_tiny_datasets  # noqa: E402
+from test_train_engine import (  # noqa: E402
+    SHAPES_CFG,
+    TINY_OVERRIDES,
+    use_tiny_config,
+    write_tiny_datasets,
+)
 
 ENV = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1')
 STOPPED = 'error: stopped by {}; all worker processes were stopped (a training run resumes from its last checkpoint ' \

@@ -7,7 +7,10 @@ what a user with ImageNet weights trains), built with weights=None since nothing
 Both get the same synthetic images (--height x --width, no resize), the same boxes per image,
 batch, precision and optimizer (Detectron's momentum SGD with its parameter groups), and the RPN /
 RoI settings of our cfg. torchvision with BatchNorm in all stages (weights=None's default, the old
-benchmark's baseline) is kept as an extra row labelled as the unequal comparison it is.
+benchmark's baseline) is kept as an extra row labelled as the unequal comparison it is. With a Mask
+R-CNN --cfg (MODEL.MASK_ON) torchvision's model is maskrcnn_resnet50_fpn (the same mask head), both
+train on the filled boxes as masks, and both end inference with one COCO RLE per detection (ours
+segm_results; torchvision's pasted masks binarised at 0.5 and encoded as its coco_eval reference does).
 
 Sections (--mode):
   train    images/s of full training steps (forward, losses, backward, SGD step), per --batch;

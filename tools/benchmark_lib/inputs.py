@@ -1,5 +1,6 @@
 """Synthetic images and training batches, as our loader and as torchvision take them."""
 import numpy as np
+import pycocotools.mask as mask_util
 import torch
 
 from detectron.core.config import cfg
@@ -34,6 +35,9 @@ def ours_train_inputs(images, boxes, labels, device):
     targets = [{'boxes': torch.from_numpy(bx).to(device), 'classes': torch.from_numpy(lb).long().to(device),
                 'is_crowd': torch.zeros(len(lb), dtype=torch.bool, device=device)}
                for bx, lb in zip(boxes, labels)]
+    if cfg.MODEL.MASK_ON:  # each object the filled box: its outline polygon, as the loader's 'segms'
+        for target, bx in zip(targets, boxes):
+            target['segms'] = [[np.array([x1, y1, x2, y1, x2, y2, x1, y2], np.float32)] for x1, y1, x2, y2 in bx]
     return blob, im_info, targets
 
 
@@ -42,4 +46,14 @@ def torchvision_train_inputs(images, boxes, labels, device):
     ims = [torch.from_numpy(im[:, :, ::-1].copy()).permute(2, 0, 1).float().div(255).to(device) for im in images]
     targets = [{'boxes': torch.from_numpy(bx).to(device), 'labels': torch.from_numpy(lb).long().to(device)}
                for bx, lb in zip(boxes, labels)]
+    if cfg.MODEL.MASK_ON:  # the same filled boxes as (N, H, W) masks
+        for target, bx, im in zip(targets, boxes, images):
+            target['masks'] = torch.from_numpy(_box_masks(bx, *im.shape[:2])).to(device)
     return ims, targets
+
+
+def _box_masks(boxes, height, width):
+    """(N, height, width) uint8 masks of the pixels pycocotools rasterises from each box outline
+    (the polygon [x1, y1, x2, y1, x2, y2, x1, y2]), so both models learn the same masks."""
+    polygons = [[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in boxes.astype(np.float64)]
+    return np.stack([mask_util.decode(mask_util.frPyObjects(p, height, width))[:, :, 0] for p in polygons])

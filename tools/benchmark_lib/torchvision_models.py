@@ -1,6 +1,9 @@
-"""torchvision's Faster R-CNN set up for the same work as ours: settings from our cfg, its models, its inference."""
+"""torchvision's Faster (or, with MODEL.MASK_ON, Mask) R-CNN set up for the same work as ours: settings from our
+cfg, its models, its inference."""
+import numpy as np
+import pycocotools.mask as mask_util
 import torch
-from torchvision.models.detection import FasterRCNN, fasterrcnn_resnet50_fpn
+from torchvision.models.detection import FasterRCNN, MaskRCNN, fasterrcnn_resnet50_fpn, maskrcnn_resnet50_fpn
 from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 from torchvision.ops.misc import FrozenBatchNorm2d
 
@@ -27,19 +30,21 @@ def torchvision_settings(height, width):
 
 
 def torchvision_equal_work(num_classes, **settings):
-    """fasterrcnn_resnet50_fpn as built with ImageNet weights: FrozenBatchNorm2d, layer2-4 trainable
-    (conv1 and layer1 frozen, our FREEZE_AT 2), but random weights."""
+    """fasterrcnn_resnet50_fpn (maskrcnn_resnet50_fpn with MODEL.MASK_ON: its mask head is Detectron's
+    4 conv + deconv on RoIAlign 14 / sampling 2) as built with ImageNet weights: FrozenBatchNorm2d,
+    layer2-4 trainable (conv1 and layer1 frozen, our FREEZE_AT 2), but random weights."""
     torch.manual_seed(0)
     backbone = resnet_fpn_backbone(backbone_name='resnet50', weights=None, norm_layer=FrozenBatchNorm2d,
                                    trainable_layers=3)
-    return FasterRCNN(backbone, num_classes=num_classes, **settings)
+    return (MaskRCNN if cfg.MODEL.MASK_ON else FasterRCNN)(backbone, num_classes=num_classes, **settings)
 
 
 def torchvision_all_stages_bn(num_classes, **settings):
     """weights=None's fasterrcnn_resnet50_fpn: BatchNorm2d with batch statistics, every stage
     trainable; more work than our FREEZE_AT 2 model (the unequal comparison)."""
     torch.manual_seed(0)
-    return fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=num_classes, **settings)
+    build = maskrcnn_resnet50_fpn if cfg.MODEL.MASK_ON else fasterrcnn_resnet50_fpn
+    return build(weights=None, weights_backbone=None, num_classes=num_classes, **settings)
 
 
 def trainable_parameters(model):
@@ -47,10 +52,17 @@ def trainable_parameters(model):
 
 
 def torchvision_detect(model, image, device, precision):
-    """torchvision's whole inference: upload, RGB float, its transform, forward, post-processing."""
+    """torchvision's whole inference: upload, RGB float, its transform, forward, post-processing. A
+    Mask R-CNN's pasted masks end as COCO RLEs, as ours: binarised at 0.5 on the device, then
+    encoded one by one as torchvision's references/detection/coco_eval.py does."""
     with torch.no_grad(), autocast(device, precision):
         x = torch.from_numpy(image[:, :, ::-1].copy()).to(device).permute(2, 0, 1).float().div(255)
         out = model([x])[0]
+    if 'masks' in out:
+        binary = (out.pop('masks')[:, 0] > 0.5).to(torch.uint8).cpu().numpy()
+        out = {k: v.cpu() for k, v in out.items()}
+        out['segms'] = [mask_util.encode(np.array(m[:, :, np.newaxis], order='F'))[0] for m in binary]
+        return out
     return {k: v.cpu() for k, v in out.items()}
 
 
