@@ -33,7 +33,9 @@ def on_the_cpu(monkeypatch):
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
 
 
-def _out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
+def out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
+    """module.name raises torch.OutOfMemoryError from its call number first_failing_call (0-based)
+    on; returns the real function."""
     real = getattr(module, name)
     calls = itertools.count()
 
@@ -42,13 +44,14 @@ def _out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
             raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')
         return real(*args, **kwargs)
     monkeypatch.setattr(module, name, failing)
+    return real
 
 
 def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_catalog, monkeypatch, capsys,
                                                                            on_the_cpu):
     output_dir = tiny_catalog.parent / 'oom'
     use_tiny_config(tiny_catalog, output_dir)
-    _out_of_memory_from_call(monkeypatch, fast_rcnn_heads, 'fast_rcnn_losses', 3)  # one call per iteration
+    out_of_memory_from_call(monkeypatch, fast_rcnn_heads, 'fast_rcnn_losses', 3)  # one call per iteration
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_status:
         run_tool(lambda argv: train_engine.train_model(), [])

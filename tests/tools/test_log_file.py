@@ -7,7 +7,6 @@ import shlex
 import sys
 
 import pytest
-import torch
 
 from detectron.core.config import cfg
 from detectron.modeling import fast_rcnn_heads
@@ -17,30 +16,32 @@ from detectron.utils.logging import log_file
 from test_cli import _load_tool
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'core'))
+from test_out_of_memory import on_the_cpu, out_of_memory_from_call  # noqa: E402, F401 (a fixture)
 from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, write_tiny_datasets  # noqa: E402
 
 _STAMP = r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d '
 
 
-def _out_of_memory_from_call(monkeypatch, first_failing_call):
-    real, calls = fast_rcnn_heads.fast_rcnn_losses, []
+@pytest.fixture(autouse=True)
+def tools_stdout_handler_removed():
+    """train_net's setup_logging gives the root logger a handler on this test's captured stdout,
+    which is closed after it: later tests must not write there."""
+    yield
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        if type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
 
-    def losses(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > first_failing_call:
-            raise torch.OutOfMemoryError('CUDA out of memory.')
-        return real(*args, **kwargs)
-    monkeypatch.setattr(fast_rcnn_heads, 'fast_rcnn_losses', losses)
-    return real
 
-
+@pytest.mark.usefixtures('on_the_cpu')  # the error line names the CPU
 def test_train_net_log_is_appended_across_a_failure_and_the_resume(tmp_path, monkeypatch, capsys):
     catalog = write_tiny_datasets(tmp_path)
     output_dir = tmp_path / 'out'
     argv = ['--cfg', SHAPES_CFG, '--skip-test'] + TINY_OVERRIDES + [
         'SOLVER.MAX_ITER', '3', 'DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir)]
     monkeypatch.setattr(sys, 'argv', ['tools/train_net.py'] + argv)
-    real_losses = _out_of_memory_from_call(monkeypatch, 2)  # iteration 2, after model_iter1.pth
+    # Iteration 2 (one call per iteration) runs out of memory, after model_iter1.pth.
+    real_losses = out_of_memory_from_call(monkeypatch, fast_rcnn_heads, 'fast_rcnn_losses', 2)
     with pytest.raises(SystemExit):
         run_tool(_load_tool('train_net.py').main, argv)
     error = capsys.readouterr().err.strip()

@@ -1,4 +1,5 @@
-"""DIST_BACKEND gloo on CUDA: more ranks than GPUs, mapped round-robin (CUDA mocked; no process group)."""
+"""DIST_BACKEND gloo on CUDA: more ranks than GPUs, mapped round-robin (CUDA mocked; no process group);
+and the one line of a rank that lost its peers."""
 import logging
 
 import pytest
@@ -100,3 +101,32 @@ def test_num_gpus_spawns_ranks_that_map_round_robin(two_mocked_gpus, monkeypatch
     devices = [distributed._run_worker(distributed.get_device, (), distributed.JobSpec(r, 3, r, 'launch'),
                                        spawned['options']) for r in range(3)]
     assert devices == [torch.device('cuda', i) for i in (0, 1, 0)] and two_mocked_gpus == [0, 1, 0]
+
+
+def _raises(error):
+    def main():
+        raise error
+    return main
+
+
+def test_a_lost_peer_is_one_line_naming_this_rank(monkeypatch):
+    monkeypatch.setattr(distributed, '_init_process_group', lambda job, options: None)
+    for key, value in distributed._state.items():
+        monkeypatch.setitem(distributed._state, key, value)
+    monkeypatch.setattr(logging.getLogger(), 'level', logging.getLogger().level)
+    options = distributed._LaunchOptions('gloo', 'env://', distributed.DEFAULT_TIMEOUT, 'cpu', None, False)
+    gloo = RuntimeError('[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:14561: '
+                        'Connection reset by peer. This is typically caused by a remote worker hanging.')
+    with pytest.raises(distributed.PeerLostError) as info:
+        distributed._run_worker(_raises(gloo), (), distributed.JobSpec(3, 4, 1, 'torchrun'), options)
+    assert str(info.value) == (
+        'rank 3 of 4 lost its connection to the other ranks (Read error [127.0.0.1]:14561: Connection reset by peer): '
+        "another process of the job or its node stopped, and its own output (or its launcher's summary) names it; "
+        'started again, training resumes from its last checkpoint')
+    other = RuntimeError('CUDA error: an illegal memory access was encountered')
+    with pytest.raises(RuntimeError) as info:
+        distributed._run_worker(_raises(other), (), distributed.JobSpec(3, 4, 1, 'torchrun'), options)
+    assert info.value is other
+    with pytest.raises(RuntimeError) as info:  # one process has no peers to lose
+        distributed._run_worker(_raises(gloo), (), distributed.JobSpec(0, 1, 0, 'single process'), options)
+    assert info.value is gloo
