@@ -29,3 +29,12 @@ def restore_global_cfg():
     snapshot = copy.deepcopy(cfg)
     yield lambda: _restore_in_place(cfg, snapshot)
     _restore_in_place(cfg, snapshot)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def restore_global_cfg_after_module():
+    """A module-scoped fixture that sets up a config runs before the per-test snapshot above: what it
+    leaves in the cfg is restored when its module ends, so no later module sees it."""
+    snapshot = copy.deepcopy(cfg)
+    yield
+    _restore_in_place(cfg, snapshot)
