@@ -8,10 +8,10 @@ import pytest
 import torch
 import torchvision
 from test_centernet_engine import use_centernet
+import test_train_engine
 from test_train_engine import REPO, use_tiny_config, write_tiny_datasets
 
 from detectron.core.config import cfg
-from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 from detectron.utils import distributed
 from detectron.utils.c2_weights import load_weights, state_dict_to_detectron_blobs
@@ -19,9 +19,8 @@ from detectron.utils.errors import ConfigValueError, LaunchError, OutputDirError
 from detectron.utils.io import save_object
 
 
-@pytest.fixture(autouse=True)
-def private_dataset_registrations(monkeypatch):
-    monkeypatch.setattr(dataset_catalog, '_registered', {})
+# The engines register DATASET_CATALOG in this process: keep that out of other tests.
+private_dataset_registrations = test_train_engine.private_dataset_registrations
 
 
 @pytest.fixture(scope='module')

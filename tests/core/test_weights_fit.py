@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from test_centernet_engine import use_centernet
+import test_train_engine
 from test_train_engine import (
     REPO,
     SHAPES_CFG,
@@ -29,10 +30,8 @@ from detectron.utils.io import save_object
 CPU = torch.device('cpu')
 
 
-@pytest.fixture(autouse=True)
-def private_dataset_registrations(monkeypatch):
-    from detectron.datasets import dataset_catalog
-    monkeypatch.setattr(dataset_catalog, '_registered', {})
+# The engines register DATASET_CATALOG in this process: keep that out of other tests.
+private_dataset_registrations = test_train_engine.private_dataset_registrations
 
 
 @pytest.fixture(scope='module')
