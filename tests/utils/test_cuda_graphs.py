@@ -29,17 +29,24 @@ def test_graphed_method_is_made_once_per_owner_and_key_and_goes_with_the_owner()
     assert len(cuda_graphs._PER_OWNER) == before - 1
 
 
-@needs_cuda
-def test_rcnn_detections_with_the_graphed_body_equal_the_eager_ones():
+def _graphed_test_model(config):
+    """The model of a getting_started config on the GPU in eval mode, its classifier letting many
+    candidates through (so NMS has work), and its (image, decode, NMS) parameters."""
     from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
-    from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
-    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN_kl.yaml'))
+    from detectron.modeling import model_builder, rcnn_builder
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', config))
     assert_and_infer_cfg()
     torch.manual_seed(0)
     model = model_builder.create(cfg).cuda().eval()
-    with torch.no_grad():  # a classifier that lets many candidates through, so NMS has work
+    with torch.no_grad():
         model.box_outs.cls_score.bias.zero_()
-    params = (rcnn_builder.image_params(cfg), rcnn_builder.decode_params(cfg), rcnn_builder.nms_params(cfg))
+    return model, (rcnn_builder.image_params(cfg), rcnn_builder.decode_params(cfg), rcnn_builder.nms_params(cfg))
+
+
+@needs_cuda
+def test_rcnn_detections_with_the_graphed_body_equal_the_eager_ones():
+    from detectron.modeling import rcnn_inference
+    model, params = _graphed_test_model('shapes_demo_R-18-FPN_kl.yaml')
     images = [np.random.RandomState(seed).randint(0, 255, (150, 200, 3)).astype(np.uint8) for seed in range(3)]
     for im in images + images:  # the first call of a size captures, later ones replay
         eager = rcnn_inference.im_detect_all(model, im, *params, cuda_graphs=False)
@@ -54,17 +61,11 @@ def test_rcnn_detections_with_the_graphed_body_equal_the_eager_ones():
 @needs_cuda
 def test_mask_rcnn_masks_with_the_graphed_body_equal_the_eager_ones():
     # The mask head reads the FPN features the graph returned: they must still be this image's.
-    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
-    from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
-    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_mask_R-18-FPN.yaml'))
-    assert_and_infer_cfg()
-    torch.manual_seed(0)
-    model = model_builder.create(cfg).cuda().eval()
+    from detectron.modeling import rcnn_inference
+    model, params = _graphed_test_model('shapes_demo_mask_R-18-FPN.yaml')
     with torch.no_grad():
-        model.box_outs.cls_score.bias.zero_()
         for param in model.mask_head.parameters():
             param.normal_(0.0, 0.3)
-    params = (rcnn_builder.image_params(cfg), rcnn_builder.decode_params(cfg), rcnn_builder.nms_params(cfg))
     sizes = [(150, 200), (190, 140), (150, 200)]
     images = [np.random.RandomState(seed).randint(0, 255, sizes[seed] + (3,)).astype(np.uint8) for seed in range(3)]
     for im in images + images:
