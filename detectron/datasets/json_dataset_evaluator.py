@@ -86,36 +86,35 @@ def ap_at_iou(coco_eval, iou):
 
 def _write_coco_bbox_results_file(json_dataset, all_boxes, res_file, results_format=DETECTRON_RESULTS):
     """Write the results json; returns the number of detections written."""
-    image_ids = json_dataset.get_image_ids()
-    results = []
-    for cls_ind in range(1, min(len(all_boxes), json_dataset.num_classes)):
-        if len(all_boxes[cls_ind]) != len(image_ids):
-            raise ValueError('all_boxes[{}] has {} images but dataset {} has {}'.format(
-                cls_ind, len(all_boxes[cls_ind]), json_dataset.name, len(image_ids)))
-        category_id = json_dataset.contiguous_category_id_to_json_id[cls_ind]
-        results.extend(_coco_bbox_results_one_category(all_boxes[cls_ind], image_ids, category_id,
-                                                       results_format))
-    logger.info('Writing bbox results json to: {}'.format(os.path.abspath(res_file)))
-    save_json(results, res_file)
-    return len(results)
+    return _write_results_file(
+        json_dataset, 'all_boxes', all_boxes, res_file, 'bbox',
+        lambda cls_ind, image_ids, category_id: _coco_bbox_results_one_category(
+            all_boxes[cls_ind], image_ids, category_id, results_format))
 
 
 def _write_coco_segms_results_file(json_dataset, all_boxes, all_segms, res_file):
-    """Write the segmentation results json, RLE counts as str (Detectron's Python 3 decode);
-    returns the number of results written."""
-    image_ids = json_dataset.get_image_ids()
-    results = []
-    for cls_ind in range(1, min(len(all_boxes), json_dataset.num_classes)):
-        if len(all_segms[cls_ind]) != len(image_ids):
-            raise ValueError('all_segms[{}] has {} images but dataset {} has {}'.format(
-                cls_ind, len(all_segms[cls_ind]), json_dataset.name, len(image_ids)))
-        category_id = json_dataset.contiguous_category_id_to_json_id[cls_ind]
+    """Write the segmentation results json, RLE counts as str (Detectron's Python 3 decode), each
+    RLE with the score of its box; returns the number of results written."""
+    def one_category(cls_ind, image_ids, category_id):
         for image_id, dets, rles in zip(image_ids, all_boxes[cls_ind], all_segms[cls_ind]):
             scores = np.asarray(dets, dtype=np.float64).reshape(-1, 5)[:, 4].tolist()
-            results.extend({'image_id': image_id, 'category_id': category_id, 'score': score,
-                            'segmentation': {'size': rle['size'], 'counts': _str_counts(rle['counts'])}}
-                           for rle, score in zip(rles, scores))
-    logger.info('Writing segmentation results json to: {}'.format(os.path.abspath(res_file)))
+            yield from ({'image_id': image_id, 'category_id': category_id, 'score': score,
+                         'segmentation': {'size': rle['size'], 'counts': _str_counts(rle['counts'])}}
+                        for rle, score in zip(rles, scores))
+    return _write_results_file(json_dataset, 'all_segms', all_segms, res_file, 'segmentation', one_category)
+
+
+def _write_results_file(json_dataset, name, per_class, res_file, kind, category_results):
+    """The results of every class >= 1 (per_class[cls][image] for the dataset's images, `name` in the
+    error) as category_results(cls, image_ids, json category id) makes them, written to res_file."""
+    image_ids = json_dataset.get_image_ids()
+    results = []
+    for cls_ind in range(1, min(len(per_class), json_dataset.num_classes)):
+        if len(per_class[cls_ind]) != len(image_ids):
+            raise ValueError('{}[{}] has {} images but dataset {} has {}'.format(
+                name, cls_ind, len(per_class[cls_ind]), json_dataset.name, len(image_ids)))
+        results.extend(category_results(cls_ind, image_ids, json_dataset.contiguous_category_id_to_json_id[cls_ind]))
+    logger.info('Writing {} results json to: {}'.format(kind, os.path.abspath(res_file)))
     save_json(results, res_file)
     return len(results)
 
