@@ -14,13 +14,17 @@ import os.path as osp
 import tempfile
 from collections.abc import Mapping
 
-
 from detectron.core.config_defaults import CfgNode, cfg
 from detectron.core.config_values import coerce_value, decode_value
 from detectron.core.config_yaml import load_cfg, load_yaml_file  # noqa: F401  (load_cfg: public here, as in Detectron)
 from detectron.utils import distributed
+from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import (
-    ConfigKeyError, ConfigValueError, OutputDirError, OverridesFormatError, OverridesKeyError,
+    ConfigKeyError,
+    ConfigValueError,
+    OutputDirError,
+    OverridesFormatError,
+    OverridesKeyError,
 )
 
 logger = logging.getLogger(__name__)
@@ -413,15 +417,9 @@ def _check_acted_on():
     """A key of _NOT_ACTED_ON set to anything but its default: one line naming it and why."""
     for full_key in _all_leaf_keys(__C, ''):
         reason = _NOT_ACTED_ON.get(full_key) or _NOT_ACTED_ON.get(full_key.rsplit('.', 1)[0] + '.')
-        value = _leaf_value(__C, full_key)
-        if reason and value != _leaf_value(_DEFAULTS, full_key):
+        value = leaf_value(__C, full_key)
+        if reason and value != leaf_value(_DEFAULTS, full_key):
             raise ConfigValueError('{} {!r} is not acted on by this port: {}'.format(full_key, value, reason))
-
-
-def _leaf_value(node, full_key):
-    for name in full_key.split('.'):
-        node = node[name]
-    return node
 
 
 def _check_solver():

@@ -16,6 +16,7 @@ from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collat
                                           prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
 from detectron.utils.c2_weights import load_weights, load_weights_and_momentum
+from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
 
 _CONV_BODIES = {
@@ -145,7 +146,7 @@ _FPN_LEVELS = (2, 6, 2, 5)
 def check_supported(cfg):
     """ConfigValueError unless cfg asks for an R-CNN this port builds."""
     for key, feature in _UNSUPPORTED.items():
-        if _value(cfg, key):
+        if leaf_value(cfg, key):
             raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
                                    .format(key, feature))
     if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
@@ -173,21 +174,14 @@ def check_supported(cfg):
         _check_mask_head(cfg)
 
 
-def _value(cfg, key):
-    node = cfg
-    for name in key.split('.'):
-        node = node[name]
-    return node
-
-
 def _check_mask_head(cfg):
     mrcnn = cfg.MRCNN
     if mrcnn.ROI_MASK_HEAD not in MASK_HEADS:
         raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported; "
                                f'use one of {sorted(MASK_HEADS)}')
     for key, value in _MRCNN_BUILT.items():
-        if _value(cfg, key) != value:
-            raise ConfigValueError(f'{key} {_value(cfg, key)!r} is not supported: the v1up4convs heads are built '
+        if leaf_value(cfg, key) != value:
+            raise ConfigValueError(f'{key} {leaf_value(cfg, key)!r} is not supported: the v1up4convs heads are built '
                                    f'with {value!r}')
     if mrcnn.CONV_INIT not in CONV_INITS:
         raise ConfigValueError(f"MRCNN.CONV_INIT '{mrcnn.CONV_INIT}' is not supported; use one of {list(CONV_INITS)}")

@@ -23,10 +23,8 @@ class Derivation:
 
         sources: the keys `derived` follows from; a typed full_key that differs from `derived` while
         one of them is typed too (strict: always, naming the first) is a ConfigValueError naming both."""
-        *parents, leaf = full_key.split('.')
-        node = self.cfg
-        for name in parents:
-            node = node[name]
+        parent, _, leaf = full_key.rpartition('.')
+        node = leaf_value(self.cfg, parent) if parent else self.cfg
         if full_key not in self.typed:
             node[leaf] = derived
             self.derived.append('{} {}'.format(full_key, _show(derived)))
@@ -38,7 +36,7 @@ class Derivation:
                     raise ConfigValueError(
                         '{} {} (from {}) contradicts {} {} (from {}), from which {} makes {} {}: give only one '
                         'of them'.format(full_key, _show(typed), self.typed[full_key], source,
-                                         _show(_leaf(self.cfg, source)), self.typed.get(source, 'its default'),
+                                         _show(leaf_value(self.cfg, source)), self.typed.get(source, 'its default'),
                                          self.rule, full_key, _show(derived)))
             self.kept.append('{} {} (typed; {} would make {})'.format(full_key, _show(typed), self.rule,
                                                                       _show(derived)))
@@ -50,7 +48,8 @@ class Derivation:
         return line + ('; kept {}'.format(', '.join(self.kept)) if self.kept else '')
 
 
-def _leaf(node, full_key):
+def leaf_value(node, full_key):
+    """The value at a dotted key of a config node, e.g. leaf_value(cfg, 'SOLVER.MAX_ITER')."""
     for name in full_key.split('.'):
         node = node[name]
     return node
