@@ -138,7 +138,6 @@ def test_files_speak_of_the_product_not_of_its_development():
     assert found == []
 
 
-@pytest.mark.parametrize('text', ['as in the ninth session', 'runs 3-4 of the 12th sitting',
-                                  'on the lent H200', 'PYTHONPATH=/tmp/site:$PWD', 'see /work/main'])
+@pytest.mark.parametrize('text', ['ninth session', '12th sitting', 'lent', '/tmp/site', '/work/'])
 def test_the_diary_pattern_catches(text):
     assert _DIARY.search(text)
