@@ -76,7 +76,6 @@ class Retention:
         # With `last`, model_last.pth is written with any other file, so it is always the newest one.
         return ([LAST_CHECKPOINT_NAME] if self.last and (periodic or numbered) else []) + numbered
 
-
     def describe(self):
         """Where the checkpoints go and which stay, for the schedule print-out."""
         kept = 'all kept' if self.keep <= 0 else 'the {} newest kept (TRAIN.KEEP_CHECKPOINTS)'.format(self.keep)
