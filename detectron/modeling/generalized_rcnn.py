@@ -169,6 +169,10 @@ class GeneralizedRCNN(nn.Module):
             batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
             bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
             cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy)
+        if self.mask_head is not None:
+            # Before the box head is queued: mask_targets' host sync then waits for little.
+            mt = mask_targets(rois, labels, im_info[:, 2], targets, resolution=p.mask.resolution,
+                              cls_specific=p.mask.cls_specific)
         out = self._box_outputs(features, rois)
         losses.update(fast_rcnn_heads.fast_rcnn_losses(
             out['cls_score'], out['bbox_pred'], labels, bbox_targets, inside_w, outside_w))
@@ -176,11 +180,8 @@ class GeneralizedRCNN(nn.Module):
             losses['loss_bbox'] = fast_rcnn_heads.kl_loss(
                 out['bbox_pred'], out['bbox_pred_std'], bbox_targets, inside_w, outside_w)
         if self.mask_head is not None:
-            m = p.mask
-            mt = mask_targets(rois, labels, im_info[:, 2], [t['segms'] for t in targets], gt_crowd,
-                              resolution=m.resolution, cls_specific=m.cls_specific)
             losses['loss_mask'] = mask_rcnn_heads.mask_loss(self.mask_logits(features, mt.rois), mt.classes,
-                                                            mt.masks, weight=m.weight_loss)
+                                                            mt.masks, weight=p.mask.weight_loss)
         return losses
 
     def _inference(self, features, logits, deltas, anchors, im_info):

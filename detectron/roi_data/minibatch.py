@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from detectron.roi_data.shared_memory import empty_for_main_process, shared_copy
+from detectron.utils import segms as segm_utils
 from detectron.utils.blob import blob_shape, fill_blob, prep_im_for_blob, resize_scale
 from detectron.utils.errors import DatasetError
 
@@ -42,13 +43,13 @@ def read_image(path):
         data = b''
     if _is_truncated_jpeg(data):
         raise DatasetError(
-            "Image '{}' is a truncated JPEG (it ends before its end-of-image marker, e.g. an interrupted "
-            "download or copy); restore the file or remove it from the dataset.".format(path))
+            f"Image '{path}' is a truncated JPEG (it ends before its end-of-image marker, e.g. an interrupted "
+            "download or copy); restore the file or remove it from the dataset.")
     im = _decode(data, path) if data else None
     if im is None:
         raise DatasetError(
-            "Cannot read image '{}': the file is missing, unreadable or not a valid image; "
-            "restore it or remove it from the dataset.".format(path))
+            f"Cannot read image '{path}': the file is missing, unreadable or not a valid image; "
+            "restore it or remove it from the dataset.")
     return im
 
 
@@ -78,7 +79,7 @@ def _stderr_captured():
     """What native code writes to file descriptor 2 within the block, as a one-element list."""
     capture = _capture_files.get(os.getpid())
     if capture is None:
-        capture = _capture_files[os.getpid()] = tempfile.TemporaryFile()
+        capture = _capture_files[os.getpid()] = tempfile.TemporaryFile()  # noqa: SIM115 (kept open for the process)
     capture.seek(0)
     capture.truncate()
     sys.stderr.flush()
@@ -122,7 +123,10 @@ def _is_truncated_jpeg(data):
 
 def gt_targets(entry):
     """Ground-truth rows (gt_classes > 0) of a roidb entry as the model's target dict; with 'segms'
-    in the entry (Mask R-CNN) also each row's polygons as float32 arrays (None for crowd regions)."""
+    in the entry (Mask R-CNN) also the non-crowd rows' polygons as tensors that travel with the
+    boxes to the training device (mask_rcnn.mask_targets): 'segm_boxes' (G, 4) float32, their tight
+    boxes (segms.polys_to_boxes), and 'segm_edges' / 'segm_polygon_edges' (segms.packed_polygons),
+    coordinates as float32 in the original image (flipped with the entry)."""
     is_gt = np.asarray(entry['gt_classes']) > 0
     targets = {
         'boxes': torch.from_numpy(np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[is_gt]),
@@ -130,9 +134,17 @@ def gt_targets(entry):
         'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
     }
     if 'segms' in entry:
-        targets['segms'] = [None if crowd else [np.asarray(p, dtype=np.float32) for p in segm]
-                            for segm, crowd, keep in zip(entry['segms'], entry['is_crowd'], is_gt) if keep]
+        targets.update(polygon_targets([segm for segm, crowd, keep in zip(entry['segms'], entry['is_crowd'], is_gt)
+                                        if keep and not crowd]))
     return targets
+
+
+def polygon_targets(polys):
+    """The target tensors of objects given as polygon lists (gt_targets)."""
+    polys = [[np.asarray(p, dtype=np.float32) for p in poly] for poly in polys]
+    edges, polygon_edges = segm_utils.packed_polygons(polys)
+    return {'segm_boxes': torch.from_numpy(segm_utils.polys_to_boxes(polys)), 'segm_edges': edges,
+            'segm_polygon_edges': polygon_edges}
 
 
 def prepare_training_image(entry, target_size, max_size, pixel_means):

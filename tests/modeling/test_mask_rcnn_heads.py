@@ -6,11 +6,17 @@ import numpy as np
 import torch
 import torchvision
 
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
+from detectron.core.config import (
+    assert_and_infer_cfg,
+    cfg,
+    merge_cfg_from_file,
+    merge_cfg_from_list,
+)
 from detectron.modeling import model_builder
 from detectron.modeling.fast_rcnn_heads import RoiXConv1FCGNHead
 from detectron.modeling.mask_rcnn_heads import MaskRCNNHead, mask_loss
 from detectron.modeling.norm import group_norm_groups
+from detectron.roi_data.minibatch import gt_targets
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'configs')
 
@@ -122,13 +128,13 @@ def test_demo_config_trains_two_steps_on_the_cpu_with_masks():
     model = _mask_model('MODEL.NUM_CLASSES', '4').train()
     images = torch.randn(2, 3, 128, 128)
     im_info = torch.tensor([[128.0, 128.0, 1.0], [128.0, 128.0, 1.0]])
-    square = [np.array([20, 30, 70, 30, 70, 80, 20, 80], np.float32)]
-    triangle = [np.array([60, 10, 120, 100, 10, 100], np.float32)]
+    square = [[20, 30, 70, 30, 70, 80, 20, 80]]
+    triangle = [[60, 10, 120, 100, 10, 100]]
     targets = [
-        {'boxes': torch.tensor([[20.0, 30, 69, 79]]), 'classes': torch.tensor([1]),
-         'is_crowd': torch.tensor([False]), 'segms': [square]},
-        {'boxes': torch.tensor([[10.0, 10, 119, 99]]), 'classes': torch.tensor([3]),
-         'is_crowd': torch.tensor([False]), 'segms': [triangle]},
+        gt_targets({'boxes': np.array([[20.0, 30, 69, 79]]), 'gt_classes': np.array([1]),
+                    'is_crowd': np.array([False]), 'segms': [square]}),
+        gt_targets({'boxes': np.array([[10.0, 10, 119, 99]]), 'gt_classes': np.array([3]),
+                    'is_crowd': np.array([False]), 'segms': [triangle]}),
     ]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(2):

@@ -1,20 +1,38 @@
-"""Mask R-CNN targets (Detectron's add_mask_rcnn_blobs) on hand-built RoIs and polygons."""
+"""Mask R-CNN targets (Detectron's add_mask_rcnn_blobs) on hand-built RoIs and polygons, and
+against Detectron's host computation (bbox_overlaps, polys_to_mask_wrt_box) on random and COCO ones."""
+import json
+import os
+
 import numpy as np
+import pytest
 import torch
 
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.minibatch import gt_targets
+from detectron.utils import segms as segm_utils
+from detectron.utils.boxes import bbox_overlaps
+
+COCO_TINY_TRAIN = os.path.normpath(os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', 'shared', 'data', 'coco_tiny',
+    'annotations', 'instances_train2017.json'))
 
 
 def _square(x0, y0, x1, y1):
     return [np.array([x0, y0, x1, y0, x1, y1, x0, y1], np.float32)]
 
 
+def _packed(segms, crowd):
+    """An image's objects (None for a crowd region) as gt_targets hands them to the model."""
+    entry = {'boxes': np.zeros((len(segms), 4), np.float32), 'gt_classes': np.ones(len(segms), np.int32),
+             'is_crowd': np.array(crowd, bool), 'segms': segms}
+    return gt_targets(entry)
+
+
 def test_fg_rois_take_the_best_overlapping_non_crowd_polygon_in_their_class_channel():
     # Image 0 at scale 2: objects A (square 0..8) and B (square 20..36), a crowd region covering both.
     # Image 1 at scale 1: one object C.
-    segms = [[_square(0, 0, 8, 8), _square(20, 20, 36, 36), None], [_square(4, 4, 12, 12)]]
-    crowd = [torch.tensor([False, False, True]), torch.tensor([False])]
+    images = [_packed([_square(0, 0, 8, 8), _square(20, 20, 36, 36), None], [False, False, True]),
+              _packed([_square(4, 4, 12, 12)], [False])]
     rois = torch.tensor([
         [0, 40, 40, 72, 72],  # fg of B in original coordinates (20, 20, 36, 36): B's square fills it
         [0, 0, 0, 32, 32],    # bg
@@ -22,41 +40,115 @@ def test_fg_rois_take_the_best_overlapping_non_crowd_polygon_in_their_class_chan
         [1, 4, 4, 20, 20],    # fg on C, RoI twice C's size: C fills its top-left quarter
     ])
     labels = torch.tensor([2, 0, 3, 1])
-    t = mask_targets(rois, labels, torch.tensor([2.0, 1.0]), segms, crowd, resolution=4, cls_specific=True)
+    t = mask_targets(rois, labels, torch.tensor([2.0, 1.0]), images, resolution=4, cls_specific=True)
     assert torch.equal(t.rois, rois[[0, 2, 3]])
     assert t.classes.tolist() == [2, 3, 1]
     assert t.masks.dtype == torch.int8
     assert t.masks[0].tolist() == [[1] * 4] * 4
     assert t.masks[1].tolist() == [[1] * 4] * 4
     assert t.masks[2].tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
-    agnostic = mask_targets(rois, labels, torch.tensor([2.0, 1.0]), segms, crowd, resolution=4, cls_specific=False)
+    agnostic = mask_targets(rois, labels, torch.tensor([2.0, 1.0]), images, resolution=4, cls_specific=False)
     assert agnostic.classes.tolist() == [0, 0, 0]
     assert torch.equal(agnostic.masks, t.masks)
 
 
 def test_the_polygon_is_chosen_by_its_own_box_not_by_the_sampled_gt():
     # The RoI overlaps B's polygon box most although A's box is listed first and also overlaps.
-    segms = [[_square(0, 0, 10, 10), _square(6, 0, 16, 10)]]
-    t = mask_targets(torch.tensor([[0, 7.0, 0, 16, 10]]), torch.tensor([1]), torch.tensor([1.0]), segms,
-                     [torch.tensor([False, False])], resolution=2, cls_specific=True)
+    images = [_packed([_square(0, 0, 10, 10), _square(6, 0, 16, 10)], [False, False])]
+    t = mask_targets(torch.tensor([[0, 7.0, 0, 16, 10]]), torch.tensor([1]), torch.tensor([1.0]), images,
+                     resolution=2, cls_specific=True)
     # Against B (6..16): the RoI 7..16 lies inside it, so every cell is 1; against A the right half would be 0.
     assert t.masks[0].tolist() == [[1, 1], [1, 1]]
 
 
 def test_a_batch_without_fg_gets_one_ignored_roi():
     rois = torch.tensor([[0, 1.0, 1, 5, 5], [0, 2.0, 2, 6, 6]])
-    t = mask_targets(rois, torch.tensor([0, 0]), torch.tensor([1.0]), [[_square(0, 0, 4, 4)]],
-                     [torch.tensor([False])], resolution=3, cls_specific=True)
+    t = mask_targets(rois, torch.tensor([0, 0]), torch.tensor([1.0]), [_packed([_square(0, 0, 4, 4)], [False])],
+                     resolution=3, cls_specific=True)
     assert torch.equal(t.rois, rois[:1]) and t.classes.tolist() == [0]
     assert (t.masks == -1).all() and t.masks.shape == (1, 3, 3)
 
 
-def test_gt_targets_carry_polygons_of_gt_rows_and_none_for_crowd():
-    entry = {'boxes': np.zeros((3, 4), np.float32), 'gt_classes': np.array([1, 0, 2], np.int32),
-             'is_crowd': np.array([False, False, True]),
-             'segms': [[[0, 0, 1, 0, 1, 1]], [[5, 5, 6, 5, 6, 6]], {'size': [2, 2], 'counts': [4]}]}
+def test_gt_targets_pack_the_polygons_of_non_crowd_gt_rows():
+    entry = {'boxes': np.zeros((4, 4), np.float32), 'gt_classes': np.array([1, 0, 2, 3], np.int32),
+             'is_crowd': np.array([False, False, True, False]),
+             'segms': [[[0, 0, 1, 0, 1, 1]], [[5, 5, 6, 5, 6, 6]], {'size': [2, 2], 'counts': [4]},
+                       [[2, 3, 4, 3, 4, 5, 2, 5], [7, 1, 8, 1, 8, 2]]]}
     targets = gt_targets(entry)
-    assert len(targets['segms']) == 2 and targets['segms'][1] is None
-    assert targets['segms'][0][0].dtype == np.float32 and targets['segms'][0][0].tolist() == [0, 0, 1, 0, 1, 1]
+    assert targets['segm_boxes'].tolist() == [[0, 0, 1, 1], [2, 1, 8, 5]]
+    assert targets['segm_polygon_edges'].tolist() == [[3, 0], [4, 3]]
+    assert targets['segm_edges'].shape == (2, 7, 4) and targets['segm_edges'].dtype == torch.float32
+    assert targets['segm_edges'][0, :3].tolist() == [[0, 0, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]]
+    assert targets['segm_edges'][1, 6].tolist() == [8, 2, 7, 1]
     del entry['segms']
-    assert 'segms' not in gt_targets(entry)
+    assert not [k for k in gt_targets(entry) if k.startswith('segm')]
+
+
+def _reference_targets(rois, labels, im_scales, images, resolution):
+    """Detectron's add_mask_rcnn_blobs on the host: the pycocotools path, per image and per RoI."""
+    fg_rois = rois[labels > 0].numpy()
+    masks = np.full((len(fg_rois), resolution, resolution), -1, dtype=np.int8)
+    for b, polys in enumerate(images):
+        rows = np.nonzero(fg_rois[:, 0] == b)[0]
+        if len(rows) == 0 or not polys:
+            continue
+        boxes = fg_rois[rows, 1:5] / im_scales.numpy()[b]
+        best = bbox_overlaps(boxes, segm_utils.polys_to_boxes(polys)).argmax(axis=1)
+        for row, box, k in zip(rows, boxes, best):
+            masks[row] = segm_utils.polys_to_mask_wrt_box(polys[k], box, resolution) > 0
+    return masks
+
+
+def _jittered_rois(rng, image_boxes, im_scales, per_object):
+    rois = []
+    for b, boxes in enumerate(image_boxes):
+        for box in np.repeat(boxes, per_object, axis=0):
+            wh = np.tile(box[2:] - box[:2] + 1, 2)
+            jittered = box + rng.randn(4) * wh * 0.1
+            jittered[2:] = np.maximum(jittered[2:], jittered[:2])
+            rois.append(np.concatenate([[b], jittered * im_scales[b]]))
+    return torch.tensor(np.array(rois), dtype=torch.float32)
+
+
+def test_random_batch_matches_detectrons_host_computation():
+    # Three images: overlapping random objects with a crowd region, an image with only a crowd
+    # region (its fg RoIs stay ignored), and one with a single object; bg RoIs mixed in.
+    rng = np.random.RandomState(0)
+    square = _square(10, 10, 30, 40)
+    polys = [[(rng.rand(8) * 60).astype(np.float32) for _ in range(rng.randint(1, 3))] for _ in range(6)]
+    images = [polys[:5], [], [polys[5]]]
+    packed = [_packed(polys[:5] + [None], [False] * 5 + [True]), _packed([None], [True]), _packed([polys[5]], [False])]
+    im_scales = torch.tensor([1.5, 1.0, 0.7])
+    rois = _jittered_rois(rng, [segm_utils.polys_to_boxes(p) if p else np.array(square[0][[0, 1, 4, 5]])[None]
+                                for p in images], im_scales.numpy(), per_object=8)
+    labels = torch.from_numpy(rng.randint(0, 4, size=len(rois)))
+    t = mask_targets(rois, labels, im_scales, packed, resolution=28, cls_specific=True)
+    reference = _reference_targets(rois, labels, im_scales, images, 28)
+    assert (reference == -1).all(axis=(1, 2)).sum() == (labels[rois[:, 0] == 1] > 0).sum() > 0
+    assert np.array_equal(t.masks.numpy(), reference)
+    assert torch.equal(t.classes, labels[labels > 0])
+
+
+@pytest.mark.skipif(not os.path.isfile(COCO_TINY_TRAIN), reason=f'coco_tiny not found at {COCO_TINY_TRAIN}')
+def test_coco_tiny_batch_of_256_fg_rois_matches_detectrons_host_computation():
+    images, packed = _coco_tiny_images(num_images=2)
+    rng = np.random.RandomState(0)
+    im_scales = torch.tensor([1.6, 0.9])
+    rois = _jittered_rois(rng, [segm_utils.polys_to_boxes(p) for p in images], im_scales.numpy(), per_object=1)
+    rois = rois[torch.from_numpy(rng.randint(len(rois), size=256))]
+    labels = torch.ones(256, dtype=torch.int64)
+    t = mask_targets(rois, labels, im_scales, packed, resolution=28, cls_specific=False)
+    assert np.array_equal(t.masks.numpy(), _reference_targets(rois, labels, im_scales, images, 28))
+
+
+def _coco_tiny_images(num_images):
+    """The polygons of the coco_tiny train images with the most non-crowd objects."""
+    with open(COCO_TINY_TRAIN) as f:
+        annotations = json.load(f)['annotations']
+    by_image = {}
+    for a in annotations:
+        if not a['iscrowd']:
+            by_image.setdefault(a['image_id'], []).append(segm_utils.valid_polygons(a['segmentation']))
+    images = sorted(by_image.values(), key=len, reverse=True)[:num_images]
+    images = [[[np.asarray(p, np.float32) for p in segm] for segm in image if segm] for image in images]
+    return images, [_packed(image, [False] * len(image)) for image in images]

@@ -4,6 +4,7 @@ import pycocotools.mask as mask_util
 import torch
 
 from detectron.core.config import cfg
+from detectron.roi_data.minibatch import polygon_targets
 from detectron.utils import blob as blob_utils
 
 
@@ -35,9 +36,10 @@ def ours_train_inputs(images, boxes, labels, device):
     targets = [{'boxes': torch.from_numpy(bx).to(device), 'classes': torch.from_numpy(lb).long().to(device),
                 'is_crowd': torch.zeros(len(lb), dtype=torch.bool, device=device)}
                for bx, lb in zip(boxes, labels)]
-    if cfg.MODEL.MASK_ON:  # each object the filled box: its outline polygon, as the loader's 'segms'
+    if cfg.MODEL.MASK_ON:  # each object the filled box: its outline polygon, packed as the loader packs it
         for target, bx in zip(targets, boxes):
-            target['segms'] = [[np.array([x1, y1, x2, y1, x2, y2, x1, y2], np.float32)] for x1, y1, x2, y2 in bx]
+            polys = [[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in bx]
+            target.update({k: v.to(device) for k, v in polygon_targets(polys).items()})
     return blob, im_info, targets
 
 
