@@ -509,7 +509,7 @@ mg_kill() {  # SIGKILL to rank 1 mid-training, the same command resumes, 2 ranks
   python3 tools/train_net.py -c $KL_CFG --skip-test "${KL[@]}" "${two[@]}" SOLVER.MAX_ITER 60 TRAIN.SNAPSHOT_ITERS 20 \
     OUTPUT_DIR "$dir" > "$OUT/multi_gpu/kill_1.log" 2>&1 &
   pid=$!
-  for _ in $(seq 600); do [ -f "$dir/$MG_KL_DIR/model_iter9.pth" ] && break; sleep 0.5; done
+  for _ in $(seq 600); do [ -f "$dir/$MG_KL_DIR/model_iter19.pth" ] && break; sleep 0.5; done
   kill -9 "$(mg_rank1_pid $pid)"; t0=$(date +%s)
   wait $pid; status=$?; seconds=$(( $(date +%s) - t0 ))
   grep -q '^error: worker rank 1 of 2 was killed by SIGKILL' "$OUT/multi_gpu/kill_1.log"; found=$?

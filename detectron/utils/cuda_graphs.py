@@ -257,15 +257,34 @@ class _TrainingCapture:
         self.backward_graph = torch.cuda.CUDAGraph()
         with _capturing(self.backward_graph, pool, stream):
             grads = torch.autograd.grad(outputs, aliases, self.static_grad_outputs, allow_unused=True)
+            self.grad_layouts = [None if g is None else (p.shape, p.stride()) for g, p in zip(grads, self.params)]
             # All gradients in one buffer, so handing out a copy is one kernel, not one per parameter.
-            self.flat_grads = torch.cat([g.reshape(-1) for g in grads if g is not None])
-        self.grad_shapes = [None if g is None else g.shape for g in grads]
+            used = [g for g in grads if g is not None]
+            self.flat_grads = used[0].new_empty(sum(g.numel() for g in used))
+            views = [v for v in strided_views(self.flat_grads, self.grad_layouts) if v is not None]
+            for view, grad in zip(views, used):
+                view.copy_(grad)
         self.forward_graph.replay()  # the outputs the eager run is compared with
 
     def param_grads(self):
-        """A fresh copy of the last backward replay's gradients, one per parameter (None if unused)."""
-        pieces = iter(self.flat_grads.clone().split([shape.numel() for shape in self.grad_shapes if shape is not None]))
-        return tuple(None if shape is None else next(pieces).view(shape) for shape in self.grad_shapes)
+        """A fresh copy of the last backward replay's gradients, one per parameter (None if unused),
+        each with its parameter's strides: DDP's buckets are views in the parameters' memory order
+        (channels_last convolutions), and a gradient in another order costs a copy and a warning."""
+        return tuple(strided_views(self.flat_grads.clone(), self.grad_layouts))
+
+
+def strided_views(flat, layouts):
+    """Consecutive views of the 1-D tensor flat, one per (shape, strides) layout of a dense tensor
+    (None gives None): each view covers numel elements of flat with those strides."""
+    views, offset = [], 0
+    for layout in layouts:
+        if layout is None:
+            views.append(None)
+            continue
+        shape, strides = layout
+        views.append(flat.as_strided(shape, strides, offset))
+        offset += shape.numel()
+    return views
 
 
 class _ReplayTrainingGraphs(torch.autograd.Function):

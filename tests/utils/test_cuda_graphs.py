@@ -2,6 +2,7 @@
 kernels one by one; on the GPU, the R-CNN test path with its body replayed from a graph."""
 import gc
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -319,6 +320,51 @@ def test_graphed_training_works_under_ddp(tmp_path, deterministic_cudnn):
             torch.testing.assert_close(graphed.shared.weight.grad, eager.shared.weight.grad, rtol=1e-6, atol=1e-7)
         captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
         assert len(captures) == 1 and all(captures.values())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_strided_views_lay_the_parameters_out_one_after_another_in_their_own_memory_order():
+    conv = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(3)
+    # conv's elements in channels_last memory order (N, H, W, C), then bias's.
+    flat = torch.cat([conv.permute(0, 2, 3, 1).reshape(-1), bias])
+    got_conv, unused, got_bias = cuda_graphs.strided_views(flat, [(conv.shape, conv.stride()), None,
+                                                                  (bias.shape, bias.stride())])
+    assert unused is None
+    assert got_conv.stride() == conv.stride() == (60, 1, 15, 3) and got_bias.stride() == (1,)
+    torch.testing.assert_close(got_conv, conv, rtol=0, atol=0)
+    torch.testing.assert_close(got_bias, bias, rtol=0, atol=0)
+    assert got_bias.data_ptr() == flat.data_ptr() + 120 * flat.element_size()
+
+
+@needs_cuda
+def test_graphed_channels_last_gradients_reach_ddp_in_the_parameters_memory_order(tmp_path, deterministic_cudnn):
+    """DDP's buckets are views in each parameter's memory order; a gradient in another order makes
+    DDP copy it and warn 'Grad strides do not match bucket view strides'."""
+    import torch.distributed as dist
+    dist.init_process_group('nccl', init_method='file://{}'.format(tmp_path / 'store'), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        eager = _TwoConvs().cuda().to(memory_format=torch.channels_last)
+        graphed = _TwoConvs().cuda().to(memory_format=torch.channels_last)
+        graphed.load_state_dict(eager.state_dict())
+        ddp = nn.parallel.DistributedDataParallel(graphed, device_ids=[0])
+        captured = []
+        hook = ddp.module.shared.weight.register_hook(lambda grad: captured.append(grad.stride()))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            for _ in range(3):
+                x = torch.randn(2, 3, 8, 8, device='cuda').contiguous(memory_format=torch.channels_last)
+                eager.zero_grad(set_to_none=True)
+                ddp.zero_grad(set_to_none=True)
+                eager(x, False).backward()
+                ddp(x, True).backward()
+                torch.testing.assert_close(graphed.shared.weight.grad, eager.shared.weight.grad, rtol=1e-5, atol=1e-6)
+        hook.remove()
+        assert not [w for w in caught if 'Grad strides' in str(w.message)]
+        assert captured and set(captured) == {graphed.shared.weight.stride()} != {(36, 9, 3, 1)}
+        assert cuda_graphs._PER_OWNER[graphed]['body']._graphs
     finally:
         dist.destroy_process_group()
 
