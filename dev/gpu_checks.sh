@@ -14,7 +14,7 @@
 #   gpu_tests                      the tests that only run with CUDA
 #   bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops ...
-#   checkpoint_activations_bench out_of_memory mask_train mask_test mask_bench
+#   checkpoint_activations_bench out_of_memory mask_train mask_test mask_bench mask_targets
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -306,6 +306,12 @@ gpu_tests() {  # the tests that only run with CUDA (the Triton kernels: variance
     tests/modeling/test_affine_relu.py tests/utils/test_bitmask_nms.py tests/core/test_train_options.py tests/tools/test_benchmark.py \
     > "$OUT/gpu_tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
+}
+
+mask_targets() {  # Mask R-CNN targets on the GPU: equal to Detectron's pycocotools rasterisation (the CUDA tests), then their time against it on 256 fg RoIs of coco_tiny objects
+  python3 -m pytest -q -rs tests/utils/test_segms_device.py tests/roi_data/test_mask_targets.py > "$OUT/mask_targets.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/mask_targets.txt" | tail -5
+  python3 dev/mask_targets_bench.py --device cuda --coco-tiny "$COCO_TINY" 2>&1 | tee -a "$OUT/mask_targets.txt"
 }
 
 rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val listed 10 times: against their own inputs replayed from memory and the synthetic rows (LOOP_OPTS: more overrides, e.g. "TRAIN.CUDA_GRAPHS_MAX_SHAPES 16"; LOOP_TAG: a log name suffix)

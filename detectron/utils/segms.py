@@ -125,23 +125,22 @@ def polys_to_masks_wrt_boxes(edges, polygon_edges, boxes, M):
         return torch.trunc(b0 + slope * t + .5)
 
     column = torch.arange(M, device=device, dtype=torch.float64)
-    low = _UPSAMPLE * column + 2  # the x step 5X + 2 -> 5X + 3 of column X
-    # Flat edges: x = a0 + t, the step is t = low - a0 -> t + 1; its upsampled y is the smaller walk value.
-    t = low - a0
-    flat_v = torch.minimum(walk(t), walk(t + 1))
-    flat_hit = (t >= 0) & (t + 1 <= length)
-    # Steep edges: x = walk(t) is monotonic in t; t1 is the first step at or past the column's step,
-    # found from its closed form and settled on the exact expression at the steps around it.
-    rising = slope > 0
+    low = _UPSAMPLE * column + 2  # column X's step: upsampled x from 5X + 2 to 5X + 3
+    # Flat edges: x = a0 + t steps at t = low - a0 -> t + 1; the row comes from the smaller walk value.
+    # Steep edges: x = walk(t) is monotonic; the first t at or past the step (the closed form is
+    # within one of it) is settled by the exact expression at the three steps around the estimate.
+    flat_t = low - a0
     estimate = torch.ceil((low + .5 - b0) / torch.where(slope == 0, 1.0, slope))
-    t1 = estimate - 2
-    for d in range(-2, 3):
-        t1 = t1 + ((walk(estimate + d) >= low + 1) != rising).to(t1.dtype)
-    steep_v = a0 + t1 - 1
-    steep_hit = (slope != 0) & (t1 >= 1) & (t1 <= length)
     is_steep = steep.unsqueeze(2)
-    v = torch.where(is_steep, steep_v, flat_v)
-    hit = torch.where(is_steep, steep_hit, flat_hit)
+    first = torch.where(is_steep, estimate - 1, flat_t)
+    walked = [walk(first + k) for k in range(3)]
+    rising = slope > 0
+    t1 = estimate - 1
+    for value in walked:
+        t1 = t1 + ((value >= low + 1) != rising).to(t1.dtype)
+    v = torch.where(is_steep, a0 + t1 - 1, torch.minimum(walked[0], walked[1]))
+    hit = torch.where(is_steep, (slope != 0) & (t1 >= 1) & (t1 <= length),
+                      (flat_t >= 0) & (flat_t + 1 <= length))
     row = torch.ceil(torch.clamp((v + .5) / _UPSAMPLE - .5, 0, M)).long()
     index = column.long() * M + row  # (R, E, M), M * M past the last pixel
 

@@ -1,6 +1,6 @@
 """Mask R-CNN targets (Detectron's add_mask_rcnn_blobs) on hand-built RoIs and polygons, and
 against Detectron's host computation (bbox_overlaps, polys_to_mask_wrt_box) on random and COCO ones."""
-import json
+import importlib.util
 import os
 
 import numpy as np
@@ -10,11 +10,12 @@ import torch
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.minibatch import gt_targets
 from detectron.utils import segms as segm_utils
-from detectron.utils.boxes import bbox_overlaps
 
-COCO_TINY_TRAIN = os.path.normpath(os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', 'shared', 'data', 'coco_tiny',
-    'annotations', 'instances_train2017.json'))
+# Detectron's host computation, the reference, and the coco_tiny batch live in the benchmark script.
+_spec = importlib.util.spec_from_file_location('mask_targets_bench', os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'dev', 'mask_targets_bench.py'))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
 
 
 def _square(x0, y0, x1, y1):
@@ -26,6 +27,9 @@ def _packed(segms, crowd):
     entry = {'boxes': np.zeros((len(segms), 4), np.float32), 'gt_classes': np.ones(len(segms), np.int32),
              'is_crowd': np.array(crowd, bool), 'segms': segms}
     return gt_targets(entry)
+
+
+_DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA'))]
 
 
 def test_fg_rois_take_the_best_overlapping_non_crowd_polygon_in_their_class_channel():
@@ -84,33 +88,8 @@ def test_gt_targets_pack_the_polygons_of_non_crowd_gt_rows():
     assert not [k for k in gt_targets(entry) if k.startswith('segm')]
 
 
-def _reference_targets(rois, labels, im_scales, images, resolution):
-    """Detectron's add_mask_rcnn_blobs on the host: the pycocotools path, per image and per RoI."""
-    fg_rois = rois[labels > 0].numpy()
-    masks = np.full((len(fg_rois), resolution, resolution), -1, dtype=np.int8)
-    for b, polys in enumerate(images):
-        rows = np.nonzero(fg_rois[:, 0] == b)[0]
-        if len(rows) == 0 or not polys:
-            continue
-        boxes = fg_rois[rows, 1:5] / im_scales.numpy()[b]
-        best = bbox_overlaps(boxes, segm_utils.polys_to_boxes(polys)).argmax(axis=1)
-        for row, box, k in zip(rows, boxes, best):
-            masks[row] = segm_utils.polys_to_mask_wrt_box(polys[k], box, resolution) > 0
-    return masks
-
-
-def _jittered_rois(rng, image_boxes, im_scales, per_object):
-    rois = []
-    for b, boxes in enumerate(image_boxes):
-        for box in np.repeat(boxes, per_object, axis=0):
-            wh = np.tile(box[2:] - box[:2] + 1, 2)
-            jittered = box + rng.randn(4) * wh * 0.1
-            jittered[2:] = np.maximum(jittered[2:], jittered[:2])
-            rois.append(np.concatenate([[b], jittered * im_scales[b]]))
-    return torch.tensor(np.array(rois), dtype=torch.float32)
-
-
-def test_random_batch_matches_detectrons_host_computation():
+@pytest.mark.parametrize('device', _DEVICES)
+def test_random_batch_matches_detectrons_host_computation(device):
     # Three images: overlapping random objects with a crowd region, an image with only a crowd
     # region (its fg RoIs stay ignored), and one with a single object; bg RoIs mixed in.
     rng = np.random.RandomState(0)
@@ -119,36 +98,25 @@ def test_random_batch_matches_detectrons_host_computation():
     images = [polys[:5], [], [polys[5]]]
     packed = [_packed(polys[:5] + [None], [False] * 5 + [True]), _packed([None], [True]), _packed([polys[5]], [False])]
     im_scales = torch.tensor([1.5, 1.0, 0.7])
-    rois = _jittered_rois(rng, [segm_utils.polys_to_boxes(p) if p else np.array(square[0][[0, 1, 4, 5]])[None]
+    rois = bench.jittered_rois(rng, [segm_utils.polys_to_boxes(p) if p else np.array(square[0][[0, 1, 4, 5]])[None]
                                 for p in images], im_scales.numpy(), per_object=8)
     labels = torch.from_numpy(rng.randint(0, 4, size=len(rois)))
-    t = mask_targets(rois, labels, im_scales, packed, resolution=28, cls_specific=True)
-    reference = _reference_targets(rois, labels, im_scales, images, 28)
+    on_device = [{k: v.to(device) for k, v in p.items()} for p in packed]
+    t = mask_targets(rois.to(device), labels.to(device), im_scales.to(device), on_device, resolution=28,
+                     cls_specific=True)
+    reference = bench.host_mask_targets(rois, labels, im_scales, images, 28)
     assert (reference == -1).all(axis=(1, 2)).sum() == (labels[rois[:, 0] == 1] > 0).sum() > 0
-    assert np.array_equal(t.masks.numpy(), reference)
-    assert torch.equal(t.classes, labels[labels > 0])
+    assert t.masks.device.type == device and np.array_equal(t.masks.cpu().numpy(), reference)
+    assert torch.equal(t.classes.cpu(), labels[labels > 0])
 
 
-@pytest.mark.skipif(not os.path.isfile(COCO_TINY_TRAIN), reason=f'coco_tiny not found at {COCO_TINY_TRAIN}')
-def test_coco_tiny_batch_of_256_fg_rois_matches_detectrons_host_computation():
-    images, packed = _coco_tiny_images(num_images=2)
-    rng = np.random.RandomState(0)
-    im_scales = torch.tensor([1.6, 0.9])
-    rois = _jittered_rois(rng, [segm_utils.polys_to_boxes(p) for p in images], im_scales.numpy(), per_object=1)
-    rois = rois[torch.from_numpy(rng.randint(len(rois), size=256))]
-    labels = torch.ones(256, dtype=torch.int64)
-    t = mask_targets(rois, labels, im_scales, packed, resolution=28, cls_specific=False)
-    assert np.array_equal(t.masks.numpy(), _reference_targets(rois, labels, im_scales, images, 28))
-
-
-def _coco_tiny_images(num_images):
-    """The polygons of the coco_tiny train images with the most non-crowd objects."""
-    with open(COCO_TINY_TRAIN) as f:
-        annotations = json.load(f)['annotations']
-    by_image = {}
-    for a in annotations:
-        if not a['iscrowd']:
-            by_image.setdefault(a['image_id'], []).append(segm_utils.valid_polygons(a['segmentation']))
-    images = sorted(by_image.values(), key=len, reverse=True)[:num_images]
-    images = [[[np.asarray(p, np.float32) for p in segm] for segm in image if segm] for image in images]
-    return images, [_packed(image, [False] * len(image)) for image in images]
+@pytest.mark.skipif(not os.path.isdir(bench.COCO_TINY), reason=f'coco_tiny not found at {bench.COCO_TINY}')
+@pytest.mark.parametrize('device', _DEVICES)
+def test_coco_tiny_batch_of_256_fg_rois_matches_detectrons_host_computation(device):
+    rois, labels, im_scales, images = bench.coco_tiny_batch(bench.COCO_TINY, 256)
+    packed = [{k: v.to(device) for k, v in _packed(image, [False] * len(image)).items()} for image in images]
+    t = mask_targets(rois.to(device), labels.to(device), im_scales.to(device), packed, resolution=28,
+                     cls_specific=False)
+    reference = bench.host_mask_targets(rois, labels, im_scales, images, 28)
+    assert len(rois) == 256 and sum(len(image) for image in images) > 50
+    assert 0.2 < (reference == 1).mean() < 0.8 and np.array_equal(t.masks.cpu().numpy(), reference)
