@@ -95,6 +95,19 @@ def test_random_polygons_and_boxes_match_pycocotools(M):
     assert (areas == 0).mean() < 0.3 and ((areas > 0) & (areas < 1)).mean() > 0.5 and (areas == 1).any()
 
 
+def test_vertices_on_and_just_outside_the_box_edges_match_pycocotools():
+    # Upsampled coordinates around 0 and 5M in 1/20-pixel steps: the half-way ties of (int)(5x + .5),
+    # and negative ones, which truncate towards zero (two edges meeting there do not share the point).
+    rng = np.random.RandomState(3)
+    near = np.concatenate([np.arange(-1, 1.01, 0.05), 28 + np.arange(-1, 1.01, 0.05), [7, 14.5, 21]])
+    objects = [[rng.choice(near, size=2 * rng.randint(3, 8)).astype(np.float32) for _ in range(rng.randint(1, 3))]
+               for _ in range(1500)]
+    boxes = [[0, 0, 28, 28]] * len(objects)
+    reference = _reference_masks(objects, boxes, 28)
+    assert np.array_equal(_device_masks(objects, boxes, 28), reference)
+    assert ((reference.sum(axis=(1, 2)) > 0).mean()) > 0.5
+
+
 @pytest.mark.skipif(not os.path.isfile(COCO_TINY_TRAIN), reason=f'coco_tiny not found at {COCO_TINY_TRAIN}')
 def test_coco_tiny_polygons_in_jittered_proposals_match_pycocotools():
     with open(COCO_TINY_TRAIN) as f:
