@@ -3,7 +3,6 @@ the RoIs' device from the polygons the loader packs (minibatch.gt_targets)."""
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from detectron.utils import segms as segm_utils
 from detectron.utils.boxes import box_iou_t
@@ -23,50 +22,72 @@ def mask_targets(rois, labels, im_scales, gt_polygons, resolution, cls_specific)
 
     rois (R, 5) (batch index, box) in network-input coordinates; labels (R,); im_scales (B,);
     gt_polygons per image: a dict with the image's non-crowd objects' 'segm_boxes' (G, 4) (their
-    polygons' tight boxes, segms.polys_to_boxes), 'segm_edges' and 'segm_polygon_edges' (their
-    polygons, segms.packed_polygons), on the RoIs' device. As Detectron, per image: each fg RoI (in
-    original coordinates, RoI / im_scale) takes the non-crowd object whose polygons' tight box
-    overlaps it most (bbox_overlaps, first maximum) and its polygons rasterised in the RoI at
-    resolution x resolution (polys_to_mask_wrt_box, > 0); a fg RoI of an image without such objects
-    gets an all -1 (ignored) target. The logit channel is the RoI's class with cls_specific
-    [MRCNN.CLS_SPECIFIC_MASK], else 0. A batch without fg RoIs gets its first RoI with class 0 and
-    an all -1 target, so the head still runs (Detectron's per-image rule; the loss is the same).
+    polygons' tight boxes, segms.polys_to_boxes), 'segm_edges', 'segm_polygon_edges' and
+    'segm_object_polygons' (their polygons, segms.packed_polygons), on the RoIs' device. As Detectron,
+    per image: each fg RoI (in original coordinates, RoI / im_scale) takes the non-crowd object whose
+    polygons' tight box overlaps it most (bbox_overlaps, first maximum) and its polygons rasterised in
+    the RoI at resolution x resolution (polys_to_mask_wrt_box, > 0); a fg RoI of an image without such
+    objects gets an all -1 (ignored) target. The logit channel is the RoI's class with cls_specific
+    [MRCNN.CLS_SPECIFIC_MASK], else 0. A batch without fg RoIs gets its first RoI with class 0 and an
+    all -1 target, so the head still runs (Detectron's per-image rule; the loss is the same).
     """
     device = rois.device
-    # The one host sync: the mask head's batch size. sample_rois has just synced on its own
-    # selection, so the queue it waits for is short when called right after the sampler.
-    fg = torch.nonzero(labels > 0).squeeze(1)
-    if len(fg) == 0:
+    objects = _Objects(gt_polygons, device)
+    image = rois[:, 0].long()
+    boxes = rois[:, 1:5].float() / im_scales.float()[image].unsqueeze(1)
+    own = objects.image.unsqueeze(0) == image.unsqueeze(1)
+    best = torch.where(own, box_iou_t(boxes, objects.boxes), -1.0).argmax(dim=1)
+    fg = labels > 0
+    drawn = fg & own.any(dim=1)
+    num_polygons = torch.where(drawn, objects.polygons[best], 0)
+    num_edges = torch.where(drawn, objects.edges[best], 0)
+    # The one host sync: the sizes of the mask head's batch and of the rasterisation. sample_rois
+    # has just synced on its own selection, so little work is queued before it.
+    num_fg, total_polygons, total_edges = torch.stack((fg.sum(), num_polygons.sum(), num_edges.sum())).tolist()
+    if num_fg == 0:
         masks = torch.full((1, resolution, resolution), -1, dtype=torch.int8, device=device)
         return MaskTargets(rois[:1], torch.zeros(1, dtype=torch.int64, device=device), masks)
-    fg_rois = rois[fg].float()
-    image = fg_rois[:, 0].long()
-    boxes = fg_rois[:, 1:5] / im_scales.float()[image].unsqueeze(1)
-    objects = _batch_objects(gt_polygons, device)
-    if objects is None:
-        masks = torch.full((len(fg), resolution, resolution), -1, dtype=torch.int8, device=device)
-    else:
-        object_boxes, edges, polygon_edges, object_image = objects
-        own = object_image.unsqueeze(0) == image.unsqueeze(1)
-        best = torch.where(own, box_iou_t(boxes, object_boxes), -1.0).argmax(dim=1)
-        drawn = segm_utils.polys_to_masks_wrt_boxes(edges[best], polygon_edges[best], boxes, resolution)
-        masks = torch.where(own.any(dim=1)[:, None, None], drawn.to(torch.int8), -1)
-    classes = labels[fg] if cls_specific else torch.zeros_like(fg)
-    return MaskTargets(rois[fg], classes.long(), masks)
+    rows = _true_rows(fg, num_fg)
+    best, num_polygons = best[rows], num_polygons[rows]
+    # Each fg RoI's object's polygons, then their edges, listed one after the other.
+    polygon_mask, rank = segm_utils.expand_counts(num_polygons, total_polygons)
+    polygon = objects.first_polygon[best][polygon_mask] + rank
+    edge_polygon, rank = segm_utils.expand_counts(objects.polygon_edges[polygon], total_edges)
+    edges = objects.all_edges[objects.first_edge[polygon][edge_polygon] + rank]
+    masks = segm_utils.polys_to_masks_wrt_boxes(edges, edge_polygon, polygon_mask, boxes[rows], resolution)
+    masks = torch.where(drawn[rows, None, None], masks.to(torch.int8), -1)
+    classes = labels[rows] if cls_specific else torch.zeros_like(rows)
+    return MaskTargets(rois[rows], classes.long(), masks)
 
 
-def _batch_objects(gt_polygons, device):
-    """The images' objects stacked, their edges and polygons padded to the batch's largest:
-    (boxes (G, 4), edges (G, E, 4), polygon_edges (G, P), image index (G,)); None without objects."""
-    if sum(len(p['segm_boxes']) for p in gt_polygons) == 0:
-        return None
-    num_edges = max(p['segm_edges'].shape[1] for p in gt_polygons)
-    num_polygons = max(p['segm_polygon_edges'].shape[1] for p in gt_polygons)
-    boxes = torch.cat([p['segm_boxes'] for p in gt_polygons])
-    edges = torch.cat([F.pad(p['segm_edges'], (0, 0, 0, num_edges - p['segm_edges'].shape[1]))
-                       for p in gt_polygons])
-    polygon_edges = torch.cat([F.pad(p['segm_polygon_edges'], (0, num_polygons - p['segm_polygon_edges'].shape[1]))
-                               for p in gt_polygons])
-    image = torch.cat([torch.full((len(p['segm_boxes']),), i, dtype=torch.int64, device=device)
-                       for i, p in enumerate(gt_polygons)])
-    return boxes, edges, polygon_edges, image
+class _Objects:
+    """The batch's objects, image after image, then one without polygons in no image (index -1), so
+    that every RoI has a best object: boxes (G, 4), image (G,), polygons / edges (G,) their polygon
+    and edge counts, first_polygon (G,); all_edges (E, 4), and per polygon polygon_edges (P,) its edge
+    count and first_edge (P,)."""
+
+    def __init__(self, gt_polygons, device):
+        none = torch.zeros(1, dtype=torch.int64, device=device)
+        self.boxes = torch.cat([p['segm_boxes'] for p in gt_polygons] + [torch.zeros(1, 4, device=device)])
+        self.image = torch.cat([torch.full((len(p['segm_boxes']),), i, dtype=torch.int64, device=device)
+                                for i, p in enumerate(gt_polygons)] + [none - 1])
+        self.all_edges = torch.cat([p['segm_edges'] for p in gt_polygons])
+        self.polygon_edges = torch.cat([p['segm_polygon_edges'] for p in gt_polygons])
+        self.polygons = torch.cat([p['segm_object_polygons'] for p in gt_polygons] + [none])
+        self.first_edge = _starts(self.polygon_edges)
+        self.first_polygon = _starts(self.polygons)
+        # An object's edges run from its first polygon's first edge to the next object's.
+        edge_bounds = torch.cat((self.first_edge, self.polygon_edges.sum(0, keepdim=True)))
+        self.edges = edge_bounds[self.first_polygon + self.polygons] - edge_bounds[self.first_polygon]
+
+
+def _starts(counts):
+    return counts.cumsum(0) - counts
+
+
+def _true_rows(mask, count):
+    """torch.nonzero(mask) given its length `count`, without a host sync: the positions of the True
+    entries in order."""
+    slot = torch.where(mask, mask.cumsum(0) - 1, count)  # False entries all go to the dropped slot
+    rows = torch.zeros(count + 1, dtype=torch.int64, device=mask.device)
+    return rows.scatter_(0, slot, torch.arange(len(mask), device=mask.device))[:count]

@@ -125,8 +125,8 @@ def gt_targets(entry):
     """Ground-truth rows (gt_classes > 0) of a roidb entry as the model's target dict; with 'segms'
     in the entry (Mask R-CNN) also the non-crowd rows' polygons as tensors that travel with the
     boxes to the training device (mask_rcnn.mask_targets): 'segm_boxes' (G, 4) float32, their tight
-    boxes (segms.polys_to_boxes), and 'segm_edges' / 'segm_polygon_edges' (segms.packed_polygons),
-    coordinates as float32 in the original image (flipped with the entry)."""
+    boxes (segms.polys_to_boxes), and 'segm_edges', 'segm_polygon_edges', 'segm_object_polygons'
+    (segms.packed_polygons), coordinates as float32 in the original image (flipped with the entry)."""
     is_gt = np.asarray(entry['gt_classes']) > 0
     targets = {
         'boxes': torch.from_numpy(np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[is_gt]),
@@ -142,9 +142,9 @@ def gt_targets(entry):
 def polygon_targets(polys):
     """The target tensors of objects given as polygon lists (gt_targets)."""
     polys = [[np.asarray(p, dtype=np.float32) for p in poly] for poly in polys]
-    edges, polygon_edges = segm_utils.packed_polygons(polys)
+    edges, polygon_edges, object_polygons = segm_utils.packed_polygons(polys)
     return {'segm_boxes': torch.from_numpy(segm_utils.polys_to_boxes(polys)), 'segm_edges': edges,
-            'segm_polygon_edges': polygon_edges}
+            'segm_polygon_edges': polygon_edges, 'segm_object_polygons': object_polygons}
 
 
 def prepare_training_image(entry, target_size, max_size, pixel_means):

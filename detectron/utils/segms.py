@@ -62,54 +62,55 @@ def polys_to_boxes(polys):
 
 
 def packed_polygons(polys):
-    """N objects' polygon lists as tensors for polys_to_masks_wrt_boxes: edges (N, E, 4) float32,
-    each polygon's edges (x_start, y_start, x_end, y_end) in vertex order and closed by the edge back
-    to its first vertex, objects padded with (0, 0, 0, 0) edges, which draw nothing; and
-    polygon_edges (N, P) int64, the edge count of each polygon of each object (0 for padding).
-    E and P live in the shapes, so a device reads them without a host sync."""
-    counts = [[len(p) // 2 for p in poly] for poly in polys]
-    num_edges = max([sum(c) for c in counts], default=0)
-    num_polygons = max([len(c) for c in counts], default=0)
-    edges = np.zeros((len(polys), num_edges, 4), dtype=np.float32)
-    polygon_edges = np.zeros((len(polys), num_polygons), dtype=np.int64)
-    for i, (poly, count) in enumerate(zip(polys, counts)):
-        vertices = [np.asarray(p, dtype=np.float32).reshape(-1, 2) for p in poly]
-        if vertices:
-            starts = np.concatenate(vertices)
-            ends = np.concatenate([np.roll(v, -1, axis=0) for v in vertices])
-            edges[i, :len(starts)] = np.concatenate((starts, ends), axis=1)
-        polygon_edges[i, :len(count)] = count
-    return torch.from_numpy(edges), torch.from_numpy(polygon_edges)
+    """N objects' polygon lists as tensors: edges (E, 4) float32, every polygon's edges (x_start,
+    y_start, x_end, y_end) in vertex order, closed by the edge back to its first vertex, polygon by
+    polygon and object by object; polygon_edges (P,) int64, the edge count of each polygon;
+    object_polygons (N,) int64, the polygon count of each object."""
+    vertices = [np.asarray(p, dtype=np.float32).reshape(-1, 2) for poly in polys for p in poly]
+    edges = np.zeros((sum(len(v) for v in vertices), 4), dtype=np.float32)
+    if vertices:
+        edges[:, :2] = np.concatenate(vertices)
+        edges[:, 2:] = np.concatenate([np.roll(v, -1, axis=0) for v in vertices])
+    return (torch.from_numpy(edges), torch.tensor([len(v) for v in vertices], dtype=torch.int64),
+            torch.tensor([len(poly) for poly in polys], dtype=torch.int64))
+
+
+def expand_counts(counts, total):
+    """For `total` (= counts.sum(), passed to spare a host sync) items in consecutive groups of
+    counts[i] items: (group of each item, its rank in the group), both (total,) int64."""
+    group = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts, output_size=total)
+    rank = torch.arange(total, device=counts.device) - (counts.cumsum(0) - counts)[group]
+    return group, rank
 
 
 # pycocotools' rleFrPoly walks the polygon at 5 times the mask's resolution.
 _UPSAMPLE = 5
 
 
-def polys_to_masks_wrt_boxes(edges, polygon_edges, boxes, M):
-    """polys_to_mask_wrt_box for R (object, box) pairs at once, on their device, bit for bit:
-    edges (R, E, 4) and polygon_edges (R, P) as packed_polygons gives them (one object per row),
-    boxes (R, 4) float32 -> (R, M, M) bool masks.
+def polys_to_masks_wrt_boxes(edges, edge_polygon, polygon_mask, boxes, M):
+    """polys_to_mask_wrt_box for R boxes at once, on their device, bit for bit: edges (N, 4) the
+    polygon edges (as packed_polygons gives them) to draw, edge_polygon (N,) the polygon (0..Q-1) of
+    each, polygon_mask (Q,) the box (0..R-1) each polygon is drawn in, boxes (R, 4) float32 ->
+    (R, M, M) bool, the union of each box's polygons.
 
-    The steps of pycocotools' rleFrPoly (maskApi.c), then the union of an object's polygons: each
-    vertex is mapped into the box in float32 as polys_to_mask_wrt_box does, then upsampled to the
-    integer (int)(5 x + .5) (C's int conversion truncates towards zero). rleFrPoly draws each edge
-    as the integer points of a line from its endpoint of smaller x (smaller y when the edge is
-    steep), one point per step of the longer axis, the other coordinate (int)(start + slope * t +
-    .5) in double. Mask column X gets a boundary point where that walk steps between upsampled x
-    5X + 2 and 5X + 3, at row ceil(clamp((v + .5) / 5 - .5, 0, M)), v the smaller upsampled y of the
-    step; a pixel is inside when an odd number of boundary points lie at or before it in column-major
-    order. Steps between two edges never count: edges share their endpoints except where an
-    upsampled x is negative. Every edge is tested against the M columns, so the cost does not
-    depend on the edge's length.
+    The steps of pycocotools' rleFrPoly (maskApi.c): each vertex is mapped into its box in float32 as
+    polys_to_mask_wrt_box does, then upsampled to the integer (int)(5 x + .5) (C's int conversion
+    truncates towards zero). rleFrPoly draws each edge as the integer points of a line from its
+    endpoint of smaller x (smaller y when the edge is steep), one point per step of the longer axis,
+    the other coordinate (int)(start + slope * t + .5) in double. Mask column X gets a boundary point
+    where that walk steps between upsampled x 5X + 2 and 5X + 3, at row ceil(clamp((v + .5) / 5 - .5,
+    0, M)), v the smaller upsampled y of the step; a pixel is inside when an odd number of its
+    polygon's boundary points lie at or before it in column-major order. Steps between two edges
+    never count: edges share their endpoints except where an upsampled x is negative. Every edge is
+    tested against the M columns, so the cost does not depend on the edge's length.
     """
-    num_pairs, num_edges = edges.shape[:2]
     device = edges.device
-    x1, y1 = boxes[:, 0, None], boxes[:, 1, None]
-    w = torch.clamp(boxes[:, 2, None] - x1, min=1)
-    h = torch.clamp(boxes[:, 3, None] - y1, min=1)
-    xs, xe = (_upsampled((edges[..., k] - x1) * M / w) for k in (0, 2))
-    ys, ye = (_upsampled((edges[..., k] - y1) * M / h) for k in (1, 3))
+    box = boxes[polygon_mask[edge_polygon]]
+    x1, y1 = box[:, 0], box[:, 1]
+    w = torch.clamp(box[:, 2] - x1, min=1)
+    h = torch.clamp(box[:, 3] - y1, min=1)
+    xs, xe = (_upsampled((edges[:, k] - x1) * M / w) for k in (0, 2))
+    ys, ye = (_upsampled((edges[:, k] - y1) * M / h) for k in (1, 3))
     steep = (xe - xs).abs() < (ye - ys).abs()
     flip = torch.where(steep, ys > ye, xs > xe)
     xs, xe = torch.where(flip, xe, xs), torch.where(flip, xs, xe)
@@ -117,52 +118,39 @@ def polys_to_masks_wrt_boxes(edges, polygon_edges, boxes, M):
     # Along the longer axis a runs from a0 to a1; the other coordinate b starts at b0 with slope s.
     a0, a1 = torch.where(steep, ys, xs), torch.where(steep, ye, xe)
     b0, b1 = torch.where(steep, xs, ys), torch.where(steep, xe, ye)
-    length = (a1 - a0).unsqueeze(2)
-    slope = ((b1 - b0) / torch.clamp(a1 - a0, min=1)).unsqueeze(2)
-    a0, b0 = a0.unsqueeze(2), b0.unsqueeze(2)
+    length = a1 - a0
+    slope = (b1 - b0) / torch.clamp(length, min=1)
 
     def walk(t):  # the walk's other coordinate at step t, as rleFrPoly computes it
         return torch.trunc(b0 + slope * t + .5)
 
-    column = torch.arange(M, device=device, dtype=torch.float64)
+    # (M, N) from here: the columns outermost keep the inner loops long and contiguous.
+    column = torch.arange(M, device=device, dtype=torch.float64).view(M, 1)
     low = _UPSAMPLE * column + 2  # column X's step: upsampled x from 5X + 2 to 5X + 3
     # Flat edges: x = a0 + t steps at t = low - a0 -> t + 1; the row comes from the smaller walk value.
     # Steep edges: x = walk(t) is monotonic; the first t at or past the step (the closed form is
     # within one of it) is settled by the exact expression at the three steps around the estimate.
     flat_t = low - a0
     estimate = torch.ceil((low + .5 - b0) / torch.where(slope == 0, 1.0, slope))
-    is_steep = steep.unsqueeze(2)
-    first = torch.where(is_steep, estimate - 1, flat_t)
+    first = torch.where(steep, estimate - 1, flat_t)
     walked = [walk(first + k) for k in range(3)]
     rising = slope > 0
     t1 = estimate - 1
     for value in walked:
         t1 = t1 + ((value >= low + 1) != rising).to(t1.dtype)
-    v = torch.where(is_steep, a0 + t1 - 1, torch.minimum(walked[0], walked[1]))
-    hit = torch.where(is_steep, (slope != 0) & (t1 >= 1) & (t1 <= length),
-                      (flat_t >= 0) & (flat_t + 1 <= length))
+    v = torch.where(steep, a0 + t1 - 1, torch.minimum(walked[0], walked[1]))
+    hit = torch.where(steep, (slope != 0) & (t1 >= 1) & (t1 <= length), (flat_t >= 0) & (flat_t + 1 <= length))
     row = torch.ceil(torch.clamp((v + .5) / _UPSAMPLE - .5, 0, M)).long()
-    index = column.long() * M + row  # (R, E, M), M * M past the last pixel
+    bins = M * M + 1  # the last: past the last pixel
+    index = edge_polygon * bins + column.long() * M + row
 
-    polygon = _edge_polygons(polygon_edges, num_edges)
-    num_polygons = max(polygon_edges.shape[1], 1)
-    bins = M * M + 1
-    flat_index = (torch.arange(num_pairs, device=device)[:, None, None] * num_polygons
-                  + polygon.unsqueeze(2)) * bins + index
-    counts = torch.zeros(num_pairs * num_polygons * bins, dtype=torch.int32, device=device)
-    counts.index_add_(0, flat_index.flatten(), hit.flatten().to(torch.int32))
-    inside = counts.view(num_pairs, num_polygons, bins).cumsum(2)[..., :M * M] % 2 == 1
+    counts = torch.zeros(len(polygon_mask) * bins, dtype=torch.int32, device=device)
+    counts.index_add_(0, index.flatten(), hit.flatten().to(torch.int32))
+    inside = (counts.view(-1, bins).cumsum(1)[:, :M * M] % 2).to(torch.int32)
+    drawn = torch.zeros(len(boxes), M * M, dtype=torch.int32, device=device).index_add_(0, polygon_mask, inside)
     # Column-major pixel index x * M + y -> (y, x).
-    return inside.any(dim=1).view(num_pairs, M, M).transpose(1, 2)
+    return (drawn > 0).view(len(boxes), M, M).transpose(1, 2)
 
 
 def _upsampled(coordinate):
     return torch.trunc(coordinate.double() * _UPSAMPLE + .5)
-
-
-def _edge_polygons(polygon_edges, num_edges):
-    """(R, E) index of the polygon each edge belongs to; padding edges (which draw nothing) go to the last."""
-    ends = polygon_edges.cumsum(1)
-    edge = torch.arange(num_edges, device=polygon_edges.device).expand(len(polygon_edges), -1).contiguous()
-    polygon = torch.searchsorted(ends, edge, right=True)
-    return torch.clamp(polygon, max=max(polygon_edges.shape[1] - 1, 0))

@@ -73,6 +73,14 @@ def test_a_batch_without_fg_gets_one_ignored_roi():
     assert (t.masks == -1).all() and t.masks.shape == (1, 3, 3)
 
 
+def test_fg_rois_of_a_batch_without_non_crowd_objects_are_ignored():
+    rois = torch.tensor([[0, 1.0, 1, 5, 5], [1, 2.0, 2, 6, 6], [1, 0.0, 0, 3, 3]])
+    images = [_packed([None], [True]), _packed([], [])]
+    t = mask_targets(rois, torch.tensor([3, 0, 2]), torch.tensor([1.0, 2.0]), images, resolution=3, cls_specific=True)
+    assert torch.equal(t.rois, rois[[0, 2]]) and t.classes.tolist() == [3, 2]
+    assert t.masks.shape == (2, 3, 3) and (t.masks == -1).all()
+
+
 def test_gt_targets_pack_the_polygons_of_non_crowd_gt_rows():
     entry = {'boxes': np.zeros((4, 4), np.float32), 'gt_classes': np.array([1, 0, 2, 3], np.int32),
              'is_crowd': np.array([False, False, True, False]),
@@ -80,10 +88,10 @@ def test_gt_targets_pack_the_polygons_of_non_crowd_gt_rows():
                        [[2, 3, 4, 3, 4, 5, 2, 5], [7, 1, 8, 1, 8, 2]]]}
     targets = gt_targets(entry)
     assert targets['segm_boxes'].tolist() == [[0, 0, 1, 1], [2, 1, 8, 5]]
-    assert targets['segm_polygon_edges'].tolist() == [[3, 0], [4, 3]]
-    assert targets['segm_edges'].shape == (2, 7, 4) and targets['segm_edges'].dtype == torch.float32
-    assert targets['segm_edges'][0, :3].tolist() == [[0, 0, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]]
-    assert targets['segm_edges'][1, 6].tolist() == [8, 2, 7, 1]
+    assert targets['segm_object_polygons'].tolist() == [1, 2] and targets['segm_polygon_edges'].tolist() == [3, 4, 3]
+    assert targets['segm_edges'].shape == (10, 4) and targets['segm_edges'].dtype == torch.float32
+    assert targets['segm_edges'][:3].tolist() == [[0, 0, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]]
+    assert targets['segm_edges'][9].tolist() == [8, 2, 7, 1]
     del entry['segms']
     assert not [k for k in gt_targets(entry) if k.startswith('segm')]
 

@@ -15,9 +15,12 @@ COCO_TINY_TRAIN = os.path.normpath(os.path.join(
 
 
 def _device_masks(objects, boxes, M, device='cpu'):
-    edges, polygon_edges = segms.packed_polygons(objects)
+    edges, polygon_edges, object_polygons = segms.packed_polygons(objects)
+    edge_polygon = torch.repeat_interleave(torch.arange(len(polygon_edges)), polygon_edges)
+    polygon_mask = torch.repeat_interleave(torch.arange(len(object_polygons)), object_polygons)
     boxes = torch.as_tensor(np.asarray(boxes, np.float32)).reshape(-1, 4)
-    masks = segms.polys_to_masks_wrt_boxes(edges.to(device), polygon_edges.to(device), boxes.to(device), M)
+    masks = segms.polys_to_masks_wrt_boxes(edges.to(device), edge_polygon.to(device), polygon_mask.to(device),
+                                           boxes.to(device), M)
     assert masks.dtype == torch.bool and masks.shape == (len(objects), M, M)
     return masks.cpu().numpy()
 
@@ -27,13 +30,18 @@ def _reference_masks(objects, boxes, M):
                      for o, b in zip(objects, np.asarray(boxes, np.float32).reshape(-1, 4))])
 
 
-def test_packed_polygons_close_each_polygon_and_pad_with_empty_edges():
-    edges, polygon_edges = segms.packed_polygons([[[0, 0, 4, 0, 4, 3]], [[1, 1, 2, 1, 2, 2], [5, 5, 6, 5, 6, 6, 5, 6]]])
-    assert edges.dtype == torch.float32 and edges.shape == (2, 7, 4)
-    assert edges[0, :3].tolist() == [[0, 0, 4, 0], [4, 0, 4, 3], [4, 3, 0, 0]]
-    assert (edges[0, 3:] == 0).all()
-    assert edges[1, 2].tolist() == [2, 2, 1, 1] and edges[1, 6].tolist() == [5, 6, 5, 5]
-    assert polygon_edges.tolist() == [[3, 0], [3, 4]]
+def test_packed_polygons_close_each_polygon():
+    edges, polygon_edges, object_polygons = segms.packed_polygons(
+        [[[0, 0, 4, 0, 4, 3]], [[1, 1, 2, 1, 2, 2], [5, 5, 6, 5, 6, 6, 5, 6]]])
+    assert edges.dtype == torch.float32 and edges.shape == (10, 4)
+    assert edges[:3].tolist() == [[0, 0, 4, 0], [4, 0, 4, 3], [4, 3, 0, 0]]
+    assert edges[5].tolist() == [2, 2, 1, 1] and edges[9].tolist() == [5, 6, 5, 5]
+    assert polygon_edges.tolist() == [3, 3, 4] and object_polygons.tolist() == [1, 2]
+
+
+def test_expand_counts_lists_each_group_s_items():
+    group, rank = segms.expand_counts(torch.tensor([2, 0, 3, 1]), 6)
+    assert group.tolist() == [0, 0, 2, 2, 2, 3] and rank.tolist() == [0, 1, 0, 1, 2, 0]
 
 
 def test_rectangle_in_a_box_gives_the_exact_square():
