@@ -2,6 +2,7 @@
 against Detectron's host computation (bbox_overlaps, polys_to_mask_wrt_box) on random and COCO ones."""
 import importlib.util
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -128,3 +129,25 @@ def test_coco_tiny_batch_of_256_fg_rois_matches_detectrons_host_computation(devi
     reference = bench.host_mask_targets(rois, labels, im_scales, images, 28)
     assert len(rois) == 256 and sum(len(image) for image in images) > 50
     assert 0.2 < (reference == 1).mean() < 0.8 and np.array_equal(t.masks.cpu().numpy(), reference)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_mask_targets_synchronise_with_the_host_once_on_cuda():
+    rng = np.random.RandomState(1)
+    polys = [[(rng.rand(8) * 60).astype(np.float32)] for _ in range(4)]
+    packed = [{k: v.cuda() for k, v in _packed(polys, [False] * 4).items()}]
+    rois = bench.jittered_rois(rng, [segm_utils.polys_to_boxes(polys)], [1.0], per_object=8).cuda()
+    labels = torch.from_numpy(rng.randint(0, 3, size=len(rois))).cuda()
+    scales = torch.ones(1, device='cuda')
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode('warn')
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            t = mask_targets(rois, labels, scales, packed, resolution=28, cls_specific=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    syncs = [w for w in caught if 'synchronizing' in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert np.array_equal(t.masks.cpu().numpy(), bench.host_mask_targets(rois, labels, scales, [polys], 28))
