@@ -66,6 +66,19 @@ def test_the_polygon_is_chosen_by_its_own_box_not_by_the_sampled_gt():
     assert t.masks[0].tolist() == [[1, 1], [1, 1]]
 
 
+@pytest.mark.parametrize('device', _DEVICES)
+def test_equal_overlaps_take_the_first_object(device):
+    # A triangle and a square with the same tight box (0, 0, 8, 8): the RoI on it overlaps both by 1.
+    triangle, square = [np.array([0, 0, 8, 0, 0, 8], np.float32)], _square(0, 0, 8, 8)
+    rois = torch.tensor([[0, 0.0, 0, 8, 8], [1, 0.0, 0, 8, 8]], device=device)
+    images = [_packed([triangle, square], [False, False]), _packed([square, triangle], [False, False])]
+    images = [{k: v.to(device) for k, v in image.items()} for image in images]
+    t = mask_targets(rois, torch.tensor([1, 1], device=device), torch.ones(2, device=device), images,
+                     resolution=4, cls_specific=True)
+    assert t.masks[0].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
+    assert t.masks[1].tolist() == [[1] * 4] * 4
+
+
 def test_a_batch_without_fg_gets_one_ignored_roi():
     rois = torch.tensor([[0, 1.0, 1, 5, 5], [0, 2.0, 2, 6, 6]])
     t = mask_targets(rois, torch.tensor([0, 0]), torch.tensor([1.0]), [_packed([_square(0, 0, 4, 4)], [False])],
