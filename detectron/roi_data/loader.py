@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_image
-from detectron.roi_data.shared_memory import shared_copy
+from detectron.roi_data.shared_memory import empty_for_main_process
 from detectron.utils.distributed import die_with_parent
 from detectron.utils.errors import DEAD_WORKER_HINT, DatasetError, LoaderWorkerError, dead_loader_workers_as_errors
 
@@ -175,7 +175,7 @@ def build_train_loader(dataset, batch_sampler, collate, num_workers, start_iter=
 class InferenceImageDataset(Dataset):
     """prepare(original BGR uint8 image) with its roidb index; prepare returns a dict holding the
     image under 'image' plus whatever the model's test-time preprocessing adds. In a worker its
-    large arrays are wrapped for the trip to the main process (SharedArray)."""
+    large arrays are packed for the trip to the main process (SharedSample)."""
 
     def __init__(self, roidb, prepare):
         self._paths = PackedList(entry['image'] for entry in roidb)
@@ -189,26 +189,52 @@ class InferenceImageDataset(Dataset):
             sample = self._prepare(read_image(self._paths[index]))
         except DatasetError as err:
             return err
-        return (_wrap_large_arrays(sample) if get_worker_info() is not None else sample), index
+        return (_packed_sample(sample) if get_worker_info() is not None else sample), index
 
 
-class SharedArray:
-    """A numpy array on its way from a loader worker to the main process, as a tensor in shared
-    memory: a file descriptor crosses the pipe instead of the pickled bytes, which the main process
-    (the one that feeds the GPU) would otherwise read and unpickle itself (measured on a 2-core
-    machine, ad hoc: 5.0 ms per 640x480 image as numpy, 2.5 ms as a shared tensor). pin_memory() lets
-    DataLoader's pin-memory thread, which then also receives the samples ahead of the main thread,
-    copy it into pinned memory for asynchronous uploads."""
+class SharedSample:
+    """A sample on its way from a loader worker to the main process, its large numpy arrays packed
+    into one uint8 tensor in shared memory: a file descriptor crosses the pipe instead of the
+    pickled bytes, which the main process (the one that feeds the GPU) would otherwise read and
+    unpickle itself (measured on a 2-core machine, ad hoc: 5.0 ms per 640x480 image as numpy, 2.5 ms
+    as a shared tensor). One tensor per sample, because each descriptor handed over costs the main
+    process a socket connection with an authentication round trip (BENCHMARKS.md, "Real loops").
+    pin_memory() lets DataLoader's pin-memory thread, which then also receives the samples ahead of
+    the main thread, copy it into pinned memory for asynchronous uploads.
 
-    def __init__(self, tensor):
-        self.tensor = tensor
+    skeleton: the sample with each packed array replaced by its index in layouts, the (byte offset,
+    dtype, shape) of each array in the tensor."""
+
+    def __init__(self, skeleton, buffer, layouts):
+        self.skeleton = skeleton
+        self.buffer = buffer
+        self.layouts = layouts
 
     def pin_memory(self):
-        return SharedArray(self.tensor.pin_memory())
+        return SharedSample(self.skeleton, self.buffer.pin_memory(), self.layouts)
+
+    def arrays(self):
+        data = self.buffer.numpy()
+        return [data[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+                for offset, dtype, shape in self.layouts]
+
+    def unpacked(self):
+        """The sample, its arrays numpy views of the (shared or pinned) tensor."""
+        arrays = self.arrays()
+        return _map_leaves(self.skeleton, lambda leaf: arrays[leaf.index] if isinstance(leaf, _Packed) else leaf)
 
 
-# Smaller arrays (CenterNet's affine centres, ...) pickle faster than a shared-memory handle travels.
+# Smaller arrays (CenterNet's affine centres, ...) pickle faster than they are packed and unpacked.
 SHARED_ARRAY_MIN_BYTES = 64 * 1024
+# Each array starts at a multiple of this many bytes of the shared tensor, so its view is aligned.
+_ALIGN = 64
+
+
+class _Packed:
+    """Where a large array was in a SharedSample's skeleton (its index in layouts)."""
+
+    def __init__(self, index):
+        self.index = index
 
 
 def _map_leaves(sample, fn):
@@ -220,32 +246,35 @@ def _map_leaves(sample, fn):
     return fn(sample)
 
 
-def _wrap_large_arrays(sample):
-    """sample with each large numpy array of a torch dtype in a SharedArray."""
-    return _map_leaves(sample, lambda leaf: SharedArray(shared_copy(leaf)) if _is_large_array(leaf) else leaf)
+def _packed_sample(sample):
+    """The SharedSample of a sample made in a worker."""
+    large = []
+
+    def take(leaf):
+        if not _is_large_array(leaf):
+            return leaf
+        large.append(leaf)
+        return _Packed(len(large) - 1)
+
+    skeleton = _map_leaves(sample, take)
+    layouts, offset = [], 0
+    for array in large:
+        layouts.append((offset, array.dtype, array.shape))
+        offset += -(-array.nbytes // _ALIGN) * _ALIGN
+    packed = SharedSample(skeleton, empty_for_main_process((offset,), torch.uint8), layouts)
+    for view, array in zip(packed.arrays(), large):
+        view[...] = array
+    return packed
 
 
 def _is_large_array(leaf):
-    return isinstance(leaf, np.ndarray) and leaf.nbytes >= SHARED_ARRAY_MIN_BYTES and _torch_dtype(leaf)
-
-
-def _torch_dtype(array):
-    try:
-        torch.from_numpy(array[:0])
-    except TypeError:
-        return False
-    return True
-
-
-def _unwrap_arrays(sample):
-    """_wrap_large_arrays undone in the main process: numpy views of the (shared or pinned) tensors."""
-    return _map_leaves(sample, lambda leaf: leaf.tensor.numpy() if isinstance(leaf, SharedArray) else leaf)
+    return isinstance(leaf, np.ndarray) and leaf.nbytes >= SHARED_ARRAY_MIN_BYTES and not leaf.dtype.hasobject
 
 
 class _TestSamples(RaisingLoader):
     def __iter__(self):
         for sample, index in super().__iter__():
-            yield _unwrap_arrays(sample), index
+            yield (sample.unpacked() if isinstance(sample, SharedSample) else sample), index
 
 
 def _unchanged(sample):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.loader import (SHARED_ARRAY_MIN_BYTES, PackedList, SharedArray, TrainingDataset,
-                                       aspect_ratio_groups, build_test_loader, build_train_loader)
+from detectron.roi_data.loader import (SHARED_ARRAY_MIN_BYTES, PackedList, SharedSample, TrainingDataset,
+                                       _packed_sample, aspect_ratio_groups, build_test_loader, build_train_loader)
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
@@ -160,14 +160,34 @@ def _centernet_like_sample(im):
 
 def _sample_is_shared_in_worker(item):
     sample, index = item
-    return index, isinstance(sample['inputs'][0], SharedArray) and sample['inputs'][0].tensor.is_shared(), \
-        isinstance(sample['metas'][0]['c'], np.ndarray)
+    return (index, isinstance(sample, SharedSample) and sample.buffer.is_shared(), len(sample.layouts),
+            isinstance(sample.skeleton['metas'][0]['c'], np.ndarray))
 
 
-def test_large_test_arrays_leave_a_worker_in_shared_memory(roidb):
+def test_large_test_arrays_leave_a_worker_in_one_shared_tensor(roidb):
     loader = build_test_loader(roidb, [0, 4], num_workers=1, prepare=_centernet_like_sample)
     loader.data_loader.collate_fn = _sample_is_shared_in_worker   # runs in the worker, sees what it sends
-    assert list(loader.data_loader) == [(0, True, True), (4, True, True)]
+    # The first input in the shared tensor; the image, the half-size second input and the metas,
+    # each under SHARED_ARRAY_MIN_BYTES, pickled as they are.
+    assert list(loader.data_loader) == [(0, True, 1, True), (4, True, 1, True)]
+
+
+def test_a_packed_sample_gives_back_its_arrays_aligned_with_their_dtypes_and_shapes():
+    rng = np.random.RandomState(0)
+    sample = {'a': rng.rand(129, 131).astype(np.float32), 'b': [rng.randint(0, 255, (257, 255, 3)).astype(np.uint8),
+                                                                 rng.rand(3, 5)], 'c': (7, rng.rand(9000))}
+    packed = _packed_sample(sample)
+    # 67596 bytes of float32, then 196605 of uint8, each rounded up to a multiple of 64; then float64.
+    assert [offset for offset, _, _ in packed.layouts] == [0, 67648, 67648 + 196608]
+    assert packed.buffer.dtype == torch.uint8 and packed.buffer.numel() == 67648 + 196608 + 72000
+    got = packed.unpacked()
+    for key in 'ab':
+        assert isinstance(got[key], type(sample[key]))
+    for got_array, want in [(got['a'], sample['a']), (got['b'][0], sample['b'][0]), (got['c'][1], sample['c'][1])]:
+        assert got_array.dtype == want.dtype and got_array.flags['ALIGNED']
+        np.testing.assert_array_equal(got_array, want)
+        assert np.shares_memory(got_array, packed.buffer.numpy())
+    assert got['b'][1] is sample['b'][1] and got['c'][0] == 7  # small leaves stay as they were
 
 
 @pytest.mark.parametrize('num_workers', [0, 2])
