@@ -86,7 +86,15 @@ class TrainingDataset(Dataset):
 
 def _collate_or_error(items, collate):
     errors = [item for item in items if isinstance(item, DatasetError)]
-    return errors[0] if errors else collate(items)
+    if errors:
+        return errors[0]
+    batch = collate(items)
+    return packed_leaves(batch, _is_small_tensor) if get_worker_info() is not None else batch
+
+
+def _is_small_tensor(leaf):
+    # A batch's targets: a dozen small tensors, one file descriptor each when sent on their own.
+    return isinstance(leaf, torch.Tensor) and leaf.nbytes < SHARED_ARRAY_MIN_BYTES
 
 
 class IterationTaggedBatches:
@@ -114,7 +122,7 @@ class RaisingLoader:
                 for item in self.data_loader:
                     if isinstance(item, DatasetError):
                         raise item
-                    yield item
+                    yield item.unpacked() if isinstance(item, SharedLeaves) else item
         except ConnectionError as err:
             # A worker killed while its batch was being received (torch's SIGCHLD error follows).
             raise LoaderWorkerError('a DataLoader worker died while sending a batch ({}: {}) {}'.format(
@@ -175,7 +183,7 @@ def build_train_loader(dataset, batch_sampler, collate, num_workers, start_iter=
 class InferenceImageDataset(Dataset):
     """prepare(original BGR uint8 image) with its roidb index; prepare returns a dict holding the
     image under 'image' plus whatever the model's test-time preprocessing adds. In a worker its
-    large arrays are packed for the trip to the main process (SharedSample)."""
+    large arrays are packed for the trip to the main process (SharedLeaves)."""
 
     def __init__(self, roidb, prepare):
         self._paths = PackedList(entry['image'] for entry in roidb)
@@ -189,21 +197,26 @@ class InferenceImageDataset(Dataset):
             sample = self._prepare(read_image(self._paths[index]))
         except DatasetError as err:
             return err
-        return (_packed_sample(sample) if get_worker_info() is not None else sample), index
+        if get_worker_info() is None:
+            return sample, index
+        return packed_leaves((sample, index), _is_large_array)
 
 
-class SharedSample:
-    """A sample on its way from a loader worker to the main process, its large numpy arrays packed
-    into one uint8 tensor in shared memory: a file descriptor crosses the pipe instead of the
-    pickled bytes, which the main process (the one that feeds the GPU) would otherwise read and
-    unpickle itself (measured on a 2-core machine, ad hoc: 5.0 ms per 640x480 image as numpy, 2.5 ms
-    as a shared tensor). One tensor per sample, because each descriptor handed over costs the main
-    process a socket connection with an authentication round trip (BENCHMARKS.md, "Real loops").
-    pin_memory() lets DataLoader's pin-memory thread, which then also receives the samples ahead of
-    the main thread, copy it into pinned memory for asynchronous uploads.
+class SharedLeaves:
+    """A loader worker's item (nested dicts, lists and tuples) on its way to the main process, some
+    of its leaves (numpy arrays or tensors) packed into one uint8 tensor in shared memory.
 
-    skeleton: the sample with each packed array replaced by its index in layouts, the (byte offset,
-    dtype, shape) of each array in the tensor."""
+    Shared memory, because a file descriptor crosses the pipe instead of the pickled bytes, which
+    the main process (the one that feeds the GPU) would otherwise read and unpickle itself
+    (measured on a 2-core machine, ad hoc: 5.0 ms per 640x480 image as numpy, 2.5 ms as a shared
+    tensor). One tensor per item, because each descriptor handed over costs the receiving process a
+    socket connection with an authentication round trip (BENCHMARKS.md, "Real loops"); torch sends
+    every tensor of a batch by its own descriptor. pin_memory() lets DataLoader's pin-memory thread,
+    which then also receives the items ahead of the main thread, copy it into pinned memory for
+    asynchronous uploads.
+
+    skeleton: the item with each packed leaf replaced by a _Packed; layouts: the (byte offset, numpy
+    array or tensor, dtype, shape, bytes) of each packed leaf in the tensor."""
 
     def __init__(self, skeleton, buffer, layouts):
         self.skeleton = skeleton
@@ -211,27 +224,32 @@ class SharedSample:
         self.layouts = layouts
 
     def pin_memory(self):
-        return SharedSample(self.skeleton, self.buffer.pin_memory(), self.layouts)
+        return SharedLeaves(self.skeleton, self.buffer.pin_memory(), self.layouts)
 
-    def arrays(self):
-        data = self.buffer.numpy()
-        return [data[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
-                for offset, dtype, shape in self.layouts]
+    def leaves(self):
+        """The packed leaves as views of the (shared or pinned) tensor, in their order."""
+        leaves = []
+        for offset, kind, dtype, shape, nbytes in self.layouts:
+            piece = self.buffer[offset:offset + nbytes]
+            leaves.append(piece.numpy().view(dtype).reshape(shape) if kind is np.ndarray
+                          else piece.view(dtype).view(shape))
+        return leaves
 
     def unpacked(self):
-        """The sample, its arrays numpy views of the (shared or pinned) tensor."""
-        arrays = self.arrays()
-        return _map_leaves(self.skeleton, lambda leaf: arrays[leaf.index] if isinstance(leaf, _Packed) else leaf)
+        """The item as it was made, its packed leaves views of the tensor."""
+        leaves = self.leaves()
+        return _map_leaves(self.skeleton, lambda leaf: leaves[leaf.index] if isinstance(leaf, _Packed) else leaf)
 
 
-# Smaller arrays (CenterNet's affine centres, ...) pickle faster than they are packed and unpacked.
+# Arrays of a test sample at least this large go through shared memory; smaller ones (CenterNet's
+# affine centres, ...) pickle faster. Tensors of a training batch smaller than this share one.
 SHARED_ARRAY_MIN_BYTES = 64 * 1024
-# Each array starts at a multiple of this many bytes of the shared tensor, so its view is aligned.
+# Each leaf starts at a multiple of this many bytes of the shared tensor, so its view is aligned.
 _ALIGN = 64
 
 
 class _Packed:
-    """Where a large array was in a SharedSample's skeleton (its index in layouts)."""
+    """Where a packed leaf was in a SharedLeaves' skeleton (its index in layouts)."""
 
     def __init__(self, index):
         self.index = index
@@ -246,35 +264,36 @@ def _map_leaves(sample, fn):
     return fn(sample)
 
 
-def _packed_sample(sample):
-    """The SharedSample of a sample made in a worker."""
-    large = []
+def packed_leaves(item, chosen):
+    """The SharedLeaves of an item made in a worker, holding the leaves for which chosen(leaf) is
+    true (the item itself if there are none)."""
+    packed = []
 
     def take(leaf):
-        if not _is_large_array(leaf):
+        if not chosen(leaf):
             return leaf
-        large.append(leaf)
-        return _Packed(len(large) - 1)
+        packed.append(leaf)
+        return _Packed(len(packed) - 1)
 
-    skeleton = _map_leaves(sample, take)
+    skeleton = _map_leaves(item, take)
+    if not packed:
+        return item
     layouts, offset = [], 0
-    for array in large:
-        layouts.append((offset, array.dtype, array.shape))
-        offset += -(-array.nbytes // _ALIGN) * _ALIGN
-    packed = SharedSample(skeleton, empty_for_main_process((offset,), torch.uint8), layouts)
-    for view, array in zip(packed.arrays(), large):
-        view[...] = array
-    return packed
+    for leaf in packed:
+        kind = np.ndarray if isinstance(leaf, np.ndarray) else torch.Tensor
+        layouts.append((offset, kind, leaf.dtype, tuple(leaf.shape), leaf.nbytes))
+        offset += -(-leaf.nbytes // _ALIGN) * _ALIGN
+    shared = SharedLeaves(skeleton, empty_for_main_process((offset,), torch.uint8), layouts)
+    for view, leaf in zip(shared.leaves(), packed):
+        if isinstance(leaf, np.ndarray):
+            view[...] = leaf
+        else:
+            view.copy_(leaf)
+    return shared
 
 
 def _is_large_array(leaf):
     return isinstance(leaf, np.ndarray) and leaf.nbytes >= SHARED_ARRAY_MIN_BYTES and not leaf.dtype.hasobject
-
-
-class _TestSamples(RaisingLoader):
-    def __iter__(self):
-        for sample, index in super().__iter__():
-            yield (sample.unpacked() if isinstance(sample, SharedSample) else sample), index
 
 
 def _unchanged(sample):
@@ -292,7 +311,7 @@ def build_test_loader(roidb, indices, num_workers, prepare=image_only):
     the samples' arrays as prepare made them (numpy). With CUDA the large ones come in pinned
     memory (asynchronous uploads), received ahead by DataLoader's pin-memory thread."""
     _single_threaded_opencv_before_fork(num_workers)
-    return _TestSamples(DataLoader(
+    return RaisingLoader(DataLoader(
         InferenceImageDataset(roidb, prepare),
         sampler=list(indices),
         batch_size=None,

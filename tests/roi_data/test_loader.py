@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.loader import (SHARED_ARRAY_MIN_BYTES, PackedList, SharedSample, TrainingDataset,
-                                       _packed_sample, aspect_ratio_groups, build_test_loader, build_train_loader)
+from detectron.roi_data.loader import (SHARED_ARRAY_MIN_BYTES, PackedList, SharedLeaves, TrainingDataset,
+                                       aspect_ratio_groups, packed_leaves, build_test_loader, build_train_loader)
 from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
@@ -159,9 +159,9 @@ def _centernet_like_sample(im):
 
 
 def _sample_is_shared_in_worker(item):
-    sample, index = item
-    return (index, isinstance(sample, SharedSample) and sample.buffer.is_shared(), len(sample.layouts),
-            isinstance(sample.skeleton['metas'][0]['c'], np.ndarray))
+    sample, index = item.skeleton
+    return (index, isinstance(item, SharedLeaves) and item.buffer.is_shared(), len(item.layouts),
+            isinstance(sample['metas'][0]['c'], np.ndarray))
 
 
 def test_large_test_arrays_leave_a_worker_in_one_shared_tensor(roidb):
@@ -176,9 +176,9 @@ def test_a_packed_sample_gives_back_its_arrays_aligned_with_their_dtypes_and_sha
     rng = np.random.RandomState(0)
     sample = {'a': rng.rand(129, 131).astype(np.float32), 'b': [rng.randint(0, 255, (257, 255, 3)).astype(np.uint8),
                                                                  rng.rand(3, 5)], 'c': (7, rng.rand(9000))}
-    packed = _packed_sample(sample)
+    packed = packed_leaves(sample, lambda leaf: isinstance(leaf, np.ndarray) and leaf.nbytes >= 65536)
     # 67596 bytes of float32, then 196605 of uint8, each rounded up to a multiple of 64; then float64.
-    assert [offset for offset, _, _ in packed.layouts] == [0, 67648, 67648 + 196608]
+    assert [layout[0] for layout in packed.layouts] == [0, 67648, 67648 + 196608]
     assert packed.buffer.dtype == torch.uint8 and packed.buffer.numel() == 67648 + 196608 + 72000
     got = packed.unpacked()
     for key in 'ab':
@@ -188,6 +188,44 @@ def test_a_packed_sample_gives_back_its_arrays_aligned_with_their_dtypes_and_sha
         np.testing.assert_array_equal(got_array, want)
         assert np.shares_memory(got_array, packed.buffer.numpy())
     assert got['b'][1] is sample['b'][1] and got['c'][0] == 7  # small leaves stay as they were
+
+
+class _TargetTensors(torch.utils.data.Dataset):
+    """Training items shaped like R-CNN targets: small tensors of several dtypes, an empty one, a large one."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, key):
+        _, index = key
+        return {'boxes': torch.arange(8, dtype=torch.float32).view(2, 4) + index, 'classes': torch.tensor([index, -3]),
+                'is_crowd': torch.tensor([index % 2 == 0, True]), 'edges': torch.zeros((0, 4)),
+                'image': torch.full((128, 128), float(index))}   # 65536 bytes: travels on its own
+
+
+def _expected_targets(index):
+    return _TargetTensors()[(0, index)]
+
+
+def test_the_small_tensors_of_a_training_batch_travel_in_one_shared_tensor(monkeypatch):
+    from detectron.roi_data import loader as loader_module
+    monkeypatch.setattr(loader_module, 'get_worker_info', lambda: object())   # as in a worker
+    batch = loader_module._collate_or_error([_expected_targets(i) for i in (3, 6)], collate=list)
+    assert isinstance(batch, SharedLeaves) and len(batch.layouts) == 8   # 4 small tensors x 2 items
+    assert [layout[0] % 64 for layout in batch.layouts] == [0] * 8
+    for got, index in zip(batch.unpacked(), (3, 6)):
+        for key, want in _expected_targets(index).items():
+            assert got[key].dtype == want.dtype and got[key].shape == want.shape and torch.equal(got[key], want)
+        assert got['image'].data_ptr() != batch.buffer.data_ptr()
+        assert got['boxes'].untyped_storage().data_ptr() == batch.buffer.untyped_storage().data_ptr()
+
+
+def test_training_batches_from_a_worker_equal_the_collated_items():
+    loader = build_train_loader(_TargetTensors(), [[1, 2], [5, 0]], list, num_workers=1)
+    for batch, indices in zip(loader, ([1, 2], [5, 0])):
+        for got, index in zip(batch, indices):
+            for key, want in _expected_targets(index).items():
+                assert got[key].dtype == want.dtype and torch.equal(got[key], want)
 
 
 @pytest.mark.parametrize('num_workers', [0, 2])
