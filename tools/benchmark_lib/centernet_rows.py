@@ -7,10 +7,22 @@ import torch
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
 
+from . import centernet_plain
 from .inputs import synthetic_images
 from .profiling import profile_row, trace_path
 from .rcnn_rows import build_ours_for_training
-from .timing import Row, autocast, cfg_values, flat_tensors, model_tensors, run_interleaved
+from .timing import (
+    Row,
+    autocast,
+    cfg_values,
+    flat_tensors,
+    model_tensors,
+    per_round_ratios,
+    run_interleaved,
+)
+
+PLAIN_PORT_ROW = 'plain port of CenterNet (equal work)'
+PLAIN_PORT_RATIO = 'ours / plain port (training, images/s)'
 
 
 def centernet_rows(args, device, precision):
@@ -21,7 +33,10 @@ def centernet_rows(args, device, precision):
     network and decode alone (forward_decode of inputs already on the device). With
     --checkpoint-activations-row, the training step again with TRAIN.CHECKPOINT_ACTIVATIONS True (its
     own model, the same batch), interleaved with the plain one: images/s and peak
-    memory of both."""
+    memory of both. For resdcn_18 (CenterNet's default heads: REG_OFFSET on, CAT_SPEC_WH off), the
+    plain port's training step (centernet_plain) interleaved with ours: our weights, the same images
+    and samples with the reference's dense heatmaps, Adam, the same precision; other archs have no
+    plain port row (nor do heads without their 3x3 conv, HEAD_CONV 0)."""
     from detectron.modeling import centernet, centernet_builder
     from detectron.roi_data.centernet import ctdet_train_sample
     train_batch, test_batch = (args.centernet_batch + args.centernet_batch[-1:])[:2]
@@ -70,6 +85,9 @@ def centernet_rows(args, device, precision):
     arch = cfg.CENTERNET.ARCH
     held = dict(resident=resident, graph_owners=lambda: [model, test_model])
     extra = []
+    c = cfg.CENTERNET
+    if c.ARCH == 'resdcn_18' and c.HEAD_CONV != 0 and c.REG_OFFSET and not c.CAT_SPEC_WH:
+        extra.append(plain_port_row(model, samples, inputs, targets, device, precision, args.lr))
     if args.checkpoint_activations_row:
         with cfg_values({'TRAIN.CHECKPOINT_ACTIVATIONS': True}):
             checkpointed_model = build_ours_for_training(device, precision)
@@ -86,6 +104,29 @@ def centernet_rows(args, device, precision):
                 info={'inference_batch': test_batch}, **held),
             Row('test', '{} forward + decode only, inputs on the device'.format(arch), forward_decode, test_batch,
                 info={'inference_batch': test_batch}, **held)]
+
+
+def plain_port_row(model, samples, inputs, targets, device, precision, lr):
+    """The plain port's training row on the batch of ours: its model loaded with our weights, the
+    targets of the same samples with the dense heatmaps CenterNet's dataset gives."""
+    head_conv = model.heads.hm[0].out_channels
+    plain = centernet_plain.PoseResNetDCN18(cfg.CENTERNET.NUM_CLASSES, head_conv).to(device)
+    centernet_plain.load_from_ours(plain, model)
+    plain.train()
+    optimizer = torch.optim.Adam(plain.parameters(), lr=lr)
+    dense = {k: v for k, v in targets.items() if not k.startswith('hm_')}
+    dense['hm'] = torch.from_numpy(np.stack([s['hm'] for s in samples])).to(device)
+    c = cfg.CENTERNET
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            loss = centernet_plain.ctdet_loss(plain(inputs), dense, hm_weight=c.HM_WEIGHT, wh_weight=c.WH_WEIGHT,
+                                              off_weight=c.OFF_WEIGHT)['loss']
+        loss.backward()
+        optimizer.step()
+    return Row('train', PLAIN_PORT_ROW, step, len(samples),
+               resident=lambda: model_tensors(plain, optimizer) + flat_tensors([inputs, dense]))
 
 
 def training_step(model, optimizer, inputs, targets, device, precision):
@@ -108,6 +149,9 @@ def run_centernet(args, precision, report, timing):
     res = cfg.CENTERNET.INPUT_RES
     for row in rows:
         report.add_row(row, batch=row.images_per_step, precision=precision, size=[res, res])
+    plain = next((row for row in rows if row.name == PLAIN_PORT_ROW), None)
+    if plain is not None:
+        report.add_ratio(PLAIN_PORT_RATIO, per_round_ratios(rows[0].values, plain.values))
     if 'profile' in args.mode:
         trace = trace_path(args, 'train_centernet')
         report.add_profile(rows[0].name, profile_row(rows[0], args.profile_steps, args.warmup, device, trace),

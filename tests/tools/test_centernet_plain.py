@@ -1,0 +1,105 @@
+"""tools/benchmark_lib/centernet_plain.py, the plain PyTorch port of CenterNet's resdcn_18 training step
+that --mode centernet times beside ours: loaded with our weights it computes our losses and
+gradients on the same batch (equal work), and its row and the ratio appear in the benchmark's output."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from detectron.modeling.centernet import CenterNet
+from detectron.modeling.centernet_backbones import build_centernet_backbone
+from detectron.modeling.centernet_builder import collate_samples
+from detectron.modeling.centernet_heads import CenterNetHeads
+from detectron.roi_data import centernet as cn
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, 'tools'))  # as when tools/benchmark.py runs
+
+from benchmark_lib import centernet_plain, centernet_rows, cli
+
+NUM_CLASSES = 3
+# Parameters whose gradients are compared: the stem, a DCN's offset/mask predictor (through the
+# deformable sampling), a transposed conv and the last conv of each head.
+GRADIENT_KEYS = ('conv1.weight', 'layer4.1.conv2.weight', 'deconv_layers.0.conv_offset_mask.weight',
+                 'deconv_layers.9.weight', 'hm.2.weight', 'wh.2.bias', 'reg.2.weight')
+
+
+def _batch():
+    params = cn.CtdetParams(input_h=128, input_w=128, num_classes=NUM_CLASSES, max_objs=8)
+    boxes = np.array([[10, 12, 60, 50], [70, 30, 120, 110], [20, 80, 45, 100]], np.float32)
+    samples = [cn.ctdet_train_sample(np.random.RandomState(i).randint(0, 256, (128, 128, 3)).astype(np.uint8),
+                                     boxes, np.array([0, 2, 1]), np.random.RandomState(10 + i), params)
+               for i in range(2)]
+    images, targets = collate_samples(samples)
+    dense = {k: v for k, v in targets.items() if not k.startswith('hm_')}
+    dense['hm'] = torch.from_numpy(np.stack([s['hm'] for s in samples]))
+    return images, targets, dense
+
+
+def _ours():
+    torch.manual_seed(0)
+    model = CenterNet(build_centernet_backbone('resdcn_18'),
+                      CenterNetHeads(64, {'hm': NUM_CLASSES, 'wh': 2, 'reg': 2}, 64, 'resdcn'))
+    with torch.no_grad():  # offsets of a pixel or so and uneven masks, so that the DCNs sample between pixels
+        for i in (0, 6, 12):
+            predictor = model.backbone.deconv_layers[i].conv_offset_mask
+            predictor.weight.normal_(std=0.02)
+            predictor.bias.uniform_(-1, 1)
+        for head in (model.heads.wh, model.heads.reg):  # wh and reg near the targets' scale
+            head[2].weight.normal_(std=0.05)
+    return model.train()
+
+
+def test_loaded_with_our_weights_the_plain_port_computes_our_losses_and_gradients():
+    images, targets, dense = _batch()
+    ours = _ours()
+    plain = centernet_plain.PoseResNetDCN18(NUM_CLASSES)
+    centernet_plain.load_from_ours(plain, ours)
+    plain.train()
+    assert len(plain.state_dict()) == len(ours.state_dict())
+    ours_losses = ours(images, targets)
+    plain_losses = centernet_plain.ctdet_loss(plain(images), dense)
+    for key in ('loss', 'hm_loss', 'wh_loss', 'off_loss'):
+        assert plain_losses[key].item() == pytest.approx(ours_losses[key].item(), rel=1e-5), key
+        assert ours_losses[key].item() > 0.01, key  # each term really computed
+    # The total is CtdetLoss's weighting of the terms, computed here by hand.
+    by_hand = plain_losses['hm_loss'] + 0.1 * plain_losses['wh_loss'] + plain_losses['off_loss']
+    assert plain_losses['loss'].item() == pytest.approx(by_hand.item(), rel=1e-6)
+    ours_losses['loss'].backward()
+    plain_losses['loss'].backward()
+    ours_params = dict(ours.named_parameters())
+    plain_params = dict(plain.named_parameters())
+    for key in GRADIENT_KEYS:
+        ours_grad = ours_params[centernet_plain.centernet_key_to_ours(key)].grad
+        plain_grad = plain_params[key].grad
+        assert ours_grad.abs().max() > 0, key
+        # Relative to the whole tensor: float32 sums of the deep backward, taken in other orders, leave
+        # ~1e-4 (in float64 the two agree to 1e-14); a wrong layer or offset layout leaves O(1).
+        assert ((plain_grad - ours_grad).norm() / ours_grad.norm()).item() < 1e-3, key
+
+
+def test_focal_loss_without_positives_is_the_negative_term_alone():
+    pred = torch.tensor([0.2, 0.5])
+    gt = torch.tensor([0.0, 0.5])
+    expected = -(np.log(0.8) * 0.04 + np.log(0.5) * 0.25 * 0.5 ** 4)
+    assert centernet_plain.focal_loss(pred, gt).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_centernet_mode_times_the_plain_port_beside_ours_and_gives_the_ratio(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # the CPU section, on a GPU machine too
+    argv = ['--cfg', 'configs/centernet/ctdet_coco_resdcn18.yaml', '--mode', 'centernet',
+            '--centernet-batch', '2', '1', '--boxes', '3', '--iters', '1', '--rounds', '2', '--warmup', '0',
+            '--round-warmup', '0', 'CENTERNET.INPUT_RES', '64', 'CENTERNET.NUM_CLASSES', '3', 'TRAIN.WEIGHTS', '']
+    report = cli.main(argv)
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{')]
+    assert records == report.records
+    train = {r['row']: r for r in records if r['section'] == 'train'}
+    assert list(train) == ['resdcn_18 train', centernet_rows.PLAIN_PORT_ROW]
+    ours, plain = train['resdcn_18 train'], train[centernet_rows.PLAIN_PORT_ROW]
+    assert plain['batch'] == ours['batch'] == 2 and plain['precision'] == 'fp32'
+    ratios = [r for r in records if r['section'] == 'ratio']
+    assert [r['row'] for r in ratios] == [centernet_rows.PLAIN_PORT_RATIO]
+    assert ratios[0]['rounds'] == pytest.approx([a / b for a, b in zip(ours['rounds'], plain['rounds'])])
