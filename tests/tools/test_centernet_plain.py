@@ -18,7 +18,7 @@ from detectron.roi_data import centernet as cn
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, 'tools'))  # as when tools/benchmark.py runs
 
-from benchmark_lib import centernet_plain, centernet_rows, cli
+from benchmark_lib import centernet_plain, centernet_rows, cli, timing
 
 NUM_CLASSES = 3
 # Parameters whose gradients are compared: the stem, a DCN's offset/mask predictor (through the
@@ -88,10 +88,20 @@ def test_focal_loss_without_positives_is_the_negative_term_alone():
     assert centernet_plain.focal_loss(pred, gt).item() == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize('values,applies', [
+    ({}, True), ({'CENTERNET.HEAD_CONV': 64}, True), ({'CENTERNET.ARCH': 'resdcn_34'}, False),
+    ({'CENTERNET.ARCH': 'dla_34'}, False), ({'CENTERNET.HEAD_CONV': 0}, False),
+    ({'CENTERNET.REG_OFFSET': False}, False), ({'CENTERNET.CAT_SPEC_WH': True}, False)])
+def test_only_resdcn_18_with_the_reference_heads_gets_the_plain_port_row(values, applies):
+    with timing.cfg_values(dict({'CENTERNET.ARCH': 'resdcn_18', 'CENTERNET.HEAD_CONV': -1,
+                                 'CENTERNET.REG_OFFSET': True, 'CENTERNET.CAT_SPEC_WH': False}, **values)):
+        assert centernet_rows.plain_port_applies() is applies
+
+
 def test_centernet_mode_times_the_plain_port_beside_ours_and_gives_the_ratio(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # the CPU section, on a GPU machine too
     argv = ['--cfg', 'configs/centernet/ctdet_coco_resdcn18.yaml', '--mode', 'centernet',
-            '--centernet-batch', '2', '1', '--boxes', '3', '--iters', '1', '--rounds', '2', '--warmup', '0',
+            '--centernet-batch', '2', '1', '--boxes', '3', '--iters', '1', '--rounds', '1', '--warmup', '0',
             '--round-warmup', '0', 'CENTERNET.INPUT_RES', '64', 'CENTERNET.NUM_CLASSES', '3', 'TRAIN.WEIGHTS', '']
     report = cli.main(argv)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{')]

@@ -83,27 +83,33 @@ def centernet_rows(args, device, precision):
     resident = lambda: (model_tensors(model, optimizer) + model_tensors(test_model)
                         + flat_tensors([inputs, targets, device_inputs]))
     arch = cfg.CENTERNET.ARCH
-    held = dict(resident=resident, graph_owners=lambda: [model, test_model])
+    held = {'resident': resident, 'graph_owners': lambda: [model, test_model]}
     extra = []
-    c = cfg.CENTERNET
-    if c.ARCH == 'resdcn_18' and c.HEAD_CONV != 0 and c.REG_OFFSET and not c.CAT_SPEC_WH:
+    if plain_port_applies():
         extra.append(plain_port_row(model, samples, inputs, targets, device, precision, args.lr))
     if args.checkpoint_activations_row:
         with cfg_values({'TRAIN.CHECKPOINT_ACTIVATIONS': True}):
             checkpointed_model = build_ours_for_training(device, precision)
         checkpointed_optimizer = torch.optim.Adam(checkpointed_model.parameters(), lr=args.lr)
         # Held as the plain row's: its own model and optimizer, the detect rows' model and the inputs.
-        extra.append(Row('train', '{} train, TRAIN.CHECKPOINT_ACTIVATIONS True'.format(arch),
+        extra.append(Row('train', f'{arch} train, TRAIN.CHECKPOINT_ACTIVATIONS True',
                          training_step(checkpointed_model, checkpointed_optimizer, inputs, targets, device, precision),
                          train_batch, resident=lambda: (model_tensors(checkpointed_model, checkpointed_optimizer)
                                                         + model_tensors(test_model)
                                                         + flat_tensors([inputs, targets, device_inputs]))))
-    return [Row('train', '{} train'.format(arch), train_step, train_batch, **held), *extra,
-            Row('test', '{} detect (decode, post-process)'.format(arch), detect_one, 1, **held),
-            Row('test', '{} detect_batch (decode, post-process)'.format(arch), detect_many, test_batch,
+    return [Row('train', f'{arch} train', train_step, train_batch, **held), *extra,
+            Row('test', f'{arch} detect (decode, post-process)', detect_one, 1, **held),
+            Row('test', f'{arch} detect_batch (decode, post-process)', detect_many, test_batch,
                 info={'inference_batch': test_batch}, **held),
-            Row('test', '{} forward + decode only, inputs on the device'.format(arch), forward_decode, test_batch,
+            Row('test', f'{arch} forward + decode only, inputs on the device', forward_decode, test_batch,
                 info={'inference_batch': test_batch}, **held)]
+
+
+def plain_port_applies():
+    """Whether cfg's CenterNet is the one centernet_plain ports: resdcn_18 with heads of a 3x3 conv
+    (HEAD_CONV not 0), offsets regressed and wh shared by the classes."""
+    c = cfg.CENTERNET
+    return c.ARCH == 'resdcn_18' and c.HEAD_CONV != 0 and c.REG_OFFSET and not c.CAT_SPEC_WH
 
 
 def plain_port_row(model, samples, inputs, targets, device, precision, lr):
