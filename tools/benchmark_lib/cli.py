@@ -23,6 +23,9 @@ Sections (--mode):
            (--profile is the same as adding it to --mode);
   loops    tools/train_net.py and tools/test_net.py run as subprocesses on real datasets, timed
            from their own logs, next to synthetic rows of the same model, batch, size and precision.
+  centernet  with a CenterNet --cfg (centernet_rows.py): the training step at the first --centernet-batch,
+           for resdcn_18 beside a plain PyTorch port of CenterNet's (centernet_plain.py) on the same
+           batch, and inference at batch 1 and at the second --centernet-batch;
   startup  for any model type (startup.py): test_net's model loaded -> first detection and train_net's
            first batch -> first iteration, each in a fresh process, and test_net's whole run and
            steady state on COCO val's mix of image sizes against the bare detector on the same images.
