@@ -36,7 +36,7 @@ def centernet_rows(args, device, precision):
     memory of both. For resdcn_18 (CenterNet's default heads: REG_OFFSET on, CAT_SPEC_WH off), the
     plain port's training step (centernet_plain) interleaved with ours: our weights, the same images
     and samples with the reference's dense heatmaps, Adam, the same precision; other archs have no
-    plain port row (nor do heads without their 3x3 conv, HEAD_CONV 0)."""
+    plain port row (nor do heads without their 3x3 conv, HEAD_CONV 0, nor bf16 on the CPU)."""
     from detectron.modeling import centernet, centernet_builder
     from detectron.roi_data.centernet import ctdet_train_sample
     train_batch, test_batch = (args.centernet_batch + args.centernet_batch[-1:])[:2]
@@ -85,7 +85,7 @@ def centernet_rows(args, device, precision):
     arch = cfg.CENTERNET.ARCH
     held = {'resident': resident, 'graph_owners': lambda: [model, test_model]}
     extra = []
-    if plain_port_applies():
+    if plain_port_applies(device, precision):
         extra.append(plain_port_row(model, samples, inputs, targets, device, precision, args.lr))
     if args.checkpoint_activations_row:
         with cfg_values({'TRAIN.CHECKPOINT_ACTIVATIONS': True}):
@@ -105,11 +105,13 @@ def centernet_rows(args, device, precision):
                 info={'inference_batch': test_batch}, **held)]
 
 
-def plain_port_applies():
-    """Whether cfg's CenterNet is the one centernet_plain ports: resdcn_18 with heads of a 3x3 conv
-    (HEAD_CONV not 0), offsets regressed and wh shared by the classes."""
+def plain_port_applies(device, precision):
+    """Whether cfg's CenterNet is the one centernet_plain ports (resdcn_18 with heads of a 3x3 conv,
+    HEAD_CONV not 0, offsets regressed and wh shared by the classes) and the plain port runs at this
+    precision on this device (torchvision's deform_conv2d has no bfloat16 CPU kernel)."""
     c = cfg.CENTERNET
-    return c.ARCH == 'resdcn_18' and c.HEAD_CONV != 0 and c.REG_OFFSET and not c.CAT_SPEC_WH
+    runs = device.type == 'cuda' or precision == 'fp32'
+    return runs and c.ARCH == 'resdcn_18' and c.HEAD_CONV != 0 and c.REG_OFFSET and not c.CAT_SPEC_WH
 
 
 def plain_port_row(model, samples, inputs, targets, device, precision, lr):
