@@ -60,7 +60,10 @@ class DCN(nn.Module):
 
 
 class PoseResNetDCN18(nn.Module):
-    """resnet_dcn.py's PoseResNet with ResNet-18: images (B, 3, H, W) -> {'hm', 'wh', 'reg'} at H / 4."""
+    """resnet_dcn.py's PoseResNet with ResNet-18: images (B, 3, H, W) -> {'hm', 'wh', 'reg'} at H / 4.
+
+    Initialised as PyTorch's layers are, except hm's prior bias (-2.19) and the zero offset/mask
+    predictors; the benchmark copies our weights in (load_from_ours)."""
 
     def __init__(self, num_classes, head_conv=64):
         super().__init__()
