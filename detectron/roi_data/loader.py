@@ -224,7 +224,9 @@ class SharedLeaves:
         self.layouts = layouts
 
     def pin_memory(self):
-        return SharedLeaves(self.skeleton, self.buffer.pin_memory(), self.layouts)
+        """For DataLoader's pin-memory thread: the tensor pinned, and the item's other tensors too
+        (the large ones that travel on their own), as the thread pins the items it recurses into."""
+        return SharedLeaves(_map_leaves(self.skeleton, _pinned), self.buffer.pin_memory(), self.layouts)
 
     def leaves(self):
         """The packed leaves as views of the (shared or pinned) tensor, in their order."""
@@ -246,6 +248,11 @@ class SharedLeaves:
 SHARED_ARRAY_MIN_BYTES = 64 * 1024
 # Each leaf starts at a multiple of this many bytes of the shared tensor, so its view is aligned.
 _ALIGN = 64
+
+
+def _pinned(leaf):
+    # Tensors and objects with a pin_memory of their own (minibatch.UnresizedImages); not numpy arrays.
+    return leaf.pin_memory() if hasattr(leaf, 'pin_memory') else leaf
 
 
 class _Packed:

@@ -220,6 +220,33 @@ def test_the_small_tensors_of_a_training_batch_travel_in_one_shared_tensor(monke
         assert got['boxes'].untyped_storage().data_ptr() == batch.buffer.untyped_storage().data_ptr()
 
 
+def test_pinning_a_packed_batch_pins_its_tensor_and_the_tensors_that_travel_on_their_own(monkeypatch):
+    from detectron.roi_data import loader as loader_module
+    monkeypatch.setattr(loader_module, 'get_worker_info', lambda: object())   # as in a worker
+    batch = loader_module._collate_or_error([_expected_targets(1)], collate=list)
+    pinned = []
+
+    def fake_pin(tensor):   # pin_memory needs CUDA; record what would be pinned, as a copy
+        pinned.append(tensor.data_ptr())
+        return tensor.clone()
+
+    monkeypatch.setattr(torch.Tensor, 'pin_memory', fake_pin)
+    image = batch.skeleton[0]['image']
+    got = batch.pin_memory()
+    assert sorted(pinned) == sorted([batch.buffer.data_ptr(), image.data_ptr()])
+    (targets,) = got.unpacked()
+    assert targets['boxes'].untyped_storage().data_ptr() == got.buffer.untyped_storage().data_ptr() != \
+        batch.buffer.untyped_storage().data_ptr()
+    assert targets['image'].data_ptr() != image.data_ptr() and torch.equal(targets['image'], image)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (pinned memory)')
+def test_on_cuda_every_tensor_of_a_batch_from_a_worker_is_pinned():
+    loader = build_train_loader(_TargetTensors(), [[1, 2]], list, num_workers=1)
+    (batch,) = list(loader)
+    assert all(t.is_pinned() for item in batch for t in item.values())
+
+
 def test_training_batches_from_a_worker_equal_the_collated_items():
     loader = build_train_loader(_TargetTensors(), [[1, 2], [5, 0]], list, num_workers=1)
     for batch, indices in zip(loader, ([1, 2], [5, 0])):
