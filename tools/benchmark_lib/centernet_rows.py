@@ -54,7 +54,7 @@ def centernet_rows(args, device, precision):
     inputs, targets = inputs.to(device), {k: v.to(device) for k, v in targets.items()}
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
 
-    train_step = training_step(model, optimizer, inputs, targets, device, precision)
+    train_step = training_step(model, optimizer, lambda: model(inputs, targets)['loss'], device, precision)
 
     test = centernet_builder.test_params(cfg)
     sample = centernet.prepare_test_image(synthetic_images(1, 480, 640, 1)[0], test)
@@ -93,7 +93,8 @@ def centernet_rows(args, device, precision):
         checkpointed_optimizer = torch.optim.Adam(checkpointed_model.parameters(), lr=args.lr)
         # Held as the plain row's: its own model and optimizer, the detect rows' model and the inputs.
         extra.append(Row('train', f'{arch} train, TRAIN.CHECKPOINT_ACTIVATIONS True',
-                         training_step(checkpointed_model, checkpointed_optimizer, inputs, targets, device, precision),
+                         training_step(checkpointed_model, checkpointed_optimizer,
+                                       lambda: checkpointed_model(inputs, targets)['loss'], device, precision),
                          train_batch, resident=lambda: (model_tensors(checkpointed_model, checkpointed_optimizer)
                                                         + model_tensors(test_model)
                                                         + flat_tensors([inputs, targets, device_inputs]))))
@@ -120,32 +121,28 @@ def plain_port_row(model, samples, inputs, targets, device, precision, lr):
     head_conv = model.heads.hm[0].out_channels
     plain = centernet_plain.PoseResNetDCN18(cfg.CENTERNET.NUM_CLASSES, head_conv).to(device)
     centernet_plain.load_from_ours(plain, model)
-    plain.train()
     optimizer = torch.optim.Adam(plain.parameters(), lr=lr)
     dense = {k: v for k, v in targets.items() if not k.startswith('hm_')}
     dense['hm'] = torch.from_numpy(np.stack([s['hm'] for s in samples])).to(device)
     c = cfg.CENTERNET
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(device, precision):
-            loss = centernet_plain.ctdet_loss(plain(inputs), dense, hm_weight=c.HM_WEIGHT, wh_weight=c.WH_WEIGHT,
-                                              off_weight=c.OFF_WEIGHT)['loss']
-        loss.backward()
-        optimizer.step()
+    def loss():
+        return centernet_plain.ctdet_loss(plain(inputs), dense, hm_weight=c.HM_WEIGHT, wh_weight=c.WH_WEIGHT,
+                                          off_weight=c.OFF_WEIGHT)['loss']
+    step = training_step(plain, optimizer, loss, device, precision)
     return Row('train', PLAIN_PORT_ROW, step, len(samples),
                resident=lambda: model_tensors(plain, optimizer) + flat_tensors([inputs, dense]))
 
 
-def training_step(model, optimizer, inputs, targets, device, precision):
-    """fn() running one Adam step of model on the batch."""
+def training_step(model, optimizer, loss, device, precision):
+    """fn() running one step of optimizer on model's loss(), computed under the precision's autocast."""
     model.train()
 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with autocast(device, precision):
-            loss = model(inputs, targets)['loss']
-        loss.backward()
+            value = loss()
+        value.backward()
         optimizer.step()
     return step
 

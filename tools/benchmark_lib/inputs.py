@@ -38,8 +38,7 @@ def ours_train_inputs(images, boxes, labels, device):
                for bx, lb in zip(boxes, labels)]
     if cfg.MODEL.MASK_ON:  # each object the filled box: its outline polygon, packed as the loader packs it
         for target, bx in zip(targets, boxes):
-            polys = [[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in bx]
-            target.update({k: v.to(device) for k, v in polygon_targets(polys).items()})
+            target.update({k: v.to(device) for k, v in polygon_targets(_box_outlines(bx)).items()})
     return blob, im_info, targets
 
 
@@ -57,5 +56,10 @@ def torchvision_train_inputs(images, boxes, labels, device):
 def _box_masks(boxes, height, width):
     """(N, height, width) uint8 masks of the pixels pycocotools rasterises from each box outline
     (the polygon [x1, y1, x2, y1, x2, y2, x1, y2]), so both models learn the same masks."""
-    polygons = [[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in boxes.astype(np.float64)]
+    polygons = _box_outlines(boxes.astype(np.float64))
     return np.stack([mask_util.decode(mask_util.frPyObjects(p, height, width))[:, :, 0] for p in polygons])
+
+
+def _box_outlines(boxes):
+    """Each box (x1, y1, x2, y2) as one object of one polygon, its outline [x1, y1, x2, y1, x2, y2, x1, y2]."""
+    return [[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in boxes]
