@@ -259,11 +259,7 @@ class _TrainingCapture:
             grads = torch.autograd.grad(outputs, aliases, self.static_grad_outputs, allow_unused=True)
             self.grad_layouts = [None if g is None else (p.shape, p.stride()) for g, p in zip(grads, self.params)]
             # All gradients in one buffer, so handing out a copy is one kernel, not one per parameter.
-            used = [g for g in grads if g is not None]
-            self.flat_grads = used[0].new_empty(sum(g.numel() for g in used))
-            views = [v for v in strided_views(self.flat_grads, self.grad_layouts) if v is not None]
-            for view, grad in zip(views, used):
-                view.copy_(grad)
+            self.flat_grads = flat_in_memory_order(grads, self.grad_layouts)
         self.forward_graph.replay()  # the outputs the eager run is compared with
 
     def param_grads(self):
@@ -271,6 +267,19 @@ class _TrainingCapture:
         each with its parameter's strides: DDP's buckets are views in the parameters' memory order
         (channels_last convolutions), and a gradient in another order costs a copy and a warning."""
         return tuple(strided_views(self.flat_grads.clone(), self.grad_layouts))
+
+
+def flat_in_memory_order(tensors, layouts):
+    """The tensors (None skipped) one after the other in one 1-D tensor (one cat), each laid out in
+    the memory order of its (shape, strides) layout, so that strided_views gives them back with those
+    strides: a tensor already in that order is not copied before the cat."""
+    flats = []
+    for tensor, layout in zip(tensors, layouts):
+        if tensor is not None:
+            # Dimensions from the largest stride to the smallest: the layout's memory order.
+            order = sorted(range(tensor.dim()), key=lambda d: -layout[1][d])
+            flats.append(tensor.permute(order).reshape(-1))
+    return torch.cat(flats)
 
 
 def strided_views(flat, layouts):

@@ -338,6 +338,30 @@ def test_strided_views_lay_the_parameters_out_one_after_another_in_their_own_mem
     assert got_bias.data_ptr() == flat.data_ptr() + 120 * flat.element_size()
 
 
+@pytest.mark.parametrize('grad_format', [torch.contiguous_format, torch.channels_last])
+def test_gradients_flattened_in_their_parameters_memory_order_come_back_with_the_parameters_strides(grad_format):
+    weight = torch.empty(4, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+    pointwise = torch.empty(5, 4, 1, 1).contiguous(memory_format=torch.channels_last)
+    bias = torch.empty(4)
+    params = [weight, bias, pointwise, bias]
+    grads = [torch.randn(p.shape).contiguous(memory_format=grad_format) if p.dim() == 4 else torch.randn(p.shape)
+             for p in params]
+    grads[1] = None   # an unused parameter
+    layouts = [(p.shape, p.stride()) for p in params]
+    flat = cuda_graphs.flat_in_memory_order(grads, layouts)
+    assert flat.shape == (108 + 20 + 4,)
+    # weight's gradient first, in (out, kh, kw, in) memory order: the input channel varies fastest,
+    # then kw (3 elements on), kh (9 on), out (27 on).
+    assert [flat[1], flat[3], flat[9], flat[27]] == [grads[0][0, 1, 0, 0], grads[0][0, 0, 0, 1],
+                                                     grads[0][0, 0, 1, 0], grads[0][1, 0, 0, 0]]
+    views = cuda_graphs.strided_views(flat, [layouts[0], None, layouts[2], layouts[3]])
+    assert views[1] is None
+    for view, grad, param in zip([views[0], views[2], views[3]], [grads[0], grads[2], grads[3]],
+                                 [weight, pointwise, bias]):
+        assert view.stride() == param.stride()
+        torch.testing.assert_close(view, grad, rtol=0, atol=0)
+
+
 @needs_cuda
 def test_graphed_channels_last_gradients_reach_ddp_in_the_parameters_memory_order(tmp_path, deterministic_cudnn):
     """DDP's buckets are views in each parameter's memory order; a gradient in another order makes
