@@ -127,7 +127,8 @@ class JobInterrupted(DetectronError):
 def termination_signals_raise():
     """Within the block, SIGTERM and SIGINT raise JobInterrupted in the main thread, so that `finally`
     blocks run (stopping worker processes, removing temporary files) and the tool prints one line;
-    in a process forked meanwhile they raise KeyboardInterrupt. Elsewhere than the main thread (where Python cannot set handlers) it changes nothing."""
+    in a process forked meanwhile they raise KeyboardInterrupt. Elsewhere than the main thread (where
+    Python cannot set handlers) it changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
