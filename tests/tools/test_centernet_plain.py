@@ -34,9 +34,7 @@ def _batch():
                                      boxes, np.array([0, 2, 1]), np.random.RandomState(10 + i), params)
                for i in range(2)]
     images, targets = collate_samples(samples)
-    dense = {k: v for k, v in targets.items() if not k.startswith('hm_')}
-    dense['hm'] = torch.from_numpy(np.stack([s['hm'] for s in samples]))
-    return images, targets, dense
+    return images, targets, centernet_plain.dense_targets(targets, samples)
 
 
 def _ours():

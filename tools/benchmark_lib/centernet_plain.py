@@ -11,6 +11,7 @@ reg_mask, wh, reg), NCHW, no fusions, no CUDA graphs, precision by autocast alon
 Parameter names are CenterNet's, so `load_from_ours` copies this repository's model in by
 utils/centernet_weights.py's name mapping and both start from the same weights.
 """
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -103,6 +104,14 @@ def load_from_ours(plain, ours):
     """Copy our CenterNet model's tensors into the plain port, key by key through CenterNet's names."""
     own = ours.state_dict()
     plain.load_state_dict({key: own[centernet_key_to_ours(key)] for key in plain.state_dict()})
+
+
+def dense_targets(targets, samples):
+    """The reference's targets for a batch of ours: our collated targets (collate_samples) with the
+    sparse heat-map entries replaced by the samples' dense heat maps, stacked as CenterNet's loader does."""
+    dense = {k: v for k, v in targets.items() if not k.startswith('hm_')}
+    dense['hm'] = torch.from_numpy(np.stack([s['hm'] for s in samples])).to(targets['ind'].device)
+    return dense
 
 
 def focal_loss(pred, gt):

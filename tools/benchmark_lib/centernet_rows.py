@@ -122,8 +122,7 @@ def plain_port_row(model, samples, inputs, targets, device, precision, lr):
     plain = centernet_plain.PoseResNetDCN18(cfg.CENTERNET.NUM_CLASSES, head_conv).to(device)
     centernet_plain.load_from_ours(plain, model)
     optimizer = torch.optim.Adam(plain.parameters(), lr=lr)
-    dense = {k: v for k, v in targets.items() if not k.startswith('hm_')}
-    dense['hm'] = torch.from_numpy(np.stack([s['hm'] for s in samples])).to(device)
+    dense = centernet_plain.dense_targets(targets, samples)
     c = cfg.CENTERNET
 
     def loss():
