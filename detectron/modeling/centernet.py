@@ -9,7 +9,6 @@ for several images with one forward and one decode per scale; `prepare_test_imag
 in a loader worker.
 """
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,9 +55,10 @@ class CenterNet(nn.Module):
         if not self.training:
             return outputs
         w = self.loss_weights
-        # The focal loss takes logs of probabilities near 1e-4: always in float32, also under autocast.
-        outputs = {k: v.float() for k, v in outputs.items()}
-        targets = with_dense_heatmap(targets, outputs['hm'].shape)
+        # The losses are computed in float32, also under autocast: the focal loss takes logs of
+        # probabilities near 1e-4 (heatmap_focal_loss reads the logits in their dtype).
+        outputs = {k: v if k == 'hm' else v.float() for k, v in outputs.items()}
+        targets = with_dense_heatmap(targets, outputs['hm'])
         losses = ctdet_loss(outputs, targets, hm_weight=w.hm, wh_weight=w.wh, off_weight=w.off,
                             reg_offset=w.reg_offset, cat_spec_wh=w.cat_spec_wh)
         # A head that no loss term reads (WH_WEIGHT or OFF_WEIGHT 0, as ctdet_loss skips them) joins
@@ -90,16 +90,17 @@ def heatmap_index_dtype(num_elements):
     return np.int32 if num_elements - 1 <= np.iinfo(np.int32).max else np.int64
 
 
-def with_dense_heatmap(targets, shape):
-    """targets with 'hm' of `shape` scattered from 'hm_index' / 'hm_value' (sparse_heatmap_targets),
-    on their device; targets that carry a dense 'hm' are returned as they are."""
+def with_dense_heatmap(targets, like):
+    """targets with 'hm' scattered from 'hm_index' / 'hm_value' (sparse_heatmap_targets) into a
+    tensor of like's shape, device and memory order (the focal loss reads both in one order);
+    targets that carry a dense 'hm' are returned as they are."""
     if 'hm' in targets:
         return targets
     targets = dict(targets)
     values = targets.pop('hm_value')
-    hm = values.new_zeros(math.prod(shape))
-    hm[targets.pop('hm_index').long()] = values
-    targets['hm'] = hm.view(shape)
+    hm = torch.zeros_like(like, dtype=values.dtype)
+    hm[torch.unravel_index(targets.pop('hm_index').long(), like.shape)] = values
+    targets['hm'] = hm
     return targets
 
 

@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detectron.modeling.focal_loss import heatmap_focal_loss
 from detectron.roi_data.centernet import affine_transform_points, get_affine_transform
 from detectron.utils.errors import ConfigValueError
 
 # Prior 0.1 for the heatmap logits: -log((1 - 0.1) / 0.1) ~ -2.19, the value CenterNet writes.
 HM_BIAS = -2.19
 _HEAD_WEIGHT_STD = 0.001
-_PROB_EPS = 1e-4
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,14 +112,6 @@ class CenterNetHeads(nn.Module):
 # Losses
 # ------------------------------------------------------------------------------------------------
 
-def _sigmoid(x):
-    """sigmoid clamped to [1e-4, 1 - 1e-4] so the focal loss's logs stay finite.
-
-    Out of place; CenterNet's version calls x.sigmoid_() in place, so its output['hm'] holds
-    probabilities after the loss (the gradient is the same)."""
-    return torch.clamp(torch.sigmoid(x), min=_PROB_EPS, max=1 - _PROB_EPS)
-
-
 def _gather_feat(feat, ind):
     """feat (B, N, D), ind (B, M) -> (B, M, D): rows ind of each image."""
     return feat.gather(1, ind.unsqueeze(2).expand(ind.size(0), ind.size(1), feat.size(2)))
@@ -129,22 +121,6 @@ def transpose_and_gather_feat(feat, ind):
     """Map feat (B, C, H, W) read at flat positions ind (B, M) = y * W + x: (B, M, C)."""
     batch, channels = feat.shape[:2]
     return _gather_feat(feat.permute(0, 2, 3, 1).reshape(batch, -1, channels), ind)
-
-
-def neg_loss(pred, gt):
-    """CornerNet's modified focal loss (CenterNet's _neg_loss), alpha 2, beta 4.
-
-    pred: clamped probabilities, gt: Gaussian heatmaps, same shape. Summed over the whole tensor
-    (all images of the batch) and divided by its number of positives (gt == 1); with none, the
-    negative term alone. Dividing by max(num_pos, 1) gives exactly that without a host sync: the
-    positive sum is 0 when there is no positive.
-    """
-    pos = gt.eq(1).float()
-    neg = gt.lt(1).float()
-    neg_weights = torch.pow(1 - gt, 4)
-    pos_loss = (torch.log(pred) * torch.pow(1 - pred, 2) * pos).sum()
-    neg_term = (torch.log(1 - pred) * torch.pow(pred, 2) * neg_weights * neg).sum()
-    return -(pos_loss + neg_term) / pos.sum().clamp(min=1)
 
 
 def reg_l1_loss(output, mask, ind, target):
@@ -176,8 +152,8 @@ def ctdet_loss(outputs, batch, hm_weight=1, wh_weight=0.1, off_weight=1, reg_off
     with 'loss'; the other entries are for logging.
     """
     hm = outputs['hm']
-    zero = hm.new_zeros(())
-    hm_loss = neg_loss(_sigmoid(hm), batch['hm'])
+    zero = hm.new_zeros((), dtype=torch.float32)
+    hm_loss = heatmap_focal_loss(hm, batch['hm'])
     wh_loss, off_loss = zero, zero
     if wh_weight > 0:
         if cat_spec_wh:

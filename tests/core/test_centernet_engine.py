@@ -1,6 +1,7 @@
 """CenterNet through the engines: the epoch schedule and chunk sizes derived from CENTERNET.*, weight
 files, the one-image detector against a hand computation, training with unequal per-GPU chunks on
 two gloo processes (CenterNet's mean of per-GPU losses), and testing in one and two processes."""
+import copy
 import json
 import os
 import pathlib
@@ -17,6 +18,7 @@ from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
 from detectron.modeling import centernet, centernet_builder, model_builder
+from detectron.modeling.optimizer import build_optimizer
 from detectron.roi_data.centernet import get_affine_transform
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
@@ -311,6 +313,33 @@ def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tm
         model = model_type.prepare_for_training(cfg, model_builder.create(cfg))
         assert all(m.weight.is_contiguous() for m in model.modules()
                    if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_autocast_training_on_cuda_stores_the_trunk_and_heads_channels_last_with_fused_adam(catalog, tmp_path):
+    use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16')
+    model_type = model_builder.get_model_type(cfg)
+    images, targets = _rank_batch(0, [2])
+    images, targets = images.cuda(), {k: v.cuda() for k, v in targets.items()}
+    torch.manual_seed(cfg.RNG_SEED)
+    nchw = model_builder.create(cfg).cuda().train()
+    model = model_type.prepare_for_training(cfg, copy.deepcopy(nchw))
+
+    def convs(module):
+        return [m.weight for m in module.modules()
+                if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.weight.shape[-1] > 1]
+    trunk = [w for m in model.backbone.channels_last_modules() for w in convs(m)] + convs(model.heads)
+    assert len(trunk) > 15 and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+                                   for w in trunk)
+    assert all(w.is_contiguous() for w in convs(model.backbone.deconv_layers))  # the up-sampling path: NCHW
+    losses = []
+    for m in (nchw, model):
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            losses.append(m(images, targets))
+    for key in ('hm_loss', 'wh_loss', 'off_loss'):  # one function in two layouts: bfloat16 rounding apart
+        assert float(losses[1][key]) == pytest.approx(float(losses[0][key]), rel=2e-2), key
+    optimizer = build_optimizer(model, base_lr=1e-4, name='adam')
+    assert optimizer.defaults['fused'] is True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def test_collate_samples_stacks_every_target_of_the_samples(layout):
     assert targets['hm_index'].dtype == torch.int32 and targets['hm_value'].dtype == torch.float32
     assert targets['hm_index'].tolist() == np.flatnonzero(dense).tolist()
     assert targets['hm_value'].numpy().tobytes() == dense[dense != 0].tobytes()
-    scattered = with_dense_heatmap(targets, dense.shape)
+    scattered = with_dense_heatmap(targets, torch.empty(dense.shape))
     assert 'hm_index' not in scattered and 'hm_value' not in scattered
     assert scattered['hm'].numpy().tobytes() == dense.tobytes()
 

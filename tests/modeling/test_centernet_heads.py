@@ -110,45 +110,6 @@ def test_unknown_init_is_a_config_error():
 # losses
 # ------------------------------------------------------------------------------------------------
 
-def test_sigmoid_clamps_out_of_place():
-    x = torch.tensor([-20.0, 0.0, 20.0])
-    y = ch._sigmoid(x)
-    torch.testing.assert_close(y, torch.tensor([1e-4, 0.5, 1 - 1e-4]))
-    assert x[1] == 0.0
-
-
-def test_neg_loss_by_hand():
-    # positive p = 0.5: log(0.5) (1 - 0.5)^2 = -0.173287; negative p = 0.2 at gt 0.5:
-    # log(0.8) 0.2^2 (1 - 0.5)^4 = -0.000557859; one positive -> loss 0.173845
-    pred = torch.tensor([[[[0.5, 0.2]]]])
-    gt = torch.tensor([[[[1.0, 0.5]]]])
-    expected = -(math.log(0.5) * 0.25 + math.log(0.8) * 0.04 * 0.0625)
-    assert ch.neg_loss(pred, gt).item() == pytest.approx(expected, rel=1e-6)
-    assert expected == pytest.approx(0.173845, abs=1e-6)
-
-
-def _neg_loss_loop(pred, gt):
-    pos_sum, neg_sum, num_pos = 0.0, 0.0, 0
-    for p, g in zip(pred.flatten().tolist(), gt.flatten().tolist()):
-        if g == 1:
-            pos_sum += math.log(p) * (1 - p) ** 2
-            num_pos += 1
-        elif g < 1:
-            neg_sum += math.log(1 - p) * p ** 2 * (1 - g) ** 4
-    return -(pos_sum + neg_sum) / num_pos if num_pos else -neg_sum
-
-
-@pytest.mark.parametrize('positives', [0, 1, 3])
-def test_neg_loss_against_loop_over_the_whole_batch(positives):
-    gen = torch.Generator().manual_seed(positives)
-    gt = torch.rand(2, 3, 5, 6, generator=gen) * 0.99
-    for b, c, y, x in [(0, 1, 2, 3), (1, 0, 4, 4), (1, 2, 0, 5)][:positives]:
-        gt[b, c, y, x] = 1
-    pred = ch._sigmoid(torch.randn(2, 3, 5, 6, generator=gen) * 3)
-    expected = _neg_loss_loop(pred.double(), gt.double())
-    assert ch.neg_loss(pred, gt).item() == pytest.approx(expected, rel=1e-5)
-
-
 def test_transpose_and_gather_feat_reads_flat_positions():
     feat = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).view(2, 3, 4, 5)
     ind = torch.tensor([[0, 7, 19], [13, 13, 2]])

@@ -6,6 +6,7 @@ import torch
 
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
+from detectron.modeling.optimizer import build_optimizer
 
 from . import centernet_plain
 from .inputs import synthetic_images
@@ -26,7 +27,7 @@ PLAIN_PORT_RATIO = 'ours / plain port (training, images/s)'
 
 
 def centernet_rows(args, device, precision):
-    """Training images/s at the first --centernet-batch (Adam, ctdet targets of random boxes on
+    """Training images/s at the first --centernet-batch (train_net's Adam, ctdet targets of random boxes on
     random images, built once); inference ms/image with the whole detector (forward, flip as
     configured, decode on the device, inverse affine, merge to cls_boxes) at batch 1 (detect) and at
     the second batch (detect_batch), on a prepared 640x480 image; and at the second batch the
@@ -52,7 +53,7 @@ def centernet_rows(args, device, precision):
         samples.append(ctdet_train_sample(im, boxes, rng.randint(0, params.num_classes, args.boxes), rng, params))
     inputs, targets = centernet_builder.collate_samples(samples)
     inputs, targets = inputs.to(device), {k: v.to(device) for k, v in targets.items()}
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    optimizer = centernet_adam(model, args.lr)
 
     train_step = training_step(model, optimizer, lambda: model(inputs, targets)['loss'], device, precision)
 
@@ -90,7 +91,7 @@ def centernet_rows(args, device, precision):
     if args.checkpoint_activations_row:
         with cfg_values({'TRAIN.CHECKPOINT_ACTIVATIONS': True}):
             checkpointed_model = build_ours_for_training(device, precision)
-        checkpointed_optimizer = torch.optim.Adam(checkpointed_model.parameters(), lr=args.lr)
+        checkpointed_optimizer = centernet_adam(checkpointed_model, args.lr)
         # Held as the plain row's: its own model and optimizer, the detect rows' model and the inputs.
         extra.append(Row('train', f'{arch} train, TRAIN.CHECKPOINT_ACTIVATIONS True',
                          training_step(checkpointed_model, checkpointed_optimizer,
@@ -104,6 +105,11 @@ def centernet_rows(args, device, precision):
                 info={'inference_batch': test_batch}, **held),
             Row('test', f'{arch} forward + decode only, inputs on the device', forward_decode, test_batch,
                 info={'inference_batch': test_batch}, **held)]
+
+
+def centernet_adam(model, lr):
+    """train_net's optimizer for a CenterNet config (Adam, fused on CUDA)."""
+    return build_optimizer(model, base_lr=lr, weight_decay=cfg.SOLVER.WEIGHT_DECAY, name='adam')
 
 
 def plain_port_applies(device, precision):
