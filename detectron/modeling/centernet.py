@@ -99,9 +99,19 @@ def with_dense_heatmap(targets, like):
     targets = dict(targets)
     values = targets.pop('hm_value')
     hm = torch.zeros_like(like, dtype=values.dtype)
-    hm[torch.unravel_index(targets.pop('hm_index').long(), like.shape)] = values
+    hm[_unravel(targets.pop('hm_index').long(), like.shape)] = values
     targets['hm'] = hm
     return targets
+
+
+def _unravel(index, shape):
+    """The coordinates of flat row-major positions `index` in `shape`, one tensor per dimension, with
+    scalar arithmetic: torch.unravel_index copies two host lists to the device (a sync each)."""
+    coordinates = []
+    for size in reversed(shape[1:]):
+        coordinates.append(index % size)
+        index = index // size
+    return (index, *reversed(coordinates))
 
 
 @dataclass(frozen=True)
