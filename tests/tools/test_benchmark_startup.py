@@ -5,6 +5,7 @@ on the CPU with the tools' runs replaced by known values."""
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -59,10 +60,27 @@ def test_sample_follows_the_table_frequencies():
     assert sorted(image_sizes.sample_sizes(table, 2)) == [(480, 640), (640, 480)]  # quantiles 0.25 and 0.75
 
 
+def test_committed_table_is_the_one_its_command_writes(tmp_path):
+    # COCO val2017's annotation file is not in the repository: one with the table's sizes, named as the
+    # docstring's command names it, must give back the committed module word for word (order, label,
+    # command line)
+    annotation_name = shlex.split(coco_val_sizes.__doc__.split('Written by:')[1])[2]
+    sizes = [(h, w) for h, w, n in coco_val_sizes.SIZES for _ in range(n)]
+    ann = tmp_path / annotation_name
+    ann.write_text(json.dumps({'images': [{'id': i, 'height': h, 'width': w} for i, (h, w) in enumerate(sizes)]}))
+    with open(coco_val_sizes.__file__) as f:
+        assert image_sizes.table_module(str(ann), coco_val_sizes.SOURCE) == f.read()
+    # COCO val2017: 5000 images, 480 x 640 (height x width) the most frequent size; image 139 is
+    # 426 x 640, image 285 640 x 586
+    assert sum(n for _, _, n in coco_val_sizes.SIZES) == 5000 and coco_val_sizes.SIZES[0][:2] == (480, 640)
+    assert {(426, 640), (640, 586)} <= {(h, w) for h, w, _ in coco_val_sizes.SIZES}
+
+
 @pytest.mark.skipif(not os.path.isfile(COCO_TINY_VAL), reason='coco_tiny not found')
-def test_committed_table_is_the_one_its_command_writes():
-    assert coco_val_sizes.SIZES == image_sizes.size_table(COCO_TINY_VAL)
-    assert sum(n for _, _, n in coco_val_sizes.SIZES) == 80 and coco_val_sizes.SIZES[0] == (480, 640, 20)
+def test_coco_tiny_val_sizes_are_within_the_table():
+    # coco_tiny val's 80 images are COCO val2017 images: each of its sizes is in the table, as often or more
+    full = {(h, w): n for h, w, n in coco_val_sizes.SIZES}
+    assert all(n <= full.get((h, w), 0) for h, w, n in image_sizes.size_table(COCO_TINY_VAL))
 
 
 # --- the dataset of those sizes -------------------------------------------------------------------
