@@ -393,7 +393,7 @@ def _check_cfg():
     _check_acted_on()
     _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER',
                      'TRAIN.SNAPSHOT_ITERS', 'TRAIN.CUDA_GRAPHS_MAX_SHAPES',
-                     'TEST.CUDA_GRAPHS_MAX_SHAPES'))
+                     'TEST.CUDA_GRAPHS_MAX_SHAPES', 'TEST.IMS_PER_BATCH'))
     _check_rank_ims_per_batch()
     _check_solver()
     # The short spellings users type from mixed-precision guides.

@@ -100,6 +100,7 @@ __C.TEST.COMPETITION_MODE = True
 __C.TEST.FORCE_JSON_DATASET_EVAL = False
 __C.TEST.PRECOMPUTED_PROPOSALS = True  # inferred: False whenever an RPN is built
 __C.TEST.CLASS_SPECIFIC_AR = False
+__C.TEST.IMS_PER_BATCH = 1  # port: images per detector call in test_net (CenterNet's configs: 32; R-CNN: 1, as Detectron)
 __C.TEST.CUDA_GRAPHS = True  # port: on a GPU, the R-CNN body and RPN head replayed from CUDA graphs (per padded size)
 __C.TEST.CUDA_GRAPHS_MAX_SHAPES = 4  # port: padded sizes that get test graphs (each holds its outputs; the pool is shared); the rest run eagerly
 

@@ -139,11 +139,12 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes).
     dataset: its JsonDataset when the caller has one already.
 
-    Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs;
-    with cfg.VIS the detections scoring at least VIS_TH are drawn into <output_dir>/vis. Every 10
-    images the log shows Detectron's `im_detect: ... i/n <det>s + <misc>s (eta: ...)`: mean seconds
-    per image in the model's detector (network and post-processing: one call here) and in the rest
-    of the loop (waiting for the loader, storing, drawing); they add up to the wall time per image.
+    Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs,
+    and go to the model type's batch detector TEST.IMS_PER_BATCH at a time; with cfg.VIS the
+    detections scoring at least VIS_TH are drawn into <output_dir>/vis. Every 10 images the log
+    shows Detectron's `im_detect: ... i/n <det>s + <misc>s (eta: ...)`: mean seconds per image in
+    the model's detector (network and post-processing: one call per batch here) and in the rest of
+    the loop (waiting for the loader, storing, drawing); they add up to the wall time per image.
     """
     model_type = model_builder.get_model_type(cfg)
     dataset = dataset or JsonDataset(name)
@@ -155,40 +156,64 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
                            'the annotation file'.format(name, dataset.annotation_file))
     start, end = ind_range if ind_range is not None else (0, total)
     model = load_test_model(weights_file, distributed.get_device())
-    detect = model_type.detector(cfg)
+    detect = model_type.batch_detector(cfg)
     all_boxes = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
     all_segms = None
     images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS, model_type.test_inputs(cfg))
     detect_s = misc_s = 0.0
     last = time.perf_counter()
-    for i, (sample, index) in enumerate(images):
+    done = 0
+    for batch in _batches(images, cfg.TEST.IMS_PER_BATCH):
         before_detect = time.perf_counter()
         try:
-            cls_boxes, cls_segms = boxes_and_segms(detect(model, sample))
+            detections = detect(model, [sample for sample, _ in batch])
         except torch.OutOfMemoryError:
-            raise out_of_memory_error('image {} of {} ({})'.format(index + 1, total, roidb[index]['image']),
-                                      distributed.get_rank(), distributed.get_device(),
+            raise out_of_memory_error(_images_named(batch, roidb, total), distributed.get_rank(),
+                                      distributed.get_device(),
                                       model_type.memory_settings(cfg, training=False)) from None
         after_detect = time.perf_counter()
-        for j in range(1, dataset.num_classes):
-            all_boxes[j][i] = cls_boxes[j]
-        if cls_segms is not None:
-            if all_segms is None:
-                all_segms = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
+        for i, ((sample, index), result) in enumerate(zip(batch, detections), done):
+            cls_boxes, cls_segms = boxes_and_segms(result)
             for j in range(1, dataset.num_classes):
-                all_segms[j][i] = cls_segms[j]
-        if cfg.VIS:
-            _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, cls_segms, dataset.classes)
+                all_boxes[j][i] = cls_boxes[j]
+            if cls_segms is not None:
+                if all_segms is None:
+                    all_segms = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
+                for j in range(1, dataset.num_classes):
+                    all_segms[j][i] = cls_segms[j]
+            if cfg.VIS:
+                _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, cls_segms, dataset.classes)
         now, detect_time = time.perf_counter(), after_detect - before_detect
         detect_s += detect_time
         misc_s += now - last - detect_time
         last = now
-        if i % 10 == 0 or i == end - start - 1:
-            done = i + 1
+        previous, done = done, done + len(batch)
+        # Detectron's line after images 1, 11, 21, ... (the batch that holds one) and after the last.
+        if previous == 0 or (done - 1) // 10 > (previous - 1) // 10 or done == end - start:
             eta = datetime.timedelta(seconds=int((detect_s + misc_s) / done * (end - start - done)))
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs + %.3fs (eta: %s)',
                         start + 1, end, total, done, end - start, detect_s / done, misc_s / done, eta)
     return roidb[start:end], all_boxes, all_segms
+
+
+def _batches(samples, size):
+    """Lists of up to `size` consecutive (sample, index) pairs of the loader."""
+    batch = []
+    for item in samples:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _images_named(batch, roidb, total):
+    """'image 3 of 500 (path)' or, for several, 'images 33-64 of 500 (TEST.IMS_PER_BATCH 32)'."""
+    first, last = batch[0][1], batch[-1][1]
+    if len(batch) == 1:
+        return 'image {} of {} ({})'.format(first + 1, total, roidb[first]['image'])
+    return 'images {}-{} of {} (TEST.IMS_PER_BATCH {})'.format(first + 1, last + 1, total, len(batch))
 
 
 def boxes_and_segms(detections):

@@ -5,10 +5,11 @@
 outputs. `detect(model, sample, params)` is CenterNet's test path for one image (forward per test
 scale, flip averaging, peak decoding and top-K on the model's device, inverse affine, multi-scale
 merge) and returns Detectron's `cls_boxes`; `detect_batch(model, samples, params)` does the same
-for several images with one forward and one decode per scale; `prepare_test_image` makes `sample`
-in a loader worker.
+for several images with one forward and one decode per scale, `detect_runs` for any list of them
+(test_net's TEST.IMS_PER_BATCH); `prepare_test_image` makes `sample` in a loader worker.
 """
 import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,6 +177,15 @@ def detect_batch(model, samples, params):
                                    params.input.num_classes, max_per_image=params.max_per_image,
                                    use_soft_nms=len(params.scales) > 1 or params.nms)
             for b, sample in enumerate(samples)]
+
+
+def detect_runs(model, samples, params):
+    """cls_boxes of each prepared image, in order: detect_batch over each run of consecutive images
+    that share their input sizes (all of them, unless keep_res)."""
+    detections = []
+    for _, run in itertools.groupby(samples, key=lambda sample: [x.shape for x in sample['inputs']]):
+        detections += detect_batch(model, list(run), params)
+    return detections
 
 
 def normalize_test_images(images, mean, std):

@@ -108,6 +108,9 @@ class CenterNetType(ModelType):
     def detector(self, cfg):
         return functools.partial(centernet.detect, params=test_params(cfg))
 
+    def batch_detector(self, cfg):
+        return functools.partial(centernet.detect_runs, params=test_params(cfg))
+
     def prepare_for_training(self, cfg, model):
         # Under autocast on CUDA, the trunk and heads stored channels_last as for inference: cuDNN's
         # bfloat16 convolutions and BatchNorm's channels_last kernels need no layout conversions
@@ -131,7 +134,8 @@ class CenterNetType(ModelType):
     def memory_settings(self, cfg, training):
         c = cfg.CENTERNET
         if not training:
-            return '; '.join(['fewer or smaller CENTERNET.TEST_SCALES {}'.format(tuple(c.TEST_SCALES))]
+            batch = ['lower TEST.IMS_PER_BATCH {}'.format(cfg.TEST.IMS_PER_BATCH)] if cfg.TEST.IMS_PER_BATCH > 1 else []
+            return '; '.join(batch + ['fewer or smaller CENTERNET.TEST_SCALES {}'.format(tuple(c.TEST_SCALES))]
                              + ['CENTERNET.{} False'.format(key) for key in ('FLIP_TEST', 'CUDA_GRAPHS') if c[key]])
         chunks = rank_chunks(cfg)
         share = ('CENTERNET.CHUNK_SIZES {}'.format(tuple(chunks)) if c.CHUNK_SIZES else

@@ -76,6 +76,12 @@ class ModelType:
     def detector(self, cfg):
         raise NotImplementedError
 
+    def batch_detector(self, cfg):
+        """fn(model, samples) -> the detector's result for each of up to TEST.IMS_PER_BATCH samples,
+        in order; by default the detector on one sample after the other."""
+        detect = self.detector(cfg)
+        return lambda model, samples: [detect(model, sample) for sample in samples]
+
     def prepare_for_training(self, cfg, model):
         """The new model on its training device made ready for training, before its weights are
         loaded and its optimizer is built (e.g. stored in a faster memory layout); returns it.

@@ -40,6 +40,9 @@ class GeneralizedRCNNType(ModelType):
 
     def check(self, cfg):
         check_supported(cfg)
+        if cfg.TEST.IMS_PER_BATCH != 1:
+            raise ConfigValueError('TEST.IMS_PER_BATCH {} asks R-CNN to detect on several images per call; it tests '
+                                   'one image at a time, as Detectron: set it to 1'.format(cfg.TEST.IMS_PER_BATCH))
 
     def build(self, cfg):
         return build_model(cfg)

@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -17,7 +18,11 @@ from detectron.core import config_finalize, test_engine, train_engine
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list, typed_keys
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
+from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import centernet, centernet_builder, model_builder
+from detectron.modeling.centernet import CenterNet
+from detectron.modeling.centernet_backbones import build_centernet_backbone
+from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.optimizer import build_optimizer
 from detectron.roi_data.centernet import get_affine_transform
 from detectron.roi_data.loader import build_train_loader
@@ -453,6 +458,79 @@ def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path,
         for a, b in zip(one, two):
             np.testing.assert_array_equal(a, b)
     assert sum(len(d) for per_class in boxes[0][1:] for d in per_class) == 8 * 100  # K per image, no threshold
+
+
+def test_test_net_gives_the_detector_test_ims_per_batch_images_at_a_time(catalog, tmp_path, caplog, monkeypatch):
+    """TEST.IMS_PER_BATCH 3 over tiny_val's 8 images: the batch detector gets images 1-3, 4-6 and
+    7-8 in order, each image's detections land in its own slot of detections.pkl, and Detectron's log
+    line comes after the batch holding image 1 and after the last."""
+    import re
+    use_centernet(catalog, tmp_path, 'TEST.IMS_PER_BATCH', '3')
+    weights = tmp_path / 'weights.pth'
+    torch.save({'model': model_builder.create(cfg).state_dict()}, weights)
+    calls = []
+    detect_runs = centernet.detect_runs
+
+    def recording(model, samples, params):
+        calls.append(([s['image'].copy() for s in samples], detect_runs(model, samples, params)))
+        return calls[-1][1]
+    monkeypatch.setattr(centernet, 'detect_runs', recording)
+    with caplog.at_level('INFO', logger='detectron.core.test_engine'):
+        test_engine.run_inference(str(weights))
+    done = [int(m.group(1)) for m in (re.search(r'im_detect: .*: (\d+)/8 ', r.getMessage()) for r in caplog.records)
+            if m]
+    assert done == [3, 8]
+    assert [len(images) for images, _ in calls] == [3, 3, 2]
+    roidb = JsonDataset('tiny_val').get_roidb()
+    images = [im for batch, _ in calls for im in batch]
+    assert len(images) == len(roidb) == 8
+    for entry, image in zip(roidb, images):  # in dataset order
+        np.testing.assert_array_equal(image, cv2.imread(entry['image']))
+    detections = [d for _, batch in calls for d in batch]
+    stored = _all_boxes(tmp_path / TEST_SUBDIR / 'detections.pkl')
+    for i, cls_boxes in enumerate(detections):
+        for j in range(1, len(cls_boxes)):
+            np.testing.assert_array_equal(stored[j][i], cls_boxes[j])
+
+
+def _assert_same_detections_up_to_ties(a, b):
+    """Two per-class lists of (N, 5) arrays of one image: the same scores (to rounding), and the same
+    (class, box, score) rows above the lowest score kept. At that score a flat image region has many
+    equal peaks, and which of them fill the last top-K places depends on topk's order of ties."""
+    rows = [np.concatenate([np.hstack([np.full((len(d), 1), j, np.float32), d]) for j, d in enumerate(x)])
+            for x in (a, b)]
+    scores = [np.sort(r[:, 5]) for r in rows]
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
+    cut = scores[0][0] + 1e-4
+    above = [r[r[:, 5] > cut] for r in rows]
+    above = [r[np.lexsort(np.round(r, 3).T[::-1])] for r in above]
+    assert len(above[0]) >= 10
+    np.testing.assert_allclose(above[0], above[1], rtol=1e-5, atol=1e-4)
+
+
+def test_detect_runs_batches_only_images_of_one_input_size():
+    params = centernet.TestParams(input=centernet.CtdetParams(input_h=64, input_w=64), keep_res=True)
+    torch.manual_seed(0)
+    backbone = build_centernet_backbone('res_18')
+    model = CenterNet(backbone, CenterNetHeads(backbone.out_channels, {'hm': 2, 'wh': 2, 'reg': 2}, 64, 'resdcn')).eval()
+    with torch.no_grad():  # heat maps that follow the images' content, not the initial prior 0.1 everywhere
+        for p in model.heads.hm.parameters():
+            p.normal_(std=0.5)
+    rng = np.random.RandomState(0)
+    samples = [centernet.prepare_test_image(rng.randint(0, 255, shape).astype(np.uint8), params)
+               for shape in ((60, 64, 3), (60, 64, 3), (90, 64, 3), (60, 64, 3))]
+    calls = []
+    detect_batch = centernet.detect_batch
+
+    def recording(model, run, params):
+        calls.append(len(run))
+        return detect_batch(model, run, params)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(centernet, 'detect_batch', recording)
+        runs = centernet.detect_runs(model, samples, params)
+    assert calls == [2, 1, 1]
+    for sample, detections in zip(samples, runs):
+        _assert_same_detections_up_to_ties(detections[1:], centernet.detect(model, sample, params)[1:])
 
 
 def _all_boxes(path):

@@ -296,7 +296,7 @@ PORT_DEFAULTS = {
     'DATASET_CATALOG': '', 'SOLVER.ITER_SIZE': 1, 'SOLVER.AMP.ENABLED': False, 'SOLVER.AMP.DTYPE': 'float16',
     'SOLVER.AMP.LOSS_SCALE': 0.0, 'SOLVER.REFERENCE_WORLD_BATCH': 0, 'TRAIN.CHECKPOINT_ACTIVATIONS': False,
     'MODEL.SYNC_BN': False, 'TRAIN.CUDA_GRAPHS': True, 'TRAIN.CUDA_GRAPHS_MAX_SHAPES': 8,
-    'TEST.CUDA_GRAPHS': True, 'TEST.CUDA_GRAPHS_MAX_SHAPES': 4,
+    'TEST.CUDA_GRAPHS': True, 'TEST.CUDA_GRAPHS_MAX_SHAPES': 4, 'TEST.IMS_PER_BATCH': 1,
 }
 
 
@@ -730,6 +730,7 @@ def test_make_immutable_false():
     (['TRAIN.SNAPSHOT_ITERS', '0'], 'TRAIN.SNAPSHOT_ITERS must be at least 1, got 0'),
     (['TRAIN.CUDA_GRAPHS_MAX_SHAPES', '0'], 'TRAIN.CUDA_GRAPHS_MAX_SHAPES must be at least 1, got 0'),
     (['TEST.CUDA_GRAPHS_MAX_SHAPES', '-2'], 'TEST.CUDA_GRAPHS_MAX_SHAPES must be at least 1, got -2'),
+    (['TEST.IMS_PER_BATCH', '0'], 'TEST.IMS_PER_BATCH must be at least 1, got 0'),
     # Solver values no schedule means.
     (['SOLVER.BASE_LR', '-0.02'], 'SOLVER.BASE_LR must be a finite number > 0, got -0.02'),
     (['SOLVER.BASE_LR', '0'], 'SOLVER.BASE_LR must be a finite number > 0, got 0.0'),

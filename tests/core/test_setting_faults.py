@@ -42,6 +42,13 @@ def test_centernet_settings_it_cannot_run_are_one_line(catalog, tmp_path, overri
     assert str(err.value) == message
 
 
+def test_rcnn_refuses_several_test_images_per_detector_call(catalog, tmp_path):
+    with pytest.raises(ConfigValueError) as err:
+        use_tiny_config(catalog, tmp_path, 'TEST.IMS_PER_BATCH', '2')
+    assert str(err.value) == ('TEST.IMS_PER_BATCH 2 asks R-CNN to detect on several images per call; it tests one '
+                              'image at a time, as Detectron: set it to 1')
+
+
 def test_converting_into_a_missing_folder_is_one_line(tmp_path):
     spec = importlib.util.spec_from_file_location('convert', os.path.join(REPO, 'tools', 'convert_pkl_to_pth.py'))
     tool = importlib.util.module_from_spec(spec)

@@ -168,7 +168,7 @@ def test_a_run_stops_at_the_line_asked_for(tmp_path):
 def test_rows_and_ratios_from_the_rounds():
     test_runs = [(2.0, 12.0, 11.0), (1.0, 10.0, 9.0)]  # (first detection s, total s, steady ms) per round
     bare = Row('test', 'bare', None, 1, values=[8.0, 10.0])
-    rows, ratios = startup.startup_rows('m.yaml', test_runs, [3.0, 1.5], bare, num_images=1000)
+    rows, ratios = startup.startup_rows('m.yaml', test_runs, [3.0, 1.5], [bare], num_images=1000)
     first, train, whole, steady, bare_row = rows
     assert first.values == [2.0, 1.0] and first.unit == 's' and train.values == [3.0, 1.5]
     assert whole.values == [12.0, 10.0] and whole.unit == 'ms/image'  # 1000 x total s / 1000 images
@@ -177,6 +177,13 @@ def test_rows_and_ratios_from_the_rounds():
     (whole_name, whole_ratios), (steady_name, steady_ratios) = ratios
     assert whole_ratios == [1.5, 1.0] and steady_ratios == [11.0 / 8.0, 0.9]
     assert 'target <= 1.3' in whole_name and 'steady' in steady_name
+    # With test_net's batch (TEST.IMS_PER_BATCH 32) a second bare row and its two ratios.
+    batched = Row('test', 'bare, 32 per call', None, 1, values=[2.0, 5.0], info={'images_per_call': 32})
+    bare = Row('test', 'bare', None, 1, values=[8.0, 10.0])
+    rows, ratios = startup.startup_rows('m.yaml', test_runs, [3.0, 1.5], [bare, batched], num_images=1000)
+    assert rows[-2:] == [bare, batched] and [r for _, r in ratios[2:]] == [[6.0, 2.0], [5.5, 1.8]]
+    assert all('at 32 images per call' in name for name, _ in ratios[2:])
+    assert not any('per call' in name for name, _ in ratios[:2])
 
 
 # --- main on the CPU, the tools' runs replaced ----------------------------------------------------

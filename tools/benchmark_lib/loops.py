@@ -98,20 +98,23 @@ def test_net_samples(dataset):
     return [sample for sample, _ in loader]
 
 
-def replayed_test_row(label, dataset, model, device, precision):
+def replayed_test_row(label, dataset, model, device, precision, batch=1):
     """test_net's detection (model: as test_net holds it) on its own images of dataset, prepared in
     advance and taken in turn (one pass over all of them before timing, as test_net meets each size
-    before most of its images): the bare detector."""
-    detect = model_builder.get_model_type(cfg).detector(cfg)
+    before most of its images), `batch` consecutive images per call of the model type's batch
+    detector as test_net's TEST.IMS_PER_BATCH gives them: the bare detector. ms per image."""
+    detect = model_builder.get_model_type(cfg).batch_detector(cfg)
     samples = test_net_samples(dataset)
+    batches = [samples[i:i + batch] for i in range(0, len(samples), batch)]
 
-    def detect_on(sample):
+    def detect_on(batch_samples):
         with autocast(device, precision):
-            return detect(model, sample)
+            return detect(model, batch_samples)
 
     return Row('test', "{}, test_net's {} images replayed from memory".format(label, len(samples)),
-               in_turn(detect_on, samples, prime=True), 1, resident=lambda: model_tensors(model),
-               graph_owners=lambda: [model], steps_per_round=len(samples))
+               in_turn(detect_on, batches, prime=True), len(samples) / len(batches),
+               resident=lambda: model_tensors(model), graph_owners=lambda: [model], steps_per_round=len(batches),
+               info={'images_per_call': batch})
 
 
 def write_test_weights(path):

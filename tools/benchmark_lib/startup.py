@@ -109,13 +109,15 @@ def train_net_run(args, cfg_file, catalog, work):
     return train_log_first_iteration_s(json_stats(log))
 
 
-def startup_rows(model, test_runs, train_firsts, bare, num_images):
+def startup_rows(model, test_runs, train_firsts, bares, num_images):
     """The rows and (name, per-round ratios) of one model (a label) from the rounds' (first detection
-    s, total s, steady ms/image) of test_net, train_net's first iterations and the bare detector's row."""
+    s, total s, steady ms/image) of test_net, train_net's first iterations and the bare detector's rows
+    (one image per call; then, with TEST.IMS_PER_BATCH > 1, test_net's batch per call)."""
     firsts, totals, steadies = (list(v) for v in zip(*test_runs))
     whole = [1000.0 * total / num_images for total in totals]
     mixed = '{}: test_net on {} images of COCO val sizes'.format(model, num_images)
-    bare.name = '{}: {}'.format(model, bare.name)
+    for bare in bares:
+        bare.name = '{}: {}'.format(model, bare.name)
     rows = [
         Row('startup', '{}: test_net, model loaded -> first detection'.format(model), None, 1, values=firsts),
         Row('startup', '{}: train_net, first batch -> first iteration done'.format(model), None, 1,
@@ -123,12 +125,28 @@ def startup_rows(model, test_runs, train_firsts, bare, num_images):
         Row('test', mixed + ', whole run (Total inference time, model loading included) / images', None, 1,
             values=whole, info={'total_s': float(np.median(totals))}),
         Row('test', mixed + ', steady (after image {})'.format(LOOP_TEST_WARMUP_IMAGES), None, 1, values=steadies),
-        bare]
-    ratios = [('{}: test_net whole run / (images x the bare detector ms/image) (target <= 1.3)'.format(model),
-               per_round_ratios(whole, bare.values)),
-              ('{}: test_net steady / the bare detector, ms per image (target <= 1.3)'.format(model),
-               per_round_ratios(steadies, bare.values))]
+        *bares]
+    ratios = []
+    for bare in bares:
+        calls = bare.info.get('images_per_call', 1)
+        per_call = 'the bare detector' + (' at {} images per call'.format(calls) if calls > 1 else '')
+        ratios += [('{}: test_net whole run / (images x {} ms/image) (target <= 1.3)'.format(model, per_call),
+                    per_round_ratios(whole, bare.values)),
+                   ('{}: test_net steady / {}, ms per image (target <= 1.3)'.format(model, per_call),
+                    per_round_ratios(steadies, bare.values))]
     return rows, ratios
+
+
+def bare_detector_rows(weights, device):
+    """The bare detector (the model as test_net loads it) on the dataset's images, one per call; with
+    TEST.IMS_PER_BATCH > 1 also that many per call, as test_net gives them."""
+    model = load_test_model(weights, device)
+    label = 'the bare detector (as test_net loads it)'
+    rows = [replayed_test_row(label, DATASET, model, device, 'fp32')]
+    if cfg.TEST.IMS_PER_BATCH > 1:
+        rows.append(replayed_test_row('{}, TEST.IMS_PER_BATCH {} per call'.format(label, cfg.TEST.IMS_PER_BATCH),
+                                      DATASET, model, device, 'fp32', batch=cfg.TEST.IMS_PER_BATCH))
+    return rows
 
 
 def run_startup(args, cfg_file, device, report, work):
@@ -140,17 +158,16 @@ def run_startup(args, cfg_file, device, report, work):
     weights = args.startup_weights or os.path.join(work, 'weights.pth')
     if not args.startup_weights:
         write_test_weights(weights)
-    test_runs, train_firsts, bare = [], [], None
+    test_runs, train_firsts, bares = [], [], []
     for k in range(args.rounds):
         round_dir = os.path.join(work, 'round{}'.format(k + 1))
         os.makedirs(round_dir)
         test_runs.append(test_net_run(args, cfg_file, catalog, weights, round_dir))
         train_firsts.append(train_net_run(args, cfg_file, catalog, round_dir))
-        if bare is None:  # after the first round's tools, whose start-up then meets nothing cached by it
-            bare = replayed_test_row('the bare detector (as test_net loads it)', DATASET,
-                                     load_test_model(weights, device), device, 'fp32')
-        run_interleaved([bare], rounds=1, iters=None, warmup=0, round_warmup=args.round_warmup, device=device)
-    rows, ratios = startup_rows(os.path.basename(cfg_file), test_runs, train_firsts, bare, len(sizes))
+        if not bares:  # after the first round's tools, whose start-up then meets nothing cached by it
+            bares = bare_detector_rows(weights, device)
+        run_interleaved(bares, rounds=1, iters=None, warmup=0, round_warmup=args.round_warmup, device=device)
+    rows, ratios = startup_rows(os.path.basename(cfg_file), test_runs, train_firsts, bares, len(sizes))
     context = dict(precision="the tools' own", cfg=cfg_file, images=len(sizes), sizes_from=coco_val_sizes.SOURCE)
     for row in rows:
         report.add_row(row, **context)
