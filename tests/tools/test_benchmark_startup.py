@@ -135,8 +135,11 @@ INFO test_engine.py:  68: Total inference time: 6.125s
 def test_first_image_and_total_from_the_test_log():
     assert logs.test_log_first_image_s(TEST_LOG) == pytest.approx(1.75)
     assert logs.test_log_total_inference_s(TEST_LOG) == pytest.approx(6.125)
+    # TEST.IMS_PER_BATCH 32: the first line follows the first batch; its means times 32.
+    batched = 'INFO test_engine.py: 194: im_detect: range [1, 1000] of 1000: 32/1000 0.102s + 0.010s (eta: 0:01:48)'
+    assert logs.test_log_first_image_s(batched) == pytest.approx(32 * 0.112)
     with pytest.raises(ConfigValueError):
-        logs.test_log_first_image_s(TEST_LOG.splitlines()[1])
+        logs.test_log_first_image_s(TEST_LOG.splitlines()[3])
     with pytest.raises(ConfigValueError):
         logs.test_log_total_inference_s(TEST_LOG.splitlines()[0])
 

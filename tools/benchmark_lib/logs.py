@@ -93,11 +93,13 @@ _TOTAL_INFERENCE = re.compile(r'Total inference time: ([0-9.]+)s')
 
 def test_log_first_image_s(log_text):
     """Seconds from the model being loaded to the first detection stored: test_net's first im_detect
-    line (1/n) is the detector's time on image 1 plus the loop's wait for it."""
-    first = next(((float(det), float(misc)) for done, _, det, misc in _IM_DETECT.findall(log_text) if done == '1'), None)
-    if first is None:
-        raise ConfigValueError('the test log has no im_detect line for image 1')
-    return sum(first)
+    line comes after the batch holding image 1 (done/n, done = TEST.IMS_PER_BATCH or fewer), its
+    running means per image times done are the detector's time on that batch plus the loop's wait."""
+    lines = _IM_DETECT.findall(log_text)
+    if not lines:
+        raise ConfigValueError('the test log has no im_detect line')
+    done, _, det, misc = lines[0]
+    return int(done) * (float(det) + float(misc))
 
 
 def test_log_total_inference_s(log_text):
