@@ -12,6 +12,9 @@ import sys
 import numpy as np
 
 
+ROW_ENTRIES = 6  # entries per line of the written table (COCO val2017 has 603 sizes)
+
+
 def size_table(annotation_file):
     """[(height, width, images)] of a COCO-format annotation file, most frequent first (ties by size)."""
     with open(annotation_file) as f:
@@ -39,7 +42,8 @@ def table_module(annotation_file, label):
     lines = ['"""(height, width, images) of the {} images of {}, most frequent first.'.format(
                  sum(n for _, _, n in table), label),
              '', 'Written by:', '    ' + command, '"""', 'SOURCE = {!r}'.format(label), 'SIZES = [']
-    lines += ['    ({}, {}, {}),'.format(*row) for row in table]
+    entries = ['({}, {}, {}),'.format(*row) for row in table]
+    lines += ['    ' + ' '.join(entries[i:i + ROW_ENTRIES]) for i in range(0, len(entries), ROW_ENTRIES)]
     return '\n'.join(lines + [']', ''])
 
 
