@@ -111,10 +111,12 @@ class IterationTaggedBatches:
 
 class RaisingLoader:
     """Iterates a DataLoader, raising the DatasetErrors its workers returned, and a worker's death
-    as one LoaderWorkerError line instead of DataLoader's traceback."""
+    as one LoaderWorkerError line instead of DataLoader's traceback; with groups, the DataLoader's
+    items are lists, whose elements it yields one by one."""
 
-    def __init__(self, data_loader):
+    def __init__(self, data_loader, groups=False):
         self.data_loader = data_loader
+        self.groups = groups
 
     def __iter__(self):
         try:
@@ -122,7 +124,8 @@ class RaisingLoader:
                 for item in self.data_loader:
                     if isinstance(item, DatasetError):
                         raise item
-                    yield item.unpacked() if isinstance(item, SharedLeaves) else item
+                    item = item.unpacked() if isinstance(item, SharedLeaves) else item
+                    yield from item if self.groups else (item,)
         except ConnectionError as err:
             # A worker killed while its batch was being received (torch's SIGCHLD error follows).
             raise LoaderWorkerError('a DataLoader worker died while sending a batch ({}: {}) {}'.format(
@@ -193,13 +196,20 @@ class InferenceImageDataset(Dataset):
         return len(self._paths)
 
     def __getitem__(self, index):
+        return self._items([index], group=False)
+
+    def __getitems__(self, indices):
+        """DataLoader's call for a group of indices (build_test_loader's group > 1): the list of
+        their (sample, index) pairs."""
+        return self._items(indices, group=True)
+
+    def _items(self, indices, group):
         try:
-            sample = self._prepare(read_image(self._paths[index]))
+            items = [(self._prepare(read_image(self._paths[i])), i) for i in indices]
         except DatasetError as err:
             return err
-        if get_worker_info() is None:
-            return sample, index
-        return packed_leaves((sample, index), _is_large_array)
+        item = items if group else items[0]
+        return item if get_worker_info() is None else packed_leaves(item, _is_large_array)
 
 
 class SharedLeaves:
@@ -313,20 +323,22 @@ def image_only(im):
     return {'image': im}
 
 
-def build_test_loader(roidb, indices, num_workers, prepare=image_only):
+def build_test_loader(roidb, indices, num_workers, prepare=image_only, group=1):
     """Iterable of (prepare(BGR uint8 HxWx3 image), roidb index) for `indices`, in their order,
     the samples' arrays as prepare made them (numpy). With CUDA the large ones come in pinned
-    memory (asynchronous uploads), received ahead by DataLoader's pin-memory thread."""
+    memory (asynchronous uploads), received ahead by DataLoader's pin-memory thread. A worker makes
+    `group` consecutive samples at a time and sends them in one shared tensor: the main process
+    pays a connection per tensor it receives (BENCHMARKS.md, "Real loops")."""
     _single_threaded_opencv_before_fork(num_workers)
     return RaisingLoader(DataLoader(
         InferenceImageDataset(roidb, prepare),
         sampler=list(indices),
-        batch_size=None,
+        batch_size=group if group > 1 else None,
         collate_fn=_unchanged,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         worker_init_fn=_init_worker,
-    ))
+    ), groups=group > 1)
 
 
 def to_device(batch, device):

@@ -172,6 +172,34 @@ def test_large_test_arrays_leave_a_worker_in_one_shared_tensor(roidb):
     assert list(loader.data_loader) == [(0, True, 1, True), (4, True, 1, True)]
 
 
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_grouped_test_samples_arrive_in_order_as_prepared(roidb, num_workers):
+    """group 2 over 5 indices: the samples of ungrouped loading, in order; a worker sends each group
+    (2, 2, then 1 sample) in one shared tensor."""
+    indices = [3, 1, 5, 0, 4]
+    grouped = list(build_test_loader(roidb, indices, num_workers=num_workers, prepare=_centernet_like_sample,
+                                     group=2))
+    single = list(build_test_loader(roidb, indices, num_workers=num_workers, prepare=_centernet_like_sample))
+    assert [i for _, i in grouped] == [i for _, i in single] == indices
+    for (got, _), (want, _) in zip(grouped, single):
+        for a, b in [(got['image'], want['image'])] + list(zip(got['inputs'], want['inputs'])):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        np.testing.assert_array_equal(got['metas'][0]['c'], want['metas'][0]['c'])
+    if num_workers:
+        loader = build_test_loader(roidb, indices, num_workers=1, prepare=_centernet_like_sample, group=2)
+        loader.data_loader.collate_fn = lambda item: (
+            type(item).__name__, [i for _, i in item.skeleton], item.buffer.is_shared(), len(item.layouts))
+        assert list(loader.data_loader) == [('SharedLeaves', [3, 1], True, 2), ('SharedLeaves', [5, 0], True, 2),
+                                            ('SharedLeaves', [4], True, 1)]
+
+
+def test_a_missing_image_in_a_group_is_one_dataset_error(roidb):
+    missing = roidb[4]['image'] + '.gone'
+    roidb[4]['image'] = missing
+    with pytest.raises(DatasetError, match=missing):
+        list(build_test_loader(roidb, [0, 1, 2, 4, 5], num_workers=1, group=2))
+
+
 def test_a_packed_sample_gives_back_its_arrays_aligned_with_their_dtypes_and_shapes():
     rng = np.random.RandomState(0)
     sample = {'a': rng.rand(129, 131).astype(np.float32), 'b': [rng.randint(0, 255, (257, 255, 3)).astype(np.uint8),
