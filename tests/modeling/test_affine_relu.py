@@ -1,19 +1,14 @@
 """The fused frozen affine + (shortcut) + ReLU: its Triton kernel (compiled on a CUDA machine, else
 run by Triton's interpreter in a subprocess) against a float64 transcription of Detectron's
 AffineChannel -> Sum -> Relu, and against PyTorch's element-wise path."""
-import importlib.util
-import os
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 import torch
+from triton_subprocess import run_kernel_script
 
 from detectron.modeling import affine_relu as ar
 from detectron.modeling.ResNet import ResNet
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 needs_triton = pytest.mark.skipif(ar.triton is None, reason='triton is not installed: the kernel cannot run')
 
@@ -86,20 +81,14 @@ def interpreter_cases():
 
 @pytest.fixture(scope='module')
 def kernel_results(tmp_path_factory):
-    if importlib.util.find_spec('triton') is None:
-        pytest.skip('triton is not installed: the kernel cannot run (the eager path serves)')
     cases = interpreter_cases()
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     folder = tmp_path_factory.mktemp('affine_relu')
     inputs_path, results_path = str(folder / 'inputs.pt'), str(folder / 'results.pt')
     torch.save({name: tuple(t.to(device) if t is not None else None for t in case)
                 for name, case in cases.items()}, inputs_path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]))
-    if device == 'cpu':
-        env['TRITON_INTERPRET'] = '1'  # must be set before triton is imported: hence the subprocess
-    proc = subprocess.run([sys.executable, '-c', _INTERPRETER_SCRIPT, inputs_path, results_path],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_kernel_script(_INTERPRETER_SCRIPT, inputs_path, results_path,
+                      skip_reason='triton is not installed: the kernel cannot run (the eager path serves)')
     results = torch.load(results_path)
     return cases, {name: tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in r)
                    for name, r in results.items()}

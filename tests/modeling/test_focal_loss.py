@@ -1,18 +1,13 @@
 """CenterNet's heat map focal loss: the eager reference formula by hand and against a loop, and its
 Triton kernels (compiled on a CUDA machine, else run by Triton's interpreter in a subprocess)
 against autograd through the eager formula in float64."""
-import importlib.util
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from triton_subprocess import run_kernel_script
 
 from detectron.modeling import focal_loss as fl
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_sigmoid_clamps_out_of_place():
@@ -116,19 +111,13 @@ def reference(logits, gt, grad):
 
 @pytest.fixture(scope='module')
 def kernel_results(tmp_path_factory):
-    if importlib.util.find_spec('triton') is None:
-        pytest.skip('triton is not installed: the kernels cannot run (the eager path serves)')
     cases = kernel_cases()
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     folder = tmp_path_factory.mktemp('focal_loss')
     inputs_path, results_path = str(folder / 'inputs.pt'), str(folder / 'results.pt')
     torch.save({name: tuple(t.to(device) for t in case) for name, case in cases.items()}, inputs_path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]))
-    if device == 'cpu':
-        env['TRITON_INTERPRET'] = '1'  # must be set before triton is imported: hence the subprocess
-    proc = subprocess.run([sys.executable, '-c', _KERNEL_SCRIPT, inputs_path, results_path],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_kernel_script(_KERNEL_SCRIPT, inputs_path, results_path,
+                      skip_reason='triton is not installed: the kernels cannot run (the eager path serves)')
     return cases, {name: tuple(t.cpu() for t in r) for name, r in torch.load(results_path).items()}
 
 

@@ -1,18 +1,14 @@
 """The Triton bitmask NMS (compiled on a CUDA machine, else run by Triton's interpreter in a
 subprocess) against Detectron's Cython NMS run group by group."""
-import importlib.util
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from triton_subprocess import run_kernel_script
 
 from detectron.utils import bitmask_nms
 from detectron.utils import boxes as box_utils
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 F32 = np.float32
 
 
@@ -66,18 +62,12 @@ np.savez(sys.argv[2], **results)
 
 @pytest.fixture(scope='module')
 def kernel_results(tmp_path_factory):
-    if importlib.util.find_spec('triton') is None:
-        pytest.skip('triton is not installed: the bitmask kernels cannot run (the other NMS paths serve)')
     folder = tmp_path_factory.mktemp('bitmask_nms')
     inputs_path, results_path = str(folder / 'inputs.npz'), str(folder / 'results.npz')
     np.savez(inputs_path, **{f'{name}:{part}': value for name, case in CASES.items()
                              for part, value in zip(('boxes', 'scores', 'idxs', 'thresh'), case)})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]))
-    if not torch.cuda.is_available():
-        env['TRITON_INTERPRET'] = '1'  # must be set before triton is imported: hence the subprocess
-    proc = subprocess.run([sys.executable, '-c', _SCRIPT, inputs_path, results_path], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_kernel_script(_SCRIPT, inputs_path, results_path,
+                      skip_reason='triton is not installed: the bitmask kernels cannot run (the other NMS paths serve)')
     with np.load(results_path) as results:
         return {key: results[key] for key in results.files}
 

@@ -1,21 +1,16 @@
 """KL-Loss's soft-NMS with variance voting: the compiled CPU kernel (cython_nms) and the Triton
 kernel (run by Triton's interpreter in a subprocess) against a plain numpy transcription of
 KL-Loss's py_cpu_nms.soft and against values worked out by hand."""
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from triton_subprocess import run_kernel_script
 
-from detectron.utils import cython_nms
-from detectron.utils import variance_voting
+from detectron.utils import cython_nms, variance_voting
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 F32 = np.float32
 
 
@@ -328,22 +323,15 @@ np.savez(sys.argv[3], **results)
 def triton_results(tmp_path_factory):
     """Outputs of the Triton kernel on every small case (and on 'soft_vote' with one set per
     turn), computed by a subprocess: compiled on a CUDA machine, under Triton's interpreter elsewhere."""
-    if importlib.util.find_spec('triton') is None:
-        pytest.skip('triton is not installed: the Triton kernel cannot run (the CPU kernel, its '
-                    'fallback, is tested above)')
     cases = {**small_cases(), 'soft_vote/turns': small_cases()['soft_vote']}
     folder = tmp_path_factory.mktemp('triton')
     inputs_path, results_path = str(folder / 'inputs.npz'), str(folder / 'results.npz')
     np.savez(inputs_path, **{f'{name}/{i}': array for name, (inputs, _) in cases.items()
                              for i, array in enumerate(inputs)})
     settings = json.dumps({name: case_settings for name, (_, case_settings) in cases.items()})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]))
-    if not torch.cuda.is_available():
-        env['TRITON_INTERPRET'] = '1'
-    proc = subprocess.run([sys.executable, '-c', _TRITON_SCRIPT, inputs_path, settings,
-                           results_path], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_kernel_script(_TRITON_SCRIPT, inputs_path, settings, results_path,
+                      skip_reason='triton is not installed: the Triton kernel cannot run (the CPU kernel, its '
+                                  'fallback, is tested above)')
     with np.load(results_path) as results:
         return {key: results[key] for key in results.files}
 
