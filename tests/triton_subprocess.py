@@ -23,3 +23,15 @@ def run_kernel_script(script, *args, skip_reason):
     proc = subprocess.run([sys.executable, '-c', script, *args], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def tensor_kernel_results(script, cases, folder, skip_reason):
+    """run_kernel_script on tensor cases ({name: tuple of tensors or None}), saved to `folder` on the
+    kernels' device; the script writes {name: tuple of results}, returned with tensors on the CPU."""
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    inputs_path, results_path = str(folder / 'inputs.pt'), str(folder / 'results.pt')
+    torch.save({name: tuple(t if t is None else t.to(device) for t in case) for name, case in cases.items()},
+               inputs_path)
+    run_kernel_script(script, inputs_path, results_path, skip_reason=skip_reason)
+    return {name: tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in result)
+            for name, result in torch.load(results_path).items()}

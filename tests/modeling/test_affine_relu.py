@@ -4,7 +4,7 @@ AffineChannel -> Sum -> Relu, and against PyTorch's element-wise path."""
 
 import pytest
 import torch
-from triton_subprocess import run_kernel_script
+from triton_subprocess import tensor_kernel_results
 
 from detectron.modeling import affine_relu as ar
 from detectron.modeling.ResNet import ResNet
@@ -82,16 +82,9 @@ def interpreter_cases():
 @pytest.fixture(scope='module')
 def kernel_results(tmp_path_factory):
     cases = interpreter_cases()
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    folder = tmp_path_factory.mktemp('affine_relu')
-    inputs_path, results_path = str(folder / 'inputs.pt'), str(folder / 'results.pt')
-    torch.save({name: tuple(t.to(device) if t is not None else None for t in case)
-                for name, case in cases.items()}, inputs_path)
-    run_kernel_script(_INTERPRETER_SCRIPT, inputs_path, results_path,
-                      skip_reason='triton is not installed: the kernel cannot run (the eager path serves)')
-    results = torch.load(results_path)
-    return cases, {name: tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in r)
-                   for name, r in results.items()}
+    return cases, tensor_kernel_results(
+        _INTERPRETER_SCRIPT, cases, tmp_path_factory.mktemp('affine_relu'),
+        skip_reason='triton is not installed: the kernel cannot run (the eager path serves)')
 
 
 @pytest.mark.parametrize('name', list(interpreter_cases()))

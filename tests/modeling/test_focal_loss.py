@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from triton_subprocess import run_kernel_script
+from triton_subprocess import tensor_kernel_results
 
 from detectron.modeling import focal_loss as fl
 
@@ -112,13 +112,9 @@ def reference(logits, gt, grad):
 @pytest.fixture(scope='module')
 def kernel_results(tmp_path_factory):
     cases = kernel_cases()
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    folder = tmp_path_factory.mktemp('focal_loss')
-    inputs_path, results_path = str(folder / 'inputs.pt'), str(folder / 'results.pt')
-    torch.save({name: tuple(t.to(device) for t in case) for name, case in cases.items()}, inputs_path)
-    run_kernel_script(_KERNEL_SCRIPT, inputs_path, results_path,
-                      skip_reason='triton is not installed: the kernels cannot run (the eager path serves)')
-    return cases, {name: tuple(t.cpu() for t in r) for name, r in torch.load(results_path).items()}
+    return cases, tensor_kernel_results(
+        _KERNEL_SCRIPT, cases, tmp_path_factory.mktemp('focal_loss'),
+        skip_reason='triton is not installed: the kernels cannot run (the eager path serves)')
 
 
 @pytest.mark.parametrize('name', list(kernel_cases()))
