@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from detectron.roi_data.loader import scale_rng
-from detectron.roi_data.minibatch import (UnresizedImages, collate_minibatch, collate_unresized, get_minibatch, gt_targets,
-                                          prepare_training_entry, prepare_unresized_training_entry, read_image)
+from detectron.roi_data.minibatch import (get_minibatch, gt_targets,
+                                          prepare_unresized_training_entry, read_image)
 from detectron.utils.errors import DatasetError
 
 PIXEL_MEANS = (102.9801, 115.9465, 122.7717)
