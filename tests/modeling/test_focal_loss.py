@@ -154,3 +154,10 @@ def test_on_cuda_a_nan_logit_makes_the_loss_nan_and_nchw_targets_follow_channels
     assert got.item() == pytest.approx(want, rel=1e-5)
     logits[1, 2, 3, 4] = float('nan')
     assert torch.isnan(fl.heatmap_focal_loss(logits, gt))
+
+
+def test_the_kernels_take_dense_tensors_in_any_dimension_order():
+    x = torch.zeros(2, 3, 4, 5)
+    assert fl._dense(x) and fl._dense(x.contiguous(memory_format=torch.channels_last))
+    assert fl._dense(torch.zeros(1, 3, 1, 5).contiguous(memory_format=torch.channels_last))
+    assert not fl._dense(x[:, :, :, :4]) and not fl._dense(x[:, :2]) and not fl._dense(x[:1].expand(2, 3, 4, 5))
