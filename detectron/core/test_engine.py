@@ -163,8 +163,7 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     start, end = ind_range if ind_range is not None else (0, total)
     model = load_test_model(weights_file, distributed.get_device())
     detect = model_type.batch_detector(cfg)
-    all_boxes = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
-    all_segms = None
+    stored = _Detections(dataset.num_classes, end - start)
     images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS, model_type.test_inputs(cfg),
                                group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX))
     detect_s = misc_s = 0.0
@@ -181,13 +180,7 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
         after_detect = time.perf_counter()
         for i, ((sample, index), result) in enumerate(zip(batch, detections), done):
             cls_boxes, cls_segms = boxes_and_segms(result)
-            for j in range(1, dataset.num_classes):
-                all_boxes[j][i] = cls_boxes[j]
-            if cls_segms is not None:
-                if all_segms is None:
-                    all_segms = [[[] for _ in range(start, end)] for _ in range(dataset.num_classes)]
-                for j in range(1, dataset.num_classes):
-                    all_segms[j][i] = cls_segms[j]
+            stored.add(i, cls_boxes, cls_segms)
             if cfg.VIS:
                 _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, cls_segms, dataset.classes)
         now, detect_time = time.perf_counter(), after_detect - before_detect
@@ -200,7 +193,28 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
             eta = datetime.timedelta(seconds=int((detect_s + misc_s) / done * (end - start - done)))
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs + %.3fs (eta: %s)',
                         start + 1, end, total, done, end - start, detect_s / done, misc_s / done, eta)
-    return roidb[start:end], all_boxes, all_segms
+    return roidb[start:end], stored.all_boxes, stored.all_segms
+
+
+class _Detections:
+    """Detectron's all_boxes[j][i] of the tested images, and all_segms[j][i] once the detector
+    returns masks (None until then)."""
+
+    def __init__(self, num_classes, num_images):
+        self.num_classes, self.num_images = num_classes, num_images
+        self.all_boxes = self._empty()
+        self.all_segms = None
+
+    def _empty(self):
+        return [[[] for _ in range(self.num_images)] for _ in range(self.num_classes)]
+
+    def add(self, i, cls_boxes, cls_segms):
+        for j in range(1, self.num_classes):
+            self.all_boxes[j][i] = cls_boxes[j]
+        if cls_segms is not None:
+            self.all_segms = self.all_segms or self._empty()
+            for j in range(1, self.num_classes):
+                self.all_segms[j][i] = cls_segms[j]
 
 
 def _batches(samples, size):
