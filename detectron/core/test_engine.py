@@ -161,11 +161,12 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
         raise DatasetError('dataset {} ({}) lists no images: there is nothing to test; check TEST.DATASETS and '
                            'the annotation file'.format(name, dataset.annotation_file))
     start, end = ind_range if ind_range is not None else (0, total)
+    # The loader's workers start reading images while the model loads.
+    images = iter(build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS,
+                                    model_type.test_inputs(cfg), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX)))
     model = load_test_model(weights_file, distributed.get_device())
     detect = model_type.batch_detector(cfg)
     stored = _Detections(dataset.num_classes, end - start)
-    images = build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS, model_type.test_inputs(cfg),
-                               group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX))
     detect_s = misc_s = 0.0
     last = time.perf_counter()
     done = 0

@@ -119,9 +119,16 @@ class RaisingLoader:
         self.groups = groups
 
     def __iter__(self):
+        """The items; the workers start (and read ahead) when this is called, before the first item
+        is asked for."""
+        with dead_loader_workers_as_errors():
+            items = iter(self.data_loader)
+        return self._raising(items)
+
+    def _raising(self, items):
         try:
             with dead_loader_workers_as_errors():
-                for item in self.data_loader:
+                for item in items:
                     if isinstance(item, DatasetError):
                         raise item
                     item = item.unpacked() if isinstance(item, SharedLeaves) else item

@@ -365,3 +365,27 @@ def test_large_test_arrays_arrive_in_pinned_memory_with_cuda(roidb):
     (sample, _), = list(build_test_loader(roidb, [0], num_workers=1, prepare=_centernet_like_sample))
     assert torch.from_numpy(sample['inputs'][0]).is_pinned()      # uploads can be asynchronous
     assert not torch.from_numpy(sample['image']).is_pinned()      # small: pickled as it was
+
+
+class _MarkingPrepare:
+    """A test-time prepare that leaves a file per image it prepared (in the worker)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __call__(self, im):
+        (self.folder / '{}x{}'.format(*im.shape[:2])).touch()
+        return {'image': im}
+
+
+def test_the_test_loader_reads_ahead_as_soon_as_it_is_iterated(roidb, tmp_path):
+    """test_net starts the workers before it loads the model: iter() alone has them prepare images."""
+    import time
+    marks = tmp_path / 'marks'
+    marks.mkdir()
+    images = iter(build_test_loader(roidb, [0, 1], num_workers=1, prepare=_MarkingPrepare(marks)))
+    deadline = time.time() + 30
+    while len(list(marks.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(list(marks.iterdir())) == 2  # both prepared, none asked for yet
+    assert [index for _, index in images] == [0, 1]
