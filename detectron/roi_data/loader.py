@@ -112,15 +112,18 @@ class IterationTaggedBatches:
 class RaisingLoader:
     """Iterates a DataLoader, raising the DatasetErrors its workers returned, and a worker's death
     as one LoaderWorkerError line instead of DataLoader's traceback; with groups, the DataLoader's
-    items are lists, whose elements it yields one by one."""
+    items are lists, whose elements it yields one by one. With eager, iter() starts the workers at
+    once; otherwise they start with the first item asked for (DataLoader's start draws its base seed
+    from torch's generator, which a training run draws from too: resumed runs replay that order)."""
 
-    def __init__(self, data_loader, groups=False):
+    def __init__(self, data_loader, groups=False, eager=False):
         self.data_loader = data_loader
         self.groups = groups
+        self.eager = eager
 
     def __iter__(self):
-        """The items; the workers start (and read ahead) when this is called, before the first item
-        is asked for."""
+        if not self.eager:
+            return self._raising(self.data_loader)
         with dead_loader_workers_as_errors():
             items = iter(self.data_loader)
         return self._raising(items)
@@ -333,7 +336,8 @@ def image_only(im):
 def build_test_loader(roidb, indices, num_workers, prepare=image_only, group=1):
     """Iterable of (prepare(BGR uint8 HxWx3 image), roidb index) for `indices`, in their order,
     the samples' arrays as prepare made them (numpy). With CUDA the large ones come in pinned
-    memory (asynchronous uploads), received ahead by DataLoader's pin-memory thread. A worker makes
+    memory (asynchronous uploads), received ahead by DataLoader's pin-memory thread. The workers
+    start reading when the loader is iterated (test_net does so before loading the model). A worker makes
     `group` consecutive samples at a time and sends them in one shared tensor: the main process
     pays a connection per tensor it receives (BENCHMARKS.md, "Real loops")."""
     _single_threaded_opencv_before_fork(num_workers)
@@ -345,7 +349,7 @@ def build_test_loader(roidb, indices, num_workers, prepare=image_only, group=1):
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         worker_init_fn=_init_worker,
-    ), groups=group > 1)
+    ), groups=group > 1, eager=True)
 
 
 def to_device(batch, device):
