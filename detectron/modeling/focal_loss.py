@@ -97,7 +97,8 @@ class _HeatmapFocalLoss(torch.autograd.Function):
 if triton is not None:
     @triton.jit
     def _probabilities(x_ptr, gt_ptr, n, EPS: tl.constexpr, BLOCK: tl.constexpr):
-        """The tile's sigmoid s, clamped p, targets (2 past the end: neither positive nor negative)."""
+        """The tile's sigmoid s, clamped p, targets (2 past the end: neither positive nor negative) and
+        the negatives' weight (1 - gt)^4."""
         offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         valid = offsets < n
         x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
@@ -105,15 +106,15 @@ if triton is not None:
         s = 1.0 / (1.0 + tl.exp(-x))
         p = tl.minimum(tl.maximum(s, EPS, propagate_nan=tl.PropagateNan.ALL), 1.0 - EPS,
                        propagate_nan=tl.PropagateNan.ALL)
-        return offsets, valid, s, p, gt
+        one_minus_gt = 1.0 - gt
+        neg_weight = one_minus_gt * one_minus_gt * one_minus_gt * one_minus_gt
+        return offsets, valid, s, p, gt, neg_weight
 
     @triton.jit
     def _forward_kernel(x_ptr, gt_ptr, partial_ptr, n, tiles, EPS: tl.constexpr, BLOCK: tl.constexpr):
         """partial[:, tile] = (sum of the positive terms, of the negative terms, number of positives)."""
-        _, _, _, p, gt = _probabilities(x_ptr, gt_ptr, n, EPS, BLOCK)
+        _, _, _, p, gt, neg_weight = _probabilities(x_ptr, gt_ptr, n, EPS, BLOCK)
         one_minus_p = 1.0 - p
-        one_minus_gt = 1.0 - gt
-        neg_weight = one_minus_gt * one_minus_gt * one_minus_gt * one_minus_gt
         pos_term = tl.where(gt == 1.0, tl.log(p) * one_minus_p * one_minus_p, 0.0)
         neg_term = tl.where(gt < 1.0, tl.log(one_minus_p) * p * p * neg_weight, 0.0)
         tile = tl.program_id(0)
@@ -125,10 +126,8 @@ if triton is not None:
     def _backward_kernel(x_ptr, gt_ptr, scale_ptr, grad_ptr, n, EPS: tl.constexpr, BLOCK: tl.constexpr):
         """grad = scale * d(term)/dp * [clamp passes] * s (1 - s), in the logits' dtype; scale is
         -d(loss) / max(num_pos, 1)."""
-        offsets, valid, s, p, gt = _probabilities(x_ptr, gt_ptr, n, EPS, BLOCK)
+        offsets, valid, s, p, gt, neg_weight = _probabilities(x_ptr, gt_ptr, n, EPS, BLOCK)
         one_minus_p = 1.0 - p
-        one_minus_gt = 1.0 - gt
-        neg_weight = one_minus_gt * one_minus_gt * one_minus_gt * one_minus_gt
         d_pos = one_minus_p * one_minus_p / p - 2.0 * one_minus_p * tl.log(p)
         d_neg = neg_weight * (2.0 * p * tl.log(one_minus_p) - p * p / one_minus_p)
         d_p = tl.where(gt == 1.0, d_pos, tl.where(gt < 1.0, d_neg, 0.0))

@@ -297,8 +297,8 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
             return lambda model, samples: seen.append([sample['id'] for sample in samples])
 
     monkeypatch.setattr(loops.model_builder, 'get_model_type', lambda cfg: ModelType())
-    monkeypatch.setattr(loops, 'test_net_samples', lambda dataset: [{'id': k} for k in range(3)])
-    row = loops.replayed_test_row('ours', 'te', model=None, device=torch.device('cpu'), precision='fp32')
+    samples = [{'id': k} for k in range(3)]
+    row = loops.replayed_test_row('ours', samples, model=None, device=torch.device('cpu'), precision='fp32')
     assert seen == [[0], [1], [2]] and row.section == 'test' and row.images_per_step == 1
     for _ in range(4):
         row.step()
@@ -306,7 +306,7 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
     assert "3 images replayed" in row.name and row.steps_per_round == 3
     # TEST.IMS_PER_BATCH 2: calls of 2 and 1 images, a round over all 3, ms per image.
     seen.clear()
-    row = loops.replayed_test_row('ours', 'te', model=None, device=torch.device('cpu'), precision='fp32', batch=2)
+    row = loops.replayed_test_row('ours', samples, model=None, device=torch.device('cpu'), precision='fp32', batch=2)
     assert seen == [[0, 1], [2]] and row.steps_per_round == 2 and row.info == {'images_per_call': 2}
     assert row.value(elapsed=0.03, iters=2) == pytest.approx(10.0)  # 30 ms over 3 images
 

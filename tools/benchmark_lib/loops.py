@@ -98,13 +98,12 @@ def test_net_samples(dataset):
     return [sample for sample, _ in loader]
 
 
-def replayed_test_row(label, dataset, model, device, precision, batch=1):
-    """test_net's detection (model: as test_net holds it) on its own images of dataset, prepared in
-    advance and taken in turn (one pass over all of them before timing, as test_net meets each size
-    before most of its images), `batch` consecutive images per call of the model type's batch
-    detector as test_net's TEST.IMS_PER_BATCH gives them: the bare detector. ms per image."""
+def replayed_test_row(label, samples, model, device, precision, batch=1):
+    """test_net's detection (model: as test_net holds it) on its own samples of a dataset
+    (test_net_samples), taken in turn (one pass over all of them before timing, as test_net meets
+    each size before most of its images), `batch` consecutive images per call of the model type's
+    batch detector as test_net's TEST.IMS_PER_BATCH gives them: the bare detector. ms per image."""
     detect = model_builder.get_model_type(cfg).batch_detector(cfg)
-    samples = test_net_samples(dataset)
     batches = [samples[i:i + batch] for i in range(0, len(samples), batch)]
 
     def detect_on(batch_samples):
@@ -153,7 +152,8 @@ def run_loops(args, device, precision, report, work):
                                            'log': os.path.join(work, 'test_net.log')})
 
     replayed_train = replayed_train_row(args, batch, device, precision)
-    replayed_test = replayed_test_row('ours, loaded weights', args.test_dataset, copy.deepcopy(loaded).to(device),
+    replayed_test = replayed_test_row('ours, loaded weights', test_net_samples(args.test_dataset),
+                                      copy.deepcopy(loaded).to(device),
                                       device, args.loop_test_precision)
     train_hw = [train_shape['resized_height'], train_shape['resized_width']]
     synthetic_train = ours_train_row(args, batch, *train_hw, max(1, round(train_shape['boxes_per_image'])),

@@ -36,7 +36,7 @@ from .logs import (
     test_log_total_inference_s,
     train_log_first_iteration_s,
 )
-from .loops import dataset_arg, replayed_test_row, write_test_weights
+from .loops import dataset_arg, replayed_test_row, test_net_samples, write_test_weights
 from .timing import Row, per_round_ratios, run_interleaved
 
 DATASET = 'benchmark_coco_val_sizes'
@@ -141,11 +141,12 @@ def bare_detector_rows(weights, device):
     """The bare detector (the model as test_net loads it) on the dataset's images, one per call; with
     TEST.IMS_PER_BATCH > 1 also that many per call, as test_net gives them."""
     model = load_test_model(weights, device)
+    samples = test_net_samples(DATASET)
     label = 'the bare detector (as test_net loads it)'
-    rows = [replayed_test_row(label, DATASET, model, device, 'fp32')]
+    rows = [replayed_test_row(label, samples, model, device, 'fp32')]
     if cfg.TEST.IMS_PER_BATCH > 1:
         rows.append(replayed_test_row('{}, TEST.IMS_PER_BATCH {} per call'.format(label, cfg.TEST.IMS_PER_BATCH),
-                                      DATASET, model, device, 'fp32', batch=cfg.TEST.IMS_PER_BATCH))
+                                      samples, model, device, 'fp32', batch=cfg.TEST.IMS_PER_BATCH))
     return rows
 
 
