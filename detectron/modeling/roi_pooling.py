@@ -4,6 +4,7 @@ import math
 import torch
 from torchvision.ops import roi_align
 
+from detectron.modeling import multilevel_roi_align
 from detectron.utils.boxes import boxes_area_t, divide
 
 
@@ -27,11 +28,16 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
     `features` are the levels in `spatial_scales` order (P2..P5 by default; level k has scale
     2^-k); `rois` (R, 5) are (batch index, x1, y1, x2, y2) in network-input coordinates.
     RoIAlign uses aligned=False, the Caffe2 convention (no half-pixel offset, RoI sides at least
-    1 bin). canonical_scale / canonical_level are FPN.ROI_CANONICAL_SCALE / _LEVEL.
+    1 bin). canonical_scale / canonical_level are FPN.ROI_CANONICAL_SCALE / _LEVEL. On CUDA, with
+    a fixed sampling ratio, Triton kernels pool every RoI on its level in place
+    (multilevel_roi_align); elsewhere torchvision's roi_align runs per level.
     """
     k_min = round(-math.log2(spatial_scales[0]))
     levels = map_rois_to_fpn_levels(rois[:, 1:5], k_min, k_min + len(features) - 1,
                                     canonical_scale, canonical_level)
+    if multilevel_roi_align.kernel_applies(features, rois, sampling_ratio):
+        return multilevel_roi_align.roi_align_levels(features, rois, levels - k_min, spatial_scales[:len(features)],
+                                                     output_size, sampling_ratio)
     first = features[0]
     # Pool in at least float32: half-precision RoI coordinates would be off by up to a pixel.
     compute_dtype = torch.promote_types(first.dtype, torch.float32)
