@@ -98,3 +98,26 @@ def test_roi_feature_transform_half_features_pool_with_float32_rois():
     assert pooled.dtype == torch.float16
     expected = roi_align(features[0].float(), rois, 7, 1 / 4, 2, False)
     torch.testing.assert_close(pooled.float(), expected.half().float(), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU (the Triton RoIAlign kernels)')
+@pytest.mark.parametrize('layout', [torch.contiguous_format, torch.channels_last])
+def test_roi_feature_transform_on_cuda_takes_the_kernels_and_matches_the_eager_path(layout):
+    # bfloat16 levels as the channels_last body gives them under autocast, RoIs on every level.
+    from detectron.modeling import multilevel_roi_align
+    features = [f.to('cuda', torch.bfloat16).contiguous(memory_format=layout).requires_grad_()
+                for f in _pyramid(5, size=256)]
+    sides = [20, 40, 60, 120, 150, 250, 300, 500]
+    rois = torch.tensor([[i % 2] + _square(s, x0=2.5 * i, y0=1.75 * i) for i, s in enumerate(sides)],
+                        dtype=torch.float32, device='cuda')
+    assert multilevel_roi_align.kernel_applies(features, rois, 2)
+    pooled = roi_feature_transform(features, rois)
+    grads = torch.autograd.grad(pooled.float().square().sum(), features)
+    eager_features = [f.detach().cpu().float().requires_grad_() for f in features]
+    expected = roi_feature_transform(eager_features, rois.cpu())
+    expected_grads = torch.autograd.grad(expected.to(torch.bfloat16).float().square().sum(), eager_features)
+    assert pooled.dtype == torch.bfloat16
+    torch.testing.assert_close(pooled.cpu().float(), expected.to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-5)
+    for grad, want, feature in zip(grads, expected_grads, features):
+        assert grad.dtype == torch.bfloat16 and grad.stride() == feature.stride()
+        torch.testing.assert_close(grad.cpu().float(), want.to(torch.bfloat16).float(), rtol=2 ** -6, atol=1e-3)
