@@ -306,6 +306,7 @@ gpu_tests() {  # the tests that only run with CUDA (the Triton kernels: variance
     tests/modeling/test_affine_relu.py tests/utils/test_bitmask_nms.py tests/core/test_train_options.py tests/tools/test_benchmark.py \
     tests/tools/test_centernet_plain.py tests/roi_data/test_mask_targets.py tests/utils/test_segms_device.py \
     tests/modeling/test_focal_loss.py tests/modeling/test_multilevel_roi_align.py tests/modeling/test_roi_pooling.py \
+    tests/modeling/test_fixed_size_training.py \
     tests/core/test_centernet_engine.py::test_autocast_training_on_cuda_stores_the_trunk_and_heads_channels_last_with_fused_adam \
     > "$OUT/gpu_tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20

@@ -114,28 +114,31 @@ def _smooth_l1(x, beta=1.0):
 
 
 def fast_rcnn_losses(cls_score, bbox_pred, labels, bbox_targets, bbox_inside_weights,
-                     bbox_outside_weights):
+                     bbox_outside_weights, valid=None):
     """Detectron's `add_fast_rcnn_losses` for the RoIs of one process.
 
     Returns `loss_cls` (softmax cross entropy averaged over the R sampled RoIs), `loss_bbox`
     (Caffe2's SmoothL1Loss, beta 1: sum(out_w * SL1(in_w * (pred - target))) / R) and the metric
     `accuracy_cls`. With KL-Loss (cfg.PRED_STD) the caller replaces `loss_bbox` by `kl_loss`,
-    keeping the key `loss_bbox`.
+    keeping the key `loss_bbox`. valid (R,) bool (fixed-size sampling): only those rows are RoIs,
+    R their count (the others carry zero box weights).
     """
     loss_bbox = (bbox_outside_weights
                  * _smooth_l1(bbox_inside_weights * (bbox_pred - bbox_targets))).sum()
     with torch.no_grad():
         # Caffe2's Accuracy op on cls_prob: the first maximum wins ties, as argmax does.
         predicted = F.softmax(cls_score, dim=1).argmax(dim=1)
-        accuracy_cls = (predicted == labels).to(cls_score.dtype).mean()
-    return {
-        'loss_cls': F.cross_entropy(cls_score, labels),
-        'loss_bbox': loss_bbox / bbox_pred.shape[0],
-        'accuracy_cls': accuracy_cls,
-    }
+        correct = (predicted == labels).to(cls_score.dtype)
+        accuracy_cls = correct.mean() if valid is None else (correct * valid).sum() / valid.sum()
+    if valid is None:
+        loss_cls, num_rois = F.cross_entropy(cls_score, labels), bbox_pred.shape[0]
+    else:
+        num_rois = valid.sum()
+        loss_cls = (F.cross_entropy(cls_score, labels, reduction='none') * valid).sum() / num_rois
+    return {'loss_cls': loss_cls, 'loss_bbox': loss_bbox / num_rois, 'accuracy_cls': accuracy_cls}
 
 
-def kl_loss(bbox_pred, bbox_pred_std, bbox_targets, bbox_inside_weights, bbox_outside_weights):
+def kl_loss(bbox_pred, bbox_pred_std, bbox_targets, bbox_inside_weights, bbox_outside_weights, valid=None):
     """KL-Loss box regression loss of one process (KL-Loss `add_fast_rcnn_losses`, PRED_STD_LOG).
 
     With alpha = bbox_pred_std = log(sigma^2) and x = in_w * (pred - target):
@@ -149,9 +152,10 @@ def kl_loss(bbox_pred, bbox_pred_std, bbox_targets, bbox_inside_weights, bbox_ou
     product term, one with exp(-alpha) and one with SL1 stopped; those stop-gradients only split
     the product rule between the copies, so differentiating the single product gives the same
     gradients. The value here counts the product once, whereas Detectron's logged total 'loss'
-    (loss_bbox + mulw + logw) counts exp(-alpha) SL1 twice.
+    (loss_bbox + mulw + logw) counts exp(-alpha) SL1 twice. valid: as fast_rcnn_losses' (rows
+    outside it have zero weights, so only R changes).
     """
     x = bbox_inside_weights * (bbox_pred - bbox_targets)
     per_element = (torch.exp(-bbox_pred_std) * _smooth_l1(x)
                    + 0.5 * bbox_pred_std * bbox_outside_weights)
-    return per_element.sum() / bbox_pred.shape[0]
+    return per_element.sum() / (bbox_pred.shape[0] if valid is None else valid.sum())

@@ -123,14 +123,19 @@ class GeneralizedRCNN(nn.Module):
         return tuple(features) + tuple(logits) + tuple(deltas)
 
     def _proposals(self, logits, deltas, anchors, im_info, proposal_params, training):
+        """(rois, valid): the RPN proposals, collected over the batch in training; with
+        fixed_size_training_rois in fixed-size tensors whose real rows valid flags, else valid is None."""
+        args = ([x.detach() for x in logits], [x.detach() for x in deltas], anchors, im_info,
+                proposal_params.pre_nms_top_n, proposal_params.post_nms_top_n, proposal_params.nms_thresh,
+                proposal_params.min_size)
         with torch.no_grad():
-            rois, _ = rpn_heads.generate_proposals(
-                [x.detach() for x in logits], [x.detach() for x in deltas], anchors, im_info,
-                pre_nms_top_n=proposal_params.pre_nms_top_n,
-                post_nms_top_n=proposal_params.post_nms_top_n,
-                nms_thresh=proposal_params.nms_thresh, min_size=proposal_params.min_size,
-                xyxy=self.params.xyxy, collect_across_batch=training, clips=self.params.bbox_xform_clips)
-        return rois
+            if training and fixed_size_training_rois(im_info.device):
+                rois, _, valid = rpn_heads.collected_proposals_fixed_size(
+                    *args, xyxy=self.params.xyxy, clips=self.params.bbox_xform_clips)
+                return rois, valid
+            rois, _ = rpn_heads.generate_proposals(*args, xyxy=self.params.xyxy, collect_across_batch=training,
+                                                   clips=self.params.bbox_xform_clips)
+        return rois, None
 
     def _box_outputs(self, features, rois):
         p = self.params
@@ -163,29 +168,30 @@ class GeneralizedRCNN(nn.Module):
             batch_size_per_im=p.rpn_batch_size_per_im, straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
         losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
                                       batch_size_per_im=p.rpn_batch_size_per_im)
-        proposals = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
-        rois, labels, bbox_targets, inside_w, outside_w = sample_rois(
+        proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
+        sampled = sample_rois(
             proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
             batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
             bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
-            cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy)
+            cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy, proposal_valid=proposal_valid)
         if self.mask_head is not None:
             # Before the box head is queued: mask_targets' host sync then waits for little.
-            mt = mask_targets(rois, labels, im_info[:, 2], targets, resolution=p.mask.resolution,
+            mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
                               cls_specific=p.mask.cls_specific)
-        out = self._box_outputs(features, rois)
+        out = self._box_outputs(features, sampled.rois)
+        box_targets = (sampled.bbox_targets, sampled.bbox_inside_weights, sampled.bbox_outside_weights)
         losses.update(fast_rcnn_heads.fast_rcnn_losses(
-            out['cls_score'], out['bbox_pred'], labels, bbox_targets, inside_w, outside_w))
+            out['cls_score'], out['bbox_pred'], sampled.labels, *box_targets, valid=sampled.valid))
         if p.pred_std:
             losses['loss_bbox'] = fast_rcnn_heads.kl_loss(
-                out['bbox_pred'], out['bbox_pred_std'], bbox_targets, inside_w, outside_w)
+                out['bbox_pred'], out['bbox_pred_std'], *box_targets, valid=sampled.valid)
         if self.mask_head is not None:
             losses['loss_mask'] = mask_rcnn_heads.mask_loss(self.mask_logits(features, mt.rois), mt.classes,
                                                             mt.masks, weight=p.mask.weight_loss)
         return losses
 
     def _inference(self, features, logits, deltas, anchors, im_info):
-        rois = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals, training=False)
+        rois, _ = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals, training=False)
         out = self._box_outputs(features, rois)
         result = {'rois': rois, 'cls_prob': out['cls_prob'].float(),
                   'bbox_pred': out['bbox_pred'].float()}
@@ -196,6 +202,14 @@ class GeneralizedRCNN(nn.Module):
             # graph's buffers: the caller uses them before the next forward.
             result['features'] = features
         return result
+
+
+def fixed_size_training_rois(device):
+    """Whether training proposals and sampled RoIs come in fixed-size tensors (with validity flags):
+    on a GPU, where each host synchronisation of the compact ones leaves it idle while Python
+    launches the rest of the step (BENCHMARKS.md, "Training speed"); the CPU runs the compact ones
+    and Detectron's own NMS kernel."""
+    return device.type == 'cuda'
 
 
 def _split_in_three(flat):

@@ -167,18 +167,9 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     their scores (R,): with collect_across_batch sorted by descending score over the batch,
     otherwise grouped by image (in image order) and by descending score within an image.
     """
-    num_images = logits[0].shape[0]
-    device = logits[0].device
-    top = [_top_anchors(*level, pre_nms_top_n) for level in zip(logits, deltas, anchors)]
-    top_scores, top_deltas, top_anchors = (torch.cat(parts, dim=1) for parts in zip(*top))
-    boxes = _decoded_and_clipped(top_anchors, top_deltas, im_info, xyxy, clips).reshape(-1, 4)
-    scores = top_scores.reshape(-1)
-    levels = torch.cat([torch.full_like(lvl_scores, level, dtype=torch.long)
-                        for level, (lvl_scores, _, _) in enumerate(top)], dim=1).reshape(-1)
-    image_ids = torch.arange(num_images, device=device).repeat_interleave(
-        scores.numel() // num_images)
-
-    keep = _keep_min_size_and_center_inside(boxes, im_info[image_ids], min_size).nonzero().squeeze(1)
+    boxes, scores, levels, image_ids, passes, _ = _candidate_boxes(
+        logits, deltas, anchors, im_info, pre_nms_top_n, min_size, xyxy, clips)
+    keep = passes.nonzero().squeeze(1)
     boxes, scores, levels, image_ids = boxes[keep], scores[keep], levels[keep], image_ids[keep]
 
     if nms_thresh > 0:
@@ -191,6 +182,68 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     keep = _top_n_per_group(scores, collect_groups, post_nms_top_n)
     rois = torch.cat((image_ids[keep].unsqueeze(1).to(boxes.dtype), boxes[keep]), dim=1)
     return rois, scores[keep]
+
+
+def _candidate_boxes(logits, deltas, anchors, im_info, pre_nms_top_n, min_size, xyxy, clips):
+    """Every image's pre_nms_top_n best anchors of each level, decoded and clipped: boxes (B*K, 4),
+    scores, levels and image ids (K the levels' counts summed; image by image, level by level, best
+    first), whether each passes Detectron's size and centre filter, and the levels' counts."""
+    num_images = logits[0].shape[0]
+    top = [_top_anchors(*level, pre_nms_top_n) for level in zip(logits, deltas, anchors)]
+    top_scores, top_deltas, top_anchors = (torch.cat(parts, dim=1) for parts in zip(*top))
+    boxes = _decoded_and_clipped(top_anchors, top_deltas, im_info, xyxy, clips).reshape(-1, 4)
+    scores = top_scores.reshape(-1)
+    levels = torch.cat([torch.full_like(lvl_scores, level, dtype=torch.long)
+                        for level, (lvl_scores, _, _) in enumerate(top)], dim=1).reshape(-1)
+    image_ids = torch.arange(num_images, device=boxes.device).repeat_interleave(scores.numel() // num_images)
+    passes = _keep_min_size_and_center_inside(boxes, im_info[image_ids], min_size)
+    return boxes, scores, levels, image_ids, passes, [lvl_scores.shape[1] for lvl_scores, _, _ in top]
+
+
+def collected_proposals_fixed_size(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms_top_n,
+                                   nms_thresh, min_size, xyxy=False,
+                                   clips=(box_utils.DEFAULT_XFORM_CLIP, box_utils.DEFAULT_XFORM_CLIP_XYXY)):
+    """generate_proposals(..., collect_across_batch=True), the training proposals, in tensors whose
+    sizes do not depend on the data, so the host never waits for the GPU: returns rois (N, 5),
+    scores (N,) and valid (N,) bool, N = post_nms_top_n (the number of candidates when that is
+    smaller or post_nms_top_n <= 0). The valid rows come first and are generate_proposals' rois and scores, in
+    its order; the rest are zeros. Each (image, level) group is one row of candidates by descending
+    score (of equal scores the later first, as batched_nms_t), those failing the size filter last."""
+    num_images = logits[0].shape[0]
+    boxes, scores, _, image_ids, passes, counts = _candidate_boxes(
+        logits, deltas, anchors, im_info, pre_nms_top_n, min_size, xyxy, clips)
+    slots = _group_slots(num_images, counts, boxes.device)
+    ranked = torch.where(slots >= 0, torch.where(passes, scores, float('-inf'))[slots.clamp(min=0)], float('-inf'))
+    slots = slots.flip(1).gather(1, ranked.flip(1).sort(dim=1, descending=True, stable=True).indices)
+    candidate = (slots >= 0) & passes[slots.clamp(min=0)]
+    slots = torch.where(candidate, slots, -1)
+    keep = candidate
+    if nms_thresh > 0:
+        keep = box_utils.grouped_nms_keep(boxes, slots, nms_thresh)
+        if post_nms_top_n > 0:
+            keep = keep & (keep.cumsum(dim=1) <= post_nms_top_n)
+    # Collect: the best of the batch, by score, of equal scores in group order (a stable sort).
+    keep, slots = keep.reshape(-1), slots.reshape(-1).clamp(min=0)
+    kept_scores = torch.where(keep, scores[slots], float('-inf'))
+    num = len(boxes) if post_nms_top_n <= 0 else min(post_nms_top_n, len(boxes))  # padding slots sort last
+    order = kept_scores.sort(descending=True, stable=True).indices[:num]
+    valid, chosen = keep[order], slots[order]
+    rois = torch.cat((image_ids[chosen].unsqueeze(1).to(boxes.dtype), boxes[chosen]), dim=1)
+    return rois * valid.unsqueeze(1), scores[chosen] * valid, valid
+
+
+def _group_slots(num_images, counts, device):
+    """(B * L, M) indices of the candidates of each (image, level) group, in _candidate_boxes'
+    order, -1 after a level's counts[l] (M = the largest count); made from arange, not from a host
+    list, whose copy to the device would wait for the GPU."""
+    total, width = sum(counts), max(counts)
+    columns = torch.arange(width, device=device)
+    image_starts = torch.arange(num_images, device=device).unsqueeze(1) * total
+    rows, start = [], 0
+    for count in counts:
+        rows.append(torch.where(columns < count, image_starts + start + columns, -1))
+        start += count
+    return torch.stack(rows, dim=1).reshape(-1, width)
 
 
 def _sigmoid_cross_entropy_sum(logits, labels):

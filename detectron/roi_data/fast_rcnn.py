@@ -5,7 +5,7 @@ Mirrors what Detectron's CollectAndDistributeFpnRpnProposals op does in training
 `roi_data/fast_rcnn.py` (_sample_rois, _expand_bbox_targets), batched on the proposals' device.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -18,12 +18,13 @@ class SampledRoIs(NamedTuple):
     bbox_targets: torch.Tensor          # (S, 4K) target in the 4 columns of its regression class
     bbox_inside_weights: torch.Tensor   # (S, 4K) 1 on those columns
     bbox_outside_weights: torch.Tensor  # (S, 4K) inside_weights > 0
+    valid: Optional[torch.Tensor] = None  # (S,) bool, fixed-size sampling only: the row is a sampled RoI
 
 
 def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_classes,
                 batch_size_per_im, fg_fraction=0.25, fg_thresh=0.5, bg_thresh_hi=0.5,
                 bg_thresh_lo=0.0, bbox_reg_weights=(10.0, 10.0, 5.0, 5.0), bbox_thresh=0.5,
-                cls_agnostic=False, xyxy=False, generator=None):
+                cls_agnostic=False, xyxy=False, generator=None, proposal_valid=None):
     """Detectron's Fast R-CNN minibatch RoIs for a batch of images.
 
     proposals (R, 5): (batch index, box) in network-input coordinates; im_scales (B,);
@@ -41,6 +42,11 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
     Returns SampledRoIs concatenated over images in image order, each image's fg before its bg
     (rows within each part in candidate order; Detectron's order there is random). K =
     num_classes, or 2 when cls_agnostic. `generator` seeds the sampling.
+
+    With proposal_valid (R,) bool (rpn_heads.collected_proposals_fixed_size's padding flags) the
+    invalid proposals are never sampled and the result has a fixed number of rows S = min(B x
+    batch_size_per_im, candidates), so nothing waits for the GPU: the sampled RoIs in the order above,
+    then rows of zeros with label 0, flagged by `valid`.
     """
     boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class = _candidates(
         proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd)
@@ -57,6 +63,13 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
     num_images = len(gt_boxes)
     fg = max_overlap >= fg_thresh
     bg = (max_overlap < bg_thresh_hi) & (max_overlap >= bg_thresh_lo)
+    num_slots = None
+    if proposal_valid is not None:
+        candidate = torch.cat((torch.ones(len(boxes) - len(proposal_valid), dtype=torch.bool, device=boxes.device),
+                               proposal_valid))
+        fg, bg = fg & candidate, bg & candidate
+        # A row is sampled at most once, or twice when the fg and bg ranges overlap.
+        num_slots = min(num_images * int(batch_size_per_im), len(boxes) * (2 if bg_thresh_hi > fg_thresh else 1))
     fg_per_image = _count_per_image(fg, image_ids, num_images).clamp(
         max=int(round(fg_fraction * batch_size_per_im)))
     bg_per_image = torch.minimum(_count_per_image(bg, image_ids, num_images),
@@ -64,14 +77,18 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
     fg = _random_subset(fg, image_ids, fg_per_image, generator)
     bg = _random_subset(bg, image_ids, bg_per_image, generator)
 
-    rows, sampled_as_bg = _fg_then_bg_per_image(fg, bg, image_ids)
+    rows, sampled_as_bg, valid = _fg_then_bg_per_image(fg, bg, image_ids, num_slots)
     rois = torch.cat((image_ids[rows].unsqueeze(1).to(boxes.dtype),
                       boxes[rows] * im_scales[image_ids[rows]].unsqueeze(1)), dim=1)
     labels = torch.where(sampled_as_bg, 0, max_class[rows])
     num_reg_classes = 2 if cls_agnostic else num_classes
     bbox_targets, inside_weights = _expand_bbox_targets(
         regression_class[rows], targets[rows], num_reg_classes)
-    return SampledRoIs(rois, labels, bbox_targets, inside_weights, (inside_weights > 0).to(inside_weights.dtype))
+    if valid is not None:
+        rois, bbox_targets, inside_weights = (x * valid.unsqueeze(1) for x in (rois, bbox_targets, inside_weights))
+        labels = labels * valid
+    return SampledRoIs(rois, labels, bbox_targets, inside_weights, (inside_weights > 0).to(inside_weights.dtype),
+                       valid)
 
 
 def _candidates(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
@@ -165,14 +182,24 @@ def _random_subset(eligible, image_ids, quotas, generator):
     return torch.zeros_like(eligible).scatter_(0, order, chosen)
 
 
-def _fg_then_bg_per_image(fg, bg, image_ids):
-    """Row indices of the sampled RoIs, image by image, fg rows before bg rows, and a flag
-    telling which were sampled as bg (a row may be both when bg_thresh_hi > fg_thresh)."""
+_UNSAMPLED = torch.iinfo(torch.int64).max  # the sort key of a row not sampled: after every sampled one
+
+
+def _fg_then_bg_per_image(fg, bg, image_ids, num_slots=None):
+    """Row indices of the sampled RoIs, image by image, fg rows before bg rows, a flag telling
+    which were sampled as bg (a row may be both when bg_thresh_hi > fg_thresh), and None; with
+    num_slots, num_slots rows (the sampled ones, then row 0 repeated) and the flags of the sampled."""
     num_rows = len(fg)
     rows = torch.arange(num_rows, device=fg.device)
     key = image_ids * (2 * num_rows) + rows
-    keys = torch.cat((key, key + num_rows))[torch.cat((fg, bg))].sort().values
-    return keys % num_rows, (keys // num_rows) % 2 == 1
+    keys, sampled = torch.cat((key, key + num_rows)), torch.cat((fg, bg))
+    if num_slots is None:  # the boolean selection is a host synchronisation (its size)
+        keys = keys[sampled].sort().values
+        return keys % num_rows, (keys // num_rows) % 2 == 1, None
+    keys = torch.where(sampled, keys, _UNSAMPLED).sort().values[:num_slots]
+    valid = keys != _UNSAMPLED
+    keys = keys * valid
+    return keys % num_rows, (keys // num_rows) % 2 == 1, valid
 
 
 def _expand_bbox_targets(regression_class, targets, num_reg_classes):

@@ -41,8 +41,8 @@ def mask_targets(rois, labels, im_scales, gt_polygons, resolution, cls_specific)
     drawn = fg & own.any(dim=1)
     num_polygons = torch.where(drawn, objects.polygons[best], 0)
     num_edges = torch.where(drawn, objects.edges[best], 0)
-    # The one host sync: the sizes of the mask head's batch and of the rasterisation. sample_rois
-    # has just synced on its own selection, so little work is queued before it.
+    # The one host sync: the sizes of the mask head's batch and of the rasterisation. Little work is
+    # queued before it: the proposals and the sampling.
     num_fg, total_polygons, total_edges = torch.stack((fg.sum(), num_polygons.sum(), num_edges.sum())).tolist()
     if num_fg == 0:
         masks = torch.full((1, resolution, resolution), -1, dtype=torch.int8, device=device)

@@ -252,6 +252,26 @@ def batched_nms_t(boxes, scores, idxs, thresh):
         _plus_one_corners_t(boxes[rev]), scores[rev], idxs[rev], torchvision_thresh), boxes.shape[0], boxes.device)
 
 
+def grouped_nms_keep(boxes, slots, thresh):
+    """Greedy NMS keep flags (G, M) of each row of slots: indices into boxes (N, 4), a row's boxes
+    by descending score, then -1 to the row's end. Suppresses at IoU >= thresh, as nms_t. On CUDA
+    by bitmask_nms' kernels, without a host synchronisation; elsewhere by `_matrix_keep` while its
+    pair matrix stays under MATRIX_NMS_MAX_PAIRS; beyond both, by batched_nms_t on the rows'
+    boxes (reading their number from the device)."""
+    torchvision_thresh = torchvision_nms_thresh(thresh)
+    if bitmask_nms.available(boxes.device) and slots.shape[1] <= bitmask_nms.MAX_GROUP_SIZE:
+        return _bitmask_keep(boxes, slots, (slots >= 0).sum(dim=1), torchvision_thresh)
+    if slots.numel() * slots.shape[1] <= MATRIX_NMS_MAX_PAIRS:
+        return _matrix_keep(boxes, slots, torchvision_thresh)
+    positions = (slots >= 0).reshape(-1).nonzero().squeeze(1)
+    # Scores falling with the position: batched_nms_t then visits each row in its slots' order.
+    kept = batched_nms_t(boxes[slots.reshape(-1)[positions]], -positions.to(torch.float64),
+                         positions // slots.shape[1], thresh)
+    keep = torch.zeros(slots.numel(), dtype=torch.bool, device=slots.device)
+    keep[positions[kept]] = True
+    return keep.view_as(slots)
+
+
 def _detectron_batched_nms(boxes, scores, idxs, thresh):
     """Detectron's greedy NMS (cython_nms.nms on float32 dets) per value of idxs; kept indices in
     descending score order, of equal scores the later first."""

@@ -171,3 +171,35 @@ def test_kl_loss_at_init_reduces_to_smooth_l1_loss():
     sl1 = fast_rcnn_losses(torch.zeros(pred.shape[0], 5, dtype=torch.float64), args[0],
                            torch.zeros(pred.shape[0], dtype=torch.int64), *args[1:])['loss_bbox']
     assert kl.item() == pytest.approx(sl1.item(), rel=1e-12)
+
+
+def test_losses_over_valid_rows_equal_the_losses_of_those_rows_alone():
+    # Fixed-size sampling pads with rows of label 0 and zero box weights: the losses, their
+    # gradients and the accuracy over the valid rows are those of the compact rows.
+    g = torch.Generator().manual_seed(3)
+    num, padding, classes = 6, 3, 4
+    cls_score = torch.randn(num + padding, classes, generator=g, requires_grad=True)
+    bbox_pred = torch.randn(num + padding, 4 * classes, generator=g, requires_grad=True)
+    bbox_std = torch.randn(num + padding, 4 * classes, generator=g, requires_grad=True)
+    labels = torch.cat((torch.tensor([1, 0, 3, 2, 0, 1]), torch.zeros(padding, dtype=torch.long)))
+    targets = torch.randn(num + padding, 4 * classes, generator=g)
+    inside = torch.zeros(num + padding, 4 * classes)
+    for row, label in enumerate(labels[:num].tolist()):
+        inside[row, 4 * label:4 * label + 4] = float(label > 0)
+    targets = targets * (inside > 0)
+    valid = torch.arange(num + padding) < num
+    padded = fast_rcnn_losses(cls_score, bbox_pred, labels, targets, inside, inside, valid=valid)
+    padded['kl'] = kl_loss(bbox_pred, bbox_std, targets, inside, inside, valid=valid)
+    compact = fast_rcnn_losses(cls_score[:num], bbox_pred[:num], labels[:num], targets[:num], inside[:num],
+                               inside[:num])
+    compact['kl'] = kl_loss(bbox_pred[:num], bbox_std[:num], targets[:num], inside[:num], inside[:num])
+    for name in ('loss_cls', 'loss_bbox', 'accuracy_cls', 'kl'):
+        torch.testing.assert_close(padded[name], compact[name], rtol=1e-6, atol=0)
+    for name in ('loss_cls', 'loss_bbox', 'kl'):
+        grads = torch.autograd.grad(padded[name], (cls_score, bbox_pred, bbox_std), allow_unused=True,
+                                    materialize_grads=True)
+        want = torch.autograd.grad(compact[name], (cls_score, bbox_pred, bbox_std), allow_unused=True,
+                                   materialize_grads=True)
+        for got, expected in zip(grads, want):
+            torch.testing.assert_close(got[:num], expected[:num], rtol=1e-6, atol=1e-7)
+            assert got[num:].abs().sum() == 0

@@ -292,6 +292,60 @@ def test_training_proposals_match_detectron_collected_over_the_batch(xyxy, pre, 
     assert len(rois) <= post
 
 
+def _fixed_size_proposals(logits, deltas, im_info, pre, post, nms_thresh, min_size, xyxy=False):
+    return rpn_heads.collected_proposals_fixed_size(
+        [torch.as_tensor(x) for x in logits], [torch.as_tensor(x) for x in deltas],
+        rpn_heads.fpn_anchors(FEATURE_SHAPES), torch.as_tensor(im_info), pre, post, nms_thresh, min_size, xyxy=xyxy)
+
+
+@pytest.mark.parametrize('xyxy', [False, True])
+@pytest.mark.parametrize('pre,post,min_size', [(50, 40, 4), (0, 300, 0), (1000, 7, 10), (30, 2000, 8)])
+def test_fixed_size_training_proposals_are_detectrons_then_padding(xyxy, pre, post, min_size):
+    # (30, 2000, 8): fewer proposals survive than post_nms_top_n, so padding rows follow them.
+    logits, deltas = _random_rpn_outputs(seed=pre + post)
+    expected_rois, expected_scores = np_generate_proposals(logits, deltas, IM_INFO, pre, post, 0.7, min_size, xyxy)
+    rois, scores, valid = _fixed_size_proposals(logits, deltas, IM_INFO, pre, post, 0.7, min_size, xyxy)
+    candidates = sum(2 * min(pre if pre > 0 else h * w * 3, h * w * 3) for h, w in FEATURE_SHAPES)
+    assert rois.shape == (min(post, candidates), 5) and valid.dtype == torch.bool
+    num = len(expected_rois)
+    assert valid[:num].all() and not valid[num:].any()
+    np.testing.assert_allclose(rois[:num].numpy(), expected_rois, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(scores[:num].numpy(), expected_scores, rtol=1e-6)
+    assert rois[num:].abs().sum() == 0 and scores[num:].abs().sum() == 0
+    if post == 2000:
+        assert num < post  # the case meant to pad
+
+
+def test_fixed_size_proposals_order_equal_scores_as_generate_proposals():
+    # Saturated logits give equal scores (1.0 in float32) on many anchors: the order among them
+    # (which then decides the collected cap) must be generate_proposals' own.
+    logits, deltas = _random_rpn_outputs(seed=11)
+    for level in logits:
+        level[:, :, ::2, :] = 40.0
+    args = ([torch.from_numpy(x) for x in logits], [torch.from_numpy(x) for x in deltas],
+            rpn_heads.fpn_anchors(FEATURE_SHAPES), torch.from_numpy(IM_INFO), 200, 60, 0.7, 2)
+    expected_rois, expected_scores = rpn_heads.generate_proposals(*args, collect_across_batch=True)
+    rois, scores, valid = rpn_heads.collected_proposals_fixed_size(*args)
+    assert (expected_scores == 1.0).sum() > 10 and valid.all()
+    assert torch.equal(rois, expected_rois) and torch.equal(scores, expected_scores)
+
+
+def test_fixed_size_proposals_without_nms_or_cap():
+    logits, deltas = _random_rpn_outputs(seed=4, num_images=1)
+    expected_rois, _ = np_generate_proposals(logits, deltas, IM_INFO[:1], 30, 1000, 0.0, 0, False)
+    rois, _, valid = _fixed_size_proposals(logits, deltas, IM_INFO[:1], 30, 1000, 0.0, 0)
+    assert len(rois) == 114 and valid.all()  # 30 + 30 + 30 + 18 + 6, every one
+    np.testing.assert_allclose(rois.numpy(), expected_rois, rtol=1e-5, atol=1e-3)
+    # post_nms_top_n 0: no cap (generate_proposals' reading; Detectron's collect would keep nothing)
+    rois, _, valid = _fixed_size_proposals(logits, deltas, IM_INFO[:1], 30, 0, 0.7, 0)
+    expected_rois, _ = rpn_heads.generate_proposals(
+        [torch.from_numpy(x) for x in logits], [torch.from_numpy(x) for x in deltas],
+        rpn_heads.fpn_anchors(FEATURE_SHAPES), torch.from_numpy(IM_INFO[:1]), 30, 0, 0.7, 0,
+        collect_across_batch=True)
+    assert len(rois) == 114 and 0 < int(valid.sum()) == len(expected_rois) < 114
+    assert torch.equal(rois[valid], expected_rois)
+
+
 def test_test_proposals_are_collected_per_image():
     logits, deltas = _random_rpn_outputs(seed=3)
     rois, scores = rpn_heads.generate_proposals(

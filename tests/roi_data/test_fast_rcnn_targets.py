@@ -244,3 +244,47 @@ def test_images_without_gt_or_proposals_give_bg_or_nothing():
                         [torch.zeros(0, dtype=torch.long)], [torch.zeros(0, dtype=torch.bool)],
                         num_classes=3, batch_size_per_im=8)
     assert empty.rois.shape == (0, 5) and empty.bbox_targets.shape == (0, 12)
+
+
+def _with_padding(proposals, num_padding):
+    """The proposals followed by num_padding rows of zeros, and their validity flags (the layout of
+    rpn_heads.collected_proposals_fixed_size)."""
+    padded = torch.cat((proposals, torch.zeros(num_padding, 5)))
+    return padded, torch.arange(len(padded)) < len(proposals)
+
+
+@pytest.mark.parametrize('bg_thresh_hi,batch_size_per_im', [(0.5, 24), (0.6, 24), (0.5, 10000)])
+def test_fixed_size_sampling_gives_the_compact_rois_then_padding(bg_thresh_hi, batch_size_per_im, monkeypatch):
+    # Padding rows are drawn for (the random stream then has the fixed size) but never sampled: with
+    # the compact proposals and the same draws, the valid rows are the compact sampling's rows.
+    proposals, *rest = _to_torch(*_batch(seed=4))
+    padded, proposal_valid = _with_padding(proposals, 7)
+    fixed = sample_rois(padded, *rest, num_classes=NUM_CLASSES, batch_size_per_im=batch_size_per_im,
+                        bg_thresh_hi=bg_thresh_hi, generator=torch.Generator().manual_seed(1),
+                        proposal_valid=proposal_valid)
+    compact = _compact_with_the_same_draws(proposals, rest, len(padded), batch_size_per_im, bg_thresh_hi, monkeypatch)
+    num_gt = sum(len(b) for b in rest[1])
+    expected_slots = min(2 * batch_size_per_im, (len(padded) + num_gt) * (2 if bg_thresh_hi > 0.5 else 1))
+    assert len(fixed.rois) == expected_slots
+    num = len(compact.rois)
+    assert 0 < num <= expected_slots
+    if batch_size_per_im > 1000:
+        assert num < expected_slots  # fewer candidates than slots: padding rows at the end
+    assert fixed.valid[:num].all() and not fixed.valid[num:].any()
+    for name in ('rois', 'labels', 'bbox_targets', 'bbox_inside_weights', 'bbox_outside_weights'):
+        got, want = getattr(fixed, name), getattr(compact, name)
+        assert torch.equal(got[:num], want), name
+        assert got[num:].abs().sum() == 0, name
+    assert compact.valid is None
+
+
+def _compact_with_the_same_draws(proposals, rest, num_padded, batch_size_per_im, bg_thresh_hi, monkeypatch):
+    """The compact sampling given the fixed-size sampling's random priorities for the same rows (its
+    fg then bg draws over the padded candidates, seed 1, the padding rows' draws left out)."""
+    num_rows = sum(len(b) for b in rest[1]) + num_padded
+    generator = torch.Generator().manual_seed(1)
+    draws = iter([torch.rand(num_rows, dtype=torch.float64, generator=generator)[:num_rows - num_padded + len(proposals)]
+                  for _ in range(2)])
+    monkeypatch.setattr(torch, 'rand', lambda *args, **kwargs: next(draws))
+    return sample_rois(proposals, *rest, num_classes=NUM_CLASSES, batch_size_per_im=batch_size_per_im,
+                       bg_thresh_hi=bg_thresh_hi)

@@ -482,3 +482,42 @@ def test_cpu_batched_nms_is_detectrons_kernel_per_group(seed):
         kept = box_utils.batched_nms_t(boxes, scores, idxs, thresh)
         assert set(kept.tolist()) == expected and len(kept) == len(expected)
         assert (scores[kept][:-1] >= scores[kept][1:]).all()
+
+
+def _slots_of(scores, idxs, num_groups, width):
+    """(num_groups, width) box indices per group by descending score, -1 after each group's boxes."""
+    slots = torch.full((num_groups, width), -1, dtype=torch.long)
+    for g in range(num_groups):
+        members = (idxs == g).nonzero().squeeze(1)
+        members = members[scores[members].argsort(descending=True)]
+        slots[g, :len(members)] = members
+    return slots
+
+
+@pytest.mark.parametrize('seed', range(4))
+@pytest.mark.parametrize('route', ['matrix', 'per-group kernel'])
+def test_grouped_nms_keep_flags_the_boxes_batched_nms_keeps(seed, route, monkeypatch):
+    # Each route of grouped_nms_keep (the fixed-size training proposals' NMS) against batched_nms_t;
+    # 'per-group kernel' is the route of groups too wide for the bitmask and matrix ones.
+    boxes, scores, idxs = _random_nms_case(seed, 400, 6)
+    num_groups = int(idxs.max()) + 1
+    slots = _slots_of(scores, idxs, num_groups, width=int(torch.bincount(idxs).max()) + 3)
+    if route == 'per-group kernel':
+        monkeypatch.setattr(box_utils, 'MATRIX_NMS_MAX_PAIRS', 0)
+    suppressed = 0
+    for thresh in (0.3, 0.7):
+        keep = box_utils.grouped_nms_keep(boxes, slots, thresh)
+        assert keep.shape == slots.shape and not keep[slots < 0].any()
+        kept = set(slots[keep].tolist())
+        assert kept == set(box_utils.batched_nms_t(boxes, scores, idxs, thresh).tolist())
+        suppressed += len(boxes) - len(kept)
+    assert suppressed > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (the bitmask kernels)')
+def test_grouped_nms_keep_on_cuda_equals_the_matrix_route():
+    boxes, scores, idxs = _random_nms_case(7, 900, 8)
+    slots = _slots_of(scores, idxs, int(idxs.max()) + 1, width=int(torch.bincount(idxs).max()))
+    for thresh in (0.5, 0.7):
+        expected = box_utils.grouped_nms_keep(boxes, slots, thresh)
+        assert torch.equal(box_utils.grouped_nms_keep(boxes.cuda(), slots.cuda(), thresh).cpu(), expected)

@@ -1,0 +1,70 @@
+"""The R-CNN training step with fixed-size proposals and RoIs (what a GPU runs, so that nothing waits
+for it) against the compact ones the CPU runs: the same losses and gradients, on the CPU and on CUDA."""
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from detectron.modeling import generalized_rcnn, model_builder
+from detectron.modeling.generalized_rcnn import ProposalParams
+from detectron.roi_data.minibatch import polygon_targets
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(params=['shapes_demo_R-18-FPN_kl.yaml', 'shapes_demo_mask_R-18-FPN.yaml'])
+def model(request):
+    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', request.param))
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    model = model_builder.create(cfg).train()
+    # 60 proposals for the batch: fewer than survive NMS, so both paths sample from 60 rows (and draw
+    # the same random numbers); 32 RoIs per image: a random subset of them.
+    model.params = dataclasses.replace(model.params, batch_size_per_im=32,
+                                       train_proposals=ProposalParams(300, 60, 0.7, 0.0))
+    return model
+
+
+def _batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(2, 3, 128, 160, generator=g) * 50
+    im_info = torch.tensor([[128., 150., 1.0], [120., 160., 1.0]])
+    boxes = [torch.tensor([[10., 12., 60., 70.], [70., 20., 140., 100.]]), torch.tensor([[30., 30., 90., 80.]])]
+    targets = [{'boxes': b, 'classes': torch.tensor([1, 2][:len(b)]), 'is_crowd': torch.zeros(len(b), dtype=torch.bool),
+                **polygon_targets([[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in b.tolist()])}
+               for b in boxes]  # each object its box outline (read by the mask head only)
+    return images, im_info, targets
+
+
+def _to(batch, device):
+    images, im_info, targets = batch
+    return images.to(device), im_info.to(device), [{k: v.to(device) for k, v in t.items()} for t in targets]
+
+
+def _losses_and_grads(model, batch, fixed_size, monkeypatch):
+    monkeypatch.setattr(generalized_rcnn, 'fixed_size_training_rois', lambda device: fixed_size)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    losses = model(*batch)
+    sum(v for k, v in losses.items() if k.startswith('loss')).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in losses.items()}, grads
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA (the bitmask NMS and RoIAlign kernels)'))])
+@pytest.mark.parametrize('seed', [0, 1])
+def test_fixed_size_rois_give_the_compact_losses_and_gradients(model, seed, device, monkeypatch):
+    model.to(device)
+    batch = _to(_batch(seed), device)
+    compact_losses, compact_grads = _losses_and_grads(model, batch, False, monkeypatch)
+    fixed_losses, fixed_grads = _losses_and_grads(model, batch, True, monkeypatch)
+    assert sorted(fixed_losses) == sorted(compact_losses)
+    assert compact_losses['loss_cls'] > 0 and compact_losses['loss_bbox'] != 0
+    for name, value in compact_losses.items():
+        torch.testing.assert_close(fixed_losses[name], value, rtol=1e-5, atol=1e-7, msg=name)
+    assert sorted(fixed_grads) == sorted(compact_grads)
+    for name, grad in compact_grads.items():
+        torch.testing.assert_close(fixed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
