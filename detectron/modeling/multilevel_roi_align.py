@@ -167,12 +167,38 @@ if triton is not None:
         return valid, y_low, y_high, x_low, x_high, hy * hx, hy * lx, ly * hx, ly * lx
 
     @triton.jit
-    def _corner_offsets(y_low, y_high, x_low, x_high, stride_h, stride_w):
-        """(bins, 1) element offsets of the four neighbours: top-left, top-right, bottom-left, bottom-right."""
+    def _sample(base, start_y, start_x, ph, pw, bin_h, bin_w, iy, ix, height, width, bin_ok, c_ok,
+                stride_h, stride_w, SAMPLING: tl.constexpr):
+        """Sample (iy, ix) of every bin: which (bin, channel) elements it reads (`inside`), the
+        pointers of its four neighbours and their weights (top-left, top-right, bottom-left,
+        bottom-right), each (bins, channels) or (bins, 1)."""
+        y = _sample_position(start_y, ph, bin_h, iy, SAMPLING)
+        x = _sample_position(start_x, pw, bin_w, ix, SAMPLING)
+        valid, y_low, y_high, x_low, x_high, w1, w2, w3, w4 = _bilinear_corners(y, x, height, width)
+        inside = (valid & bin_ok)[:, None] & c_ok[None, :]
         row_low, row_high = y_low.to(tl.int64) * stride_h, y_high.to(tl.int64) * stride_h
         col_low, col_high = x_low.to(tl.int64) * stride_w, x_high.to(tl.int64) * stride_w
-        return ((row_low + col_low)[:, None], (row_low + col_high)[:, None], (row_high + col_low)[:, None],
-                (row_high + col_high)[:, None])
+        return (inside, base + (row_low + col_low)[:, None], base + (row_low + col_high)[:, None],
+                base + (row_high + col_low)[:, None], base + (row_high + col_high)[:, None],
+                w1[:, None], w2[:, None], w3[:, None], w4[:, None])
+
+    @triton.jit
+    def _program(levels_ptr, rois_ptr, p0, p1, p2, p3, h0, h1, h2, h3, w0, w1, w2, w3, s0, s1, s2, s3, channels,
+                 CHANNELS_LAST: tl.constexpr, POOLED: tl.constexpr, BLOCK_BINS: tl.constexpr, BLOCK_C: tl.constexpr):
+        """What a (RoI, block of channels) program works on: the pointer of its channels at the RoI's
+        image in the RoI's level (p0..p3: the levels or their gradients), that level's height, width
+        and row / column strides, the bins' rows, columns and range, the channels' range, the RoI's
+        start and bin size, and the offsets and mask of its (bins, channels) in the pooled tensor."""
+        r = tl.program_id(0)
+        ptr, height, width, scale = _roi_level(levels_ptr, r, p0, p1, p2, p3, h0, h1, h2, h3,
+                                               w0, w1, w2, w3, s0, s1, s2, s3)
+        stride_n, stride_c, stride_h, stride_w = _strides(height, width, channels, CHANNELS_LAST)
+        bins, ph, pw, bin_ok, c, c_ok = _bins_and_channels(channels, POOLED, BLOCK_BINS, BLOCK_C)
+        batch, start_y, start_x, bin_h, bin_w = _roi_geometry(rois_ptr, r, scale, POOLED)
+        base = ptr + batch * stride_n + c[None, :].to(tl.int64) * stride_c
+        pooled = (r.to(tl.int64) * channels + c[None, :]) * (POOLED * POOLED) + bins[:, None]
+        return (base, height, width, stride_h, stride_w, ph, pw, bin_ok, c_ok, start_y, start_x, bin_h, bin_w,
+                pooled, bin_ok[:, None] & c_ok[None, :])
 
     # The level sizes change with every image size: specialising on them would compile a kernel per
     # new size (BENCHMARKS.md, "Start-up").
@@ -180,54 +206,39 @@ if triton is not None:
     def _forward_kernel(p0, p1, p2, p3, out_ptr, rois_ptr, levels_ptr, h0, h1, h2, h3, w0, w1, w2, w3,
                         s0, s1, s2, s3, channels, CHANNELS_LAST: tl.constexpr, POOLED: tl.constexpr,
                         SAMPLING: tl.constexpr, BLOCK_BINS: tl.constexpr, BLOCK_C: tl.constexpr):
-        r = tl.program_id(0)
-        feature_ptr, height, width, scale = _roi_level(levels_ptr, r, p0, p1, p2, p3, h0, h1, h2, h3,
-                                                       w0, w1, w2, w3, s0, s1, s2, s3)
-        stride_n, stride_c, stride_h, stride_w = _strides(height, width, channels, CHANNELS_LAST)
-        bins, ph, pw, bin_ok, c, c_ok = _bins_and_channels(channels, POOLED, BLOCK_BINS, BLOCK_C)
-        batch, start_y, start_x, bin_h, bin_w = _roi_geometry(rois_ptr, r, scale, POOLED)
-        base = feature_ptr + batch * stride_n + c[None, :].to(tl.int64) * stride_c
+        (base, height, width, stride_h, stride_w, ph, pw, bin_ok, c_ok, start_y, start_x, bin_h, bin_w, pooled,
+         pooled_ok) = _program(levels_ptr, rois_ptr, p0, p1, p2, p3, h0, h1, h2, h3, w0, w1, w2, w3, s0, s1, s2, s3,
+                               channels, CHANNELS_LAST, POOLED, BLOCK_BINS, BLOCK_C)
         total = tl.zeros((BLOCK_BINS, BLOCK_C), dtype=tl.float32)
         for iy in tl.static_range(SAMPLING):
-            y = _sample_position(start_y, ph, bin_h, iy, SAMPLING)
             for ix in tl.static_range(SAMPLING):
-                x = _sample_position(start_x, pw, bin_w, ix, SAMPLING)
-                valid, y_low, y_high, x_low, x_high, w1, w2, w3, w4 = _bilinear_corners(y, x, height, width)
-                inside = (valid & bin_ok)[:, None] & c_ok[None, :]
-                o1, o2, o3, o4 = _corner_offsets(y_low, y_high, x_low, x_high, stride_h, stride_w)
-                v1 = tl.load(base + o1, mask=inside, other=0.0).to(tl.float32)
-                v2 = tl.load(base + o2, mask=inside, other=0.0).to(tl.float32)
-                v3 = tl.load(base + o3, mask=inside, other=0.0).to(tl.float32)
-                v4 = tl.load(base + o4, mask=inside, other=0.0).to(tl.float32)
-                value = w1[:, None] * v1 + w2[:, None] * v2 + w3[:, None] * v3 + w4[:, None] * v4
-                total += tl.where(inside, value, 0.0)
+                inside, q1, q2, q3, q4, k1, k2, k3, k4 = _sample(
+                    base, start_y, start_x, ph, pw, bin_h, bin_w, iy, ix, height, width, bin_ok, c_ok,
+                    stride_h, stride_w, SAMPLING)
+                v1 = tl.load(q1, mask=inside, other=0.0).to(tl.float32)
+                v2 = tl.load(q2, mask=inside, other=0.0).to(tl.float32)
+                v3 = tl.load(q3, mask=inside, other=0.0).to(tl.float32)
+                v4 = tl.load(q4, mask=inside, other=0.0).to(tl.float32)
+                total += tl.where(inside, k1 * v1 + k2 * v2 + k3 * v3 + k4 * v4, 0.0)
         total = tl.div_rn(total, SAMPLING * SAMPLING * 1.0)
-        out = out_ptr + (r.to(tl.int64) * channels + c[None, :]) * (POOLED * POOLED) + bins[:, None]
-        tl.store(out, total.to(out_ptr.dtype.element_ty), mask=bin_ok[:, None] & c_ok[None, :])
+        tl.store(out_ptr + pooled, total.to(out_ptr.dtype.element_ty), mask=pooled_ok)
 
     @triton.jit(do_not_specialize=['h0', 'h1', 'h2', 'h3', 'w0', 'w1', 'w2', 'w3'])
     def _backward_kernel(g0, g1, g2, g3, grad_out_ptr, rois_ptr, levels_ptr, h0, h1, h2, h3, w0, w1, w2, w3,
                          s0, s1, s2, s3, channels, CHANNELS_LAST: tl.constexpr, POOLED: tl.constexpr,
                          SAMPLING: tl.constexpr, BLOCK_BINS: tl.constexpr, BLOCK_C: tl.constexpr):
-        r = tl.program_id(0)
-        grad_ptr, height, width, scale = _roi_level(levels_ptr, r, g0, g1, g2, g3, h0, h1, h2, h3,
-                                                    w0, w1, w2, w3, s0, s1, s2, s3)
-        stride_n, stride_c, stride_h, stride_w = _strides(height, width, channels, CHANNELS_LAST)
-        bins, ph, pw, bin_ok, c, c_ok = _bins_and_channels(channels, POOLED, BLOCK_BINS, BLOCK_C)
-        batch, start_y, start_x, bin_h, bin_w = _roi_geometry(rois_ptr, r, scale, POOLED)
-        grad_bins = grad_out_ptr + (r.to(tl.int64) * channels + c[None, :]) * (POOLED * POOLED) + bins[:, None]
-        grad = tl.load(grad_bins, mask=bin_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-        base = grad_ptr + batch * stride_n + c[None, :].to(tl.int64) * stride_c
+        (base, height, width, stride_h, stride_w, ph, pw, bin_ok, c_ok, start_y, start_x, bin_h, bin_w, pooled,
+         pooled_ok) = _program(levels_ptr, rois_ptr, g0, g1, g2, g3, h0, h1, h2, h3, w0, w1, w2, w3, s0, s1, s2, s3,
+                               channels, CHANNELS_LAST, POOLED, BLOCK_BINS, BLOCK_C)
+        grad = tl.load(grad_out_ptr + pooled, mask=pooled_ok, other=0.0).to(tl.float32)
         count = SAMPLING * SAMPLING * 1.0
         for iy in tl.static_range(SAMPLING):
-            y = _sample_position(start_y, ph, bin_h, iy, SAMPLING)
             for ix in tl.static_range(SAMPLING):
-                x = _sample_position(start_x, pw, bin_w, ix, SAMPLING)
-                valid, y_low, y_high, x_low, x_high, w1, w2, w3, w4 = _bilinear_corners(y, x, height, width)
-                inside = (valid & bin_ok)[:, None] & c_ok[None, :]
-                o1, o2, o3, o4 = _corner_offsets(y_low, y_high, x_low, x_high, stride_h, stride_w)
+                inside, q1, q2, q3, q4, k1, k2, k3, k4 = _sample(
+                    base, start_y, start_x, ph, pw, bin_h, bin_w, iy, ix, height, width, bin_ok, c_ok,
+                    stride_h, stride_w, SAMPLING)
                 # torchvision's order: (gradient x weight) / count, added to each neighbour.
-                tl.atomic_add(base + o1, tl.div_rn(grad * w1[:, None], count), mask=inside, sem='relaxed')
-                tl.atomic_add(base + o2, tl.div_rn(grad * w2[:, None], count), mask=inside, sem='relaxed')
-                tl.atomic_add(base + o3, tl.div_rn(grad * w3[:, None], count), mask=inside, sem='relaxed')
-                tl.atomic_add(base + o4, tl.div_rn(grad * w4[:, None], count), mask=inside, sem='relaxed')
+                tl.atomic_add(q1, tl.div_rn(grad * k1, count), mask=inside, sem='relaxed')
+                tl.atomic_add(q2, tl.div_rn(grad * k2, count), mask=inside, sem='relaxed')
+                tl.atomic_add(q3, tl.div_rn(grad * k3, count), mask=inside, sem='relaxed')
+                tl.atomic_add(q4, tl.div_rn(grad * k4, count), mask=inside, sem='relaxed')
