@@ -58,7 +58,7 @@ class _RoIAlignLevels(torch.autograd.Function):
         first = features[0]
         out = torch.empty((len(rois), first.shape[1], output_size, output_size), dtype=first.dtype,
                           device=first.device)
-        _launch(_forward_kernel, features, out, rois, levels, spatial_scales, sampling_ratio)
+        _launch(features, out, rois, levels, spatial_scales, sampling_ratio, backward=False)
         ctx.save_for_backward(rois, levels)
         ctx.layouts = [(f.shape, f.stride(), f.dtype) for f in features]
         ctx.spatial_scales, ctx.sampling_ratio = spatial_scales, sampling_ratio
@@ -70,16 +70,16 @@ class _RoIAlignLevels(torch.autograd.Function):
         # float32 sums in the features' own strides; rounded to their dtype once, at the end.
         grads = [torch.empty_strided(shape, stride, dtype=torch.float32, device=grad_out.device).zero_()
                  for shape, stride, _ in ctx.layouts]
-        _launch(_backward_kernel, grads, grad_out.contiguous(), rois, levels, ctx.spatial_scales,
-                ctx.sampling_ratio)
+        _launch(grads, grad_out.contiguous(), rois, levels, ctx.spatial_scales, ctx.sampling_ratio, backward=True)
         return (None, None, None, None, None) + tuple(
             grad.to(dtype) if needed else None
             for grad, (_, _, dtype), needed in zip(grads, ctx.layouts, ctx.needs_input_grad[5:]))
 
 
-def _launch(kernel, levels_data, pooled, rois, levels, spatial_scales, sampling_ratio):
-    """kernel over (RoI, block of channels) programs, all levels in one launch: `levels_data` are
-    the levels' tensors (or their gradients), `pooled` the (R, C, S, S) output (or its gradient)."""
+def _launch(levels_data, pooled, rois, levels, spatial_scales, sampling_ratio, backward):
+    """The kernel over (RoI, block of channels) programs, all levels in one launch: `levels_data` are
+    the levels' tensors (backward: their float32 gradients), `pooled` the (R, C, S, S) output
+    (backward: its gradient)."""
     num_rois, channels, output_size = pooled.shape[:3]
     if num_rois == 0:
         return
@@ -91,9 +91,9 @@ def _launch(kernel, levels_data, pooled, rois, levels, spatial_scales, sampling_
     block_bins = triton.next_power_of_2(output_size * output_size)
     block_c = min(triton.next_power_of_2(channels), max(1, _TILE_ELEMENTS // block_bins))
     grid = (num_rois, triton.cdiv(channels, block_c))
-    kernel[grid](*data, pooled, rois, levels, *heights, *widths, *scales, channels,
-                 CHANNELS_LAST=_layout(levels_data[0]) == 'channels_last', POOLED=output_size,
-                 SAMPLING=sampling_ratio, BLOCK_BINS=block_bins, BLOCK_C=block_c)
+    _kernel[grid](*data, pooled, rois, levels, *heights, *widths, *scales, channels, BACKWARD=backward,
+                  CHANNELS_LAST=_layout(levels_data[0]) == 'channels_last', POOLED=output_size,
+                  SAMPLING=sampling_ratio, BLOCK_BINS=block_bins, BLOCK_C=block_c)
 
 
 if triton is not None:
@@ -203,42 +203,32 @@ if triton is not None:
     # The level sizes change with every image size: specialising on them would compile a kernel per
     # new size (BENCHMARKS.md, "Start-up").
     @triton.jit(do_not_specialize=['h0', 'h1', 'h2', 'h3', 'w0', 'w1', 'w2', 'w3'])
-    def _forward_kernel(p0, p1, p2, p3, out_ptr, rois_ptr, levels_ptr, h0, h1, h2, h3, w0, w1, w2, w3,
-                        s0, s1, s2, s3, channels, CHANNELS_LAST: tl.constexpr, POOLED: tl.constexpr,
-                        SAMPLING: tl.constexpr, BLOCK_BINS: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _kernel(p0, p1, p2, p3, pooled_ptr, rois_ptr, levels_ptr, h0, h1, h2, h3, w0, w1, w2, w3,
+                s0, s1, s2, s3, channels, BACKWARD: tl.constexpr, CHANNELS_LAST: tl.constexpr, POOLED: tl.constexpr,
+                SAMPLING: tl.constexpr, BLOCK_BINS: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Forward: pooled[r] from the levels p0..p3. BACKWARD: the gradient pooled[r] added into the
+        levels' float32 gradients p0..p3."""
         (base, height, width, stride_h, stride_w, ph, pw, bin_ok, c_ok, start_y, start_x, bin_h, bin_w, pooled,
          pooled_ok) = _program(levels_ptr, rois_ptr, p0, p1, p2, p3, h0, h1, h2, h3, w0, w1, w2, w3, s0, s1, s2, s3,
                                channels, CHANNELS_LAST, POOLED, BLOCK_BINS, BLOCK_C)
+        count = SAMPLING * SAMPLING * 1.0
+        grad = tl.load(pooled_ptr + pooled, mask=pooled_ok & BACKWARD, other=0.0).to(tl.float32)
         total = tl.zeros((BLOCK_BINS, BLOCK_C), dtype=tl.float32)
         for iy in tl.static_range(SAMPLING):
             for ix in tl.static_range(SAMPLING):
                 inside, q1, q2, q3, q4, k1, k2, k3, k4 = _sample(
                     base, start_y, start_x, ph, pw, bin_h, bin_w, iy, ix, height, width, bin_ok, c_ok,
                     stride_h, stride_w, SAMPLING)
-                v1 = tl.load(q1, mask=inside, other=0.0).to(tl.float32)
-                v2 = tl.load(q2, mask=inside, other=0.0).to(tl.float32)
-                v3 = tl.load(q3, mask=inside, other=0.0).to(tl.float32)
-                v4 = tl.load(q4, mask=inside, other=0.0).to(tl.float32)
-                total += tl.where(inside, k1 * v1 + k2 * v2 + k3 * v3 + k4 * v4, 0.0)
-        total = tl.div_rn(total, SAMPLING * SAMPLING * 1.0)
-        tl.store(out_ptr + pooled, total.to(out_ptr.dtype.element_ty), mask=pooled_ok)
-
-    @triton.jit(do_not_specialize=['h0', 'h1', 'h2', 'h3', 'w0', 'w1', 'w2', 'w3'])
-    def _backward_kernel(g0, g1, g2, g3, grad_out_ptr, rois_ptr, levels_ptr, h0, h1, h2, h3, w0, w1, w2, w3,
-                         s0, s1, s2, s3, channels, CHANNELS_LAST: tl.constexpr, POOLED: tl.constexpr,
-                         SAMPLING: tl.constexpr, BLOCK_BINS: tl.constexpr, BLOCK_C: tl.constexpr):
-        (base, height, width, stride_h, stride_w, ph, pw, bin_ok, c_ok, start_y, start_x, bin_h, bin_w, pooled,
-         pooled_ok) = _program(levels_ptr, rois_ptr, g0, g1, g2, g3, h0, h1, h2, h3, w0, w1, w2, w3, s0, s1, s2, s3,
-                               channels, CHANNELS_LAST, POOLED, BLOCK_BINS, BLOCK_C)
-        grad = tl.load(grad_out_ptr + pooled, mask=pooled_ok, other=0.0).to(tl.float32)
-        count = SAMPLING * SAMPLING * 1.0
-        for iy in tl.static_range(SAMPLING):
-            for ix in tl.static_range(SAMPLING):
-                inside, q1, q2, q3, q4, k1, k2, k3, k4 = _sample(
-                    base, start_y, start_x, ph, pw, bin_h, bin_w, iy, ix, height, width, bin_ok, c_ok,
-                    stride_h, stride_w, SAMPLING)
-                # torchvision's order: (gradient x weight) / count, added to each neighbour.
-                tl.atomic_add(q1, tl.div_rn(grad * k1, count), mask=inside, sem='relaxed')
-                tl.atomic_add(q2, tl.div_rn(grad * k2, count), mask=inside, sem='relaxed')
-                tl.atomic_add(q3, tl.div_rn(grad * k3, count), mask=inside, sem='relaxed')
-                tl.atomic_add(q4, tl.div_rn(grad * k4, count), mask=inside, sem='relaxed')
+                if BACKWARD:  # torchvision's order: (gradient x weight) / count, added to each neighbour
+                    tl.atomic_add(q1, tl.div_rn(grad * k1, count), mask=inside, sem='relaxed')
+                    tl.atomic_add(q2, tl.div_rn(grad * k2, count), mask=inside, sem='relaxed')
+                    tl.atomic_add(q3, tl.div_rn(grad * k3, count), mask=inside, sem='relaxed')
+                    tl.atomic_add(q4, tl.div_rn(grad * k4, count), mask=inside, sem='relaxed')
+                else:
+                    v1 = tl.load(q1, mask=inside, other=0.0).to(tl.float32)
+                    v2 = tl.load(q2, mask=inside, other=0.0).to(tl.float32)
+                    v3 = tl.load(q3, mask=inside, other=0.0).to(tl.float32)
+                    v4 = tl.load(q4, mask=inside, other=0.0).to(tl.float32)
+                    total += tl.where(inside, k1 * v1 + k2 * v2 + k3 * v3 + k4 * v4, 0.0)
+        if not BACKWARD:
+            tl.store(pooled_ptr + pooled, tl.div_rn(total, count).to(pooled_ptr.dtype.element_ty), mask=pooled_ok)
