@@ -13,7 +13,7 @@
 #                                  models of mg_train and mg_centernet); docs/MULTI_GPU.md, "Checks on a GPU"
 #   gpu_tests                      the tests that only run with CUDA
 #   bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
-#   bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops ...
+#   bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
 #   checkpoint_activations_bench out_of_memory mask_train mask_test mask_bench mask_targets
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
@@ -324,6 +324,15 @@ rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val list
     --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters ${LOOP_ITERS:-400} --loop-warmup ${LOOP_WARMUP:-200} \
     --iters ${LOOP_ROW_ITERS:-40} --rounds 3 --loop-dir /tmp/bench_loops \
     -- DATA_LOADER.NUM_THREADS 6 ${LOOP_OPTS:-} 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops${LOOP_TAG:-}.md"
+}
+
+rcnn_step_parts() {  # host ms per part of the R-CNN training step at batch 2 and 16: as trained, with the compact RoIs, and with torchvision's roi_align too
+  for batch in 2 16; do
+    for variant in "" "--compact-rois" "--compact-rois --eager-roi-align"; do
+      echo "== batch $batch ${variant:-(as trained)}"
+      python3 dev/rcnn_step_parts.py --batch $batch $variant 2>&1 | grep -v Warning
+    done
+  done | tee "$OUT/rcnn_step_parts.txt"
 }
 
 startup() {  # the start-up rows (model loaded -> first detection, first batch -> first iteration) and test_net on COCO val's image sizes against the bare detector, KL R-CNN and CenterNet resdcn_18

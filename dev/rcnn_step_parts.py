@@ -3,7 +3,7 @@ backward and the optimizer, timed on the host without synchronising inside the s
 synchronises includes its wait for the GPU), then again with a synchronisation after every step, then
 the GPU kernel time per step under torch.profiler. BENCHMARKS.md, "Training speed".
 
-    python dev/rcnn_step_parts.py --batch 2 [--eager-roi-align] [--height 800 --width 1333]
+    python dev/rcnn_step_parts.py --batch 2 [--compact-rois] [--eager-roi-align] [--height 800 --width 1333]
 """
 import argparse
 import collections
@@ -50,6 +50,8 @@ def main():
     parser.add_argument('--steps', type=int, default=30)
     parser.add_argument('--eager-roi-align', action='store_true',
                         help="torchvision's roi_align per level instead of the Triton kernels")
+    parser.add_argument('--compact-rois', action='store_true',
+                        help='the compact proposals and RoIs (host synchronisations) instead of the fixed-size ones')
     args = parser.parse_args()
     finalize_cfg(args.cfg, [])
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
@@ -57,6 +59,8 @@ def main():
     torch.backends.cudnn.benchmark = True
     if args.eager_roi_align:
         multilevel_roi_align.kernel_applies = lambda *unused: False
+    if args.compact_rois:
+        generalized_rcnn.fixed_size_training_rois = lambda device: False
     for module, name in PARTS:
         setattr(module, name, timed(name, getattr(module, name)))
 
