@@ -281,10 +281,10 @@ def test_fixed_size_sampling_gives_the_compact_rois_then_padding(bg_thresh_hi, b
 def _compact_with_the_same_draws(proposals, rest, num_padded, batch_size_per_im, bg_thresh_hi, monkeypatch):
     """The compact sampling given the fixed-size sampling's random priorities for the same rows (its
     fg then bg draws over the padded candidates, seed 1, the padding rows' draws left out)."""
-    num_rows = sum(len(b) for b in rest[1]) + num_padded
+    num_real = sum(len(b) for b in rest[1]) + len(proposals)
+    num_rows = num_real - len(proposals) + num_padded
     generator = torch.Generator().manual_seed(1)
-    draws = iter([torch.rand(num_rows, dtype=torch.float64, generator=generator)[:num_rows - num_padded + len(proposals)]
-                  for _ in range(2)])
+    draws = iter([torch.rand(num_rows, dtype=torch.float64, generator=generator)[:num_real] for _ in range(2)])
     monkeypatch.setattr(torch, 'rand', lambda *args, **kwargs: next(draws))
     return sample_rois(proposals, *rest, num_classes=NUM_CLASSES, batch_size_per_im=batch_size_per_im,
                        bg_thresh_hi=bg_thresh_hi)
