@@ -51,14 +51,14 @@ def sum_relu(y, residual=None):
 def _use_kernel(x, weight, residual):
     if triton is None or not x.is_cuda or x.dim() != 4 or x.dtype not in _KERNEL_DTYPES:
         return False
-    if weight.dtype != x.dtype or _layout(x) is None:
+    if weight.dtype != x.dtype or dense_layout(x) is None:
         return False
     return residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
-                                and _layout(residual) == _layout(x))
+                                and dense_layout(residual) == dense_layout(x))
 
 
-def _layout(x):
-    """'channels_last' or 'nchw' for a dense tensor in one of those orders, else None."""
+def dense_layout(x):
+    """'channels_last' or 'nchw' for a dense 4-D tensor in one of those orders, else None."""
     if x.is_contiguous(memory_format=torch.channels_last):
         return 'channels_last'  # checked first: a tensor with H = W = 1 is both
     return 'nchw' if x.is_contiguous() else None
@@ -68,7 +68,7 @@ def _launch(kernel, x, weight, *tensors, **flags):
     """Run kernel over x viewed as a matrix: rows of pixels by channels (channels_last) or rows of
     channel planes by pixels (NCHW)."""
     n, channels, height, width = x.shape
-    channels_last = _layout(x) == 'channels_last'
+    channels_last = dense_layout(x) == 'channels_last'
     rows, cols = (n * height * width, channels) if channels_last else (n * channels, height * width)
     block_cols = min(triton.next_power_of_2(cols), 256 if channels_last else 1024)
     block_rows = max(1, _TILE_ELEMENTS // block_cols)
@@ -100,7 +100,7 @@ class _AffineReLU(torch.autograd.Function):
 
 
 def _memory_format(x):
-    return torch.channels_last if _layout(x) == 'channels_last' else torch.contiguous_format
+    return torch.channels_last if dense_layout(x) == 'channels_last' else torch.contiguous_format
 
 
 if triton is not None:

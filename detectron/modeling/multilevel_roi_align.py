@@ -11,6 +11,8 @@ of the samples divided by their count.
 """
 import torch
 
+from detectron.modeling.affine_relu import dense_layout
+
 try:
     import triton
     import triton.language as tl
@@ -26,12 +28,13 @@ def kernel_applies(features, rois, sampling_ratio):
     count, batch and dense layout (NCHW or channels_last), float32 RoIs, a fixed sampling ratio (0,
     torchvision's adaptive grid, takes the eager path)."""
     first = features[0]
-    layout = _layout(first)
-    return (triton is not None and first.is_cuda and rois.is_cuda and sampling_ratio > 0
-            and rois.dtype == torch.float32 and first.dtype in _KERNEL_DTYPES and layout is not None
-            and len(features) <= MAX_LEVELS
-            and all(f.dim() == 4 and f.is_cuda and f.dtype == first.dtype and f.shape[:2] == first.shape[:2]
-                    and _layout(f) == layout for f in features))
+    if not (triton is not None and first.is_cuda and rois.is_cuda and sampling_ratio > 0
+            and rois.dtype == torch.float32 and first.dtype in _KERNEL_DTYPES and len(features) <= MAX_LEVELS
+            and all(f.dim() == 4 for f in features)):
+        return False
+    layout = dense_layout(first)
+    return layout is not None and all(f.is_cuda and f.dtype == first.dtype and f.shape[:2] == first.shape[:2]
+                                      and dense_layout(f) == layout for f in features)
 
 
 def roi_align_levels(features, rois, levels, spatial_scales, output_size, sampling_ratio):
@@ -42,13 +45,6 @@ def roi_align_levels(features, rois, levels, spatial_scales, output_size, sampli
 
 
 MAX_LEVELS = 4  # the kernels take one pointer per level (FPN's P2..P5)
-
-
-def _layout(x):
-    """'channels_last' or 'nchw' for a dense 4-D tensor in one of those orders, else None."""
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        return 'channels_last'  # checked first: a tensor with H = W = 1 is both
-    return 'nchw' if x.is_contiguous() else None
 
 
 class _RoIAlignLevels(torch.autograd.Function):
@@ -92,7 +88,7 @@ def _launch(levels_data, pooled, rois, levels, spatial_scales, sampling_ratio, b
     block_c = min(triton.next_power_of_2(channels), max(1, _TILE_ELEMENTS // block_bins))
     grid = (num_rois, triton.cdiv(channels, block_c))
     _kernel[grid](*data, pooled, rois, levels, *heights, *widths, *scales, channels, BACKWARD=backward,
-                  CHANNELS_LAST=_layout(levels_data[0]) == 'channels_last', POOLED=output_size,
+                  CHANNELS_LAST=dense_layout(levels_data[0]) == 'channels_last', POOLED=output_size,
                   SAMPLING=sampling_ratio, BLOCK_BINS=block_bins, BLOCK_C=block_c)
 
 
