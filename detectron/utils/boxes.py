@@ -244,10 +244,9 @@ def batched_nms_t(boxes, scores, idxs, thresh):
     torchvision_thresh = torchvision_nms_thresh(thresh)
     if boxes.numel():
         slots, counts = _grouped_by_score(scores, idxs)
-        if bitmask_nms.available(boxes.device) and slots.shape[1] <= bitmask_nms.MAX_GROUP_SIZE:
-            return _kept_in_score_order(slots, _bitmask_keep(boxes, slots, counts, torchvision_thresh), scores)
-        if slots.numel() * slots.shape[1] <= MATRIX_NMS_MAX_PAIRS:
-            return _kept_in_score_order(slots, _matrix_keep(boxes, slots, torchvision_thresh), scores)
+        keep = _slots_keep(boxes, slots, counts, torchvision_thresh)
+        if keep is not None:
+            return _kept_in_score_order(slots, keep, scores)
     return _later_first(lambda rev: torchvision.ops.batched_nms(
         _plus_one_corners_t(boxes[rev]), scores[rev], idxs[rev], torchvision_thresh), boxes.shape[0], boxes.device)
 
@@ -258,11 +257,9 @@ def grouped_nms_keep(boxes, slots, thresh):
     by bitmask_nms' kernels, without a host synchronisation; elsewhere by `_matrix_keep` while its
     pair matrix stays under MATRIX_NMS_MAX_PAIRS; beyond both, by batched_nms_t on the rows'
     boxes (reading their number from the device)."""
-    torchvision_thresh = torchvision_nms_thresh(thresh)
-    if bitmask_nms.available(boxes.device) and slots.shape[1] <= bitmask_nms.MAX_GROUP_SIZE:
-        return _bitmask_keep(boxes, slots, (slots >= 0).sum(dim=1), torchvision_thresh)
-    if slots.numel() * slots.shape[1] <= MATRIX_NMS_MAX_PAIRS:
-        return _matrix_keep(boxes, slots, torchvision_thresh)
+    keep = _slots_keep(boxes, slots, (slots >= 0).sum(dim=1), torchvision_nms_thresh(thresh))
+    if keep is not None:
+        return keep
     positions = (slots >= 0).reshape(-1).nonzero().squeeze(1)
     # Scores falling with the position: batched_nms_t then visits each row in its slots' order.
     kept = batched_nms_t(boxes[slots.reshape(-1)[positions]], -positions.to(torch.float64),
@@ -270,6 +267,17 @@ def grouped_nms_keep(boxes, slots, thresh):
     keep = torch.zeros(slots.numel(), dtype=torch.bool, device=slots.device)
     keep[positions[kept]] = True
     return keep.view_as(slots)
+
+
+def _slots_keep(boxes, slots, counts, torchvision_thresh):
+    """Greedy keep flags (G, M) of grouped boxes (slots, counts as _grouped_by_score's) by the
+    bitmask kernels (CUDA, groups of up to MAX_GROUP_SIZE) or the matrix iteration (while its pair
+    matrix stays under MATRIX_NMS_MAX_PAIRS); None when neither takes them."""
+    if bitmask_nms.available(boxes.device) and slots.shape[1] <= bitmask_nms.MAX_GROUP_SIZE:
+        return _bitmask_keep(boxes, slots, counts, torchvision_thresh)
+    if slots.numel() * slots.shape[1] <= MATRIX_NMS_MAX_PAIRS:
+        return _matrix_keep(boxes, slots, torchvision_thresh)
+    return None
 
 
 def _detectron_batched_nms(boxes, scores, idxs, thresh):
