@@ -129,13 +129,18 @@ def fast_rcnn_losses(cls_score, bbox_pred, labels, bbox_targets, bbox_inside_wei
         # Caffe2's Accuracy op on cls_prob: the first maximum wins ties, as argmax does.
         predicted = F.softmax(cls_score, dim=1).argmax(dim=1)
         correct = (predicted == labels).to(cls_score.dtype)
-        accuracy_cls = correct.mean() if valid is None else (correct * valid).sum() / valid.sum()
+    num_rois = _num_rois(bbox_pred, valid)
     if valid is None:
-        loss_cls, num_rois = F.cross_entropy(cls_score, labels), bbox_pred.shape[0]
+        loss_cls, accuracy_cls = F.cross_entropy(cls_score, labels), correct.mean()
     else:
-        num_rois = valid.sum()
         loss_cls = (F.cross_entropy(cls_score, labels, reduction='none') * valid).sum() / num_rois
+        accuracy_cls = (correct * valid).sum() / num_rois
     return {'loss_cls': loss_cls, 'loss_bbox': loss_bbox / num_rois, 'accuracy_cls': accuracy_cls}
+
+
+def _num_rois(bbox_pred, valid):
+    """R of the box losses: the rows of bbox_pred, or those flagged valid (fixed-size sampling)."""
+    return bbox_pred.shape[0] if valid is None else valid.sum()
 
 
 def kl_loss(bbox_pred, bbox_pred_std, bbox_targets, bbox_inside_weights, bbox_outside_weights, valid=None):
@@ -158,4 +163,4 @@ def kl_loss(bbox_pred, bbox_pred_std, bbox_targets, bbox_inside_weights, bbox_ou
     x = bbox_inside_weights * (bbox_pred - bbox_targets)
     per_element = (torch.exp(-bbox_pred_std) * _smooth_l1(x)
                    + 0.5 * bbox_pred_std * bbox_outside_weights)
-    return per_element.sum() / (bbox_pred.shape[0] if valid is None else valid.sum())
+    return per_element.sum() / _num_rois(bbox_pred, valid)

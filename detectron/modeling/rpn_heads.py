@@ -206,9 +206,10 @@ def collected_proposals_fixed_size(logits, deltas, anchors, im_info, pre_nms_top
     """generate_proposals(..., collect_across_batch=True), the training proposals, in tensors whose
     sizes do not depend on the data, so the host never waits for the GPU: returns rois (N, 5),
     scores (N,) and valid (N,) bool, N = post_nms_top_n (the number of candidates when that is
-    smaller or post_nms_top_n <= 0). The valid rows come first and are generate_proposals' rois and scores, in
-    its order; the rest are zeros. Each (image, level) group is one row of candidates by descending
-    score (of equal scores the later first, as batched_nms_t), those failing the size filter last."""
+    smaller or post_nms_top_n <= 0). The valid rows come first and are generate_proposals' rois and
+    scores, in its order; the rest are zeros. Each (image, level) group is one row of candidates by
+    descending score (of equal scores the later first, as batched_nms_t), those failing the size
+    filter last."""
     num_images = logits[0].shape[0]
     boxes, scores, _, image_ids, passes, counts = _candidate_boxes(
         logits, deltas, anchors, im_info, pre_nms_top_n, min_size, xyxy, clips)
