@@ -10,6 +10,7 @@ from torch import nn
 
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.ResNet import ResNet, caffe2_xavier_fill_
+from detectron.modeling.upsample_add import upsample_add
 from detectron.utils.errors import ConfigValueError
 
 
@@ -79,21 +80,10 @@ class FPNBody(nn.Module):
         outputs = [self.fpn_layer_gn[top](self.fpn_layer[top](inner))]
         for level in range(top - 1, -1, -1):
             lateral = self.fpn_inner_gn[level](self.fpn_inner[level](features[level]))
-            inner = add_upsampled(lateral, inner)
+            inner = upsample_add(lateral, inner)
             outputs.insert(0, self.fpn_layer_gn[level](self.fpn_layer[level](inner)))
         outputs.append(F.max_pool2d(outputs[-1], kernel_size=1, stride=2))
         return outputs
-
-
-def add_upsampled(fine, coarse):
-    """fine + coarse upsampled 2x by nearest neighbour (Detectron's UpsampleNearest, then Sum).
-
-    One broadcast add over fine's 2x2 blocks, in the inputs' dtype and fine's layout: under CUDA
-    autocast F.interpolate runs in float32, which made the top-down path cast, upsample and add
-    twice the bytes forward and backward (BENCHMARKS.md, "Training speed")."""
-    n, c, h, w = coarse.shape
-    blocks = fine.unflatten(3, (w, 2)).unflatten(2, (h, 2)) + coarse[:, :, :, None, :, None]
-    return blocks.flatten(4, 5).flatten(2, 3)
 
 
 def fpn_resnet_body(depth, *, fpn_dim=256, fpn_use_gn=False, zero_init_lateral=False,

@@ -71,5 +71,5 @@ def test_fixed_size_rois_give_the_compact_losses_and_gradients(model, seed, devi
             torch.testing.assert_close(fixed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
         else:  # CUDA's atomic sums differ run to run: the compact path against itself differs by
             # up to 3e-4 of a gradient's norm (H200), so each gradient is compared by its norm.
-            error = (fixed_grads[name] - grad).norm() / grad.norm()
-            assert error < 2e-3, (name, error.item())
+            error = (fixed_grads[name] - grad).norm()
+            assert error <= 2e-3 * grad.norm(), (name, error.item(), grad.norm().item())

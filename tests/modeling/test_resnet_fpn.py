@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detectron.modeling.FPN import (
-    FPNBody, add_fpn_ResNet18_conv5_body, add_upsampled, add_fpn_ResNet34_conv5_body,
+    FPNBody, add_fpn_ResNet18_conv5_body, add_fpn_ResNet34_conv5_body,
     add_fpn_ResNet50_conv5_body, add_fpn_ResNet101_conv5_body)
 from detectron.modeling.norm import AffineChannel, group_norm_groups
 from detectron.modeling.ResNet import ResNet
@@ -228,26 +228,6 @@ def test_fpn_outputs_equal_an_independent_top_down_computation():
         assert _relative_error(out, ref) < 1e-5
     assert torch.equal(outputs[4], outputs[3][:, :, ::2, ::2])
     assert fpn.strides == (4, 8, 16, 32, 64) and fpn.out_channels == 32
-
-
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize('memory_format', [torch.contiguous_format, torch.channels_last])
-def test_add_upsampled_is_nearest_upsampling_then_sum_in_the_inputs_dtype_and_layout(dtype, memory_format):
-    g = torch.Generator().manual_seed(0)
-    fine = torch.randn(2, 8, 6, 10, generator=g).to(dtype, memory_format=memory_format).requires_grad_()
-    coarse = torch.randn(2, 8, 3, 5, generator=g).to(dtype, memory_format=memory_format).requires_grad_()
-    out = add_upsampled(fine, coarse)
-    # UpsampleNearest by hand: output pixel (y, x) reads coarse pixel (y // 2, x // 2).
-    rows, cols = torch.arange(6) // 2, torch.arange(10) // 2
-    expected = fine.detach() + coarse.detach()[:, :, rows][:, :, :, cols]
-    assert out.dtype == dtype and out.is_contiguous(memory_format=memory_format)
-    assert torch.equal(out, expected)
-    grad_out = torch.randn(out.shape, generator=g).to(dtype)
-    grad_fine, grad_coarse = torch.autograd.grad(out, (fine, coarse), grad_out)
-    assert torch.equal(grad_fine, grad_out)
-    block_sums = grad_out.float().view(2, 8, 3, 2, 5, 2).sum((3, 5))
-    torch.testing.assert_close(grad_coarse.float(), block_sums, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6,
-                               atol=1e-6)
 
 
 def test_fpn_convs_use_caffe2_xavier_fill():
