@@ -6,8 +6,8 @@ sums twice the bytes forward and backward; a broadcast add in the activation dty
 PyTorch's non-vectorised kernels and reduces its gradient as slowly (BENCHMARKS.md, "Training
 speed"). The kernels read and write each tensor once, in its own layout, with the eager arithmetic:
 forward, the sum of the two values rounded once to the output dtype; backward, each 2x2 block of the
-gradient summed in float32 in row-major order, as upsample_nearest2d's backward does. Other devices
-and mixed dtypes take the eager path.
+gradient summed in float32 in row-major order. They serve channels_last tensors of one dtype on
+CUDA (the training body under autocast); other layouts, dtypes and devices take the eager path.
 """
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ _TILE_ELEMENTS = 4096  # elements per program: pixels x channels of the tile
 
 def upsample_add(fine, coarse):
     """fine + F.interpolate(coarse, scale_factor=2, mode='nearest') for fine (N, C, 2H, 2W) and
-    coarse (N, C, H, W), in fine's layout."""
+    coarse (N, C, H, W)."""
     if _use_kernel(fine, coarse):
         return _UpsampleAdd.apply(fine, coarse)
     return fine + F.interpolate(coarse, scale_factor=2, mode='nearest')
@@ -34,19 +34,20 @@ def _use_kernel(fine, coarse):
     n, c, h, w = coarse.shape
     return (triton is not None and fine.is_cuda and coarse.device == fine.device
             and fine.dtype == coarse.dtype and fine.dtype in _KERNEL_DTYPES
-            and fine.shape == (n, c, 2 * h, 2 * w))
+            and fine.shape == (n, c, 2 * h, 2 * w) and _channels_last(fine) and _channels_last(coarse))
+
+
+def _channels_last(x):
+    return x.is_contiguous(memory_format=torch.channels_last)
 
 
 def _launch(kernel, like, *tensors):
-    """Run kernel over the pixels x channels of `like` (N, C, H, W); each tensor after the first
-    pointer is passed with its four strides."""
+    """Run kernel over the pixels x channels of `like` (N, C, H, W), channels_last."""
     n, channels, height, width = like.shape
     pixels = n * height * width
     block_c = min(triton.next_power_of_2(channels), 128)
-    block_p = _TILE_ELEMENTS // block_c
-    grid = (triton.cdiv(pixels, block_p), triton.cdiv(channels, block_c))
-    args = [a for t in tensors for a in (t, *t.stride())]
-    kernel[grid](*args, pixels, channels, height, width, BLOCK_P=block_p, BLOCK_C=block_c)
+    grid = (triton.cdiv(pixels, _TILE_ELEMENTS // block_c), triton.cdiv(channels, block_c))
+    kernel[grid](*tensors, pixels, channels, height, width, BLOCK_P=_TILE_ELEMENTS // block_c, BLOCK_C=block_c)
 
 
 class _UpsampleAdd(torch.autograd.Function):
@@ -54,56 +55,56 @@ class _UpsampleAdd(torch.autograd.Function):
     def forward(ctx, fine, coarse):
         out = torch.empty_like(fine)
         _launch(_forward_kernel, fine, fine, coarse, out)
-        ctx.coarse_layout = _memory_format(coarse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
+        grad_out = grad_out.contiguous(memory_format=torch.channels_last)
         n, c, height, width = grad_out.shape
         grad_coarse = torch.empty((n, c, height // 2, width // 2), dtype=grad_out.dtype,
-                                  device=grad_out.device, memory_format=ctx.coarse_layout)
+                                  device=grad_out.device, memory_format=torch.channels_last)
         _launch(_backward_kernel, grad_coarse, grad_out, grad_coarse)
         return grad_out, grad_coarse
 
 
-def _memory_format(x):
-    return torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-
-
 if triton is not None:
     @triton.jit
-    def _tile(pixels, channels, height, width, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-        """This program's pixels as (n, y, x) in int64, its channels, and the in-bounds mask."""
+    def _tile(pixels, channels, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        """This program's pixel indices (int64), channels and in-bounds mask."""
         p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        return p, c, (p < pixels)[:, None] & (c < channels)[None, :]
+
+    # The sizes change with every image size: specialising on their divisibility would compile a
+    # kernel per new combination (BENCHMARKS.md, "Start-up").
+    @triton.jit(do_not_specialize=['pixels', 'height', 'width'])
+    def _forward_kernel(fine_ptr, coarse_ptr, out_ptr, pixels, channels, height, width,
+                        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Over fine's pixels (height x width each image)."""
+        p, c, mask = _tile(pixels, channels, BLOCK_P, BLOCK_C)
         x = p % width
         y = (p // width) % height
         n = p // (width * height)
-        mask = (p < pixels)[:, None] & (c < channels)[None, :]
-        return n, y, x, c, mask
-
-    @triton.jit
-    def _offsets(n, y, x, c, sn, sc, sh, sw):
-        return (n * sn + y * sh + x * sw)[:, None] + (c * sc)[None, :]
-
-    @triton.jit
-    def _forward_kernel(fine_ptr, f_sn, f_sc, f_sh, f_sw, coarse_ptr, c_sn, c_sc, c_sh, c_sw,
-                        out_ptr, o_sn, o_sc, o_sh, o_sw, pixels, channels, height, width,
-                        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-        n, y, x, c, mask = _tile(pixels, channels, height, width, BLOCK_P, BLOCK_C)
-        fine = tl.load(fine_ptr + _offsets(n, y, x, c, f_sn, f_sc, f_sh, f_sw), mask=mask)
-        coarse = tl.load(coarse_ptr + _offsets(n, y // 2, x // 2, c, c_sn, c_sc, c_sh, c_sw), mask=mask)
+        coarse_p = (n * (height // 2) + y // 2) * (width // 2) + x // 2
+        offsets = p[:, None] * channels + c[None, :]
+        fine = tl.load(fine_ptr + offsets, mask=mask)
+        coarse = tl.load(coarse_ptr + coarse_p[:, None] * channels + c[None, :], mask=mask)
         total = fine.to(tl.float32) + coarse.to(tl.float32)
-        tl.store(out_ptr + _offsets(n, y, x, c, o_sn, o_sc, o_sh, o_sw), total.to(fine.dtype), mask=mask)
+        tl.store(out_ptr + offsets, total.to(fine.dtype), mask=mask)
 
-    @triton.jit
-    def _backward_kernel(grad_ptr, g_sn, g_sc, g_sh, g_sw, grad_coarse_ptr, gc_sn, gc_sc, gc_sh, gc_sw,
-                         pixels, channels, height, width, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-        n, y, x, c, mask = _tile(pixels, channels, height, width, BLOCK_P, BLOCK_C)
-        top_left = grad_ptr + _offsets(n, 2 * y, 2 * x, c, g_sn, g_sc, g_sh, g_sw)
+    @triton.jit(do_not_specialize=['pixels', 'height', 'width'])
+    def _backward_kernel(grad_ptr, grad_coarse_ptr, pixels, channels, height, width,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Over coarse's pixels (height x width each image); grad holds 2 height x 2 width."""
+        p, c, mask = _tile(pixels, channels, BLOCK_P, BLOCK_C)
+        x = p % width
+        y = (p // width) % height
+        n = p // (width * height)
+        row = 2 * width * channels  # one row of grad
+        top_left = grad_ptr + ((n * 2 * height + 2 * y) * 2 * width + 2 * x)[:, None] * channels + c[None, :]
         total = tl.load(top_left, mask=mask).to(tl.float32)
-        total += tl.load(top_left + g_sw, mask=mask).to(tl.float32)
-        total += tl.load(top_left + g_sh, mask=mask).to(tl.float32)
-        total += tl.load(top_left + g_sh + g_sw, mask=mask).to(tl.float32)
-        tl.store(grad_coarse_ptr + _offsets(n, y, x, c, gc_sn, gc_sc, gc_sh, gc_sw),
+        total += tl.load(top_left + channels, mask=mask).to(tl.float32)
+        total += tl.load(top_left + row, mask=mask).to(tl.float32)
+        total += tl.load(top_left + row + channels, mask=mask).to(tl.float32)
+        tl.store(grad_coarse_ptr + p[:, None] * channels + c[None, :],
                  total.to(grad_coarse_ptr.dtype.element_ty), mask=mask)

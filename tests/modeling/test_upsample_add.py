@@ -13,34 +13,33 @@ import sys
 import torch
 from detectron.modeling.upsample_add import _UpsampleAdd
 results = {}
-for name, (fine, coarse, grad_out, channels_last, grad_transposed) in torch.load(sys.argv[1]).items():
-    layout = torch.channels_last if bool(channels_last) else torch.contiguous_format
-    fine = fine.contiguous(memory_format=layout).requires_grad_()
-    coarse = coarse.contiguous(memory_format=layout).requires_grad_()
+for name, (fine, coarse, grad_out, grad_transposed) in torch.load(sys.argv[1]).items():
+    fine = fine.contiguous(memory_format=torch.channels_last).requires_grad_()
+    coarse = coarse.contiguous(memory_format=torch.channels_last).requires_grad_()
     if bool(grad_transposed):  # a gradient in neither layout
         grad_out = grad_out.transpose(2, 3).contiguous().transpose(2, 3)
     out = _UpsampleAdd.apply(fine, coarse)
     grad_fine, grad_coarse = torch.autograd.grad(out, (fine, coarse), grad_out)
     results[name] = (out.detach(), grad_fine, grad_coarse, out.stride() == fine.stride(),
-                     grad_coarse.is_contiguous(memory_format=layout))
+                     grad_coarse.is_contiguous(memory_format=torch.channels_last))
 torch.save(results, sys.argv[2])
 '''
 
 
-def _case(seed, dtype, channels=5, height=3, width=4, channels_last=False, grad_transposed=False):
+def _case(seed, dtype, channels=5, height=3, width=4, grad_transposed=False):
     g = torch.Generator().manual_seed(seed)
     fine = torch.randn(2, channels, 2 * height, 2 * width, generator=g).to(dtype)
     coarse = torch.randn(2, channels, height, width, generator=g).to(dtype)
     grad_out = torch.randn(2, channels, 2 * height, 2 * width, generator=g).to(dtype)
-    return fine, coarse, grad_out, torch.tensor(channels_last), torch.tensor(grad_transposed)
+    return fine, coarse, grad_out, torch.tensor(grad_transposed)
 
 
-CASES = {
-    'float32 NCHW': _case(0, torch.float32),
-    'float32 channels_last, 200 channels': _case(1, torch.float32, channels=200, channels_last=True),
-    'bfloat16 channels_last': _case(2, torch.bfloat16, channels_last=True),
-    'bfloat16 channels_last, transposed gradient': _case(3, torch.bfloat16, channels_last=True, grad_transposed=True),
-    'float16 NCHW, 1x1 coarse': _case(4, torch.float16, height=1, width=1),
+CASES = {  # channels_last, the layout the kernels serve
+    'float32': _case(0, torch.float32),
+    'float32, 200 channels': _case(1, torch.float32, channels=200, height=5, width=3),
+    'bfloat16': _case(2, torch.bfloat16),
+    'bfloat16, a gradient in neither layout': _case(3, torch.bfloat16, grad_transposed=True),
+    'float16, 1x1 coarse': _case(4, torch.float16, height=1, width=1),
 }
 
 
@@ -73,7 +72,7 @@ def _by_index(fine, coarse, grad_out):
 
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_kernels_sum_the_upsampled_level_and_its_gradient_blocks(results, name):
-    fine, coarse, grad_out, _, _ = CASES[name]
+    fine, coarse, grad_out, _ = CASES[name]
     out, grad_fine, grad_coarse, same_strides, coarse_layout = results[name]
     expected_out, expected_grad = _by_index(fine, coarse, grad_out)
     assert out.dtype == fine.dtype and same_strides and coarse_layout
@@ -87,10 +86,13 @@ def test_kernels_sum_the_upsampled_level_and_its_gradient_blocks(results, name):
 
 
 def test_eager_path_is_interpolate_then_sum_and_the_kernel_is_used_only_where_it_can_run():
-    fine, coarse, grad_out, _, _ = _case(5, torch.float32)
+    fine, coarse, _, _ = _case(5, torch.float32)
     assert torch.equal(ua.upsample_add(fine, coarse), fine + F.interpolate(coarse, scale_factor=2, mode='nearest'))
+    fine, coarse = (t.contiguous(memory_format=torch.channels_last) for t in (fine, coarse))
     assert not ua._use_kernel(fine, coarse)  # the CPU
     if torch.cuda.is_available() and ua.triton is not None:
-        assert ua._use_kernel(fine.cuda(), coarse.cuda())
-        assert not ua._use_kernel(fine.cuda(), coarse.cuda().double())
-        assert not ua._use_kernel(fine.cuda(), coarse[:, :, :2].cuda())  # not half the size
+        fine, coarse = fine.cuda(), coarse.cuda()
+        assert ua._use_kernel(fine, coarse)
+        assert not ua._use_kernel(fine, coarse.double())
+        assert not ua._use_kernel(fine.contiguous(), coarse.contiguous())  # NCHW
+        assert not ua._use_kernel(fine, coarse[:, :, :2])  # not half the size
