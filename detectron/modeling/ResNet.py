@@ -47,8 +47,8 @@ def _conv(dim_in, dim_out, kernel, stride=1, groups=1):
 
 class _ResidualBlock(nn.Module):
     """relu(last_norm(transform(x)) + shortcut(x)); the shortcut projects (branch1) iff dims
-    differ. transform runs the residual branch up to its last conv: that conv's norm, the sum and
-    the ReLU are one pass for the frozen affine (norm_relu)."""
+    differ. transform runs the residual branch up to its last conv: that conv's norm, the
+    shortcut's norm, the sum and the ReLU are one pass for the frozen affine (norm_relu)."""
 
     def _add_shortcut(self, dim_in, dim_out, stride, make_norm):
         # Detectron's basic_bn_shortcut: identity when dim_in == dim_out, else 1x1 conv + norm.
@@ -58,8 +58,10 @@ class _ResidualBlock(nn.Module):
             self.branch1_bn = make_norm(dim_out)
 
     def forward(self, x):
-        shortcut = self.branch1_bn(self.branch1(x)) if self.has_projection else x
-        return norm_relu(self.last_norm(), self.transform(x), residual=shortcut)
+        if self.has_projection:  # branch1_bn joins the last norm's pass
+            shortcut = self.branch1(x)
+            return norm_relu(self.last_norm(), self.transform(x), residual=shortcut, residual_norm=self.branch1_bn)
+        return norm_relu(self.last_norm(), self.transform(x), residual=x)
 
 
 class BottleneckBlock(_ResidualBlock):

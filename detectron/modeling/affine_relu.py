@@ -22,12 +22,13 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TILE_ELEMENTS = 4096  # elements per program: rows x columns of the tile
 
 
-def affine_relu(x, weight, bias, residual=None):
+def affine_relu(x, weight, bias, residual=None, residual_affine=None):
     """relu(x * weight[c] + bias[c] (+ residual)) for x of shape (N, C, H, W); weight and bias
-    (C,) are constants (no gradient flows to them), already in x's dtype."""
+    (C,) are constants (no gradient flows to them), already in x's dtype. residual_affine, a
+    (weight, bias) pair like them, is applied to residual first (a projection shortcut's affine)."""
     if _use_kernel(x, weight, residual):
-        return _AffineReLU.apply(x, weight, bias, residual)
-    return eager_affine_relu(x, weight, bias, residual)
+        return _AffineReLU.apply(x, weight, bias, residual, *(residual_affine or (None, None)))
+    return eager_affine_relu(x, weight, bias, residual, residual_affine)
 
 
 def affine(x, weight, bias):
@@ -36,8 +37,10 @@ def affine(x, weight, bias):
     return torch.addcmul(bias.view(shape), x, weight.view(shape))
 
 
-def eager_affine_relu(x, weight, bias, residual=None):
+def eager_affine_relu(x, weight, bias, residual=None, residual_affine=None):
     """affine_relu with PyTorch's element-wise operations (addcmul, add, relu)."""
+    if residual_affine is not None:
+        residual = affine(residual, *residual_affine)
     return sum_relu(affine(x, weight, bias), residual)
 
 
@@ -79,24 +82,26 @@ def _launch(kernel, x, weight, *tensors, **flags):
 
 class _AffineReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, residual):
+    def forward(ctx, x, weight, bias, residual, residual_weight, residual_bias):
         y = torch.empty_like(x)
-        has_residual = residual is not None
+        has_residual, residual_affine = residual is not None, residual_weight is not None
         _launch(_forward_kernel, x, weight, x, residual if has_residual else x, bias, y,
-                HAS_RESIDUAL=has_residual)
-        ctx.has_residual = has_residual
-        ctx.save_for_backward(y, weight)
+                residual_weight if residual_affine else weight, residual_bias if residual_affine else bias,
+                HAS_RESIDUAL=has_residual, RESIDUAL_AFFINE=residual_affine)
+        ctx.has_residual, ctx.residual_affine = has_residual, residual_affine
+        ctx.save_for_backward(y, weight, residual_weight if residual_affine else weight)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        y, weight = ctx.saved_tensors
+        y, weight, residual_weight = ctx.saved_tensors
         grad_y = grad_y.contiguous(memory_format=_memory_format(y))
         grad_x = torch.empty_like(y)
         grad_residual = torch.empty_like(y) if ctx.has_residual else None
         _launch(_backward_kernel, y, weight, grad_y, y, grad_x,
-                grad_residual if ctx.has_residual else grad_x, HAS_RESIDUAL=ctx.has_residual)
-        return grad_x, None, None, grad_residual
+                grad_residual if ctx.has_residual else grad_x, residual_weight,
+                HAS_RESIDUAL=ctx.has_residual, RESIDUAL_AFFINE=ctx.residual_affine)
+        return grad_x, None, None, grad_residual, None, None
 
 
 def _memory_format(x):
@@ -127,9 +132,9 @@ if triton is not None:
     # The pixel count (rows, channels_last) changes with every image size: specialising on its
     # divisibility would compile a kernel per new combination (BENCHMARKS.md, "Start-up").
     @triton.jit(do_not_specialize=['rows'])
-    def _forward_kernel(x_ptr, residual_ptr, bias_ptr, y_ptr, weight_ptr, rows, cols, channels,
-                        CHANNELS_LAST: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-                        HAS_RESIDUAL: tl.constexpr):
+    def _forward_kernel(x_ptr, residual_ptr, bias_ptr, y_ptr, residual_weight_ptr, residual_bias_ptr, weight_ptr,
+                        rows, cols, channels, CHANNELS_LAST: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                        BLOCK_COLS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_AFFINE: tl.constexpr):
         r, c, offsets, inside = _tile(rows, cols, CHANNELS_LAST, BLOCK_ROWS, BLOCK_COLS)
         dtype = y_ptr.dtype.element_ty
         x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
@@ -137,20 +142,31 @@ if triton is not None:
         b = _per_channel(bias_ptr, r, c, rows, cols, channels, CHANNELS_LAST, BLOCK_ROWS, BLOCK_COLS)
         y = (x * w + b).to(dtype)  # addcmul's result, rounded as it stores it
         if HAS_RESIDUAL:
-            y = (y.to(tl.float32) + tl.load(residual_ptr + offsets, mask=inside, other=0.0).to(tl.float32)).to(dtype)
+            residual = tl.load(residual_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+            if RESIDUAL_AFFINE:  # the shortcut's addcmul, rounded as it stores it
+                rw = _per_channel(residual_weight_ptr, r, c, rows, cols, channels, CHANNELS_LAST, BLOCK_ROWS,
+                                  BLOCK_COLS)
+                rb = _per_channel(residual_bias_ptr, r, c, rows, cols, channels, CHANNELS_LAST, BLOCK_ROWS,
+                                  BLOCK_COLS)
+                residual = (residual * rw + rb).to(dtype).to(tl.float32)
+            y = (y.to(tl.float32) + residual).to(dtype)
         y = tl.maximum(y.to(tl.float32), 0.0, propagate_nan=tl.PropagateNan.ALL)
         tl.store(y_ptr + offsets, y.to(dtype), mask=inside)
 
     @triton.jit(do_not_specialize=['rows'])
-    def _backward_kernel(grad_y_ptr, y_ptr, grad_x_ptr, grad_residual_ptr, weight_ptr, rows, cols,
-                         channels, CHANNELS_LAST: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                         BLOCK_COLS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    def _backward_kernel(grad_y_ptr, y_ptr, grad_x_ptr, grad_residual_ptr, residual_weight_ptr, weight_ptr, rows,
+                         cols, channels, CHANNELS_LAST: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                         BLOCK_COLS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_AFFINE: tl.constexpr):
         r, c, offsets, inside = _tile(rows, cols, CHANNELS_LAST, BLOCK_ROWS, BLOCK_COLS)
         dtype = grad_x_ptr.dtype.element_ty
         grad = tl.load(grad_y_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
         y = tl.load(y_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
         grad = tl.where(y <= 0.0, 0.0, grad)  # threshold_backward's rule (a NaN output passes the gradient)
         if HAS_RESIDUAL:
-            tl.store(grad_residual_ptr + offsets, grad.to(dtype), mask=inside)
+            grad_residual = grad
+            if RESIDUAL_AFFINE:  # addcmul's backward: the gradient times the shortcut's weight
+                grad_residual = grad * _per_channel(residual_weight_ptr, r, c, rows, cols, channels, CHANNELS_LAST,
+                                                    BLOCK_ROWS, BLOCK_COLS)
+            tl.store(grad_residual_ptr + offsets, grad_residual.to(dtype), mask=inside)
         w = _per_channel(weight_ptr, r, c, rows, cols, channels, CHANNELS_LAST, BLOCK_ROWS, BLOCK_COLS)
         tl.store(grad_x_ptr + offsets, (grad * w).to(dtype), mask=inside)

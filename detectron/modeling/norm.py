@@ -34,9 +34,11 @@ class AffineChannel(nn.Module):
     def forward(self, x):
         return affine(x, *self._in_dtype_of(x))
 
-    def forward_relu(self, x, residual=None):
-        """relu(self(x) (+ residual)), in one pass where affine_relu's kernel serves."""
-        return affine_relu(x, *self._in_dtype_of(x), residual)
+    def forward_relu(self, x, residual=None, residual_norm=None):
+        """relu(self(x) (+ residual_norm(residual))), in one pass where affine_relu's kernel serves;
+        residual_norm, when given, is an AffineChannel."""
+        residual_affine = residual_norm._in_dtype_of(residual) if residual_norm is not None else None
+        return affine_relu(x, *self._in_dtype_of(x), residual, residual_affine)
 
     def _in_dtype_of(self, x):
         # Cast so half-precision activations stay half instead of promoting to float32.
@@ -46,11 +48,13 @@ class AffineChannel(nn.Module):
         return 'num_channels={}'.format(self.weight.numel())
 
 
-def norm_relu(norm, x, residual=None):
-    """relu(norm(x) (+ residual)): the frozen affine's fused pass (AffineChannel.forward_relu),
-    other norms as three operations."""
-    if isinstance(norm, AffineChannel):
-        return norm.forward_relu(x, residual)
+def norm_relu(norm, x, residual=None, residual_norm=None):
+    """relu(norm(x) (+ residual_norm(residual), or residual)): the frozen affines' fused pass
+    (AffineChannel.forward_relu), other norms as separate operations."""
+    if isinstance(norm, AffineChannel) and (residual_norm is None or isinstance(residual_norm, AffineChannel)):
+        return norm.forward_relu(x, residual, residual_norm)
+    if residual_norm is not None:
+        residual = residual_norm(residual)
     return sum_relu(norm(x), residual)
 
 

@@ -26,18 +26,25 @@ def case_tensors(seed, dtype=torch.float32, shape=SHAPE):
     return [t.to(dtype) for t in (x, weight, bias, residual, grad)]
 
 
-def reference(x, weight, bias, residual, grad):
+def reference(x, weight, bias, residual, grad, residual_weight=None, residual_bias=None):
     """Detectron's ops in float64, rounded to the dtype after each op as the eager path stores
-    them: AffineChannel, then Sum with the shortcut, then Relu; gradients by threshold_backward's
-    rule (zero where the output is <= 0, passed where it is NaN) times the weight."""
+    them: AffineChannel (and the projection shortcut's own AffineChannel), then Sum with the
+    shortcut, then Relu; gradients by threshold_backward's rule (zero where the output is <= 0,
+    passed where it is NaN) times each affine's weight."""
     dtype = x.dtype
     w, b = weight.double().view(1, -1, 1, 1), bias.double().view(1, -1, 1, 1)
     y = (x.double() * w + b).to(dtype)
+    if residual is not None and residual_weight is not None:
+        rw, rb = residual_weight.double().view(1, -1, 1, 1), residual_bias.double().view(1, -1, 1, 1)
+        residual = (residual.double() * rw + rb).to(dtype)
     if residual is not None:
         y = (y.double() + residual.double()).to(dtype)
     y = torch.where(y.isnan(), y, y.clamp(min=0))
     passed = torch.where(y <= 0, torch.zeros_like(grad), grad)
-    return y, (passed.double() * w).to(dtype), passed if residual is not None else None
+    grad_residual = passed if residual is not None else None
+    if residual_weight is not None:
+        grad_residual = (passed.double() * rw).to(dtype)
+    return y, (passed.double() * w).to(dtype), grad_residual
 
 
 _INTERPRETER_SCRIPT = '''
@@ -46,11 +53,11 @@ import torch
 from detectron.modeling import affine_relu as ar
 inputs = torch.load(sys.argv[1])
 results = {}
-for name, (x, weight, bias, residual, grad) in inputs.items():
+for name, (x, weight, bias, residual, grad, residual_weight, residual_bias) in inputs.items():
     x = x.requires_grad_()
     if residual is not None:
         residual = residual.requires_grad_()
-    y = ar._AffineReLU.apply(x, weight, bias, residual)
+    y = ar._AffineReLU.apply(x, weight, bias, residual, residual_weight, residual_bias)
     grads = torch.autograd.grad(y, [x] + ([residual] if residual is not None else []), grad)
     results[name] = (y.detach(), grads[0], grads[1] if residual is not None else None,
                      y.is_contiguous(memory_format=torch.channels_last))
@@ -62,20 +69,32 @@ def interpreter_cases():
     cases = {}
     # Shapes of one tile, and of several along both axes with partial last tiles (channels_last:
     # 256 channels a tile; NCHW: 1024 pixels a tile).
-    for layout, shape, residuals in (('nchw', SHAPE, (False, True)), ('channels_last', SHAPE, (False, True)),
-                                     ('nchw', (2, 3, 40, 40), (True,)), ('channels_last', (2, 300, 3, 5), (True,))):
-        for with_residual in residuals:
+    # The shortcut is absent, the identity, or a projection with its own affine.
+    for layout, shape, residuals in (('nchw', SHAPE, ('none', 'identity', 'projection')),
+                                     ('channels_last', SHAPE, ('none', 'identity', 'projection')),
+                                     ('nchw', (2, 3, 40, 40), ('identity',)),
+                                     ('channels_last', (2, 300, 3, 5), ('identity', 'projection'))):
+        for shortcut in residuals:
             x, weight, bias, residual, grad = case_tensors(seed=len(cases), shape=shape)
             if layout == 'channels_last':
                 x, residual, grad = (t.contiguous(memory_format=torch.channels_last) for t in (x, residual, grad))
-            name = f'{layout}/{"x".join(map(str, shape))}/residual={with_residual}'
-            cases[name] = (x, weight, bias, residual if with_residual else None, grad)
+            residual_affine = (None, None)
+            if shortcut == 'projection':
+                g = torch.Generator().manual_seed(len(cases))
+                residual_affine = (torch.rand(shape[1], generator=g) + 0.5, torch.randn(shape[1], generator=g))
+            name = f'{layout}/{"x".join(map(str, shape))}/shortcut={shortcut}'
+            cases[name] = (x, weight, bias, None if shortcut == 'none' else residual, grad, *residual_affine)
     # bfloat16: the affine's result is rounded before the shortcut is added. 1 + 2**-9 rounds to 1
     # (a quarter of bf16's step 2**-7 at 1), and 1 + 2**-8 is a tie that rounds to even (1); summed
     # unrounded, 1 + 2**-9 + 2**-8 would round up to 1 + 2**-7.
     one = torch.ones(1, 1, 1, 1, dtype=torch.bfloat16)
     cases['bfloat16/rounding'] = (one, torch.ones(1, dtype=torch.bfloat16), torch.full((1,), 2.0 ** -9).bfloat16(),
-                                  torch.full_like(one, 2.0 ** -8), torch.ones_like(one))
+                                  torch.full_like(one, 2.0 ** -8), torch.ones_like(one), None, None)
+    # The shortcut's affine is rounded too: 2**-8 * 1 + 2**-18 rounds to 2**-8 (bf16's step there is
+    # 2**-15), and 1 + 2**-8 is a tie that rounds to 1; unrounded, the sum would round up.
+    cases['bfloat16/shortcut rounding'] = (one, torch.ones(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.bfloat16),
+                                           torch.full_like(one, 2.0 ** -8), torch.ones_like(one),
+                                           torch.ones(1, dtype=torch.bfloat16), torch.full((1,), 2.0 ** -18).bfloat16())
     return cases
 
 
@@ -106,9 +125,10 @@ def test_kernel_matches_detectrons_ops_in_float64(kernel_results, name):
 
 def test_kernel_rounds_the_affine_before_the_shortcut_sum(kernel_results):
     _, results = kernel_results
-    y, grad_x, grad_residual, _ = results['bfloat16/rounding']
-    assert y.dtype == torch.bfloat16 and y.item() == 1.0
-    assert grad_x.item() == 1.0 and grad_residual.item() == 1.0
+    for name in ('bfloat16/rounding', 'bfloat16/shortcut rounding'):
+        y, grad_x, grad_residual, _ = results[name]
+        assert y.dtype == torch.bfloat16 and y.item() == 1.0, name
+        assert grad_x.item() == 1.0 and grad_residual.item() == 1.0, name
 
 
 def test_zero_outputs_get_no_gradient_and_nan_outputs_pass_it():
@@ -118,26 +138,30 @@ def test_zero_outputs_get_no_gradient_and_nan_outputs_pass_it():
     assert torch.isnan(y[0, 0, 0, 0]) and grad_x[0, 0, 0, 0] == grad[0, 0, 0, 0] * weight[0]
 
 
-def test_cpu_tensors_take_the_eager_path_with_its_values():
+@pytest.mark.parametrize('projection', [False, True])
+def test_cpu_tensors_take_the_eager_path_with_its_values(projection):
     x, weight, bias, residual, _ = case_tensors(seed=3)
+    residual_affine = (weight.flip(0), bias.flip(0)) if projection else None
     assert not ar._use_kernel(x, weight, residual)
-    got = ar.affine_relu(x, weight, bias, residual)
-    torch.testing.assert_close(got, reference(x, weight, bias, residual, x)[0], rtol=2.0 ** -23, atol=1e-30,
-                               equal_nan=True)
+    got = ar.affine_relu(x, weight, bias, residual, residual_affine)
+    want = reference(x, weight, bias, residual, x, *(residual_affine or (None, None)))[0]
+    torch.testing.assert_close(got, want, rtol=2.0 ** -23, atol=1e-30, equal_nan=True)
 
 
 @needs_cuda
 @needs_triton
 @pytest.mark.parametrize('layout', [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_cuda_kernel_equals_the_eager_cuda_ops(layout, dtype):
+@pytest.mark.parametrize('projection', [False, True])
+def test_cuda_kernel_equals_the_eager_cuda_ops(layout, dtype, projection):
     x, weight, bias, residual, grad = (t.cuda() for t in case_tensors(seed=5, dtype=dtype))
     x, residual, grad = (t.contiguous(memory_format=layout) for t in (x, residual, grad))
+    residual_affine = (weight.flip(0), bias.flip(0)) if projection else None
     assert ar._use_kernel(x, weight, residual)
     outputs = []
     for fn in (ar.affine_relu, ar.eager_affine_relu):
         xs, rs = x.clone().requires_grad_(), residual.clone().requires_grad_()
-        y = fn(xs, weight, bias, rs)
+        y = fn(xs, weight, bias, rs, residual_affine)
         outputs.append((y,) + torch.autograd.grad(y, (xs, rs), grad))
     for got, want in zip(*outputs):
         assert torch.equal(got.isnan(), want.isnan())
