@@ -300,13 +300,13 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
   done
 }
 
-gpu_tests() {  # the tests that only run with CUDA (the Triton kernels: variance voting, DCN sampling, fused affine, bitmask NMS, focal loss, multi-level RoIAlign; CenterNet's batched and graphed detectors, channels_last training)
+gpu_tests() {  # the tests that only run with CUDA (the Triton kernels: variance voting, DCN sampling, fused affine, bitmask NMS, focal loss, multi-level RoIAlign, FPN top-down sum; CenterNet's batched and graphed detectors, channels_last training)
   python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/modeling/test_dcn.py tests/utils/test_cuda_graphs.py \
     tests/utils/test_variance_voting.py tests/utils/test_checkpoint.py tests/roi_data/test_loader.py tests/utils/test_boxes.py \
     tests/modeling/test_affine_relu.py tests/utils/test_bitmask_nms.py tests/core/test_train_options.py tests/tools/test_benchmark.py \
     tests/tools/test_centernet_plain.py tests/roi_data/test_mask_targets.py tests/utils/test_segms_device.py \
     tests/modeling/test_focal_loss.py tests/modeling/test_multilevel_roi_align.py tests/modeling/test_roi_pooling.py \
-    tests/modeling/test_fixed_size_training.py \
+    tests/modeling/test_fixed_size_training.py tests/modeling/test_upsample_add.py \
     tests/core/test_centernet_engine.py::test_autocast_training_on_cuda_stores_the_trunk_and_heads_channels_last_with_fused_adam \
     > "$OUT/gpu_tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
