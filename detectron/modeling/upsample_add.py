@@ -4,10 +4,12 @@ UpsampleNearest, then Sum), as one Triton kernel each way on CUDA.
 Under CUDA autocast F.interpolate runs in float32, so the eager top-down path casts, upsamples and
 sums twice the bytes forward and backward; a broadcast add in the activation dtype instead runs on
 PyTorch's non-vectorised kernels and reduces its gradient as slowly (BENCHMARKS.md, "Training
-speed"). The kernels read and write each tensor once, in its own layout, with the eager arithmetic:
-forward, the sum of the two values rounded once to the output dtype; backward, each 2x2 block of the
+speed"). The kernels read and write each tensor once: forward, the sum of the two values rounded
+once to the inputs' dtype (under autocast the eager path carries the sums down the levels in
+float32, each level's 3x3 conv rounding its input to bf16); backward, each 2x2 block of the
 gradient summed in float32 in row-major order. They serve channels_last tensors of one dtype on
-CUDA (the training body under autocast); other layouts, dtypes and devices take the eager path.
+CUDA (the training body under autocast); other layouts, dtypes and devices take the eager path,
+F.interpolate's.
 """
 import torch
 import torch.nn.functional as F
