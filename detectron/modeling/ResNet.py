@@ -60,7 +60,8 @@ class _ResidualBlock(nn.Module):
     def forward(self, x):
         if self.has_projection:  # branch1_bn joins the last norm's pass
             shortcut = self.branch1(x)
-            return norm_relu(self.last_norm(), self.transform(x), residual=shortcut, residual_norm=self.branch1_bn)
+            return norm_relu(self.last_norm(), self.transform(x), residual=shortcut,
+                             residual_norm=self.branch1_bn)
         return norm_relu(self.last_norm(), self.transform(x), residual=x)
 
 

@@ -49,7 +49,8 @@ def _launch(kernel, like, *tensors):
     pixels = n * height * width
     block_c = min(triton.next_power_of_2(channels), 128)
     grid = (triton.cdiv(pixels, _TILE_ELEMENTS // block_c), triton.cdiv(channels, block_c))
-    kernel[grid](*tensors, pixels, channels, height, width, BLOCK_P=_TILE_ELEMENTS // block_c, BLOCK_C=block_c)
+    kernel[grid](*tensors, pixels, channels, height, width,
+                 BLOCK_P=_TILE_ELEMENTS // block_c, BLOCK_C=block_c)
 
 
 class _UpsampleAdd(torch.autograd.Function):

@@ -66,7 +66,8 @@ def _by_index(fine, coarse, grad_out):
     out = fine.double() + coarse.double()[:, :, rows][:, :, :, cols]
     n, c, h, w = coarse.shape
     blocks = grad_out.double().view(n, c, h, 2, w, 2)
-    grad_coarse = blocks[:, :, :, 0, :, 0] + blocks[:, :, :, 0, :, 1] + blocks[:, :, :, 1, :, 0] + blocks[:, :, :, 1, :, 1]
+    grad_coarse = (blocks[:, :, :, 0, :, 0] + blocks[:, :, :, 0, :, 1]
+                   + blocks[:, :, :, 1, :, 0] + blocks[:, :, :, 1, :, 1])
     return _rounded(out, fine.dtype), grad_coarse
 
 
@@ -87,7 +88,8 @@ def test_kernels_sum_the_upsampled_level_and_its_gradient_blocks(results, name):
 
 def test_eager_path_is_interpolate_then_sum_and_the_kernel_is_used_only_where_it_can_run():
     fine, coarse, _, _ = _case(5, torch.float32)
-    assert torch.equal(ua.upsample_add(fine, coarse), fine + F.interpolate(coarse, scale_factor=2, mode='nearest'))
+    expected = fine + F.interpolate(coarse, scale_factor=2, mode='nearest')
+    assert torch.equal(ua.upsample_add(fine, coarse), expected)
     fine, coarse = (t.contiguous(memory_format=torch.channels_last) for t in (fine, coarse))
     assert not ua._use_kernel(fine, coarse)  # the CPU
     if torch.cuda.is_available() and ua.triton is not None:
