@@ -58,11 +58,9 @@ class _ResidualBlock(nn.Module):
             self.branch1_bn = make_norm(dim_out)
 
     def forward(self, x):
-        if self.has_projection:  # branch1_bn joins the last norm's pass
-            shortcut = self.branch1(x)
-            return norm_relu(self.last_norm(), self.transform(x), residual=shortcut,
-                             residual_norm=self.branch1_bn)
-        return norm_relu(self.last_norm(), self.transform(x), residual=x)
+        # A projection's branch1_bn joins the last norm's pass.
+        shortcut, shortcut_norm = (self.branch1(x), self.branch1_bn) if self.has_projection else (x, None)
+        return norm_relu(self.last_norm(), self.transform(x), residual=shortcut, residual_norm=shortcut_norm)
 
 
 class BottleneckBlock(_ResidualBlock):

@@ -14,6 +14,8 @@ F.interpolate's.
 import torch
 import torch.nn.functional as F
 
+from detectron.modeling.affine_relu import dense_layout
+
 try:
     import triton
     import triton.language as tl
@@ -36,11 +38,8 @@ def _use_kernel(fine, coarse):
     n, c, h, w = coarse.shape
     return (triton is not None and fine.is_cuda and coarse.device == fine.device
             and fine.dtype == coarse.dtype and fine.dtype in _KERNEL_DTYPES
-            and fine.shape == (n, c, 2 * h, 2 * w) and _channels_last(fine) and _channels_last(coarse))
-
-
-def _channels_last(x):
-    return x.is_contiguous(memory_format=torch.channels_last)
+            and fine.shape == (n, c, 2 * h, 2 * w)
+            and dense_layout(fine) == 'channels_last' and dense_layout(coarse) == 'channels_last')
 
 
 def _launch(kernel, like, *tensors):
@@ -72,11 +71,13 @@ class _UpsampleAdd(torch.autograd.Function):
 
 if triton is not None:
     @triton.jit
-    def _tile(pixels, channels, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-        """This program's pixel indices (int64), channels and in-bounds mask."""
+    def _tile(pixels, channels, height, width, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        """This program's pixel indices (int64) and their image, row and column, its channels and
+        the in-bounds mask."""
         p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        return p, c, (p < pixels)[:, None] & (c < channels)[None, :]
+        n, y, x = p // (width * height), (p // width) % height, p % width
+        return p, n, y, x, c, (p < pixels)[:, None] & (c < channels)[None, :]
 
     # The sizes change with every image size: specialising on their divisibility would compile a
     # kernel per new combination (BENCHMARKS.md, "Start-up").
@@ -84,10 +85,7 @@ if triton is not None:
     def _forward_kernel(fine_ptr, coarse_ptr, out_ptr, pixels, channels, height, width,
                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
         """Over fine's pixels (height x width each image)."""
-        p, c, mask = _tile(pixels, channels, BLOCK_P, BLOCK_C)
-        x = p % width
-        y = (p // width) % height
-        n = p // (width * height)
+        p, n, y, x, c, mask = _tile(pixels, channels, height, width, BLOCK_P, BLOCK_C)
         coarse_p = (n * (height // 2) + y // 2) * (width // 2) + x // 2
         offsets = p[:, None] * channels + c[None, :]
         fine = tl.load(fine_ptr + offsets, mask=mask)
@@ -99,10 +97,7 @@ if triton is not None:
     def _backward_kernel(grad_ptr, grad_coarse_ptr, pixels, channels, height, width,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
         """Over coarse's pixels (height x width each image); grad holds 2 height x 2 width."""
-        p, c, mask = _tile(pixels, channels, BLOCK_P, BLOCK_C)
-        x = p % width
-        y = (p // width) % height
-        n = p // (width * height)
+        p, n, y, x, c, mask = _tile(pixels, channels, height, width, BLOCK_P, BLOCK_C)
         row = 2 * width * channels  # one row of grad
         top_left = grad_ptr + ((n * 2 * height + 2 * y) * 2 * width + 2 * x)[:, None] * channels + c[None, :]
         total = tl.load(top_left, mask=mask).to(tl.float32)
