@@ -142,6 +142,9 @@ def test_first_image_and_total_from_the_test_log():
         logs.test_log_first_image_s(TEST_LOG.splitlines()[3])
     with pytest.raises(ConfigValueError):
         logs.test_log_total_inference_s(TEST_LOG.splitlines()[0])
+    # The run is stopped at that line, before the evaluation.
+    assert logs.test_log_inference_timed(TEST_LOG)
+    assert not logs.test_log_inference_timed('\n'.join(TEST_LOG.splitlines()[:3]))
 
 
 def test_first_iteration_from_the_training_log():

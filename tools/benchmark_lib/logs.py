@@ -102,6 +102,11 @@ def test_log_first_image_s(log_text):
     return int(done) * (float(det) + float(misc))
 
 
+def test_log_inference_timed(log_text):
+    """Whether test_net has logged its `Total inference time` (what follows is evaluation)."""
+    return _TOTAL_INFERENCE.search(log_text) is not None
+
+
 def test_log_total_inference_s(log_text):
     """test_net's `Total inference time: <s>s`: the whole testing of the dataset, model loading included."""
     match = _TOTAL_INFERENCE.search(log_text)
