@@ -81,6 +81,14 @@ def test_rounds_interleave_rows_and_time_only_the_timed_steps():
     assert train.peaks_mib == [] and test.unit == 'ms/image'
 
 
+def test_a_timed_pass_takes_every_item_once_between_the_clock_reads():
+    now, inputs = [0.0], []
+    durations = {0: 1.0, 1: 2.0, 2: 4.0}
+    seconds = timing.timed_pass(lambda k: (inputs.append(k), now.__setitem__(0, now[0] + durations[k])), [2, 0, 1],
+                                device=torch.device('cpu'), clock=lambda: now[0])
+    assert inputs == [2, 0, 1] and seconds == 7.0
+
+
 def test_a_row_with_steps_per_round_times_that_many_steps_every_round():
     now, inputs = [0.0], []
     durations = {0: 1.0, 1: 2.0, 2: 3.0}
@@ -307,7 +315,8 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
     # TEST.IMS_PER_BATCH 2: calls of 2 and 1 images, a round over all 3, ms per image.
     seen.clear()
     row = loops.replayed_test_row('ours', samples, model=None, device=torch.device('cpu'), precision='fp32', batch=2)
-    assert seen == [[0, 1], [2]] and row.steps_per_round == 2 and row.info == {'images_per_call': 2}
+    assert seen == [[0, 1], [2]] and row.steps_per_round == 2 and row.info['images_per_call'] == 2
+    assert row.info['first_pass_ms_per_image'] >= 0.0
     assert row.value(elapsed=0.03, iters=2) == pytest.approx(10.0)  # 30 ms over 3 images
 
 

@@ -5,14 +5,15 @@ A dataset of --startup-images JPEGs is written with the sizes of COCO val (coco_
 sampled by image_sizes.sample_sizes) and --boxes random boxes per image. Each round runs, as
 subprocesses (a fresh process each: nothing compiled, captured or autotuned by an earlier row
 helps, except what the tools themselves cache on disk):
-  test_net.py on the dataset, read from its log (and stopped before its evaluation): model loaded -> first detection (its first
-      im_detect line), the whole run (`Total inference time`, model loading included) per image,
-      and the steady ms/image after image LOOP_TEST_WARMUP_IMAGES;
+  test_net.py on the dataset, read from its log and stopped before its evaluation: model loaded ->
+      first detection (its first im_detect line), the whole run (`Total inference time`, model
+      loading included) per image, and the steady ms/image after image LOOP_TEST_WARMUP_IMAGES;
   train_net.py on the dataset from random init, read from its log up to its first json_stats line
       and then stopped: first batch -> first training iteration done;
 then one round of the bare detector in this process: the model as test_net loads it, on the same
-images prepared in advance and replayed from memory (after one untimed pass over them). The ratios
-pair each round's test_net with that round's bare detector.
+images prepared in advance and replayed from memory, after one pass over them (timed apart as its
+first_pass_ms_per_image: what meeting each size costs without the loader). The ratios pair each
+round's test_net with that round's bare detector.
 """
 import json
 import os

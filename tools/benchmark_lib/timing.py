@@ -195,6 +195,16 @@ def in_turn(step_on, items, prime):
     return lambda: step_on(next(items_in_turn))
 
 
+def timed_pass(step_on, items, device, clock=time.perf_counter):
+    """Seconds of one pass of step_on over the items, between device synchronisations."""
+    sync(device)
+    tic = clock()
+    for item in items:
+        step_on(item)
+    sync(device)
+    return clock() - tic
+
+
 def capture(module, run, pick, pre=False):
     """pick(inputs) (pre=True) or pick(output) of the module's last call while run() runs."""
     seen = []
