@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SHAPES_KL = 'configs/getting_started/shapes_demo_R-18-FPN_kl.yaml'
 sys.path.insert(0, os.path.join(REPO, 'tools'))  # as when tools/benchmark.py runs
 
-from benchmark_lib import classifiers, cli, logs, loops, profiling, rcnn_rows, timing, torchvision_models
+from benchmark_lib import classifiers, cli, logs, loops, profiling, rcnn_rows, report, timing, torchvision_models
 
 
 def _softmax(logits):
@@ -87,6 +87,16 @@ def test_a_timed_pass_takes_every_item_once_between_the_clock_reads():
     seconds = timing.timed_pass(lambda k: (inputs.append(k), now.__setitem__(0, now[0] + durations[k])), [2, 0, 1],
                                 device=torch.device('cpu'), clock=lambda: now[0])
     assert inputs == [2, 0, 1] and seconds == 7.0
+
+
+def test_the_report_notes_the_pass_before_the_rounds(capsys):
+    meta = dict(date='d', device='cpu', torch='t', torchvision='tv', commit='c', command='python tools/benchmark.py')
+    rep = report.Report(meta)
+    row = timing.Row('test', 'bare', step=None, images_per_step=1, values=[12.0, 14.0],
+                     info={'images_per_call': 1, 'first_pass_ms_per_image': 17.25})
+    rep.add_row(row)
+    line = [l for l in rep.markdown().splitlines() if l.startswith('| test | bare')][0]
+    assert line.rstrip(' |').endswith('first_pass_ms_per_image 17.25') and '| 13 |' in line
 
 
 def test_a_row_with_steps_per_round_times_that_many_steps_every_round():

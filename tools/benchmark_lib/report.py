@@ -89,7 +89,7 @@ def _fmt(value):
 
 def _notes(record):
     keys = ('box_rois_per_image', 'trainable_params', 'loss_finite', 'rois', 'candidates', 'detections',
-            'data_time_fraction', 'detector_ms', 'rest_of_loop_ms', 'total_s')
+            'data_time_fraction', 'detector_ms', 'rest_of_loop_ms', 'total_s', 'first_pass_ms_per_image')
     notes = ['{} {}'.format(k, _fmt(record[k]) if isinstance(record[k], float) else record[k])
              for k in keys if record.get(k) is not None]
     if record['section'] == 'ratio' and len(record['rounds']) > 1:
