@@ -89,7 +89,7 @@ def test_a_timed_pass_takes_every_item_once_between_the_clock_reads():
     assert inputs == [2, 0, 1] and seconds == 7.0
 
 
-def test_the_report_notes_the_pass_before_the_rounds(capsys):
+def test_the_report_notes_the_pass_before_the_rounds():
     meta = dict(date='d', device='cpu', torch='t', torchvision='tv', commit='c', command='python tools/benchmark.py')
     rep = report.Report(meta)
     row = timing.Row('test', 'bare', step=None, images_per_step=1, values=[12.0, 14.0],
