@@ -25,7 +25,7 @@ from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
-from detectron.utils import distributed
+from detectron.utils import distributed, triton_cache
 from detectron.utils.errors import ConfigValueError, DatasetError
 from detectron.utils.io import cache_url, save_object
 from detectron.utils.logging import log_file
@@ -164,7 +164,9 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     # The loader's workers start reading images while the model loads.
     images = iter(build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS,
                                     model_type.test_inputs(cfg), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX)))
-    model = load_test_model(weights_file, distributed.get_device())
+    device = distributed.get_device()
+    triton_cache.start_key_hashing(device)
+    model = load_test_model(weights_file, device)
     detect = model_type.batch_detector(cfg)
     stored = _Detections(dataset.num_classes, end - start)
     detect_s = misc_s = 0.0

@@ -27,7 +27,7 @@ from detectron.modeling import model_builder
 from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum, lr_change_ratio, set_lr
 from detectron.roi_data.loader import build_train_loader, to_device
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import checkpoint, distributed, run_lock
+from detectron.utils import checkpoint, distributed, run_lock, triton_cache
 from detectron.utils.errors import ConfigValueError, DetectronError
 from detectron.utils.io import cache_url
 from detectron.utils.logging import log_file, log_json_stats
@@ -185,6 +185,7 @@ def training_batches(model_type, start_iter, device):
         model_type.training_dataset(cfg, roidb, device), sampler, model_type.collate(cfg, device),
         num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     batches = iter(loader)
+    triton_cache.start_key_hashing(device)  # while the workers make the first batch
     # Starting a DataLoader draws its workers' base seed from torch's global generator. A resumed
     # run starts it after restoring the RNG states, so that draw is isolated (with the first batch)
     # to keep the random stream of the model's own sampling identical to the uninterrupted run's.
