@@ -102,7 +102,7 @@ def test_the_report_notes_the_pass_before_the_rounds():
 def test_a_row_with_steps_per_round_times_that_many_steps_every_round():
     now, inputs = [0.0], []
     durations = {0: 1.0, 1: 2.0, 2: 3.0}
-    step = timing.in_turn(lambda k: (inputs.append(k), now.__setitem__(0, now[0] + durations[k])), [0, 1, 2], prime=False)
+    step = timing.in_turn(lambda k: (inputs.append(k), now.__setitem__(0, now[0] + durations[k])), [0, 1, 2])
     row = timing.Row('train', 'replay', step, images_per_step=1, steps_per_round=3)
     timing.run_interleaved([row], rounds=2, iters=5, warmup=1, round_warmup=1, device=torch.device('cpu'),
                        clock=lambda: now[0])

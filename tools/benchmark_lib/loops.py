@@ -114,7 +114,7 @@ def replayed_test_row(label, samples, model, device, precision, batch=1):
     # The pass before the rounds, timed apart: what meeting each size costs in this process.
     first_pass_ms = 1000.0 * timed_pass(detect_on, batches, device) / len(samples)
     return Row('test', "{}, test_net's {} images replayed from memory".format(label, len(samples)),
-               in_turn(detect_on, batches, prime=False), len(samples) / len(batches),
+               in_turn(detect_on, batches), len(samples) / len(batches),
                resident=lambda: model_tensors(model), graph_owners=lambda: [model], steps_per_round=len(batches),
                info={'images_per_call': batch, 'first_pass_ms_per_image': round(first_pass_ms, 3)})
 

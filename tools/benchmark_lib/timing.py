@@ -186,11 +186,8 @@ def free_device_memory(device):
         torch.cuda.empty_cache()
 
 
-def in_turn(step_on, items, prime):
-    """A step calling step_on on the items one after another, round and round (prime: after one
-    untimed pass over all of them, as a loop meets each input shape before its timed part)."""
-    for item in items if prime else ():
-        step_on(item)
+def in_turn(step_on, items):
+    """A step calling step_on on the items one after another, round and round."""
     items_in_turn = itertools.cycle(items)
     return lambda: step_on(next(items_in_turn))
 
