@@ -1,4 +1,8 @@
-"""Every test may change the global cfg freely: it is restored (values and frozen state) afterwards."""
+"""Every test may change the global cfg freely: it is restored (values and frozen state) afterwards.
+
+The one way tests change global cfg keys: plain assignment (`cfg.TEST.NMS = 0.4`), `cfg.merge_from_list`,
+or the `set_cfg` fixture for dotted names; the autouse fixtures below give every value back. Never
+`monkeypatch.setattr` a cfg node: a yacs key is a dict item, and pytest 9.2's undo deletes it."""
 
 import copy
 
@@ -38,3 +42,22 @@ def restore_global_cfg_after_module():
     snapshot = copy.deepcopy(cfg)
     yield
     _restore_in_place(cfg, snapshot)
+
+
+def _set_cfg_key(dotted, value):
+    node, *path = cfg, *dotted.split('.')
+    for name in path[:-1]:
+        node = node[name]
+    if path[-1] not in node:
+        raise KeyError(f'{dotted} is not a cfg key')
+    node[path[-1]] = value
+
+
+@pytest.fixture
+def set_cfg(restore_global_cfg):
+    """set_cfg({'MODEL.NUM_CLASSES': 4, 'MRCNN.THRESH_BINARIZE': 0.6}) sets keys by their dotted names (an
+    unknown name fails); the values are given back after the test by restore_global_cfg."""
+    def set_keys(values):
+        for dotted, value in values.items():
+            _set_cfg_key(dotted, value)
+    return set_keys

@@ -141,3 +141,27 @@ def test_files_speak_of_the_product_not_of_its_development():
 @pytest.mark.parametrize('text', ['ninth session', '12th sitting', 'lent', '/tmp/site', '/work/'])
 def test_the_diary_pattern_catches(text):
     assert _DIARY.search(text)
+
+
+def _monkeypatched_cfg_nodes(source):
+    """`monkeypatch.setattr(X, ...)` calls whose X reads the global cfg (`cfg`, `cfg.MODEL`, ...)."""
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == 'setattr'
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == 'monkeypatch' and node.args):
+            target = node.args[0]
+            while isinstance(target, ast.Attribute):
+                target = target.value
+            if isinstance(target, ast.Name) and target.id == 'cfg':
+                yield node.lineno
+
+
+def test_no_test_monkeypatches_a_cfg_node():
+    # tests/conftest.py: a yacs key is a dict item; monkeypatch's undo deletes it (pytest 9.2).
+    found = [f'{os.path.relpath(path, REPO_ROOT)}:{line}' for path in _python_files('tests')
+             for line in _monkeypatched_cfg_nodes(open(path, encoding='utf-8').read())]
+    assert found == []
+
+
+def test_the_cfg_monkeypatch_finder_finds_one():
+    source = "def t(monkeypatch):\n    monkeypatch.setattr(cfg.MRCNN, 'X', 1)\n    monkeypatch.setattr(os, 'sep', 1)\n"
+    assert list(_monkeypatched_cfg_nodes(source)) == [2]

@@ -95,7 +95,7 @@ def test_pasting_equals_detectron_s_whole_image_masks_and_pycocotools():
     assert mask_inference.paste_masks(ones, whole, 20, 30, 0.5) == _detectron_paste(ones, whole, 20, 30, 0.5)
 
 
-def test_segm_results_takes_each_detection_s_class_channel(monkeypatch):
+def test_segm_results_takes_each_detection_s_class_channel(set_cfg):
     rng = np.random.RandomState(1)
     cls_boxes = [np.zeros((0, 5), np.float32),
                  np.array([[2, 3, 30, 20, 0.9], [5, 5, 15, 25, 0.8]], np.float32),
@@ -103,10 +103,8 @@ def test_segm_results_takes_each_detection_s_class_channel(monkeypatch):
                  np.array([[10, 1, 40, 35, 0.7]], np.float32)]
     ref_boxes = np.concatenate([b[:, :4] for b in cls_boxes])
     masks = rng.rand(3, 4, 28, 28).astype(np.float32)
-    monkeypatch.setattr(cfg.MODEL, 'NUM_CLASSES', 4)
     for cls_specific, channels in ((True, [1, 1, 3]), (False, [0, 0, 0])):
-        monkeypatch.setattr(cfg.MRCNN, 'CLS_SPECIFIC_MASK', cls_specific)
-        monkeypatch.setattr(cfg.MRCNN, 'THRESH_BINARIZE', 0.6)
+        set_cfg({'MODEL.NUM_CLASSES': 4, 'MRCNN.CLS_SPECIFIC_MASK': cls_specific, 'MRCNN.THRESH_BINARIZE': 0.6})
         cls_segms = test_lib.segm_results(cls_boxes, masks, ref_boxes, 40, 45)
         expected = _detectron_paste(masks[np.arange(3), channels], ref_boxes, 40, 45, 0.6)
         assert cls_segms == [[], expected[:2], [], expected[2:]]
