@@ -9,6 +9,10 @@ import yaml
 from detectron.core.config_defaults import CfgNode
 from detectron.utils.errors import ConfigValueError
 
+# Values a config may hold once its YAML aliases are expanded: nested aliases are an exponential
+# expansion, which would otherwise end as an error message hundreds of megabytes long.
+MAX_EXPANDED_NODES = 100000
+
 
 def load_cfg(cfg_to_load):
     """Parse YAML text or an open file, including configs dumped by Detectron into .pkl files.
@@ -75,7 +79,18 @@ def _yaml_python_names():
 
 
 class _CfgYamlLoader(yaml.UnsafeLoader):
-    """PyYAML's Python-object loader restricted to the names in _yaml_python_names()."""
+    """PyYAML's Python-object loader restricted to the names in _yaml_python_names(), refusing a key
+    repeated in one mapping (PyYAML keeps the last silently: a second `SOLVER:` section would drop
+    the first's keys) and aliases that expand past MAX_EXPANDED_NODES values."""
+
+    def construct_document(self, node):
+        _check_expanded_size(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            _check_unique_keys(node)
+        return super().construct_mapping(node, deep=deep)
 
     def find_python_name(self, name, mark, unsafe=False):
         allowed = _yaml_python_names()
@@ -89,3 +104,37 @@ class _CfgYamlLoader(yaml.UnsafeLoader):
         raise yaml.constructor.ConstructorError(
             None, None, 'refusing to import Python module {!r} in a config'.format(name), mark
         )
+
+
+def _check_unique_keys(node):
+    first_line = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == 'tag:yaml.org,2002:merge':
+            continue
+        line = key_node.start_mark.line + 1
+        if key_node.value in first_line:
+            raise yaml.constructor.ConstructorError(
+                None, None, 'key {!r} appears twice in one mapping (lines {} and {}); keep one'.format(
+                    _bounded(key_node.value), first_line[key_node.value], line), key_node.start_mark)
+        first_line[key_node.value] = line
+
+
+def _check_expanded_size(root):
+    sizes = {}
+
+    def size(node):
+        if id(node) not in sizes:
+            sizes[id(node)] = None  # a recursive alias counts as no further values
+            children = node.value if isinstance(node, yaml.SequenceNode) else (
+                [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+            sizes[id(node)] = 1 + sum(size(child) or 0 for child in children)
+        return sizes[id(node)] or 0
+
+    if size(root) > MAX_EXPANDED_NODES:
+        raise yaml.constructor.ConstructorError(
+            None, None, 'its aliases expand to more than {} values; a config needs far fewer'.format(
+                MAX_EXPANDED_NODES), root.start_mark)
+
+
+def _bounded(text, limit=80):
+    return text if len(text) <= limit else text[:limit] + '...'

@@ -165,6 +165,15 @@ def run_tool(main, argv):
         sys.exit(getattr(err, 'exit_status', 2))
 
 
+# An error line quotes what the user gave (values, paths); a runaway value must not make it unreadable.
+MAX_ERROR_LINE = 2000
+
+
 def error_line(err):
-    """A DetectronError as the one `error:` line the tools print."""
-    return 'error: {}'.format(' '.join(str(err).splitlines()))
+    """A DetectronError as the one `error:` line the tools print, at most MAX_ERROR_LINE characters."""
+    line = 'error: {}'.format(' '.join(str(err).splitlines()))
+    if len(line) <= MAX_ERROR_LINE:
+        return line
+    omitted = ' ... ({} characters omitted) ... '.format(len(line) - MAX_ERROR_LINE)
+    half = (MAX_ERROR_LINE - len(omitted)) // 2
+    return line[:half] + omitted + line[-half:]
