@@ -401,6 +401,7 @@ def _check_cfg():
         __C.SOLVER.AMP.DTYPE, __C.SOLVER.AMP.DTYPE)
     _check_choice('SOLVER.AMP.DTYPE', ('float16', 'bfloat16'))
     _check_choice('SOLVER.OPTIMIZER', ('sgd', 'adam'))
+    _check_choice('SOLVER.CLIP_GRADIENTS.CLIP_TYPE', ('value', 'norm'))
     _check_choice('DIST_BACKEND', ('', 'nccl', 'gloo'))
     _check_choice('STD.SIGMA_COLUMN_ORDER', ('reference', 'corrected'))
     _check_choice('TRAIN.FREEZE_AT', (0, 2, 3, 4, 5))
@@ -433,10 +434,17 @@ def _check_solver():
         ('SOLVER.WEIGHT_DECAY_GN', solver.WEIGHT_DECAY_GN, solver.WEIGHT_DECAY_GN >= 0, 'a finite number >= 0'),
         ('SOLVER.WARM_UP_ITERS', solver.WARM_UP_ITERS, solver.WARM_UP_ITERS >= 0, '>= 0'),
         ('SOLVER.WARM_UP_FACTOR', solver.WARM_UP_FACTOR, 0 <= solver.WARM_UP_FACTOR <= 1, 'in [0, 1]'),
+        ('SOLVER.CLIP_GRADIENTS.CLIP_VALUE', solver.CLIP_GRADIENTS.CLIP_VALUE, solver.CLIP_GRADIENTS.CLIP_VALUE > 0,
+         'a finite number > 0'),
+        ('SOLVER.CLIP_GRADIENTS.NORM_TYPE', solver.CLIP_GRADIENTS.NORM_TYPE, solver.CLIP_GRADIENTS.NORM_TYPE > 0,
+         'a number > 0 (inf: the largest absolute value)'),
         ('SOLVER.AMP.LOSS_SCALE', solver.AMP.LOSS_SCALE, solver.AMP.LOSS_SCALE >= 0,
          'a finite number >= 0 (0: dynamic loss scaling)'),
         ('SOLVER.LRS', solver.LRS, all(lr > 0 for lr in solver.LRS), 'a list of finite numbers > 0'),
         ('TRAIN.KEEP_CHECKPOINTS', __C.TRAIN.KEEP_CHECKPOINTS, __C.TRAIN.KEEP_CHECKPOINTS >= 0, '>= 0 (0: keep all)'),
+        ('TEST.EVAL_PERIOD', __C.TEST.EVAL_PERIOD, __C.TEST.EVAL_PERIOD >= 0, '>= 0 (0: off)'),
+        ('TEST.VAL_LOSS_PERIOD', __C.TEST.VAL_LOSS_PERIOD, __C.TEST.VAL_LOSS_PERIOD >= 0, '>= 0 (0: off)'),
+        ('CENTERNET.VAL_INTERVALS', __C.CENTERNET.VAL_INTERVALS, __C.CENTERNET.VAL_INTERVALS >= 0, '>= 0 (0: off)'),
     ]
     if solver.LR_POLICY == 'step':
         checks.append(('SOLVER.STEP_SIZE', solver.STEP_SIZE, solver.STEP_SIZE >= 1, 'at least 1 with LR_POLICY step'))

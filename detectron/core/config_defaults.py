@@ -83,6 +83,14 @@ __C.DATA_LOADER.BLOBS_QUEUE_CAPACITY = 8
 __C.TEST = CfgNode()
 __C.TEST.WEIGHTS = ''
 __C.TEST.DATASETS = ()  # tested one after another
+# detectron2's TEST.EVAL_PERIOD: during training, every N iterations, test the model on TEST.DATASETS
+# (every rank its share) and log its AP (bbox/AP, segm/AP, ...); 0 = off
+__C.TEST.EVAL_PERIOD = 0
+# port: every N iterations, the model's losses on TEST.DATASETS without gradients (val/loss, ...); 0 = off
+__C.TEST.VAL_LOSS_PERIOD = 0
+# port: the evaluation metric model_best.pth is chosen by ('bbox/AP', 'segm/AP', 'val/loss', ...; a
+# loss is lowest best); '' = the model type's: bbox/AP, CenterNet's val/loss with its VAL_INTERVALS
+__C.TEST.BEST_METRIC = ''
 __C.TEST.SCALE = 600
 __C.TEST.MAX_SIZE = 1000
 __C.TEST.NMS = 0.3
@@ -214,6 +222,15 @@ __C.SOLVER.ITER_SIZE = 1
 # port: when > 0, the schedule above is the one for this many images per iteration and is
 # rescaled by the linear scaling rule to the actual batch (scale_schedule_to_global_batch)
 __C.SOLVER.REFERENCE_WORLD_BATCH = 0
+# detectron2's gradient clipping: each parameter group of the optimizer clipped on its own, after
+# float16 loss scaling is undone; 'value' clamps every element to [-CLIP_VALUE, CLIP_VALUE], 'norm'
+# scales the group's NORM_TYPE norm down to at most CLIP_VALUE
+__C.SOLVER.CLIP_GRADIENTS = CfgNode()
+__C.SOLVER.CLIP_GRADIENTS.ENABLED = False
+__C.SOLVER.CLIP_GRADIENTS.CLIP_TYPE = 'value'  # 'value' | 'norm'
+__C.SOLVER.CLIP_GRADIENTS.CLIP_VALUE = 1.0
+__C.SOLVER.CLIP_GRADIENTS.NORM_TYPE = 2.0
+
 __C.SOLVER.AMP = CfgNode()
 __C.SOLVER.AMP.ENABLED = False
 __C.SOLVER.AMP.DTYPE = 'float16'  # 'float16' (or 'fp16') | 'bfloat16' (or 'bf16')
@@ -356,6 +373,9 @@ __C.CENTERNET.NMS = False  # --nms: soft-NMS per class also at a single test sca
 __C.CENTERNET.CUDA_GRAPHS = True  # port: test-time forward + decode replayed from CUDA graphs (per input size)
 __C.CENTERNET.NUM_EPOCHS = 140
 __C.CENTERNET.LR_STEP = (90, 120)
+# CenterNet's --val_intervals: the validation loss every N epochs (TEST.VAL_LOSS_PERIOD) and
+# model_best.pth by it; 0 = off (CenterNet's own default is 5)
+__C.CENTERNET.VAL_INTERVALS = 0
 __C.CENTERNET.LR = 1.25e-4  # the LR for LR_BATCH_SIZE images: SOLVER.BASE_LR = LR x BATCH_SIZE / LR_BATCH_SIZE
 __C.CENTERNET.LR_BATCH_SIZE = 32  # CenterNet's --lr default is "for batch size 32" (linear scaling rule)
 __C.CENTERNET.BATCH_SIZE = 32  # total over all GPUs

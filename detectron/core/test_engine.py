@@ -30,6 +30,7 @@ from detectron.utils.errors import ConfigValueError, DatasetError
 from detectron.utils.io import cache_url, save_object
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
+from detectron.utils.random_streams import preserved_random_streams
 from detectron.utils.vis import write_vis_image
 from detectron.utils.weights_fit import check_weights_fit
 
@@ -70,14 +71,10 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
             detections = test_net(weights_file, name, output_dir)[1:]
         if detections is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
             continue
-        all_boxes, all_segms = detections
         # Detectron's test_net_on_dataset line: the whole testing of the dataset (all GPUs, model
         # loading and start-up included), before the evaluation
         logger.info('Total inference time: %.3fs', time.perf_counter() - started)
-        _write_detections(all_boxes, all_segms, output_dir)
-        results.update(task_evaluation.evaluate_all(
-            JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
-            results_format=model_builder.get_model_type(cfg).results_format(cfg), all_segms=all_segms))
+        results.update(_evaluate(name, detections, output_dir))
     if results:
         task_evaluation.log_copy_paste_friendly_results(results)
     return results
@@ -101,10 +98,17 @@ def _test_worker(cfg_snapshot, weights_file, name):
     elsewhere."""
     receive_cfg(cfg_snapshot)
     output_dir = get_output_dir((name,), training=False)
+    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):  # as in train_worker
+        return test_on_all_ranks(name, output_dir, weights_file=weights_file)
+
+
+def test_on_all_ranks(name, output_dir, weights_file=None, model=None):
+    """Every rank of the job tests its contiguous range of `name` (with weights_file loaded, or with
+    model, already prepared for inference); returns the merged (all_boxes, all_segms) on rank 0 and
+    None elsewhere (a collective)."""
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]
-    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):  # as in train_worker
-        _, all_boxes, all_segms = test_net(weights_file, name, output_dir, (start, end))
+    _, all_boxes, all_segms = test_net(weights_file, name, output_dir, (start, end), model=model)
     gathered = distributed.all_gather_object((all_boxes, all_segms))
     if not distributed.is_main_process():
         return None
@@ -116,11 +120,40 @@ def _test_worker(cfg_snapshot, weights_file, name):
     return merge_ranges(per_range_boxes), merge_ranges(per_range_segms)
 
 
+def evaluate_during_training(model, iteration, output_dir):
+    """TEST.EVAL_PERIOD's evaluation after `iteration` of the training model (unwrapped, on every rank):
+    a test model built as test_net builds one, holding model's weights, tests each TEST.DATASETS entry
+    on every rank; rank 0 evaluates into output_dir/iter<N>/<dataset>/. Returns {dataset: results} on
+    every rank (a collective); the random streams of training are left as they were."""
+    model_type = model_builder.get_model_type(cfg)
+    with preserved_random_streams():
+        test_model = model_builder.create(cfg)
+        test_model.load_state_dict(model.state_dict())
+        test_model = model_type.prepare_for_inference(cfg, test_model.to(distributed.get_device()).eval())
+        results = collections.OrderedDict()
+        for name in cfg.TEST.DATASETS:
+            dataset_dir = os.path.join(output_dir, 'iter{}'.format(iteration), name)
+            os.makedirs(dataset_dir, exist_ok=True)
+            detections = test_on_all_ranks(name, dataset_dir, model=test_model)
+            if detections is not None:
+                results.update(_evaluate(name, detections, dataset_dir))
+    return distributed.broadcast_object(results)
+
+
 def merge_ranges(per_range):
     """Concatenate all_boxes[cls][img] (or all_segms[cls][img]) lists of consecutive ranges, in range
     order."""
     num_classes = len(per_range[0])
     return [[dets for part in per_range for dets in part[j]] for j in range(num_classes)]
+
+
+def _evaluate(name, detections, output_dir):
+    """Write detections.pkl and evaluate them (rank 0): {name: {'box': ..., 'mask': ...}}."""
+    all_boxes, all_segms = detections
+    _write_detections(all_boxes, all_segms, output_dir)
+    return task_evaluation.evaluate_all(
+        JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
+        results_format=model_builder.get_model_type(cfg).results_format(cfg), all_segms=all_segms)
 
 
 def _write_detections(all_boxes, all_segms, output_dir):
@@ -141,9 +174,10 @@ def load_test_model(weights_file, device):
     return model_type.prepare_for_inference(cfg, model.to(device).eval())
 
 
-def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
-    """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes).
-    dataset: its JsonDataset when the caller has one already.
+def test_net(weights_file, name, output_dir, ind_range=None, dataset=None, model=None):
+    """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes, all_segms).
+    dataset: its JsonDataset when the caller has one already; model: the model to test, already
+    prepared for inference, instead of loading weights_file.
 
     Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs,
     and go to the model type's batch detector TEST.IMS_PER_BATCH at a time; with cfg.VIS the
@@ -166,7 +200,7 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
                                     model_type.test_inputs(cfg), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX)))
     device = distributed.get_device()
     triton_cache.start_key_hashing(device)
-    model = load_test_model(weights_file, device)
+    model = model or load_test_model(weights_file, device)
     detect = model_type.batch_detector(cfg)
     stored = _Detections(dataset.num_classes, end - start)
     detect_s = misc_s = 0.0

@@ -7,52 +7,41 @@ cfg.MODEL.TYPE names, the model, optimizer, LR schedule and batch source, and ha
 `TrainLoop`, which knows nothing about the model (detectron2's SimpleTrainer shape). Rank 0 alone
 writes checkpoints, logs, TensorBoard events and the training-curve PNG.
 """
-import collections
-import contextlib
-import datetime
 import inspect
 import itertools
 import logging
-import math
 import os
-import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from detectron.core.config import cfg, get_output_dir, images_per_iter
 from detectron.core.config_finalize import receive_cfg
+from detectron.core.hooks import (BestCheckpoint, Checkpointer, Evaluation, LRScheduler, Metrics, NonFiniteCheck,
+                                  TrainingCurves)
+from detectron.core.test_engine import evaluate_during_training
+from detectron.core.train_loop import GradientClipping, StepOptions, TrainLoop
+from detectron.core.validation import validation_loss
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum, lr_change_ratio, set_lr
 from detectron.roi_data.loader import build_train_loader, to_device
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed, run_lock, triton_cache
-from detectron.utils.errors import ConfigValueError, DetectronError
+from detectron.utils.errors import ConfigValueError
 from detectron.utils.io import cache_url
-from detectron.utils.logging import log_file, log_json_stats
+from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
+from detectron.utils.random_streams import preserved_random_streams
 from detectron.utils.lr_policy import LRSchedule
-from detectron.utils.tensorboard import EventWriter
-from detectron.utils.training_curves import write_training_curves
 from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
-
-LOG_PERIOD = 20  # Detectron logs json_stats every 20 iterations
-# Seconds per iteration measured on the host, logged as means (the losses as medians): the whole
-# iteration, and the part spent waiting for the loader's next batch (detectron2's data_time).
-_HOST_TIMES = ('time', 'data_time')
 
 # Buffers (BN statistics, rank 0's saved) are not re-broadcast before every forward. torch >= 2.14
 # names this forward_sync_buffers (broadcast_buffers warns there); the GPU machines' 2.11 does not.
 _NO_FORWARD_BUFFER_SYNC = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
                            inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
                            else {'broadcast_buffers': False})
-
-
-class NonFiniteLossError(DetectronError, FloatingPointError):
-    """The training loss became NaN or inf."""
 
 
 def train_model():
@@ -91,28 +80,94 @@ def _train(model_type):
         model, base_lr=schedule.lr_at(0), momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY,
         weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_GN, scale_momentum=cfg.SOLVER.SCALE_MOMENTUM,
         scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD, name=cfg.SOLVER.OPTIMIZER)
-    start_iter, saved_progress = _resume_or_initialise(model_type, model, optimizer, output_dir)
+    start_iter, saved_states = _resume_or_initialise(model_type, model, optimizer, output_dir)
     batches = training_batches(model_type, start_iter, device)
-    retention = checkpoint_retention(model_type, schedule)
-    loop = TrainLoop(model, optimizer, schedule.lr_at, batches, device, output_dir, start_iter,
-                     train_options(retention), progress=saved_progress,
-                     batch_to_device=model_type.batch_to_device(cfg, device))
+    hooks = training_hooks(model_type, schedule, output_dir)
+    loop = TrainLoop(model, optimizer, batches, device, start_iter, cfg.SOLVER.MAX_ITER, step_options(), hooks,
+                     batch_to_device=model_type.batch_to_device(cfg, device), ddp_model=wrap_ddp(model, device),
+                     out_of_memory=lambda iteration: _out_of_memory(model_type, iteration, device, output_dir))
+    if saved_states:
+        loop.load_hook_states(saved_states)
     loop.run()
-    log_replica_agreement(model, cfg.SOLVER.MAX_ITER - 1)
-    loop.save(cfg.SOLVER.MAX_ITER - 1, checkpoint.FINAL_CHECKPOINT_NAME)
 
 
-def log_replica_agreement(model, iteration):
-    """Say whether the parameters are bitwise equal on every rank, as DDP promises (a collective)."""
+def training_hooks(model_type, schedule, output_dir):
+    """The loop's hooks in the order they run: the LR before each step; after it, the non-finite check
+    before anything is written, metrics, the evaluations and the best checkpoint (before the
+    checkpoint of their iteration, so that a run stopped during one repeats it), checkpoints, then
+    the curves of what was logged."""
+    metrics = Metrics(output_dir, cfg.SOLVER.MAX_ITER)
+    checkpointer = Checkpointer(output_dir, checkpoint_period(), checkpoint_retention(model_type, schedule),
+                                extra={'cfg': cfg.dump()}, sampler_state=_sampler_state())
+    evaluations = evaluation_hooks(model_type, metrics, output_dir)
+    best = [BestCheckpoint(output_dir, *best_metric(model_type))] if evaluations else []
+    return ([LRScheduler(schedule.lr_at, cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD), NonFiniteCheck(output_dir), metrics]
+            + evaluations + best + [checkpointer, TrainingCurves(output_dir, metrics, checkpointer)])
+
+
+def evaluation_hooks(model_type, metrics, output_dir):
+    """TEST.VAL_LOSS_PERIOD's validation loss and TEST.EVAL_PERIOD's AP evaluation, when on."""
+    device = distributed.get_device()
+
+    def validate(model, iteration):
+        with preserved_random_streams():
+            return validation_loss(model_type, model, device)
+
+    def evaluate(model, iteration):
+        return evaluation_metrics(evaluate_during_training(model, iteration, os.path.join(output_dir, 'evaluation')))
+
+    hooks = []
+    if cfg.TEST.VAL_LOSS_PERIOD > 0:
+        hooks.append(Evaluation(cfg.TEST.VAL_LOSS_PERIOD, validate, metrics, 'validation_losses'))
+    if cfg.TEST.EVAL_PERIOD > 0:
+        hooks.append(Evaluation(cfg.TEST.EVAL_PERIOD, evaluate, metrics, 'evaluations'))
+    return hooks
+
+
+_TASK_NAMES = {'box': 'bbox', 'mask': 'segm'}
+
+
+def evaluation_metrics(results):
+    """{dataset: {'box': {'AP': ...}, 'mask': ...}} -> {'bbox/AP': ..., 'segm/AP50': ...}, prefixed
+    with '<dataset>/' when TEST.DATASETS holds several."""
+    prefix = (lambda name: name + '/') if len(results) > 1 else (lambda name: '')
+    return {'{}{}/{}'.format(prefix(name), _TASK_NAMES.get(task, task), metric): float(value)
+            for name, tasks in results.items() for task, values in tasks.items() for metric, value in values.items()}
+
+
+def best_metric(model_type):
+    """(metric, 'max' or 'min') that model_best.pth is chosen by: TEST.BEST_METRIC (a loss is lowest
+    best, anything else highest), or the model type's choice."""
+    if cfg.TEST.BEST_METRIC:
+        return cfg.TEST.BEST_METRIC, 'min' if 'loss' in cfg.TEST.BEST_METRIC else 'max'
+    return model_type.best_metric(cfg)
+
+
+def step_options():
+    """cfg.SOLVER's settings of one optimizer step."""
+    s = cfg.SOLVER
+    clip = cfg.SOLVER.CLIP_GRADIENTS
+    clipping = (GradientClipping(clip_type=clip.CLIP_TYPE, value=clip.CLIP_VALUE, norm_type=clip.NORM_TYPE)
+                if cfg.SOLVER.CLIP_GRADIENTS.ENABLED else None)
+    return StepOptions(iter_size=s.ITER_SIZE, amp=s.AMP.ENABLED, amp_dtype=s.AMP.DTYPE,
+                       loss_scale=s.AMP.LOSS_SCALE, clipping=clipping)
+
+
+def wrap_ddp(model, device):
+    """The model in DistributedDataParallel when the job has several processes, else None."""
     if distributed.get_world_size() == 1:
-        return
-    digest, differing = distributed.ranks_differing_from_rank0(dict(model.named_parameters()))
-    if differing:
-        logger.warning('Parameters after iteration %d differ from rank 0\'s on rank(s) %s of %d',
-                       iteration, ', '.join(map(str, differing)), distributed.get_world_size())
-    else:
-        logger.info('Parameters after iteration %d are bitwise equal on all %d ranks (sha256 %s)',
-                    iteration, distributed.get_world_size(), digest[:16])
+        return None
+    device_ids = [device.index] if device.type == 'cuda' else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
+
+
+def _out_of_memory(model_type, iteration, device, output_dir):
+    """The one-line error for running out of device memory in iteration; no checkpoint was touched."""
+    last = checkpoint.find_last_checkpoint(output_dir)
+    saved = ('The checkpoints are intact: started again, the run resumes from {}.'.format(last) if last
+             else 'No checkpoint had been written yet.')
+    return out_of_memory_error('iteration {}'.format(iteration), distributed.get_rank(), device,
+                               model_type.memory_settings(cfg, training=True), saved)
 
 
 def lr_schedule():
@@ -122,16 +177,6 @@ def lr_schedule():
                       step_size=s.STEP_SIZE, steps=tuple(s.STEPS), lrs=tuple(s.LRS),
                       warm_up_iters=s.WARM_UP_ITERS, warm_up_factor=s.WARM_UP_FACTOR,
                       warm_up_method=s.WARM_UP_METHOD)
-
-
-def train_options(retention=checkpoint.Retention()):
-    return TrainOptions(retention=retention,
-        max_iter=cfg.SOLVER.MAX_ITER, iter_size=cfg.SOLVER.ITER_SIZE, amp=cfg.SOLVER.AMP.ENABLED,
-        amp_dtype=cfg.SOLVER.AMP.DTYPE, loss_scale=cfg.SOLVER.AMP.LOSS_SCALE,
-        checkpoint_period=checkpoint_period(),
-        log_lr_change_threshold=cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD,
-        checkpoint_extra={'cfg': cfg.dump()}, sampler_state=_sampler_state(),
-        memory_settings=model_builder.get_model_type(cfg).memory_settings(cfg, training=True))
 
 
 def with_sync_batchnorm(model, device):
@@ -151,13 +196,13 @@ def _sampler_state():
 
 def _resume_or_initialise(model_type, model, optimizer, output_dir):
     """Resume from the newest checkpoint (Detectron's AUTO_RESUME) or initialise from TRAIN.WEIGHTS.
-    Returns (start iteration, the saved run's logging progress or None)."""
+    Returns (start iteration, the saved run's hook states (checkpoint extras) or None)."""
     if cfg.TRAIN.AUTO_RESUME:
         # The newest intact checkpoint: a truncated or damaged newer one is skipped with a warning.
         last, start_iter, extra = checkpoint.resume_from_last(output_dir, model, optimizer,
                                                               sampler_state=_sampler_state())
         if last:
-            return start_iter, extra.get('progress')
+            return start_iter, extra
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = distributed.unwrap_model(model)
@@ -269,219 +314,3 @@ def _describe_warm_up(schedule):
         return 'warm-up: none'
     return 'warm-up: {} iterations, {} from factor {:g} (LR {:.6g} at iteration 0)'.format(
         schedule.warm_up_iters, schedule.warm_up_method, schedule.warm_up_factor, schedule.lr_at(0))
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """The loop's settings as plain values (cfg.SOLVER and the checkpoint rule, read by train_worker)."""
-    max_iter: int
-    iter_size: int = 1
-    amp: bool = False
-    amp_dtype: str = 'float16'
-    loss_scale: float = 0.0  # 0: dynamic loss scaling with float16
-    checkpoint_period: int = 20000
-    retention: checkpoint.Retention = checkpoint.Retention()  # which checkpoint files are written and kept
-    log_lr_change_threshold: float = 1.1
-    checkpoint_extra: dict = field(default_factory=dict)  # plain data saved with every checkpoint
-    sampler_state: dict = None  # compared on resume
-    memory_settings: str = ''  # what lowers the model's memory, named by an out-of-memory error
-
-
-class TrainLoop:
-    """Iterations from start_iter to max_iter with gradient accumulation, AMP, logging, checkpoints.
-
-    Given its model, optimizer, lr_at_iter function and batch iterator; `model(*batch_to_device(batch))`
-    returns a dict of scalar tensors whose keys starting with 'loss' are summed into the objective.
-    """
-
-    def __init__(self, model, optimizer, lr_at_iter, batches, device, output_dir, start_iter, options,
-                 progress=None, batch_to_device=None):
-        self.device = device
-        self.batch_to_device = batch_to_device or (lambda batch: to_device(batch, device))
-        self.optimizer = optimizer
-        self.lr_at_iter = lr_at_iter
-        self.batches = batches
-        self.output_dir = output_dir
-        self.start_iter = start_iter
-        self.options = options
-        self.model_without_ddp = model
-        self.model = self._wrap_ddp(model)
-        self.amp_dtype = {'float16': torch.float16, 'bfloat16': torch.bfloat16}[options.amp_dtype]
-        self.scaler = self._make_scaler()
-        self.first_nonfinite = torch.tensor(-1, device=device)
-        self.history = []
-        self.window = collections.defaultdict(lambda: collections.deque(maxlen=LOG_PERIOD))
-        self._restore_progress(progress)
-        self.events = EventWriter(os.path.join(output_dir, 'tensorboard')) \
-            if distributed.is_main_process() else None
-
-    def _wrap_ddp(self, model):
-        if distributed.get_world_size() == 1:
-            return model
-        device_ids = [self.device.index] if self.device.type == 'cuda' else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
-
-    def _make_scaler(self):
-        fp16 = self.options.amp and self.amp_dtype == torch.float16
-        if not fp16 or self.options.loss_scale > 0:
-            return None
-        return torch.amp.GradScaler(self.device.type)
-
-    def _micro_step(self, batch, sync):
-        batch = self.batch_to_device(batch)
-        no_sync = getattr(self.model, 'no_sync', None)
-        context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
-        with context:
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.options.amp):
-                outputs = self.model(*batch)
-            total = sum(v for k, v in outputs.items() if k.startswith('loss'))
-            scaled = total / self.options.iter_size
-            if self.scaler is not None:
-                scaled = self.scaler.scale(scaled)
-            elif self.options.loss_scale > 0 and self.options.amp:
-                scaled = scaled * self.options.loss_scale
-            scaled.backward()
-        return total, outputs
-
-    def _optimizer_step(self):
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            return
-        if self.options.amp and self.options.loss_scale > 0:
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, 1.0 / self.options.loss_scale)
-        self.optimizer.step()
-
-    def _set_lr(self, lr, cur_iter, previous_lr):
-        if previous_lr is not None and lr != previous_lr:
-            if lr_change_ratio(previous_lr, lr) > self.options.log_lr_change_threshold:
-                logger.info('Changing learning rate %.6f -> %.6f at iter %d', previous_lr, lr, cur_iter)
-        set_lr(self.optimizer, lr)
-
-    def _note_nonfinite(self, total, cur_iter):
-        """Remember, on the device and without a host sync, the first iteration whose loss is not finite."""
-        bad = ~torch.isfinite(total.detach())
-        self.first_nonfinite.masked_fill_(bad & (self.first_nonfinite < 0), cur_iter)
-
-    def _raise_if_nonfinite(self, outputs):
-        """Checked before every log line and checkpoint, so a non-finite run never overwrites one."""
-        first = int(self.first_nonfinite)
-        if first < 0:
-            return
-        parts = ', '.join('{}={:.4g}'.format(k, float(v.detach())) for k, v in outputs.items()
-                          if k.startswith('loss'))
-        raise NonFiniteLossError(
-            'Loss is not finite since iteration {} (now: {}). The last good checkpoint in {} is intact; '
-            'lower SOLVER.BASE_LR or check the data.'.format(first, parts, self.output_dir))
-
-    def run(self):
-        self.model.train()
-        options = self.options
-        tic = time.time()
-        lr = self.lr_at_iter(self.start_iter - 1) if self.start_iter > 0 else None
-        cur_iter = self.start_iter
-        try:
-            for cur_iter in range(self.start_iter, options.max_iter):
-                lr, previous_lr = self.lr_at_iter(cur_iter), lr
-                self._set_lr(lr, cur_iter, previous_lr)
-                self.optimizer.zero_grad(set_to_none=True)
-                data_time = 0.0
-                for micro in range(options.iter_size):
-                    data_tic = time.time()
-                    batch = next(self.batches)
-                    data_time += time.time() - data_tic
-                    total, outputs = self._micro_step(batch, sync=micro == options.iter_size - 1)
-                    self._note_nonfinite(total, cur_iter)
-                self._optimizer_step()
-                periodic = (cur_iter + 1) % options.checkpoint_period == 0 and cur_iter > self.start_iter
-                checkpoint_names = options.retention.names(cur_iter, periodic)
-                last = cur_iter == options.max_iter - 1
-                if cur_iter % LOG_PERIOD == 0 or checkpoint_names or last:
-                    self._raise_if_nonfinite(outputs)
-                self._record(cur_iter, lr, total, outputs, time.time() - tic, data_time)
-                tic = time.time()
-                if checkpoint_names:
-                    self.save(cur_iter, *checkpoint_names)
-        except torch.OutOfMemoryError:
-            raise self._out_of_memory(cur_iter) from None
-        if self.events is not None:
-            self.events.close()
-
-    def _out_of_memory(self, cur_iter):
-        """The one-line error for running out of device memory in cur_iter; no checkpoint was touched."""
-        last = checkpoint.find_last_checkpoint(self.output_dir)
-        saved = ('The checkpoints are intact: started again, the run resumes from {}.'.format(last) if last
-                 else 'No checkpoint had been written yet.')
-        return out_of_memory_error('iteration {}'.format(cur_iter), distributed.get_rank(), self.device,
-                                   self.options.memory_settings, saved)
-
-    def save(self, iteration, name, *copies):
-        """Checkpoint after iteration into output_dir/name (and byte copies under the names in copies)
-        on rank 0 with every rank's RNG state, then remove the numbered files the retention no longer
-        keeps (a collective: all ranks call it)."""
-        rng_states = checkpoint.gather_rng_states()
-        if distributed.is_main_process():
-            path = os.path.join(self.output_dir, name)
-            extra = dict(self.options.checkpoint_extra, progress=self._progress())
-            checkpoint.save_checkpoint(path, self.model_without_ddp, self.optimizer, iteration,
-                                       extra=extra, rng_states=rng_states,
-                                       sampler_state=self.options.sampler_state)
-            for copy_name in copies:
-                checkpoint.copy_checkpoint(path, os.path.join(self.output_dir, copy_name))
-            logger.info('Wrote checkpoint %s', ', '.join(os.path.join(self.output_dir, n) for n in (name,) + copies))
-            for removed in checkpoint.prune_checkpoints(self.output_dir, self.options.retention.keep):
-                logger.info('Removed %s (TRAIN.KEEP_CHECKPOINTS %d)', removed, self.options.retention.keep)
-            if self.history:
-                write_training_curves(os.path.join(self.output_dir, 'training_curves.png'), self.history)
-        distributed.synchronize()
-
-    def _progress(self):
-        """What a resumed run needs to log and plot as the uninterrupted one: the logged history and
-        the smoothing windows (plain numbers, so checkpoints stay weights_only-loadable)."""
-        windows = {k: [float(v) for v in q] for k, q in self.window.items()}
-        return {'history': list(self.history), 'windows': windows}
-
-    def _restore_progress(self, progress):
-        if not progress:
-            return
-        self.history = list(progress['history'])
-        for k, values in progress['windows'].items():
-            as_tensor = (lambda v: v) if k in _HOST_TIMES else (lambda v: torch.tensor(v, device=self.device))
-            self.window[k].extend(as_tensor(v) for v in values)
-
-    def _record(self, cur_iter, lr, total, outputs, iter_time, data_time):
-        self.window['time'].append(iter_time)
-        self.window['data_time'].append(data_time)
-        self.window['loss'].append(total.detach().float())
-        for k, v in outputs.items():
-            self.window[k].append(v.detach().float())
-        if cur_iter % LOG_PERIOD and cur_iter != self.options.max_iter - 1:
-            return
-        # Detectron logs the median of the last 20 values, averaged over GPUs.
-        medians = {k: torch.stack(list(q)).median() for k, q in self.window.items() if k not in _HOST_TIMES}
-        medians = distributed.reduce_dict(medians, average=True)
-        if not distributed.is_main_process():
-            return
-        stats = self._json_stats(cur_iter, lr, medians)
-        log_json_stats(stats)
-        self.history.append(stats)
-        self.events.add_scalars({k: v for k, v in stats.items() if isinstance(v, float)}, cur_iter)
-        max_iter = self.options.max_iter
-        logger.info('[%d/%d %5.1f%%] loss %.4f lr %.6f eta %s', cur_iter + 1, max_iter,
-                    100.0 * (cur_iter + 1) / max_iter, stats['loss'], lr, stats['eta'])
-
-    def _json_stats(self, cur_iter, lr, medians):
-        mean_time = float(np.mean(self.window['time']))
-        eta = datetime.timedelta(seconds=int(mean_time * (self.options.max_iter - cur_iter)))
-        stats = {'iter': cur_iter, 'lr': float(lr), 'time': mean_time, 'eta': str(eta),
-                 'data_time': float(np.mean(self.window['data_time'])),
-                 'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
-        stats.update({k: float(v) for k, v in medians.items()})
-        return stats
-
-
-def _max_memory_mib(device):
-    if device.type != 'cuda':
-        return 0
-    return int(math.ceil(torch.cuda.max_memory_allocated(device) / 1024 ** 2))

@@ -53,7 +53,7 @@ class CenterNet(nn.Module):
 
     def forward(self, images, targets=None):
         outputs = self.heads(self.backbone(images))
-        if not self.training:
+        if targets is None:  # detection; with targets the losses, also in eval mode (validation)
             return outputs
         w = self.loss_weights
         # The losses are computed in float32, also under autocast: the focal loss takes logs of

@@ -1,6 +1,7 @@
 """cfg -> CenterNet ctdet (MODEL.TYPE centernet): the model, its training samples (affine crop,
 colour jitter, heatmap targets, built in the loader workers), its epoch schedule and per-GPU chunk
 sizes, its test-time detector and how CenterNet / ImageNet weight files map onto it."""
+import dataclasses
 import functools
 import logging
 
@@ -102,6 +103,21 @@ class CenterNetType(ModelType):
     def collate(self, cfg, device):
         return collate_samples
 
+    def validation_dataset(self, cfg, device):
+        # CenterNet's val split: the whole image at the input resolution, no flip, jitter or colour.
+        params = dataclasses.replace(ctdet_params(cfg), rand_crop=False, scale=0.0, shift=0.0, flip=0.0,
+                                     color_aug=False)
+        return TrainingDataset(centernet_roidb(cfg.TEST.DATASETS),
+                               functools.partial(prepare_training_sample, params=params),
+                               seed=cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
+
+    def validation_losses(self, cfg):
+        return _validation_losses
+
+    def best_metric(self, cfg):
+        # CenterNet keeps model_best.pth by the validation loss (--val_intervals, --metric loss).
+        return ('val/loss', 'min') if cfg.TEST.VAL_LOSS_PERIOD > 0 else ('bbox/AP', 'max')
+
     def test_inputs(self, cfg):
         return functools.partial(centernet.prepare_test_image, params=test_params(cfg))
 
@@ -168,6 +184,16 @@ def prepare_training_sample(entry, rng, params):
     return ctdet_train_sample(read_image(entry['image']), entry['boxes'], entry['classes'], rng, params)
 
 
+def _validation_losses(model, batch):
+    """CenterNet's validation: the losses of the model in eval mode (BatchNorm's running statistics)."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(*batch)
+    finally:
+        model.train()
+
+
 def collate_samples(samples):
     """Stacked ctdet samples -> (images (B, 3, H, W), targets {name: (B, ...)}) for model(images, targets).
 
@@ -222,6 +248,8 @@ def derive_training_cfg(cfg, typed):
                                'SOLVER.ITER_SIZE {}); lower the batch size'.format(
                                    tuple(cfg.TRAIN.DATASETS), num_images, c.BATCH_SIZE, iter_size))
     derive.value('TRAIN.SNAPSHOT_ITERS', per_epoch * cfg.NUM_GPUS)
+    if c.VAL_INTERVALS > 0:
+        derive.value('TEST.VAL_LOSS_PERIOD', c.VAL_INTERVALS * per_epoch, ('CENTERNET.VAL_INTERVALS',))
     max_iter = derive.value('SOLVER.MAX_ITER', c.NUM_EPOCHS * per_epoch, ('CENTERNET.NUM_EPOCHS',))
     base_lr = derive.value('SOLVER.BASE_LR', c.LR * c.BATCH_SIZE * iter_size / c.LR_BATCH_SIZE,
                            ('CENTERNET.LR', 'CENTERNET.LR_BATCH_SIZE'))

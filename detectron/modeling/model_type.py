@@ -73,6 +73,21 @@ class ModelType:
     def test_inputs(self, cfg):
         raise NotImplementedError
 
+    def validation_dataset(self, cfg, device):
+        """Samples of TEST.DATASETS made as training samples (collated by collate(cfg, device)) but
+        without augmentation, for the validation loss (TEST.VAL_LOSS_PERIOD)."""
+        raise NotImplementedError
+
+    def validation_losses(self, cfg):
+        """fn(model, batch on the device) -> the model's dict of losses on a validation batch, without
+        gradients; it leaves the model in training mode."""
+        raise NotImplementedError
+
+    def best_metric(self, cfg):
+        """The evaluation metric model_best.pth is chosen by when TEST.BEST_METRIC is empty, and
+        whether lower is better: ('bbox/AP', 'max') by default."""
+        return 'bbox/AP', 'max'
+
     def detector(self, cfg):
         raise NotImplementedError
 

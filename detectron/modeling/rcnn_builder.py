@@ -3,6 +3,8 @@
 soft-NMS or KL-Loss's variance voting)."""
 import functools
 
+import torch
+
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import FPN, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
@@ -74,16 +76,26 @@ class GeneralizedRCNNType(ModelType):
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
 
+    def validation_dataset(self, cfg, device):
+        # The training losses on the validation images: unflipped, at the test scale.
+        roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON)
+        return self._samples(cfg, roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
+
+    def validation_losses(self, cfg):
+        return _validation_losses
+
     def training_groups(self, cfg, roidb):
         return aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
 
     def training_dataset(self, cfg, roidb, device):
+        return self._samples(cfg, roidb, device, scales=tuple(cfg.TRAIN.SCALES), max_size=cfg.TRAIN.MAX_SIZE)
+
+    def _samples(self, cfg, roidb, device, scales, max_size):
         if resizes_on_device(cfg, device):
-            prepare = functools.partial(prepare_unresized_training_entry, scales=tuple(cfg.TRAIN.SCALES),
-                                        max_size=cfg.TRAIN.MAX_SIZE)
+            prepare = functools.partial(prepare_unresized_training_entry, scales=scales, max_size=max_size)
         else:
-            prepare = functools.partial(prepare_training_entry, scales=tuple(cfg.TRAIN.SCALES),
-                                        max_size=cfg.TRAIN.MAX_SIZE, pixel_means=cfg.PIXEL_MEANS)
+            prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
+                                        pixel_means=cfg.PIXEL_MEANS)
         keys = TRAINING_KEYS + ('segms',) if cfg.MODEL.MASK_ON else TRAINING_KEYS
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
@@ -125,6 +137,13 @@ def _batch_to_device(batch, device, pixel_means, stride):
         uploaded = [to_device(image, device) for image in images.images]
         images = blob_utils.training_blob_t(uploaded, images.scales, pixel_means, stride)
     return to_device((images, im_info, targets), device)
+
+
+def _validation_losses(model, batch):
+    """Training-mode losses (RPN and RoI sampling as in training) with the eager body: a CUDA-graphed
+    training body keeps its buffers for the backward."""
+    with torch.no_grad():
+        return model(*batch, body=model.body_and_rpn_head)
 
 
 def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs):

@@ -1,7 +1,8 @@
 """Draw the training-loss and learning-rate curves into a PNG with OpenCV (no plotting dependency).
 
-Two 800 x 500 panels, stacked: the losses against the iteration on linear axes from 0, and the
-learning rate on a log-scale axis (warm-up and steps span decades). Both axes carry ticks at round
+800 x 500 panels, stacked: the losses against the iteration on linear axes from 0 (with the validation
+loss, when evaluated, as dots), the learning rate on a log-scale axis (warm-up and steps span decades),
+and, when the model was evaluated during training, its AP values. Both axes carry ticks at round
 values with their labels, and the axis names say what is plotted.
 """
 import math
@@ -93,13 +94,18 @@ def _draw_frame(canvas, axes, x_ticks, y_ticks, y_label, title):
     _text(canvas, title, (_LEFT + right) // 2, 22, 0.6, align='center')
 
 
-def draw_curves(iters, series, title, y_label, log=False):
-    """Return a BGR panel plotting each named series (as long as iters) against the iteration."""
+def draw_curves(iters, series, title, y_label, log=False, points=None):
+    """Return a BGR panel plotting each named series (as long as iters) against the iteration, and
+    each series of points ({name: (iterations, values)}, e.g. evaluations) as dots joined by lines."""
+    points = points or {}
     canvas = np.full((_HEIGHT, _WIDTH, 3), 255, np.uint8)
-    x_range = (float(min(iters)), float(max(iters))) if len(iters) else (0.0, 1.0)
+    all_iters = list(iters) + [it for xs, _ in points.values() for it in xs]
+    x_range = (float(min(all_iters)), float(max(all_iters))) if all_iters else (0.0, 1.0)
     if x_range[1] == x_range[0]:
         x_range = (x_range[0], x_range[0] + 1.0)
-    values = np.concatenate([np.asarray(v, np.float64) for v in series.values()]) if series else np.zeros(0)
+    values = np.concatenate([np.asarray(v, np.float64) for v in series.values()]
+                            + [np.asarray(ys, np.float64) for _, ys in points.values()]) \
+        if series or points else np.zeros(0)
     drawable = values[np.isfinite(values) & ((values > 0) if log else True)]
     if log:
         decades = (math.floor(math.log10(drawable.min())), math.ceil(math.log10(drawable.max()))) \
@@ -114,26 +120,44 @@ def draw_curves(iters, series, title, y_label, log=False):
             y_ticks.append(round(y_ticks[-1] + (y_ticks[1] - y_ticks[0]), 12))
         axes = _Axes(x_range, (0.0, y_ticks[-1]))
     _draw_frame(canvas, axes, nice_ticks(*x_range), y_ticks, y_label, title)
-    for i, (name, ys) in enumerate(series.items()):
+    lines = [(name, iters, ys, False) for name, ys in series.items()]
+    lines += [(name, xs, ys, True) for name, (xs, ys) in points.items()]
+    for i, (name, xs, ys, dots) in enumerate(lines):
         color = _COLORS[i % len(_COLORS)]
         ys = np.asarray(ys, np.float64)
         if log:
             ys = np.where(ys > 0, ys, np.nan)
         with np.errstate(invalid='ignore', divide='ignore'):
-            runs = _finite_runs(axes.x(iters), axes.y(ys))
+            runs = _finite_runs(axes.x(xs), axes.y(ys))
         cv2.polylines(canvas, [r for r in runs if len(r) > 1], False, color, 2)
+        for x, y in (np.concatenate(runs) if dots and runs else []):
+            cv2.circle(canvas, (int(x), int(y)), 4, color, -1, cv2.LINE_AA)
         _text(canvas, name, _WIDTH - _RIGHT - 130, _TOP + 20 + 20 * i, 0.5, color)
     return canvas
 
 
 def write_training_curves(path, history):
-    """history: list of json_stats dicts (iter, loss, lr, ...). Writes loss and lr panels stacked."""
-    iters = [h['iter'] for h in history]
-    loss_keys = ['loss'] + sorted(k for k in history[0] if k in ('loss_cls', 'loss_bbox')) if history else ['loss']
-    losses = {k: [float(h.get(k, np.nan)) for h in history] for k in loss_keys}
-    lrs = {'lr': [float(h['lr']) for h in history]}
-    image = np.concatenate([
-        draw_curves(iters, losses, 'training loss', 'loss'),
-        draw_curves(iters, lrs, 'learning rate', 'learning rate (log scale)', log=True)], axis=0)
+    """history: list of json_stats dicts: training lines (iter, loss, lr, ...) and evaluation lines
+    (iter, val/loss, bbox/AP, ...). Writes the loss panel (validation losses as dots), the learning
+    rate panel and, when the history holds AP values, an evaluation panel, stacked."""
+    training = [h for h in history if 'lr' in h]
+    evaluations = [h for h in history if 'lr' not in h]
+    iters = [h['iter'] for h in training]
+    loss_keys = ['loss'] + sorted(k for k in training[0] if k in ('loss_cls', 'loss_bbox')) if training else ['loss']
+    losses = {k: [float(h.get(k, np.nan)) for h in training] for k in loss_keys}
+    lrs = {'lr': [float(h['lr']) for h in training]}
+    panels = [draw_curves(iters, losses, 'training loss', 'loss', points=_evaluated(evaluations, ('val/loss',))),
+              draw_curves(iters, lrs, 'learning rate', 'learning rate (log scale)', log=True)]
+    ap_keys = sorted({k for h in evaluations for k in h if k.endswith('/AP')})
+    if ap_keys:
+        panels.append(draw_curves([], {}, 'evaluation', 'AP', points=_evaluated(evaluations, ap_keys)))
+    image = np.concatenate(panels, axis=0)
     ok, png = cv2.imencode('.png', image)
     _write_atomically(path, lambda f: f.write(png.tobytes()))
+
+
+def _evaluated(evaluations, keys):
+    """{key: (iterations, values)} of the evaluation lines holding each key."""
+    series = {key: ([h['iter'] for h in evaluations if key in h], [float(h[key]) for h in evaluations if key in h])
+              for key in keys}
+    return {key: xs_ys for key, xs_ys in series.items() if xs_ys[0]}

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.core import train_engine
+from detectron.core import hooks, train_engine
+from detectron.core.train_loop import StepOptions, TrainLoop
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
@@ -270,7 +271,7 @@ def test_non_finite_loss_stops_with_the_iteration_and_keeps_the_checkpoint(tiny_
         return losses
 
     monkeypatch.setattr(fast_rcnn_heads, 'fast_rcnn_losses', nan_from_iteration_2)
-    with pytest.raises(train_engine.NonFiniteLossError) as err:
+    with pytest.raises(hooks.NonFiniteLossError) as err:
         train_engine.train_model()
     assert isinstance(err.value, DetectronError)
     message = str(err.value)
@@ -347,8 +348,8 @@ class _MeanModel(torch.nn.Module):
 def test_json_stats_data_time_is_the_wait_for_the_loader(tmp_path, capsys):
     model = _MeanModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loop = train_engine.TrainLoop(model, optimizer, lambda it: 0.1, _SlowBatches(0.05), torch.device('cpu'),
-                                  str(tmp_path), 0, train_engine.TrainOptions(max_iter=3, iter_size=2))
+    loop = TrainLoop(model, optimizer, _SlowBatches(0.05), torch.device('cpu'), 0, 3, StepOptions(iter_size=2),
+                     hooks=[hooks.LRScheduler(lambda it: 0.1), hooks.Metrics(str(tmp_path), 3)])
     loop.run()
     _, stats = json_stats(capsys.readouterr().out)
     last = stats[-1]
@@ -370,9 +371,8 @@ def test_the_loop_puts_each_batch_on_the_device_with_the_model_types_function(tm
         return (batch[0] * 2,)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loop = train_engine.TrainLoop(model, optimizer, lambda it: 0.1, _SlowBatches(0.0), torch.device('cpu'),
-                                  str(tmp_path), 0, train_engine.TrainOptions(max_iter=2, iter_size=2),
-                                  batch_to_device=batch_to_device)
+    loop = TrainLoop(model, optimizer, _SlowBatches(0.0), torch.device('cpu'), 0, 2, StepOptions(iter_size=2),
+                     hooks=[hooks.LRScheduler(lambda it: 0.1)], batch_to_device=batch_to_device)
     loop.run()
     assert seen == [torch.Size([2, 3])] * 4
     # Two SGD steps on the mean of 2 x ones(2, 3) . w over two micro-batches: w -= 0.1 * 4 per step.
