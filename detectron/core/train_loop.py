@@ -146,13 +146,14 @@ class TrainLoop:
             return None
         norms = []
         for group in self.optimizer.param_groups:
-            grads = [p.grad for p in group['params'] if p.grad is not None]
-            if not grads:
+            params = [p for p in group['params'] if p.grad is not None]
+            if not params:
                 continue
+            grads = [p.grad for p in params]
             norm_type = clipping.norm_type if clipping.clip_type == 'norm' else 2.0
             norms.append(torch.nn.utils.get_total_norm(grads, norm_type))
             if clipping.clip_type == 'norm':
-                torch.nn.utils.clip_grads_with_norm_(grads, clipping.value, norms[-1])
+                torch.nn.utils.clip_grads_with_norm_(params, clipping.value, norms[-1])
             else:
                 torch._foreach_clamp_min_(grads, -clipping.value)
                 torch._foreach_clamp_max_(grads, clipping.value)
