@@ -1,7 +1,7 @@
 """Training: one process per GPU (or CPU worker), DDP, Detectron's schedule and outputs, any model.
 
 `train_model()` is what tools/train_net.py calls. It starts cfg.NUM_GPUS workers itself, or joins the
-job that torchrun / a cluster launcher started (see detectron/utils/distributed.py), and returns the
+job that torchrun / a cluster launcher started (see detectron/core/launch.py), and returns the
 path of the final model. `train_worker` builds, from the cfg it is handed and the model type that
 cfg.MODEL.TYPE names, the model, optimizer, LR schedule and batch source, and hands them to
 `TrainLoop`, which knows nothing about the model (detectron2's SimpleTrainer shape). Rank 0 alone
@@ -21,21 +21,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from detectron.checkpoint import checkpointer
+from detectron.checkpoint.download import cache_url
+from detectron.checkpoint.weights_fit import check_weights_fit
+from detectron.core import launch, run_lock
 from detectron.core.config import cfg, get_output_dir, images_per_iter
 from detectron.core.config_finalize import receive_cfg
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum, lr_change_ratio, set_lr
+from detectron.ops import triton_cache
 from detectron.roi_data.loader import build_train_loader, to_device
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import checkpoint, distributed, run_lock, triton_cache
+from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, DetectronError
-from detectron.utils.io import cache_url
 from detectron.utils.logging import log_file, log_json_stats
-from detectron.utils.memory import out_of_memory_error
 from detectron.utils.lr_policy import LRSchedule
+from detectron.utils.memory import out_of_memory_error
 from detectron.utils.tensorboard import EventWriter
 from detectron.utils.training_curves import write_training_curves
-from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ def train_model():
         return {'final': final_path}
     # A second run on this directory is refused (its PID named); temporaries of dead runs go.
     with run_lock.exclusive_run(output_dir):
-        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
+        launch.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
     return {'final': final_path}
 
 
@@ -72,19 +75,19 @@ def train_worker(cfg_snapshot):
     """One rank of a training job: everything model-specific comes from the model type's entry."""
     receive_cfg(cfg_snapshot)
     # Spawned workers write OUTPUT_DIR/log.txt themselves (their tool's process already does).
-    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):
+    with log_file(cfg.OUTPUT_DIR, comm.get_rank()):
         _train(model_builder.get_model_type(cfg))
 
 
 def _train(model_type):
-    device = distributed.get_device()
+    device = comm.get_device()
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
     model = model_builder.create(cfg).to(device)
     # Anchor and RoI sampling draw from torch's generator: give every rank its own stream.
-    torch.manual_seed(cfg.RNG_SEED + distributed.get_rank())
-    np.random.seed(cfg.RNG_SEED + distributed.get_rank())
+    torch.manual_seed(cfg.RNG_SEED + comm.get_rank())
+    np.random.seed(cfg.RNG_SEED + comm.get_rank())
     model = model_type.prepare_for_training(cfg, with_sync_batchnorm(model, device))
     schedule = lr_schedule()
     optimizer = build_optimizer(
@@ -99,20 +102,20 @@ def _train(model_type):
                      batch_to_device=model_type.batch_to_device(cfg, device))
     loop.run()
     log_replica_agreement(model, cfg.SOLVER.MAX_ITER - 1)
-    loop.save(cfg.SOLVER.MAX_ITER - 1, checkpoint.FINAL_CHECKPOINT_NAME)
+    loop.save(cfg.SOLVER.MAX_ITER - 1, checkpointer.FINAL_CHECKPOINT_NAME)
 
 
 def log_replica_agreement(model, iteration):
     """Say whether the parameters are bitwise equal on every rank, as DDP promises (a collective)."""
-    if distributed.get_world_size() == 1:
+    if comm.get_world_size() == 1:
         return
-    digest, differing = distributed.ranks_differing_from_rank0(dict(model.named_parameters()))
+    digest, differing = comm.ranks_differing_from_rank0(dict(model.named_parameters()))
     if differing:
         logger.warning('Parameters after iteration %d differ from rank 0\'s on rank(s) %s of %d',
-                       iteration, ', '.join(map(str, differing)), distributed.get_world_size())
+                       iteration, ', '.join(map(str, differing)), comm.get_world_size())
     else:
         logger.info('Parameters after iteration %d are bitwise equal on all %d ranks (sha256 %s)',
-                    iteration, distributed.get_world_size(), digest[:16])
+                    iteration, comm.get_world_size(), digest[:16])
 
 
 def lr_schedule():
@@ -124,7 +127,7 @@ def lr_schedule():
                       warm_up_method=s.WARM_UP_METHOD)
 
 
-def train_options(retention=checkpoint.Retention()):
+def train_options(retention=checkpointer.Retention()):
     return TrainOptions(retention=retention,
         max_iter=cfg.SOLVER.MAX_ITER, iter_size=cfg.SOLVER.ITER_SIZE, amp=cfg.SOLVER.AMP.ENABLED,
         amp_dtype=cfg.SOLVER.AMP.DTYPE, loss_scale=cfg.SOLVER.AMP.LOSS_SCALE,
@@ -136,7 +139,7 @@ def train_options(retention=checkpoint.Retention()):
 
 def with_sync_batchnorm(model, device):
     """MODEL.SYNC_BN: the model's BatchNorm layers normalise with statistics over all ranks' images."""
-    if not cfg.MODEL.SYNC_BN or distributed.get_world_size() == 1:
+    if not cfg.MODEL.SYNC_BN or comm.get_world_size() == 1:
         return model
     if device.type != 'cuda':
         # torch's SyncBatchNorm refuses CPU tensors; fail before DDP does with a traceback.
@@ -154,13 +157,13 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
     Returns (start iteration, the saved run's logging progress or None)."""
     if cfg.TRAIN.AUTO_RESUME:
         # The newest intact checkpoint: a truncated or damaged newer one is skipped with a warning.
-        last, start_iter, extra = checkpoint.resume_from_last(output_dir, model, optimizer,
-                                                              sampler_state=_sampler_state())
+        last, start_iter, extra = checkpointer.resume_from_last(output_dir, model, optimizer,
+                                                                sampler_state=_sampler_state())
         if last:
             return start_iter, extra.get('progress')
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
-        unwrapped = distributed.unwrap_model(model)
+        unwrapped = comm.unwrap_model(model)
         missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
         check_weights_fit(unwrapped, path, missing, unused, model_type.name)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
@@ -178,8 +181,8 @@ def training_batches(model_type, start_iter, device):
     roidb = model_type.training_roidb(cfg)
     logger.info('%d roidb entries for training', len(roidb))
     sampler = GroupedDistributedBatchSampler(
-        model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED, rank=distributed.get_rank(),
-        world_size=distributed.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
+        model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
+        world_size=comm.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
         start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     loader = build_train_loader(
         model_type.training_dataset(cfg, roidb, device), sampler, model_type.collate(cfg, device),
@@ -198,7 +201,7 @@ def rank_batch_sizes():
     """Images per micro-batch of every rank of the launched job, in rank order:
     TRAIN.RANK_IMS_PER_BATCH, or TRAIN.IMS_PER_BATCH on every rank. Each rank's loss weighs the
     same in DDP's gradient average, whatever its batch (as CenterNet's mean of per-GPU losses)."""
-    return list(cfg.TRAIN.RANK_IMS_PER_BATCH) or [cfg.TRAIN.IMS_PER_BATCH] * distributed.get_world_size()
+    return list(cfg.TRAIN.RANK_IMS_PER_BATCH) or [cfg.TRAIN.IMS_PER_BATCH] * comm.get_world_size()
 
 
 def images_per_step():
@@ -210,7 +213,7 @@ def images_per_step():
 def checkpoint_period(world_size=None):
     """Detectron's rule: a checkpoint every int(SNAPSHOT_ITERS / NUM_GPUS) iterations, with the
     launched world size as NUM_GPUS."""
-    world_size = distributed.get_world_size() if world_size is None else world_size
+    world_size = comm.get_world_size() if world_size is None else world_size
     return max(1, int(cfg.TRAIN.SNAPSHOT_ITERS / world_size))
 
 
@@ -280,7 +283,7 @@ class TrainOptions:
     amp_dtype: str = 'float16'
     loss_scale: float = 0.0  # 0: dynamic loss scaling with float16
     checkpoint_period: int = 20000
-    retention: checkpoint.Retention = checkpoint.Retention()  # which checkpoint files are written and kept
+    retention: checkpointer.Retention = checkpointer.Retention()  # which checkpoint files are written and kept
     log_lr_change_threshold: float = 1.1
     checkpoint_extra: dict = field(default_factory=dict)  # plain data saved with every checkpoint
     sampler_state: dict = None  # compared on resume
@@ -313,10 +316,10 @@ class TrainLoop:
         self.window = collections.defaultdict(lambda: collections.deque(maxlen=LOG_PERIOD))
         self._restore_progress(progress)
         self.events = EventWriter(os.path.join(output_dir, 'tensorboard')) \
-            if distributed.is_main_process() else None
+            if comm.is_main_process() else None
 
     def _wrap_ddp(self, model):
-        if distributed.get_world_size() == 1:
+        if comm.get_world_size() == 1:
             return model
         device_ids = [self.device.index] if self.device.type == 'cuda' else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
@@ -410,31 +413,31 @@ class TrainLoop:
 
     def _out_of_memory(self, cur_iter):
         """The one-line error for running out of device memory in cur_iter; no checkpoint was touched."""
-        last = checkpoint.find_last_checkpoint(self.output_dir)
+        last = checkpointer.find_last_checkpoint(self.output_dir)
         saved = ('The checkpoints are intact: started again, the run resumes from {}.'.format(last) if last
                  else 'No checkpoint had been written yet.')
-        return out_of_memory_error('iteration {}'.format(cur_iter), distributed.get_rank(), self.device,
+        return out_of_memory_error('iteration {}'.format(cur_iter), comm.get_rank(), self.device,
                                    self.options.memory_settings, saved)
 
     def save(self, iteration, name, *copies):
         """Checkpoint after iteration into output_dir/name (and byte copies under the names in copies)
         on rank 0 with every rank's RNG state, then remove the numbered files the retention no longer
         keeps (a collective: all ranks call it)."""
-        rng_states = checkpoint.gather_rng_states()
-        if distributed.is_main_process():
+        rng_states = checkpointer.gather_rng_states()
+        if comm.is_main_process():
             path = os.path.join(self.output_dir, name)
             extra = dict(self.options.checkpoint_extra, progress=self._progress())
-            checkpoint.save_checkpoint(path, self.model_without_ddp, self.optimizer, iteration,
-                                       extra=extra, rng_states=rng_states,
-                                       sampler_state=self.options.sampler_state)
+            checkpointer.save_checkpoint(path, self.model_without_ddp, self.optimizer, iteration,
+                                         extra=extra, rng_states=rng_states,
+                                         sampler_state=self.options.sampler_state)
             for copy_name in copies:
-                checkpoint.copy_checkpoint(path, os.path.join(self.output_dir, copy_name))
+                checkpointer.copy_checkpoint(path, os.path.join(self.output_dir, copy_name))
             logger.info('Wrote checkpoint %s', ', '.join(os.path.join(self.output_dir, n) for n in (name,) + copies))
-            for removed in checkpoint.prune_checkpoints(self.output_dir, self.options.retention.keep):
+            for removed in checkpointer.prune_checkpoints(self.output_dir, self.options.retention.keep):
                 logger.info('Removed %s (TRAIN.KEEP_CHECKPOINTS %d)', removed, self.options.retention.keep)
             if self.history:
                 write_training_curves(os.path.join(self.output_dir, 'training_curves.png'), self.history)
-        distributed.synchronize()
+        comm.synchronize()
 
     def _progress(self):
         """What a resumed run needs to log and plot as the uninterrupted one: the logged history and
@@ -460,8 +463,8 @@ class TrainLoop:
             return
         # Detectron logs the median of the last 20 values, averaged over GPUs.
         medians = {k: torch.stack(list(q)).median() for k, q in self.window.items() if k not in _HOST_TIMES}
-        medians = distributed.reduce_dict(medians, average=True)
-        if not distributed.is_main_process():
+        medians = comm.reduce_dict(medians, average=True)
+        if not comm.is_main_process():
             return
         stats = self._json_stats(cur_iter, lr, medians)
         log_json_stats(stats)
