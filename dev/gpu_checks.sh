@@ -130,7 +130,7 @@ coco_tiny_ap() {  # a small GN body trained from scratch on coco_tiny train, tes
 nms_speed() {  # matrix batched NMS vs torchvision's batched_nms on RPN-like boxes (equality + time)
   python3 - <<'PY' 2>&1 | tee "$OUT/nms_speed.txt"
 import time, torch, torchvision
-from detectron.utils import boxes as B
+from detectron.ops import nms as nms_ops
 torch.manual_seed(0)
 dev = 'cuda'
 # RPN-like: 2 images x 5 levels, 2000 proposals each, clustered around objects
@@ -140,14 +140,14 @@ xy = centers[torch.randint(0, 40, (n,), device=dev)] + torch.randn(n, 2, device=
 boxes = torch.cat([xy, xy + 20 + torch.rand(n, 2, device=dev) * 150], 1)
 scores = torch.randperm(n, device=dev).float() / n
 idxs = torch.randint(0, 10, (n,), device=dev)
-ref = torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, 0.7)
-got = B.matrix_batched_nms_t(boxes, scores, idxs, 0.7)
+ref = torchvision.ops.batched_nms(nms_ops._plus_one_corners_t(boxes), scores, idxs, 0.7)
+got = nms_ops.matrix_batched_nms_t(boxes, scores, idxs, 0.7)
 print('equal on CUDA:', torch.equal(ref, got), ref.numel())
 # The production path: Detectron's IoU >= 0.7 rule through torchvision's threshold
-ref_ge = torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, B.torchvision_nms_thresh(0.7))
-print('batched_nms_t equal on CUDA:', torch.equal(ref_ge, B.batched_nms_t(boxes, scores, idxs, 0.7)), ref_ge.numel())
-for name, fn in [('torchvision', lambda: torchvision.ops.batched_nms(B._plus_one_corners_t(boxes), scores, idxs, 0.7)),
-                 ('matrix', lambda: B.matrix_batched_nms_t(boxes, scores, idxs, 0.7))]:
+ref_ge = torchvision.ops.batched_nms(nms_ops._plus_one_corners_t(boxes), scores, idxs, nms_ops.torchvision_nms_thresh(0.7))
+print('batched_nms_t equal on CUDA:', torch.equal(ref_ge, nms_ops.batched_nms_t(boxes, scores, idxs, 0.7)), ref_ge.numel())
+for name, fn in [('torchvision', lambda: torchvision.ops.batched_nms(nms_ops._plus_one_corners_t(boxes), scores, idxs, 0.7)),
+                 ('matrix', lambda: nms_ops.matrix_batched_nms_t(boxes, scores, idxs, 0.7))]:
     for _ in range(3): fn()
     torch.cuda.synchronize(); t = time.perf_counter()
     for _ in range(20): fn()
@@ -228,7 +228,7 @@ rcnn_batches() {  # R-CNN training at larger per-GPU batches, then inference wit
 varvote_gpu() {  # Triton variance voting equals the compiled CPU kernel on the GPU; its time against plain NMS
   python3 - <<'PY' 2>&1 | tee "$OUT/varvote_gpu.txt"
 import statistics, time, numpy as np, torch
-from detectron.utils import boxes as box_utils, variance_voting as vv
+from detectron.ops import nms as nms_ops, variance_voting as vv
 def case(per_class, num_fg=5, seed=0, width=1333, height=800):
     rng = np.random.RandomState(seed)
     centres = rng.uniform([0, 0], [width, height], size=(10, 2)); sides = rng.uniform(20, 300, size=(10, 2))
@@ -254,7 +254,7 @@ for per_class in (1000, 300):
           'max |box diff|', float(max((gpu[2][c, :k] - cpu[2][c, :k].to(gpu[2].device)).abs().max() for c, k in enumerate(kept.tolist()))),
           'max |score diff|', float((gpu[3] - cpu[3].to(gpu[3].device)).abs().max()))
     flat = boxes.reshape(-1, 4); classes = torch.arange(5, device='cuda').repeat_interleave(per_class)
-    print('  plain NMS ms', round(ms(lambda: box_utils.batched_nms_t(flat, scores.reshape(-1), classes, 0.5)), 3),
+    print('  plain NMS ms', round(ms(lambda: nms_ops.batched_nms_t(flat, scores.reshape(-1), classes, 0.5)), 3),
           'triton variance voting ms', round(ms(lambda: vv.soft_nms_with_variance_voting(*args)), 3),
           'cpu kernel ms', round(ms(lambda: vv.soft_nms_with_variance_voting_cpu(*args), 5), 3))
 PY
@@ -301,12 +301,12 @@ centernet_coco_tiny() {  # train_net and test_net on the real JPEGs of coco_tiny
 }
 
 gpu_tests() {  # the tests that only run with CUDA (the Triton kernels: variance voting, DCN sampling, fused affine, bitmask NMS, focal loss, multi-level RoIAlign, FPN top-down sum; CenterNet's batched and graphed detectors, channels_last training)
-  python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/modeling/test_dcn.py tests/utils/test_cuda_graphs.py \
-    tests/utils/test_variance_voting.py tests/utils/test_checkpoint.py tests/roi_data/test_loader.py tests/utils/test_boxes.py \
-    tests/modeling/test_affine_relu.py tests/utils/test_bitmask_nms.py tests/core/test_train_options.py tests/tools/test_benchmark.py \
+  python3 -m pytest -q -rs tests/modeling/test_centernet_detect.py tests/ops/test_deform_conv.py tests/utils/test_cuda_graphs.py \
+    tests/ops/test_variance_voting.py tests/checkpoint/test_checkpointer.py tests/roi_data/test_loader.py tests/utils/test_boxes.py tests/ops/test_nms.py \
+    tests/ops/test_affine_relu.py tests/ops/test_bitmask_nms.py tests/core/test_train_options.py tests/tools/test_benchmark.py \
     tests/tools/test_centernet_plain.py tests/roi_data/test_mask_targets.py tests/utils/test_segms_device.py \
-    tests/modeling/test_focal_loss.py tests/modeling/test_multilevel_roi_align.py tests/modeling/test_roi_pooling.py \
-    tests/modeling/test_fixed_size_training.py tests/modeling/test_upsample_add.py \
+    tests/ops/test_focal_loss.py tests/ops/test_multilevel_roi_align.py tests/ops/test_roi_pooling.py \
+    tests/modeling/test_fixed_size_training.py tests/ops/test_upsample_add.py \
     tests/core/test_centernet_engine.py::test_autocast_training_on_cuda_stores_the_trunk_and_heads_channels_last_with_fused_adam \
     > "$OUT/gpu_tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -20
@@ -516,7 +516,7 @@ mg_test() {  # --multi-gpu-testing on 2 ranks against 1 rank (the models of mg_t
     TEST.WEIGHTS "$(find "$RUNS/multi_gpu/cn_2" -name model_final.pth | head -1)"
 }
 
-mg_rank1_pid() {  # <launcher pid>: the second worker that distributed.launch spawned (rank 1)
+mg_rank1_pid() {  # <launcher pid>: the second worker that launch.launch spawned (rank 1)
   ps --ppid "$1" -o pid=,args= --sort=start_time | grep spawn_main | sed -n 2p | awk '{print $1}'
 }
 

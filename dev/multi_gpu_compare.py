@@ -24,11 +24,11 @@ import sys
 import numpy as np
 import torch
 
+from detectron.checkpoint.torch_file import read_torch_file
 from detectron.core.config import adopt_cfg, cfg, load_cfg
 from detectron.core.config_defaults import CfgNode
 from detectron.modeling import model_builder
 from detectron.utils.io import load_object
-from detectron.utils.torch_file import read_torch_file
 
 
 def relative_update_difference(run, reference, initial):

@@ -20,8 +20,9 @@ from benchmark_lib.timing import autocast, sync  # noqa: E402
 
 from detectron.core.config import cfg  # noqa: E402
 from detectron.core.config_finalize import finalize_cfg  # noqa: E402
-from detectron.modeling import fast_rcnn_heads, generalized_rcnn, multilevel_roi_align, rpn_heads  # noqa: E402
+from detectron.modeling import fast_rcnn_heads, generalized_rcnn, rpn_heads
 from detectron.modeling.optimizer import build_optimizer  # noqa: E402
+from detectron.ops import multilevel_roi_align
 
 HOST_MS = collections.defaultdict(float)
 

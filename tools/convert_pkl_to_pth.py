@@ -8,9 +8,9 @@ Example:
 import argparse
 import sys
 
-from detectron.utils.c2_weights import convert_detectron_blobs, read_detectron_pickle
+from detectron.checkpoint.c2_weights import convert_detectron_blobs, read_detectron_pickle
+from detectron.checkpoint.torch_file import write_torch_file
 from detectron.utils.errors import run_tool
-from detectron.utils.torch_file import write_torch_file
 
 
 def parse_args(argv):

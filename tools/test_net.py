@@ -12,9 +12,9 @@ The model is TEST.WEIGHTS (a .pth of this port, a Detectron .pkl or a URL). KEY 
 import argparse
 import sys
 
+from detectron.core import launch
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
-from detectron.utils import distributed
 from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import log_file, setup_logging
@@ -55,7 +55,7 @@ def main(argv):
     if not cfg.TEST.WEIGHTS:
         raise ConfigValueError('TEST.WEIGHTS is empty: name the model to test, e.g. TEST.WEIGHTS model_final.pth')
     from detectron.core import test_engine
-    with log_file(cfg.OUTPUT_DIR, distributed.launched_rank(), command=sys.argv):
+    with log_file(cfg.OUTPUT_DIR, launch.launched_rank(), command=sys.argv):
         test_engine.run_inference(cfg.TEST.WEIGHTS, ind_range=args.range, multi_gpu_testing=args.multi_gpu_testing)
 
 

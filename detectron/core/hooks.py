@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from detectron.modeling.optimizer import lr_change_ratio, set_lr
-from detectron.utils import checkpoint, distributed
+from detectron.checkpoint import checkpointer
+from detectron.utils import comm
 from detectron.utils.errors import DetectronError
 from detectron.utils.logging import log_json_stats
 from detectron.utils.tensorboard import EventWriter
@@ -96,7 +97,7 @@ class Metrics:
 
     def before_train(self, loop):
         self.device = loop.device
-        if distributed.is_main_process():
+        if comm.is_main_process():
             self.events = EventWriter(os.path.join(self.output_dir, 'tensorboard'))
 
     def before_step(self, loop):
@@ -121,7 +122,7 @@ class Metrics:
     def log_extra(self, iteration, values):
         """A json_stats line and TensorBoard scalars of other values (e.g. an evaluation's AP) at
         iteration, added to the history the curves plot (rank 0 only)."""
-        if not distributed.is_main_process():
+        if not comm.is_main_process():
             return
         stats = dict({'iter': iteration}, **values)
         log_json_stats(stats)
@@ -130,8 +131,8 @@ class Metrics:
 
     def _log(self, cur_iter, lr):
         medians = {k: torch.stack(list(q)).median() for k, q in self.window.items() if k not in _HOST_TIMES}
-        medians = distributed.reduce_dict(medians, average=True)
-        if not distributed.is_main_process():
+        medians = comm.reduce_dict(medians, average=True)
+        if not comm.is_main_process():
             return
         stats = self._json_stats(cur_iter, lr, medians)
         log_json_stats(stats)
@@ -177,7 +178,7 @@ class Checkpointer:
         self.output_dir, self.period, self.retention = output_dir, period, retention
         self.extra = extra or {}
         self.sampler_state = sampler_state
-        self.final_name = final_name or checkpoint.FINAL_CHECKPOINT_NAME
+        self.final_name = final_name or checkpointer.FINAL_CHECKPOINT_NAME
         self.start_iter = 0
         self.written_at = None  # the iteration of the last checkpoint this run wrote
 
@@ -203,32 +204,32 @@ class Checkpointer:
     def save(self, loop, iteration, name, *copies):
         """Checkpoint after iteration into output_dir/name (and byte copies under the names in copies),
         then remove the numbered files the retention no longer keeps (a collective)."""
-        rng_states = checkpoint.gather_rng_states()
-        if distributed.is_main_process():
+        rng_states = checkpointer.gather_rng_states()
+        if comm.is_main_process():
             path = os.path.join(self.output_dir, name)
             extra = dict(self.extra, **loop.hook_states())
-            checkpoint.save_checkpoint(path, loop.model_without_ddp, loop.optimizer, iteration, extra=extra,
+            checkpointer.save_checkpoint(path, loop.model_without_ddp, loop.optimizer, iteration, extra=extra,
                                        rng_states=rng_states, sampler_state=self.sampler_state)
             for copy_name in copies:
-                checkpoint.copy_checkpoint(path, os.path.join(self.output_dir, copy_name))
+                checkpointer.copy_checkpoint(path, os.path.join(self.output_dir, copy_name))
             logger.info('Wrote checkpoint %s', ', '.join(os.path.join(self.output_dir, n) for n in (name,) + copies))
-            for removed in checkpoint.prune_checkpoints(self.output_dir, self.retention.keep):
+            for removed in checkpointer.prune_checkpoints(self.output_dir, self.retention.keep):
                 logger.info('Removed %s (TRAIN.KEEP_CHECKPOINTS %d)', removed, self.retention.keep)
         self.written_at = iteration
-        distributed.synchronize()
+        comm.synchronize()
 
 
 def log_replica_agreement(model, iteration):
     """Say whether the parameters are bitwise equal on every rank, as DDP promises (a collective)."""
-    if distributed.get_world_size() == 1:
+    if comm.get_world_size() == 1:
         return
-    digest, differing = distributed.ranks_differing_from_rank0(dict(model.named_parameters()))
+    digest, differing = comm.ranks_differing_from_rank0(dict(model.named_parameters()))
     if differing:
         logger.warning('Parameters after iteration %d differ from rank 0\'s on rank(s) %s of %d',
-                       iteration, ', '.join(map(str, differing)), distributed.get_world_size())
+                       iteration, ', '.join(map(str, differing)), comm.get_world_size())
     else:
         logger.info('Parameters after iteration %d are bitwise equal on all %d ranks (sha256 %s)',
-                    iteration, distributed.get_world_size(), digest[:16])
+                    iteration, comm.get_world_size(), digest[:16])
 
 
 class TrainingCurves:
@@ -246,7 +247,7 @@ class TrainingCurves:
         self._draw()
 
     def _draw(self):
-        if distributed.is_main_process() and self.metrics.history:
+        if comm.is_main_process() and self.metrics.history:
             write_training_curves(self.path, self.metrics.history)
 
 
@@ -303,12 +304,12 @@ class BestCheckpoint:
         if self.best is not None and not self._better(value, self.best['value']):
             return
         self.best = {'iter': loop.iter, 'metric': self.metric, 'value': value}
-        rng_states = checkpoint.gather_rng_states()
-        if distributed.is_main_process():
-            checkpoint.save_checkpoint(self.path, loop.model_without_ddp, loop.optimizer, loop.iter,
+        rng_states = checkpointer.gather_rng_states()
+        if comm.is_main_process():
+            checkpointer.save_checkpoint(self.path, loop.model_without_ddp, loop.optimizer, loop.iter,
                                        extra={'best': dict(self.best)}, rng_states=rng_states)
             logger.info('Wrote %s: %s %.6g after iteration %d', self.path, self.metric, value, loop.iter)
-        distributed.synchronize()
+        comm.synchronize()
 
     def _better(self, value, best):
         return value < best if self.mode == 'min' else value > best

@@ -18,21 +18,24 @@ import time
 
 import torch
 
+from detectron.checkpoint.download import cache_url
+from detectron.checkpoint.weights_fit import check_weights_fit
+from detectron.core import launch
 from detectron.core.config import cfg, get_output_dir
 from detectron.core.config_finalize import receive_cfg
 from detectron.datasets import task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
+from detectron.ops import triton_cache
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
-from detectron.utils import distributed, triton_cache
+from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, DatasetError
-from detectron.utils.io import cache_url, save_object
+from detectron.utils.io import save_object
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.random_streams import preserved_random_streams
 from detectron.utils.vis import write_vis_image
-from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +68,8 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
         output_dir = get_output_dir((name,), training=False)
         started = time.perf_counter()
         if parallel:
-            detections = distributed.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
-                                            backend=cfg.DIST_BACKEND)
+            detections = launch.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
+                                       backend=cfg.DIST_BACKEND)
         else:
             detections = test_net(weights_file, name, output_dir)[1:]
         if detections is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
@@ -82,7 +85,7 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
 
 def _parallel_testing(multi_gpu_testing):
     """Test on all ranks when asked, or whenever a launcher (torchrun/SLURM) started several processes."""
-    job = distributed.job_from_environment()
+    job = launch.job_from_environment()
     if job is not None and job.world_size > 1:
         if not multi_gpu_testing:
             logger.info('%d processes were started by %s: testing on all of them', job.world_size, job.source)
@@ -98,7 +101,7 @@ def _test_worker(cfg_snapshot, weights_file, name):
     elsewhere."""
     receive_cfg(cfg_snapshot)
     output_dir = get_output_dir((name,), training=False)
-    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):  # as in train_worker
+    with log_file(cfg.OUTPUT_DIR, comm.get_rank()):  # as in train_worker
         return test_on_all_ranks(name, output_dir, weights_file=weights_file)
 
 
@@ -107,10 +110,10 @@ def test_on_all_ranks(name, output_dir, weights_file=None, model=None):
     model, already prepared for inference); returns the merged (all_boxes, all_segms) on rank 0 and
     None elsewhere (a collective)."""
     num_images = len(JsonDataset(name).get_image_ids())
-    start, end = inference_ranges(num_images, distributed.get_world_size())[distributed.get_rank()]
+    start, end = inference_ranges(num_images, comm.get_world_size())[comm.get_rank()]
     _, all_boxes, all_segms = test_net(weights_file, name, output_dir, (start, end), model=model)
-    gathered = distributed.all_gather_object((all_boxes, all_segms))
-    if not distributed.is_main_process():
+    gathered = comm.all_gather_object((all_boxes, all_segms))
+    if not comm.is_main_process():
         return None
     per_range_boxes, per_range_segms = zip(*gathered)
     if all(segms is None for segms in per_range_segms):
@@ -129,7 +132,7 @@ def evaluate_during_training(model, iteration, output_dir):
     with preserved_random_streams():
         test_model = model_builder.create(cfg)
         test_model.load_state_dict(model.state_dict())
-        test_model = model_type.prepare_for_inference(cfg, test_model.to(distributed.get_device()).eval())
+        test_model = model_type.prepare_for_inference(cfg, test_model.to(comm.get_device()).eval())
         results = collections.OrderedDict()
         for name in cfg.TEST.DATASETS:
             dataset_dir = os.path.join(output_dir, 'iter{}'.format(iteration), name)
@@ -137,7 +140,7 @@ def evaluate_during_training(model, iteration, output_dir):
             detections = test_on_all_ranks(name, dataset_dir, model=test_model)
             if detections is not None:
                 results.update(_evaluate(name, detections, dataset_dir))
-    return distributed.broadcast_object(results)
+    return comm.broadcast_object(results)
 
 
 def merge_ranges(per_range):
@@ -198,7 +201,7 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None, model
     # The loader's workers start reading images while the model loads.
     images = iter(build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS,
                                     model_type.test_inputs(cfg), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX)))
-    device = distributed.get_device()
+    device = comm.get_device()
     triton_cache.start_key_hashing(device)
     model = model or load_test_model(weights_file, device)
     detect = model_type.batch_detector(cfg)
@@ -211,8 +214,8 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None, model
         try:
             detections = detect(model, [sample for sample, _ in batch])
         except torch.OutOfMemoryError:
-            raise out_of_memory_error(_images_named(batch, roidb, total), distributed.get_rank(),
-                                      distributed.get_device(),
+            raise out_of_memory_error(_images_named(batch, roidb, total), comm.get_rank(),
+                                      comm.get_device(),
                                       model_type.memory_settings(cfg, training=False)) from None
         after_detect = time.perf_counter()
         for i, ((sample, index), result) in enumerate(zip(batch, detections), done):

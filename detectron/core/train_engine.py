@@ -1,7 +1,7 @@
 """Training: one process per GPU (or CPU worker), DDP, Detectron's schedule and outputs, any model.
 
 `train_model()` is what tools/train_net.py calls. It starts cfg.NUM_GPUS workers itself, or joins the
-job that torchrun / a cluster launcher started (see detectron/utils/distributed.py), and returns the
+job that torchrun / a cluster launcher started (see detectron/utils/comm.py), and returns the
 path of the final model. `train_worker` builds, from the cfg it is handed and the model type that
 cfg.MODEL.TYPE names, the model, optimizer, LR schedule and batch source, and hands them to
 `TrainLoop`, which knows nothing about the model (detectron2's SimpleTrainer shape). Rank 0 alone
@@ -15,6 +15,10 @@ import os
 import numpy as np
 import torch
 
+from detectron.checkpoint import checkpointer
+from detectron.checkpoint.download import cache_url
+from detectron.checkpoint.weights_fit import check_weights_fit
+from detectron.core import launch, run_lock
 from detectron.core.config import cfg, get_output_dir, images_per_iter
 from detectron.core.config_finalize import receive_cfg
 from detectron.core.hooks import (BestCheckpoint, Checkpointer, Evaluation, LRScheduler, Metrics, NonFiniteCheck,
@@ -23,17 +27,16 @@ from detectron.core.test_engine import evaluate_during_training
 from detectron.core.train_loop import GradientClipping, StepOptions, TrainLoop
 from detectron.core.validation import validation_loss
 from detectron.modeling import model_builder
-from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum, lr_change_ratio, set_lr
-from detectron.roi_data.loader import build_train_loader, to_device
+from detectron.modeling.optimizer import DetectronSGD, build_optimizer, load_momentum
+from detectron.ops import triton_cache
+from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import checkpoint, distributed, run_lock, triton_cache
+from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError
-from detectron.utils.io import cache_url
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.random_streams import preserved_random_streams
 from detectron.utils.lr_policy import LRSchedule
-from detectron.utils.weights_fit import check_weights_fit
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ def train_model():
         return {'final': final_path}
     # A second run on this directory is refused (its PID named); temporaries of dead runs go.
     with run_lock.exclusive_run(output_dir):
-        distributed.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
+        launch.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
     return {'final': final_path}
 
 
@@ -61,19 +64,19 @@ def train_worker(cfg_snapshot):
     """One rank of a training job: everything model-specific comes from the model type's entry."""
     receive_cfg(cfg_snapshot)
     # Spawned workers write OUTPUT_DIR/log.txt themselves (their tool's process already does).
-    with log_file(cfg.OUTPUT_DIR, distributed.get_rank()):
+    with log_file(cfg.OUTPUT_DIR, comm.get_rank()):
         _train(model_builder.get_model_type(cfg))
 
 
 def _train(model_type):
-    device = distributed.get_device()
+    device = comm.get_device()
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
     model = model_builder.create(cfg).to(device)
     # Anchor and RoI sampling draw from torch's generator: give every rank its own stream.
-    torch.manual_seed(cfg.RNG_SEED + distributed.get_rank())
-    np.random.seed(cfg.RNG_SEED + distributed.get_rank())
+    torch.manual_seed(cfg.RNG_SEED + comm.get_rank())
+    np.random.seed(cfg.RNG_SEED + comm.get_rank())
     model = model_type.prepare_for_training(cfg, with_sync_batchnorm(model, device))
     schedule = lr_schedule()
     optimizer = build_optimizer(
@@ -107,7 +110,7 @@ def training_hooks(model_type, schedule, output_dir):
 
 def evaluation_hooks(model_type, metrics, output_dir):
     """TEST.VAL_LOSS_PERIOD's validation loss and TEST.EVAL_PERIOD's AP evaluation, when on."""
-    device = distributed.get_device()
+    device = comm.get_device()
 
     def validate(model, iteration):
         with preserved_random_streams():
@@ -155,7 +158,7 @@ def step_options():
 
 def wrap_ddp(model, device):
     """The model in DistributedDataParallel when the job has several processes, else None."""
-    if distributed.get_world_size() == 1:
+    if comm.get_world_size() == 1:
         return None
     device_ids = [device.index] if device.type == 'cuda' else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
@@ -163,10 +166,10 @@ def wrap_ddp(model, device):
 
 def _out_of_memory(model_type, iteration, device, output_dir):
     """The one-line error for running out of device memory in iteration; no checkpoint was touched."""
-    last = checkpoint.find_last_checkpoint(output_dir)
+    last = checkpointer.find_last_checkpoint(output_dir)
     saved = ('The checkpoints are intact: started again, the run resumes from {}.'.format(last) if last
              else 'No checkpoint had been written yet.')
-    return out_of_memory_error('iteration {}'.format(iteration), distributed.get_rank(), device,
+    return out_of_memory_error('iteration {}'.format(iteration), comm.get_rank(), device,
                                model_type.memory_settings(cfg, training=True), saved)
 
 
@@ -181,7 +184,7 @@ def lr_schedule():
 
 def with_sync_batchnorm(model, device):
     """MODEL.SYNC_BN: the model's BatchNorm layers normalise with statistics over all ranks' images."""
-    if not cfg.MODEL.SYNC_BN or distributed.get_world_size() == 1:
+    if not cfg.MODEL.SYNC_BN or comm.get_world_size() == 1:
         return model
     if device.type != 'cuda':
         # torch's SyncBatchNorm refuses CPU tensors; fail before DDP does with a traceback.
@@ -199,13 +202,13 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
     Returns (start iteration, the saved run's hook states (checkpoint extras) or None)."""
     if cfg.TRAIN.AUTO_RESUME:
         # The newest intact checkpoint: a truncated or damaged newer one is skipped with a warning.
-        last, start_iter, extra = checkpoint.resume_from_last(output_dir, model, optimizer,
+        last, start_iter, extra = checkpointer.resume_from_last(output_dir, model, optimizer,
                                                               sampler_state=_sampler_state())
         if last:
             return start_iter, extra
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
-        unwrapped = distributed.unwrap_model(model)
+        unwrapped = comm.unwrap_model(model)
         missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
         check_weights_fit(unwrapped, path, missing, unused, model_type.name)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
@@ -223,8 +226,8 @@ def training_batches(model_type, start_iter, device):
     roidb = model_type.training_roidb(cfg)
     logger.info('%d roidb entries for training', len(roidb))
     sampler = GroupedDistributedBatchSampler(
-        model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED, rank=distributed.get_rank(),
-        world_size=distributed.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
+        model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
+        world_size=comm.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
         start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     loader = build_train_loader(
         model_type.training_dataset(cfg, roidb, device), sampler, model_type.collate(cfg, device),
@@ -243,7 +246,7 @@ def rank_batch_sizes():
     """Images per micro-batch of every rank of the launched job, in rank order:
     TRAIN.RANK_IMS_PER_BATCH, or TRAIN.IMS_PER_BATCH on every rank. Each rank's loss weighs the
     same in DDP's gradient average, whatever its batch (as CenterNet's mean of per-GPU losses)."""
-    return list(cfg.TRAIN.RANK_IMS_PER_BATCH) or [cfg.TRAIN.IMS_PER_BATCH] * distributed.get_world_size()
+    return list(cfg.TRAIN.RANK_IMS_PER_BATCH) or [cfg.TRAIN.IMS_PER_BATCH] * comm.get_world_size()
 
 
 def images_per_step():
@@ -255,7 +258,7 @@ def images_per_step():
 def checkpoint_period(world_size=None):
     """Detectron's rule: a checkpoint every int(SNAPSHOT_ITERS / NUM_GPUS) iterations, with the
     launched world size as NUM_GPUS."""
-    world_size = distributed.get_world_size() if world_size is None else world_size
+    world_size = comm.get_world_size() if world_size is None else world_size
     return max(1, int(cfg.TRAIN.SNAPSHOT_ITERS / world_size))
 
 

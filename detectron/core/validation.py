@@ -6,14 +6,14 @@ import torch
 from detectron.core.config import cfg
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import inference_ranges
-from detectron.utils import distributed
+from detectron.utils import comm
 
 
 def validation_loss(model_type, model, device):
     """{'val/loss': ..., 'val/loss_<part>': ...} of model (unwrapped, on device) over this rank's share of
     TEST.DATASETS, reduced over ranks: the same floats on every rank (a collective)."""
     dataset = model_type.validation_dataset(cfg, device)
-    start, end = inference_ranges(len(dataset), distributed.get_world_size())[distributed.get_rank()]
+    start, end = inference_ranges(len(dataset), comm.get_world_size())[comm.get_rank()]
     batch_size = cfg.TRAIN.IMS_PER_BATCH
     batches = [list(range(i, min(i + batch_size, end))) for i in range(start, end, batch_size)]
     loader = build_train_loader(dataset, batches, model_type.collate(cfg, device),
@@ -36,9 +36,9 @@ _AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
 def _mean_over_ranks(sums, count, device):
     # A rank without images adds zeros; the names come from the ranks that have some.
-    names = sorted(set().union(*distributed.all_gather_object(sorted(sums))))
+    names = sorted(set().union(*comm.all_gather_object(sorted(sums))))
     totals = {name: torch.as_tensor(sums.get(name, 0.0), device=device, dtype=torch.float32) for name in names}
     totals['count'] = torch.tensor(float(count), device=device)
-    totals = distributed.reduce_dict(totals, average=False)
+    totals = comm.reduce_dict(totals, average=False)
     count = float(totals.pop('count'))
     return {'val/' + name: float(value) / max(count, 1.0) for name, value in sorted(totals.items())}

@@ -8,9 +8,9 @@ res2..res5; Detectron names them after the last block of each stage, e.g. `fpn_i
 import torch.nn.functional as F
 from torch import nn
 
-from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.ResNet import ResNet, caffe2_xavier_fill_
-from detectron.modeling.upsample_add import upsample_add
+from detectron.modeling.norm import group_norm_groups
+from detectron.ops.upsample_add import upsample_add
 from detectron.utils.errors import ConfigValueError
 
 

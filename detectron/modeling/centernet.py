@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from detectron.modeling.centernet_heads import (ctdet_decode, ctdet_loss, ctdet_test_maps, image_detections,
-                                                merge_image_detections)
+from detectron.modeling.centernet_decode import ctdet_decode, ctdet_test_maps, image_detections, merge_image_detections
+from detectron.modeling.centernet_losses import ctdet_loss
 from detectron.roi_data.centernet import CtdetParams, ctdet_test_inputs
 from detectron.utils.cuda_graphs import graphed_method
 from detectron.utils.errors import ConfigValueError

@@ -8,6 +8,12 @@ import logging
 import numpy as np
 import torch
 
+from detectron.checkpoint.c2_weights import require_weights_file
+from detectron.checkpoint.c2_weights import load_weights as load_port_weights
+from detectron.checkpoint.centernet_weights import (is_centernet_checkpoint, load_centernet_checkpoint,
+                                                    load_imagenet_backbone, load_port_checkpoint)
+from detectron.checkpoint.checkpointer import Retention
+from detectron.checkpoint.torch_file import read_torch_file
 from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
@@ -18,14 +24,8 @@ from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
 from detectron.roi_data.shared_memory import stacked_batch
-from detectron.utils.c2_weights import require_weights_file
-from detectron.utils.c2_weights import load_weights as load_port_weights
-from detectron.utils.centernet_weights import (is_centernet_checkpoint, load_centernet_checkpoint, load_imagenet_backbone,
-                                               load_port_checkpoint)
-from detectron.utils.checkpoint import Retention
 from detectron.utils.derived_keys import Derivation
 from detectron.utils.errors import ConfigValueError, DatasetError
-from detectron.utils.torch_file import read_torch_file
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from detectron.modeling import fast_rcnn_heads, mask_rcnn_heads, rpn_heads
-from detectron.modeling.roi_pooling import roi_feature_transform
+from detectron.ops.roi_pooling import roi_feature_transform
 from detectron.roi_data.fast_rcnn import sample_rois
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.rpn import rpn_targets

@@ -3,7 +3,7 @@
 
 Parameter names follow Detectron's blob names: `fcn1..4` (`_[mask]_fcn1_w`, or `_mask_fcn1_w` with
 `_mask_fcn1_gn_s/_b` in the GroupNorm variant), `conv5_mask` and `mask_fcn_logits`, so a Detectron
-.pkl maps onto the module mechanically (utils/c2_weights.py).
+.pkl maps onto the module mechanically (checkpoint/c2_weights.py).
 """
 import torch
 import torch.nn.functional as F

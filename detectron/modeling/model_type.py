@@ -1,8 +1,8 @@
 """The contract between one kind of detector and the model-agnostic engines (a MODEL.TYPE entry
 of model_builder's table). Subclasses read cfg: they are the builders of their model."""
+from detectron.checkpoint.checkpointer import Retention
 from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
 from detectron.roi_data.loader import to_device
-from detectron.utils.checkpoint import Retention
 
 
 class ModelType:

@@ -12,7 +12,7 @@ import functools
 import torch
 from torch import nn
 
-from detectron.modeling.affine_relu import affine, affine_relu, sum_relu
+from detectron.ops.affine_relu import affine, affine_relu, sum_relu
 from detectron.utils.errors import ConfigValueError
 
 NORM_KINDS = ('affine', 'gn', 'bn')

@@ -5,6 +5,7 @@ import functools
 
 import torch
 
+from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import FPN, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
@@ -17,7 +18,6 @@ from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, imag
 from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
                                           prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
-from detectron.utils.c2_weights import load_weights, load_weights_and_momentum
 from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
 

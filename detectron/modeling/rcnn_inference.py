@@ -11,14 +11,15 @@ import numpy as np
 import torch
 
 from detectron.modeling import mask_inference
+from detectron.ops import nms as nms_ops
+from detectron.ops.variance_voting import soft_nms_with_variance_voting
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
 from detectron.utils.cuda_graphs import DEFAULT_MAX_GRAPHS, graphed_method
 from detectron.utils.errors import ConfigValueError
-from detectron.utils.variance_voting import soft_nms_with_variance_voting
 
 # Detectron's own soft-NMS drops boxes below this score at test time (KL-Loss's `soft` uses 0.001,
-# see utils/variance_voting.py).
+# see ops/variance_voting.py).
 _DETECTRON_SOFT_NMS_SCORE_THRESH = 0.0001
 # 'corrected' sigma order: the head's (x1, x2, y1, y2) sigma columns rearranged to (x1, y1, x2, y2).
 _SIGMA_COLUMNS_FOR_BOX_COLUMNS = {'reference': [0, 1, 2, 3], 'corrected': [0, 2, 1, 3]}
@@ -171,7 +172,7 @@ def box_results_with_nms_and_limit(scores, boxes, confs, params):
     more). Returns numpy (scores (M,), boxes (M, 4), cls_boxes) with cls_boxes[j] (N_j, 5) float32,
     cls_boxes[0] empty.
 
-    Greedy NMS (box_utils.batched_nms_t) suppresses at IoU >= params.nms as Detectron's kernel; it
+    Greedy NMS (nms_ops.batched_nms_t) suppresses at IoU >= params.nms as Detectron's kernel; it
     can differ from it only when equal scores tie.
     """
     p = params
@@ -192,7 +193,7 @@ def box_results_with_nms_and_limit(scores, boxes, confs, params):
     elif p.soft_nms:
         dets, det_classes = _detectron_soft_nms(all_dets, classes, num_classes, p)
     else:
-        keep = box_utils.batched_nms_t(all_dets[:, :4], all_dets[:, 4], classes, p.nms)
+        keep = nms_ops.batched_nms_t(all_dets[:, :4], all_dets[:, 4], classes, p.nms)
         # Detectron's NMS lists the survivors of a class in RoI order, i.e. candidate order.
         keep = keep.sort().values
         dets, det_classes = all_dets[keep], classes[keep]
@@ -238,8 +239,8 @@ def _per_class_numpy(dets, classes, num_classes):
 
 def _detectron_soft_nms(all_dets, classes, num_classes, p):
     """Detectron's soft-NMS (compiled kernel, host side) for each class."""
-    kept = [box_utils.soft_nms(class_dets, sigma=p.soft_nms_sigma, overlap_thresh=p.nms,
-                               score_thresh=_DETECTRON_SOFT_NMS_SCORE_THRESH, method=p.soft_nms_method)[0]
+    kept = [nms_ops.soft_nms(class_dets, sigma=p.soft_nms_sigma, overlap_thresh=p.nms,
+                             score_thresh=_DETECTRON_SOFT_NMS_SCORE_THRESH, method=p.soft_nms_method)[0]
             for class_dets in _per_class_numpy(all_dets, classes, num_classes)]
     return _concat_per_class(kept, all_dets.device)
 

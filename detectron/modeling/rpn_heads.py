@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detectron.modeling.generate_anchors import generate_anchors
+from detectron.ops import nms as nms_ops
 from detectron.roi_data.rpn import RPN_BBOX_REG_WEIGHTS
 from detectron.utils import boxes as box_utils
 
@@ -160,7 +161,7 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
     its issue 459), otherwise of each image (test).
 
     nms_thresh <= 0 skips NMS and the per-level cap, as Detectron; post_nms_top_n <= 0 means no cap.
-    NMS suppresses at IoU >= thresh as Detectron's (box_utils.batched_nms_t). clips: the decode's
+    NMS suppresses at IoU >= thresh as Detectron's (nms_ops.batched_nms_t). clips: the decode's
     (BBOX_XFORM_CLIP, BBOX_XFORM_CLIPe).
 
     Returns rois (R, 5) float32 = (batch index, x1, y1, x2, y2) in network-input coordinates and
@@ -174,7 +175,7 @@ def generate_proposals(logits, deltas, anchors, im_info, pre_nms_top_n, post_nms
 
     if nms_thresh > 0:
         image_level = image_ids * len(logits) + levels
-        keep = box_utils.batched_nms_t(boxes, scores, image_level, nms_thresh)
+        keep = nms_ops.batched_nms_t(boxes, scores, image_level, nms_thresh)
         keep = keep[_top_n_per_group(scores[keep], image_level[keep], post_nms_top_n)]
         boxes, scores, image_ids = boxes[keep], scores[keep], image_ids[keep]
 
@@ -220,7 +221,7 @@ def collected_proposals_fixed_size(logits, deltas, anchors, im_info, pre_nms_top
     slots = torch.where(candidate, slots, -1)
     keep = candidate
     if nms_thresh > 0:
-        keep = box_utils.grouped_nms_keep(boxes, slots, nms_thresh)
+        keep = nms_ops.grouped_nms_keep(boxes, slots, nms_thresh)
         if post_nms_top_n > 0:
             keep = keep & (keep.cumsum(dim=1) <= post_nms_top_n)
     # Collect: the best of the batch, by score, of equal scores in group order (a stable sort).

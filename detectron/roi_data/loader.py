@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_image
 from detectron.roi_data.shared_memory import empty_for_main_process
-from detectron.utils.distributed import die_with_parent
 from detectron.utils.errors import DEAD_WORKER_HINT, DatasetError, LoaderWorkerError, dead_loader_workers_as_errors
+from detectron.utils.lifetime import die_with_parent
 
 class PackedList:
     """Read-only list stored as one pickled byte buffer.

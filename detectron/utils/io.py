@@ -1,4 +1,5 @@
-"""Pickle and JSON files, atomic writes and the URL download cache (Detectron utils/io.py)."""
+"""Pickle and JSON files and atomic writes (Detectron utils/io.py; its URL download cache is
+checkpoint/download.py)."""
 
 import errno
 import json
@@ -6,9 +7,6 @@ import logging
 import os
 import pickle
 import re
-import shutil
-import urllib.parse
-import urllib.request
 import uuid
 
 try:
@@ -16,13 +14,10 @@ try:
 except ImportError:  # numpy < 2
     from numpy.core import multiarray as _multiarray
 
-from detectron.utils.errors import DetectronError, OutputDirError, WeightsError
+from detectron.utils.errors import DetectronError, OutputDirError
 
 logger = logging.getLogger(__name__)
 
-DETECTRON_BASE_URL = 'https://dl.fbaipublicfiles.com/detectron'
-_URL_PATTERN = re.compile(r'^https?://', re.IGNORECASE)
-_DOWNLOAD_TIMEOUT_S = 60
 # `<name>.tmp.<32 hex digits>`: what _write_atomically writes before the rename.
 _TEMPORARY_FILE = re.compile(r'^.+\.tmp\.[0-9a-f]{32}$')
 _WRITE_FIXES = {
@@ -77,7 +72,7 @@ def _first_of_chain(err):
 def remove_stale_temporary_files(directory):
     """Remove the temporary files that interrupted atomic writes left in directory (a killed save can
     leave a whole checkpoint there); returns their paths. Call only while no other process writes
-    into directory, i.e. holding its run lock (utils/run_lock.py)."""
+    into directory, i.e. holding its run lock (core/run_lock.py)."""
     removed = []
     names = os.listdir(directory) if os.path.isdir(directory) else []
     for name in sorted(filter(_TEMPORARY_FILE.match, names)):
@@ -121,53 +116,7 @@ def save_json(obj, path):
 def load_object(path, unpickler=pickle.Unpickler):
     """Unpickle path; latin1 decodes the byte strings of Python 2 pickles (numpy array data).
 
-    `unpickler` lets callers restrict what may be unpickled (see utils/c2_weights.py).
+    `unpickler` lets callers restrict what may be unpickled (see checkpoint/c2_weights.py).
     """
     with open(path, 'rb') as f:
         return unpickler(f, encoding='latin1').load()
-
-
-def is_url(path_or_url):
-    return _URL_PATTERN.match(path_or_url) is not None
-
-
-def url_cache_path(url, cache_dir):
-    """Where cache_url keeps url: Detectron's bucket prefix is replaced by cache_dir (as Detectron
-    does); other hosts go to cache_dir/<host>/<path>."""
-    if url.startswith(DETECTRON_BASE_URL + '/'):
-        relative = url[len(DETECTRON_BASE_URL) + 1:]
-    else:
-        parts = urllib.parse.urlsplit(url)
-        relative = parts.netloc + parts.path
-    cache_root = os.path.abspath(cache_dir)
-    path = os.path.normpath(os.path.join(cache_root, relative))
-    if not path.startswith(cache_root + os.sep):
-        raise WeightsError('URL {} does not name a file inside the download cache {}'.format(
-            url, cache_root))
-    return path
-
-
-def _download(url, path):
-    logger.info('Downloading %s to %s', url, path)
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
-            _write_atomically(path, lambda f: shutil.copyfileobj(response, f))
-    except OSError as e:  # URLError, HTTPError, timeouts and disk errors are all OSErrors
-        raise WeightsError(
-            'could not download {} ({}); download it yourself and place it at {}'.format(
-                url, getattr(e, 'reason', e), path)) from e
-
-
-def cache_url(url_or_path, cache_dir):
-    """Return a local path for url_or_path, downloading http(s) URLs into cache_dir once.
-
-    Non-URLs are returned unchanged. A URL already in the cache is used without any network
-    access (Detectron re-downloaded an md5 file every time; this port does not).
-    """
-    if not is_url(url_or_path):
-        return url_or_path
-    path = url_cache_path(url_or_path, cache_dir)
-    if not os.path.exists(path):
-        _download(url_or_path, path)
-    return path

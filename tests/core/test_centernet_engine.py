@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from detectron.checkpoint import checkpointer
 from detectron.core import config_finalize, test_engine, train_engine
+from detectron.core import launch
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list, typed_keys
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
@@ -27,7 +29,7 @@ from detectron.modeling.optimizer import build_optimizer
 from detectron.roi_data.centernet import get_affine_transform
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import checkpoint, distributed
+from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, WeightsError
 from test_train_engine import write_tiny_datasets
 
@@ -366,7 +368,7 @@ def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
         train_engine.train_worker(cfg_snapshot)
     finally:
         centernet.CenterNet.forward = forward
-    (pathlib.Path(record_dir) / 'rank{}.json'.format(distributed.get_rank())).write_text(json.dumps(seen))
+    (pathlib.Path(record_dir) / 'rank{}.json'.format(comm.get_rank())).write_text(json.dumps(seen))
 
 
 def _rank_batch(rank, chunks):
@@ -390,8 +392,8 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
     cfg.defrost()
     cfg.SOLVER.MAX_ITER = 1
     cfg.freeze()
-    distributed.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device=device,
-                       backend='gloo')
+    launch.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device=device,
+                  backend='gloo')
     assert json.loads((tmp_path / 'rank0.json').read_text()) == [1]
     assert json.loads((tmp_path / 'rank1.json').read_text()) == [2]
     final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
@@ -427,7 +429,7 @@ def test_two_gloo_workers_train_with_a_zero_weighted_head(catalog, tmp_path, mon
     cfg.defrost()
     cfg.SOLVER.MAX_ITER = 3
     cfg.freeze()
-    distributed.launch(train_engine.train_worker, 2, args=(cfg.clone(),), device='cpu')
+    launch.launch(train_engine.train_worker, 2, args=(cfg.clone(),), device='cpu')
     final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
     head = 'heads.wh.2.weight' if weight.endswith('WH_WEIGHT') else 'heads.reg.2.weight'
     torch.manual_seed(cfg.RNG_SEED)
@@ -541,7 +543,7 @@ def _all_boxes(path):
 def test_centernet_keeps_model_last_and_the_checkpoints_before_its_lr_drops():
     merge_cfg_from_list(['TRAIN.KEEP_CHECKPOINTS', '3'])
     centernet = model_builder.MODEL_TYPES['centernet'].checkpoint_retention(cfg, [180, 240])
-    assert centernet == checkpoint.Retention(last=True, milestones=frozenset({179, 239}), keep=3)
+    assert centernet == checkpointer.Retention(last=True, milestones=frozenset({179, 239}), keep=3)
     # Detectron's configs: a numbered file every period.
     assert model_builder.MODEL_TYPES['generalized_rcnn'].checkpoint_retention(cfg, [180]) == \
-        checkpoint.Retention(keep=3)
+        checkpointer.Retention(keep=3)

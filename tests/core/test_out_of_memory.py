@@ -7,11 +7,11 @@ import types
 import pytest
 import torch
 
+from detectron.checkpoint import checkpointer
 from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg, merge_cfg_from_list
 from detectron.modeling import fast_rcnn_heads, model_builder
 from detectron.modeling.rcnn_builder import GeneralizedRCNNType
-from detectron.utils import checkpoint
 from detectron.utils.errors import DeviceOutOfMemory, run_tool
 from detectron.utils.memory import describe_device_memory
 import test_train_engine
@@ -62,7 +62,7 @@ def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_
         'error: out of memory at iteration 3 on rank 0 (cpu): no memory statistics on the cpu. To lower it: {}. '
         'The checkpoints are intact: started again, the run resumes from {}.'.format(RCNN_TRAINING, last)]
     assert sorted(p.name for p in train_dir.iterdir()) == ['model_iter1.pth', 'tensorboard', 'training_curves.png']
-    assert checkpoint.load_checkpoint(str(last), model_builder.create(cfg))['iteration'] == 1
+    assert checkpointer.load_checkpoint(str(last), model_builder.create(cfg))['iteration'] == 1
 
 
 def test_testing_out_of_memory_names_the_image_and_the_test_settings(tiny_catalog, monkeypatch, tmp_path,

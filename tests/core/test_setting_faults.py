@@ -11,10 +11,10 @@ from test_centernet_engine import use_centernet
 import test_train_engine
 from test_train_engine import REPO, use_tiny_config, write_tiny_datasets
 
+from detectron.checkpoint.c2_weights import load_weights, state_dict_to_detectron_blobs
+from detectron.core import launch
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
-from detectron.utils import distributed
-from detectron.utils.c2_weights import load_weights, state_dict_to_detectron_blobs
 from detectron.utils.errors import ConfigValueError, LaunchError, OutputDirError
 from detectron.utils.io import save_object
 
@@ -68,12 +68,12 @@ def test_converting_into_a_missing_folder_is_one_line(tmp_path):
 def test_more_cpu_processes_than_cores_are_refused_before_any_starts(monkeypatch):
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
     started = []
-    monkeypatch.setattr(distributed, '_spawn_and_watch', lambda *args: started.append(args))
+    monkeypatch.setattr(launch, '_spawn_and_watch', lambda *args: started.append(args))
     with pytest.raises(LaunchError) as err:
-        distributed.launch(print, 1000, device='cpu')
+        launch.launch(print, 1000, device='cpu')
     assert str(err.value) == ('NUM_GPUS 1000 without GPUs starts 1000 CPU processes but this machine gives 2 CPU '
                               'cores; ask for at most NUM_GPUS 2, or run on GPUs')
-    distributed.launch(print, 2, device='cpu')
+    launch.launch(print, 2, device='cpu')
     assert len(started) == 1  # as many processes as cores start
 
 

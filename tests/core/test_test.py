@@ -7,7 +7,8 @@ from torch import nn
 
 from detectron.core import test as test_lib
 from detectron.core.config import cfg
-from detectron.utils.variance_voting import soft_nms_with_variance_voting
+from detectron.ops import nms as nms_ops
+from detectron.ops.variance_voting import soft_nms_with_variance_voting
 from detectron.utils import boxes as box_utils
 from detectron.utils.errors import ConfigValueError
 
@@ -82,11 +83,11 @@ def reference_box_results(scores, boxes, confs=None):
             nms_dets, _ = reference_kl_soft(dets_j, confs_j, cfg.STD_TH, cfg.STD.METHOD, cfg.STD.SOFT,
                                             cfg.STD.IOU_SIGMA, cfg.TEST.NMS)
         elif cfg.TEST.SOFT_NMS.ENABLED:
-            nms_dets, _ = box_utils.soft_nms(dets_j, sigma=cfg.TEST.SOFT_NMS.SIGMA,
-                                             overlap_thresh=cfg.TEST.NMS, score_thresh=0.0001,
-                                             method=cfg.TEST.SOFT_NMS.METHOD)
+            nms_dets, _ = nms_ops.soft_nms(dets_j, sigma=cfg.TEST.SOFT_NMS.SIGMA,
+                                           overlap_thresh=cfg.TEST.NMS, score_thresh=0.0001,
+                                           method=cfg.TEST.SOFT_NMS.METHOD)
         else:
-            nms_dets = dets_j[box_utils.nms(dets_j, cfg.TEST.NMS), :]
+            nms_dets = dets_j[nms_ops.nms(dets_j, cfg.TEST.NMS), :]
         if cfg.TEST.BBOX_VOTE.ENABLED:
             nms_dets = box_utils.box_voting(nms_dets, dets_j, cfg.TEST.BBOX_VOTE.VOTE_TH,
                                             scoring_method=cfg.TEST.BBOX_VOTE.SCORING_METHOD)

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 import torch
 
+from detectron.checkpoint import checkpointer
+from detectron.checkpoint.c2_weights import load_weights
 from detectron.core import hooks, train_engine
 from detectron.core.train_loop import StepOptions, TrainLoop
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
 from detectron.modeling import fast_rcnn_heads, model_builder
-from detectron.utils import checkpoint
-from detectron.utils.c2_weights import load_weights
 from detectron.utils.errors import DetectronError
 from protobuf_reader import proto_fields
 
@@ -283,7 +283,7 @@ def test_non_finite_loss_stops_with_the_iteration_and_keeps_the_checkpoint(tiny_
     assert str(train_dir) in message
     assert sorted(os.listdir(train_dir)) == ['model_iter1.pth', 'tensorboard', 'training_curves.png']
     model = model_builder.create(cfg)
-    assert checkpoint.load_checkpoint(str(train_dir / 'model_iter1.pth'), model)['iteration'] == 1
+    assert checkpointer.load_checkpoint(str(train_dir / 'model_iter1.pth'), model)['iteration'] == 1
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from detectron.core import config_finalize, train_engine
+from detectron.core import launch
 from detectron.core.config import cfg, images_per_iter, merge_cfg_from_list
 from detectron.datasets import dataset_catalog
 from detectron.datasets.roidb import combined_roidb_for_training
@@ -20,7 +21,7 @@ from detectron.modeling import model_builder
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN
 from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
-from detectron.utils import distributed
+from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError
 from test_train_engine import (TRAIN_SUBDIR, json_stats,  # noqa: F401 (fixtures)
                                private_dataset_registrations, tiny_catalog, use_tiny_config)
@@ -203,7 +204,7 @@ def test_sync_bn_converts_every_batchnorm_keeping_names_and_values(tiny_catalog,
     gpu = torch.device('cuda', 0)
     assert train_engine.with_sync_batchnorm(model, gpu) is model  # one process: nothing to synchronise
     assert _module_types(model)['SyncBatchNorm'] == 0
-    monkeypatch.setattr(distributed, 'get_world_size', lambda: 2)
+    monkeypatch.setattr(comm, 'get_world_size', lambda: 2)
     converted = train_engine.with_sync_batchnorm(model, gpu)  # conversion itself needs no GPU
     types = _module_types(converted)
     assert (types['SyncBatchNorm'], types['BatchNorm2d']) == (20, 0)
@@ -245,7 +246,7 @@ def test_rank_ims_per_batch_needs_one_entry_per_process(tiny_catalog, tmp_path):
 @pytest.mark.parametrize('overrides, sizes', [([], [2, 2]), (['TRAIN.RANK_IMS_PER_BATCH', '(3, 1)'], [3, 1])])
 def test_engine_gives_the_sampler_one_batch_size_per_rank(tiny_catalog, tmp_path, monkeypatch, overrides, sizes):
     use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', *overrides)  # TRAIN.IMS_PER_BATCH 2
-    monkeypatch.setattr(distributed, 'get_world_size', lambda: 2)
+    monkeypatch.setattr(comm, 'get_world_size', lambda: 2)
     assert train_engine.rank_batch_sizes() == sizes
     assert train_engine.images_per_step() == sum(sizes)
 
@@ -265,13 +266,13 @@ def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
         train_engine.train_worker(cfg_snapshot)
     finally:
         GeneralizedRCNN.forward = forward
-    (pathlib.Path(record_dir) / 'rank{}.json'.format(distributed.get_rank())).write_text(json.dumps(seen))
+    (pathlib.Path(record_dir) / 'rank{}.json'.format(comm.get_rank())).write_text(json.dumps(seen))
 
 
 def test_two_gloo_workers_with_unequal_batches_and_iter_size_take_the_hand_ddp_step(tiny_catalog, tmp_path):
     use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)',
                     'SOLVER.ITER_SIZE', '2', 'SOLVER.MAX_ITER', '1', *PLAIN_SGD)
-    distributed.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device='cpu')
+    launch.launch(train_worker_recording_batch_sizes, 2, args=(cfg.clone(), str(tmp_path)), device='cpu')
     # Two micro-batches: rank 0 forwards 2 images each time, rank 1 one.
     assert json.loads((tmp_path / 'rank0.json').read_text()) == [[2, 2, 2]] * 2
     assert json.loads((tmp_path / 'rank1.json').read_text()) == [[1, 1, 1]] * 2

@@ -20,10 +20,10 @@ from test_train_engine import (
     write_tiny_datasets,
 )
 
+from detectron.checkpoint.c2_weights import state_dict_to_detectron_blobs
 from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
-from detectron.utils.c2_weights import state_dict_to_detectron_blobs
 from detectron.utils.errors import WeightsError
 from detectron.utils.io import save_object
 

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from detectron.checkpoint.c2_weights import load_weights
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import model_builder
 from detectron.modeling.model_type import ModelType
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
-from detectron.utils.c2_weights import load_weights
 
 INPUT_SIZE = 32
 

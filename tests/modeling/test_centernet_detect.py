@@ -1,7 +1,7 @@
 """CenterNet's test path (modeling/centernet.py detect and detect_batch) against the reference's
 per-image pipeline: per scale a forward, the flip-averaged maps and the decode, then the plain
 per-point / per-mask transcriptions of ctdet_post_process and merge_outputs from
-test_centernet_heads. Bit for bit, on random head maps with ties, several scales, flip, keep_res
+test_centernet_decode. Bit for bit, on random head maps with ties, several scales, flip, keep_res
 and cat_spec_wh.
 """
 import zlib
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from detectron.modeling import centernet
-from detectron.modeling import centernet_heads as ch
+from detectron.modeling import centernet_decode
 from detectron.roi_data.centernet import COCO_MEAN, COCO_STD, CtdetParams
 from detectron.utils import cuda_graphs
 from detectron.utils.errors import ConfigValueError
-from test_centernet_heads import (_reference_cls_boxes, _reference_merge, _reference_scale_detections,
-                                  assert_same_arrays)
+from test_centernet_decode import (_reference_cls_boxes, _reference_merge, _reference_scale_detections,
+                                   assert_same_arrays)
 
 
 class _RandomHeads(torch.nn.Module):
@@ -58,10 +58,10 @@ def _reference_detect(model, sample, params):
     per_scale = []
     for scale, images, meta in zip(params.scales, sample['inputs'], sample['metas']):
         with torch.no_grad():
-            hm, wh, reg = ch.ctdet_test_maps(model(torch.as_tensor(_normalised(images, params.input))),
-                                             flip_test=params.flip,
-                                             reg_offset=params.input.reg_offset)
-            dets = ch.ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
+            hm, wh, reg = centernet_decode.ctdet_test_maps(model(torch.as_tensor(_normalised(images, params.input))),
+                                                           flip_test=params.flip,
+                                                           reg_offset=params.input.reg_offset)
+            dets = centernet_decode.ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
         per_scale.append(_reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
     # ctdet.py merge_outputs: soft-NMS with several scales or --nms
     merged = _reference_merge(per_scale, params.input.num_classes, params.max_per_image,

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from detectron.utils import distributed
+from detectron.core import launch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TUTORIAL_8GPU = 'configs/getting_started/tutorial_8gpu_e2e_faster_rcnn_R-50-FPN.yaml'
@@ -234,7 +234,7 @@ def test_torch_distributed_launch_trains_as_torchrun(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')}
     env.update(PYTHONPATH=REPO, OMP_NUM_THREADS='1')
-    port = str(distributed._free_local_port())
+    port = str(launch._free_local_port())
     done = subprocess.run(
         [sys.executable, '-m', 'torch.distributed.launch', '--nproc_per_node', '2', '--master_port', port,
          'tools/train_net.py', '--cfg', 'configs/getting_started/shapes_demo_R-18-FPN.yaml', '--skip-test',

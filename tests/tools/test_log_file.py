@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from detectron.core import launch
 from detectron.core.config import cfg
 from detectron.modeling import fast_rcnn_heads
-from detectron.utils import distributed
+from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import log_file
 from test_cli import _load_tool
@@ -107,16 +108,16 @@ def test_an_unexpected_error_is_written_with_its_traceback(tmp_path):
 
 
 def _rank_1_fails(output_dir):
-    with log_file(output_dir, distributed.get_rank()):
-        logging.getLogger('detectron.some_module').info('rank %d started', distributed.get_rank())
-        if distributed.get_rank() == 1:
+    with log_file(output_dir, comm.get_rank()):
+        logging.getLogger('detectron.some_module').info('rank %d started', comm.get_rank())
+        if comm.get_rank() == 1:
             raise ConfigValueError('a value only rank 1 reads is bad')
-        distributed.synchronize()  # rank 0 waits for rank 1, which never comes
+        comm.synchronize()  # rank 0 waits for rank 1, which never comes
 
 
 def test_a_spawned_rank_writes_its_error_line(tmp_path):
     with pytest.raises(ConfigValueError, match='^rank 1: a value only rank 1 reads is bad$'):
-        distributed.launch(_rank_1_fails, 2, args=(str(tmp_path),), device='cpu')
+        launch.launch(_rank_1_fails, 2, args=(str(tmp_path),), device='cpu')
     lines = (tmp_path / 'log.txt').read_text().splitlines()
     # Rank 1: its error line alone (not its INFO line); rank 0: its INFO line (and, when the lost peer
     # reaches it before the watcher's SIGTERM, its own error with the traceback).

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from detectron.utils import distributed
+from detectron.core import launch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENDED_WITHIN_S = 60.0
@@ -27,14 +27,14 @@ def _train_net(output_dir, max_iter):
 
 def _environment(**extra):
     env = {k: v for k, v in os.environ.items()
-           if k not in distributed.TORCHRUN_VARIABLES and not k.startswith('SLURM_')}
+           if k not in launch.TORCHRUN_VARIABLES and not k.startswith('SLURM_')}
     env.update(PYTHONPATH=REPO, OMP_NUM_THREADS='1', **extra)
     return env
 
 
 def _start_nodes(launcher, output_dir, max_iter, logs):
     """Two processes that form one 2-rank job: torchrun agents (one rank each) or SLURM tasks."""
-    port = str(distributed._free_local_port())
+    port = str(launch._free_local_port())
     nodes = []
     for node in (0, 1):
         if launcher == 'torchrun':

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from detectron.ops import nms as nms_ops
 from detectron.utils import boxes as box_utils
 from detectron.utils import cython_nms
 
@@ -92,12 +93,12 @@ def test_nms_suppresses_at_equal_iou_and_returns_ascending_indices():
                      [1, 1, 10, 10, 0.8],
                      [0, 0, 9, 9, 0.9]], dtype=F32)
     thresh = F32(IOU_9x9_SHIFTED_BY_1)  # the float32 IoU of boxes 1 and 2 equals it exactly
-    np.testing.assert_array_equal(box_utils.nms(dets, thresh), [0, 2])
-    np.testing.assert_array_equal(box_utils.nms(dets, np.nextafter(thresh, F32(1))), [0, 1, 2])
+    np.testing.assert_array_equal(nms_ops.nms(dets, thresh), [0, 2])
+    np.testing.assert_array_equal(nms_ops.nms(dets, np.nextafter(thresh, F32(1))), [0, 1, 2])
 
 
 def test_nms_of_empty_input_is_empty_list():
-    assert box_utils.nms(np.zeros((0, 5), dtype=F32), 0.5) == []
+    assert nms_ops.nms(np.zeros((0, 5), dtype=F32), 0.5) == []
 
 
 @pytest.mark.parametrize('integer_coords, score_levels', [(False, None), (True, None), (True, 4)])
@@ -114,10 +115,10 @@ def test_nms_t_matches_cython_nms_without_ties():
     for _ in range(20):
         dets = random_dets(rng, 60)
         for thresh in (0.3, 0.5, 0.7):
-            keep_t = box_utils.nms_t(torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4]), thresh)
+            keep_t = nms_ops.nms_t(torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4]), thresh)
             scores_kept = dets[keep_t.numpy(), 4]
             assert np.all(np.diff(scores_kept) <= 0), 'nms_t returns kept boxes best first'
-            np.testing.assert_array_equal(np.sort(keep_t.numpy()), box_utils.nms(dets, thresh))
+            np.testing.assert_array_equal(np.sort(keep_t.numpy()), nms_ops.nms(dets, thresh))
 
 
 @pytest.mark.parametrize('second_box, thresh', [
@@ -128,15 +129,15 @@ def test_nms_t_matches_cython_nms_without_ties():
 ])
 def test_nms_t_suppresses_at_exactly_thresh_like_detectron(second_box, thresh):
     dets = np.array([[0, 0, 9, 9, 0.9], second_box + [0.8]], dtype=F32)
-    keep_t = box_utils.nms_t(torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4]), thresh)
+    keep_t = nms_ops.nms_t(torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4]), thresh)
     assert keep_t.tolist() == [0]
-    assert box_utils.nms(dets, thresh).tolist() == [0]
+    assert nms_ops.nms(dets, thresh).tolist() == [0]
 
 
 def test_torchvision_nms_thresh_is_the_float32_below_the_threshold():
     # Detectron's kernel takes thresh as float32 and compares float32 IoUs with >=.
     for thresh in (0.3, 0.5, 0.7):
-        below = box_utils.torchvision_nms_thresh(thresh)
+        below = nms_ops.torchvision_nms_thresh(thresh)
         assert below < float(F32(thresh)) and F32(below) == np.nextafter(F32(thresh), F32(0))
 
 
@@ -153,13 +154,13 @@ def test_nms_t_equals_cython_nms_with_integer_iou_ties(thresh):
         overlaps = box_utils.bbox_overlaps(dets[:, :4].astype(np.float64), dets[:, :4].astype(np.float64))
         ties += int(np.sum(overlaps == thresh))
         boxes, scores = torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4])
-        expected = box_utils.nms(dets, thresh)
-        np.testing.assert_array_equal(np.sort(box_utils.nms_t(boxes, scores, thresh).numpy()), expected)
+        expected = nms_ops.nms(dets, thresh)
+        np.testing.assert_array_equal(np.sort(nms_ops.nms_t(boxes, scores, thresh).numpy()), expected)
         one_group = torch.zeros(30, dtype=torch.long)
         np.testing.assert_array_equal(
-            np.sort(box_utils.batched_nms_t(boxes, scores, one_group, thresh).numpy()), expected)
-        matrix = box_utils.matrix_batched_nms_t(boxes, scores, one_group,
-                                                box_utils.torchvision_nms_thresh(thresh))
+            np.sort(nms_ops.batched_nms_t(boxes, scores, one_group, thresh).numpy()), expected)
+        matrix = nms_ops.matrix_batched_nms_t(boxes, scores, one_group,
+                                              nms_ops.torchvision_nms_thresh(thresh))
         np.testing.assert_array_equal(np.sort(matrix.numpy()), expected)
     assert ties > 0, 'the boxes must produce IoUs equal to the threshold'
 
@@ -168,9 +169,9 @@ def test_batched_nms_t_equals_per_class_cython_nms():
     rng = np.random.default_rng(11)
     dets = random_dets(rng, 90)
     classes = rng.integers(0, 3, 90)
-    keep_t = box_utils.batched_nms_t(torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4]),
-                                     torch.from_numpy(classes), 0.5)
-    expected = np.concatenate([np.flatnonzero(classes == c)[box_utils.nms(dets[classes == c], 0.5)]
+    keep_t = nms_ops.batched_nms_t(torch.from_numpy(dets[:, :4]), torch.from_numpy(dets[:, 4]),
+                                   torch.from_numpy(classes), 0.5)
+    expected = np.concatenate([np.flatnonzero(classes == c)[nms_ops.nms(dets[classes == c], 0.5)]
                                for c in range(3)])
     np.testing.assert_array_equal(np.sort(keep_t.numpy()), np.sort(expected))
 
@@ -183,14 +184,14 @@ def test_soft_nms_hand_values():
                      [40, 40, 49, 49, 0.5]], dtype=F32)
     iou = IOU_9x9_SHIFTED_BY_1
     for method, rescored in [('linear', 0.8 * (1 - iou)), ('gaussian', 0.8 * math.exp(-iou ** 2 / 0.5))]:
-        out, keep = box_utils.soft_nms(dets, sigma=0.5, overlap_thresh=0.3, method=method)
+        out, keep = nms_ops.soft_nms(dets, sigma=0.5, overlap_thresh=0.3, method=method)
         np.testing.assert_array_equal(keep, [1, 2, 0])  # selection order: 0.9, then 0.5 > rescored
         np.testing.assert_allclose(out[:, 4], [0.9, 0.5, rescored], rtol=1e-6)
         np.testing.assert_array_equal(out[:, :4], dets[[1, 2, 0], :4])
-    out, keep = box_utils.soft_nms(dets, overlap_thresh=0.3, method='hard')
+    out, keep = nms_ops.soft_nms(dets, overlap_thresh=0.3, method='hard')
     np.testing.assert_array_equal(keep, [1, 2])  # score 0 < score_thresh: dropped
     # Linear re-weighting applies only above the overlap threshold.
-    out, keep = box_utils.soft_nms(dets, overlap_thresh=0.7, method='linear')
+    out, keep = nms_ops.soft_nms(dets, overlap_thresh=0.7, method='linear')
     np.testing.assert_allclose(out[:, 4], [0.9, 0.8, 0.5])
 
 
@@ -198,7 +199,7 @@ def test_soft_nms_drops_only_rescored_boxes_and_keeps_input():
     # Box 2 starts below score_thresh but overlaps nothing: it is never rescored, so it survives.
     dets = np.array([[0, 0, 9, 9, 0.9], [1, 1, 10, 10, 0.0015], [40, 40, 49, 49, 0.0005]], dtype=F32)
     original = dets.copy()
-    out, keep = box_utils.soft_nms(dets, overlap_thresh=0.3, score_thresh=0.001, method='linear')
+    out, keep = nms_ops.soft_nms(dets, overlap_thresh=0.3, score_thresh=0.001, method='linear')
     np.testing.assert_array_equal(keep, [0, 2])  # 0.0015 * (1 - 0.68) < 0.001: dropped
     np.testing.assert_array_equal(dets, original)
 
@@ -210,7 +211,7 @@ def test_soft_nms_matches_loop_transcription(method, integer_coords, score_level
     for _ in range(10):
         dets = random_dets(rng, 30, integer_coords, score_levels)
         for nt, score_thresh in [(0.3, 0.001), (0.5, 0.2)]:
-            out, keep = box_utils.soft_nms(dets, 0.5, nt, score_thresh, method)
+            out, keep = nms_ops.soft_nms(dets, 0.5, nt, score_thresh, method)
             expected_out, expected_keep = soft_nms_by_loops(dets, 0.5, nt, score_thresh, method)
             np.testing.assert_array_equal(keep, expected_keep)
             np.testing.assert_array_equal(out, expected_out)
@@ -218,12 +219,12 @@ def test_soft_nms_matches_loop_transcription(method, integer_coords, score_level
 
 def test_soft_nms_rejects_unknown_method():
     with pytest.raises(ValueError, match='hard, linear, gaussian'):
-        box_utils.soft_nms(np.zeros((1, 5), dtype=F32), method='linaer')
+        nms_ops.soft_nms(np.zeros((1, 5), dtype=F32), method='linaer')
     with pytest.raises(ValueError, match='method'):
         cython_nms.soft_nms(np.zeros((1, 5), dtype=F32), method=3)
 
 
 def test_soft_nms_of_empty_input():
     dets = np.zeros((0, 5), dtype=F32)
-    out, keep = box_utils.soft_nms(dets)
+    out, keep = nms_ops.soft_nms(dets)
     assert out.shape == (0, 5) and keep == []

@@ -1,7 +1,7 @@
 """No process of a job outlives its launcher, and a dead rank ends the job (real processes, gloo, CPU).
 
 A small script reads images through test_net's DataLoader (roi_data/loader.py build_test_loader, 1
-worker): in its own process as single-process test_net does (0), in distributed.launch's process (1),
+worker): in its own process as single-process test_net does (0), in launch.launch's process (1),
 or in each of two ranks that launch spawned (2). The tests kill the launcher (SIGTERM, SIGKILL) or one rank (SIGKILL) and look at
 /proc for every process of the job.
 """
@@ -24,15 +24,16 @@ JOB_SCRIPT = textwrap.dedent('''
     import os, sys, time
     import cv2
     import numpy as np
+    from detectron.core import launch
     from detectron.roi_data.loader import build_test_loader
-    from detectron.utils import distributed
+    from detectron.utils import comm
     from detectron.utils.errors import run_tool
 
     def read_forever(image, ready_dir):
         # test_net's loader: 3 MB decoded images through a pipe, which fills when its reader dies.
         for i, _ in enumerate(build_test_loader([{'image': image}] * 10 ** 6, range(10 ** 6), num_workers=1)):
             if i == 0:
-                open(os.path.join(ready_dir, 'rank{}'.format(distributed.get_rank())), 'w').close()
+                open(os.path.join(ready_dir, 'rank{}'.format(comm.get_rank())), 'w').close()
             time.sleep(0.05)
 
     def main(argv):
@@ -41,7 +42,7 @@ JOB_SCRIPT = textwrap.dedent('''
         if argv[0] == '0':  # like single-process test_net: no launch at all
             read_forever(image, argv[1])
         else:
-            distributed.launch(read_forever, int(argv[0]), args=(image, argv[1]), device='cpu')
+            launch.launch(read_forever, int(argv[0]), args=(image, argv[1]), device='cpu')
 
     if __name__ == '__main__':
         run_tool(main, sys.argv[1:])
@@ -142,31 +143,33 @@ def test_no_process_of_the_job_outlives_the_launcher(tmp_path, num_processes, si
 TRAIN_SCRIPT = textwrap.dedent('''
     import os, sys, time
     import torch
-    from detectron.utils import checkpoint, distributed
+    from detectron.checkpoint import checkpointer
+    from detectron.core import launch
+    from detectron.utils import comm
     from detectron.utils.errors import run_tool
 
     def train(output_dir, last_iter, step_s):
-        with open(os.path.join(output_dir, 'rank{}.pid'.format(distributed.get_rank())), 'w') as f:
+        with open(os.path.join(output_dir, 'rank{}.pid'.format(comm.get_rank())), 'w') as f:
             f.write(str(os.getpid()))
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        _, start_iter, _ = checkpoint.resume_from_last(output_dir, model, optimizer)
+        _, start_iter, _ = checkpointer.resume_from_last(output_dir, model, optimizer)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         for iteration in range(start_iter, last_iter + 1):
             optimizer.zero_grad()
-            ddp(torch.full((3, 4), float(iteration + distributed.get_rank()))).square().mean().backward()
+            ddp(torch.full((3, 4), float(iteration + comm.get_rank()))).square().mean().backward()
             optimizer.step()
-            rng_states = checkpoint.gather_rng_states()
-            if distributed.is_main_process():
-                checkpoint.save_checkpoint(os.path.join(output_dir, checkpoint.checkpoint_name(iteration)), model,
-                                           optimizer, iteration, rng_states=rng_states)
-            distributed.synchronize()
+            rng_states = checkpointer.gather_rng_states()
+            if comm.is_main_process():
+                checkpointer.save_checkpoint(os.path.join(output_dir, checkpointer.checkpoint_name(iteration)), model,
+                                             optimizer, iteration, rng_states=rng_states)
+            comm.synchronize()
             time.sleep(step_s)
         return start_iter
 
     def main(argv):
-        start_iter = distributed.launch(train, 2, args=(argv[0], int(argv[1]), float(argv[2])), device='cpu')
+        start_iter = launch.launch(train, 2, args=(argv[0], int(argv[1]), float(argv[2])), device='cpu')
         print('started at iteration', start_iter, flush=True)
 
     if __name__ == '__main__':

@@ -9,7 +9,7 @@ losses.py's focal loss and RegL1Loss and trains/ctdet.py's CtdetLoss on dense ta
 reg_mask, wh, reg), NCHW, no fusions, no CUDA graphs, precision by autocast alone.
 
 Parameter names are CenterNet's, so `load_from_ours` copies this repository's model in by
-utils/centernet_weights.py's name mapping and both start from the same weights.
+checkpoint/centernet_weights.py's name mapping and both start from the same weights.
 """
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import deform_conv2d
 
-from detectron.utils.centernet_weights import centernet_key_to_ours
+from detectron.checkpoint.centernet_weights import centernet_key_to_ours
 
 _PROB_EPS = 1e-4
 
