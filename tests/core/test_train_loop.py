@@ -6,7 +6,7 @@ import torch
 from detectron.core import hooks
 from detectron.core.train_engine import training_hooks
 from detectron.core.train_loop import GradientClipping, StepOptions, TrainLoop
-from detectron.utils.checkpoint import Retention
+from detectron.checkpoint.checkpointer import Retention
 from detectron.utils.lr_policy import LRSchedule
 
 A, B = (3.0, 4.0), (0.6, 0.8)  # the gradients of the two parameter groups for x = 1: norms 5 and 1

@@ -13,7 +13,7 @@ from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
 from detectron.core.hooks import BestCheckpoint
 from detectron.datasets import dataset_catalog
-from detectron.utils.torch_file import read_torch_file
+from detectron.checkpoint.torch_file import read_torch_file
 from test_centernet_engine import use_centernet
 from test_train_engine import REPO, SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, use_tiny_config, write_tiny_datasets
 
