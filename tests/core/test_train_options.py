@@ -333,7 +333,7 @@ def test_the_engine_prepares_the_model_before_building_its_optimizer(tiny_catalo
     assert not model_type.prepare_for_training(model_builder.create(cfg)).channels_last
     events = []
 
-    def forced(self, cfg, model):
+    def forced(self, model):
         model.use_channels_last()
         events.append(('prepare', model))
         return model
