@@ -1,10 +1,11 @@
 """Training: one process per GPU (or CPU worker), DDP, Detectron's schedule and outputs, any model.
 
 `train_model()` is what tools/train_net.py calls. It starts cfg.NUM_GPUS workers itself, or joins the
-job that torchrun / a cluster launcher started (see detectron/core/launch.py), and returns the
-path of the final model. `train_worker` builds, from the cfg it is handed and the model type that
-cfg.MODEL.TYPE names, the model, optimizer, LR schedule and batch source, and hands them to
-`TrainLoop`, which knows nothing about the model (detectron2's SimpleTrainer shape). Rank 0 alone
+job that torchrun / a cluster launcher started (see detectron/utils/comm.py), and returns the
+path of the final model. `train_worker` builds the model type once from the cfg it is handed
+(model_builder.build_model_type) and, through it, the model, optimizer, LR schedule and batch
+source, and hands them to `TrainLoop`, which knows nothing about the model (detectron2's
+SimpleTrainer shape). Rank 0 alone
 writes checkpoints, logs, TensorBoard events and the training-curve PNG.
 """
 import collections
@@ -72,11 +73,13 @@ def train_model():
 
 
 def train_worker(cfg_snapshot):
-    """One rank of a training job: everything model-specific comes from the model type's entry."""
+    """One rank of a training job: everything model-specific comes from the model type it builds, once,
+    from the cfg it receives."""
     receive_cfg(cfg_snapshot)
+    model_type = model_builder.build_model_type(cfg)
     # Spawned workers write OUTPUT_DIR/log.txt themselves (their tool's process already does).
     with log_file(cfg.OUTPUT_DIR, comm.get_rank()):
-        _train(model_builder.get_model_type(cfg))
+        _train(model_type)
 
 
 def _train(model_type):
@@ -84,11 +87,11 @@ def _train(model_type):
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
-    model = model_builder.create(cfg).to(device)
+    model = model_builder.checked_model(model_type).to(device)
     # Anchor and RoI sampling draw from torch's generator: give every rank its own stream.
     torch.manual_seed(cfg.RNG_SEED + comm.get_rank())
     np.random.seed(cfg.RNG_SEED + comm.get_rank())
-    model = model_type.prepare_for_training(cfg, with_sync_batchnorm(model, device))
+    model = model_type.prepare_for_training(with_sync_batchnorm(model, device))
     schedule = lr_schedule()
     optimizer = build_optimizer(
         model, base_lr=schedule.lr_at(0), momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY,
@@ -98,8 +101,8 @@ def _train(model_type):
     batches = training_batches(model_type, start_iter, device)
     retention = checkpoint_retention(model_type, schedule)
     loop = TrainLoop(model, optimizer, schedule.lr_at, batches, device, output_dir, start_iter,
-                     train_options(retention), progress=saved_progress,
-                     batch_to_device=model_type.batch_to_device(cfg, device))
+                     train_options(model_type, retention), progress=saved_progress,
+                     batch_to_device=model_type.batch_to_device(device))
     loop.run()
     log_replica_agreement(model, cfg.SOLVER.MAX_ITER - 1)
     loop.save(cfg.SOLVER.MAX_ITER - 1, checkpointer.FINAL_CHECKPOINT_NAME)
@@ -127,14 +130,14 @@ def lr_schedule():
                       warm_up_method=s.WARM_UP_METHOD)
 
 
-def train_options(retention=checkpointer.Retention()):
+def train_options(model_type, retention=checkpointer.Retention()):
     return TrainOptions(retention=retention,
         max_iter=cfg.SOLVER.MAX_ITER, iter_size=cfg.SOLVER.ITER_SIZE, amp=cfg.SOLVER.AMP.ENABLED,
         amp_dtype=cfg.SOLVER.AMP.DTYPE, loss_scale=cfg.SOLVER.AMP.LOSS_SCALE,
         checkpoint_period=checkpoint_period(),
         log_lr_change_threshold=cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD,
         checkpoint_extra={'cfg': cfg.dump()}, sampler_state=_sampler_state(),
-        memory_settings=model_builder.get_model_type(cfg).memory_settings(cfg, training=True))
+        memory_settings=model_type.memory_settings(training=True))
 
 
 def with_sync_batchnorm(model, device):
@@ -164,7 +167,7 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = comm.unwrap_model(model)
-        missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
+        missing, unused, momentum = model_type.load_training_weights(unwrapped, path)
         check_weights_fit(unwrapped, path, missing, unused, model_type.name)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
@@ -178,14 +181,14 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
 
 def training_batches(model_type, start_iter, device):
     """This rank's iterator over training batches for device, positioned at start_iter (a resume)."""
-    roidb = model_type.training_roidb(cfg)
+    roidb = model_type.training_roidb()
     logger.info('%d roidb entries for training', len(roidb))
     sampler = GroupedDistributedBatchSampler(
-        model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
+        model_type.training_groups(roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
         world_size=comm.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
         start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     loader = build_train_loader(
-        model_type.training_dataset(cfg, roidb, device), sampler, model_type.collate(cfg, device),
+        model_type.training_dataset(roidb, device), sampler, model_type.collate(device),
         num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     batches = iter(loader)
     triton_cache.start_key_hashing(device)  # while the workers make the first batch
@@ -219,16 +222,17 @@ def checkpoint_period(world_size=None):
 
 def checkpoint_retention(model_type, schedule):
     """The checkpoint files the model type writes and keeps on this LR schedule."""
-    return model_type.checkpoint_retention(cfg, schedule.change_iters())
+    return model_type.checkpoint_retention(schedule.change_iters())
 
 
 _MAX_LISTED_STEPS = 10
 
 
-def describe_schedule(num_images=None):
+def describe_schedule(model_type, num_images=None):
     """Lines that say what a training run will do, for a user about to spend GPU hours. Called
     before launch, where NUM_GPUS already is the world size the job will have (the tools reconcile
-    it with a launcher's). num_images: size of the training set, to express the run in epochs."""
+    it with a launcher's). model_type: the tool's (model_builder.build_model_type), whose checkpoint
+    retention is described; num_images: size of the training set, to express the run in epochs."""
     schedule = lr_schedule()
     batch = images_per_iter()
     lines = [
@@ -249,7 +253,7 @@ def describe_schedule(num_images=None):
     if num_images:
         lines.append('epochs: {:.2f} over {} training images'.format(schedule.max_iter * batch / num_images,
                                                                    num_images))
-    retention = checkpoint_retention(model_builder.get_model_type(cfg), schedule)
+    retention = checkpoint_retention(model_type, schedule)
     lines.append('checkpoint every {} iterations (int(TRAIN.SNAPSHOT_ITERS {} / NUM_GPUS {})) {}'.format(
         checkpoint_period(cfg.NUM_GPUS), cfg.TRAIN.SNAPSHOT_ITERS, cfg.NUM_GPUS, retention.describe()))
     return lines
