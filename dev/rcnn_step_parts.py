@@ -20,7 +20,7 @@ from benchmark_lib.timing import autocast, sync  # noqa: E402
 
 from detectron.core.config import cfg  # noqa: E402
 from detectron.core.config_finalize import finalize_cfg  # noqa: E402
-from detectron.modeling import fast_rcnn_heads, generalized_rcnn, rpn_heads
+from detectron.modeling import fast_rcnn_heads, generalized_rcnn, model_builder, rpn_heads
 from detectron.modeling.optimizer import build_optimizer  # noqa: E402
 from detectron.ops import multilevel_roi_align
 
@@ -65,7 +65,7 @@ def main():
     for module, name in PARTS:
         setattr(module, name, timed(name, getattr(module, name)))
 
-    model = build_ours_for_training(device, precision).train()
+    model = build_ours_for_training(model_builder.build_model_type(cfg), device, precision).train()
     model.box_head.forward = timed('box_head', model.box_head.forward)
     model.box_outs.forward = timed('box_outs', model.box_outs.forward)
     inputs = ours_train_inputs(*synthetic_batch(args.batch, args.height, args.width, 20, cfg.MODEL.NUM_CLASSES),

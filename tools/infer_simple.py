@@ -56,14 +56,14 @@ def _image_paths(im_or_folder, ext):
     return paths
 
 
-def _class_names(dataset_name):
+def _class_names(model_type, dataset_name):
     """Names from the dataset (--class-names-from, else TEST.DATASETS[0]); like Detectron's demo, a
     81-class model falls back to the COCO names when that dataset is not on this machine."""
     name = dataset_name or (cfg.TEST.DATASETS[0] if cfg.TEST.DATASETS else '')
     try:
         return JsonDataset(name).classes if name else None
     except DatasetError:
-        model_classes = model_builder.get_model_type(cfg).output_classes(cfg)
+        model_classes = model_type.output_classes()
         if dataset_name or model_classes != len(dummy_datasets.COCO_CLASSES):
             raise
         return dummy_datasets.get_coco_dataset()
@@ -73,14 +73,15 @@ def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
     finalize_cfg(args.cfg_file, args.opts)
+    model_type = model_builder.build_model_type(cfg)
     paths = _image_paths(args.im_or_folder, args.image_ext)
-    class_names = _class_names(args.class_names_from)
+    class_names = _class_names(model_type, args.class_names_from)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    model = load_test_model(args.wts, device)
+    model = load_test_model(model_type, args.wts, device)
     os.makedirs(args.output_dir, exist_ok=True)
     for path in paths:
         im = read_image(path)
-        cls_boxes, cls_segms = boxes_and_segms(im_detect_all(model, im))
+        cls_boxes, cls_segms = boxes_and_segms(im_detect_all(model_type, model, im))
         out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh, cls_segms=cls_segms)
         logger.info('%s -> %s', path, out_path)
 

@@ -55,8 +55,11 @@ def main(argv):
     if not cfg.TEST.WEIGHTS:
         raise ConfigValueError('TEST.WEIGHTS is empty: name the model to test, e.g. TEST.WEIGHTS model_final.pth')
     from detectron.core import test_engine
+    from detectron.modeling import model_builder
+    model_type = model_builder.build_model_type(cfg)
     with log_file(cfg.OUTPUT_DIR, launch.launched_rank(), command=sys.argv):
-        test_engine.run_inference(cfg.TEST.WEIGHTS, ind_range=args.range, multi_gpu_testing=args.multi_gpu_testing)
+        test_engine.run_inference(model_type, cfg.TEST.WEIGHTS, ind_range=args.range,
+                                  multi_gpu_testing=args.multi_gpu_testing)
 
 
 if __name__ == '__main__':

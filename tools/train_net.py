@@ -44,7 +44,9 @@ def main(argv):
     logger = setup_logging(__name__)
     derived = finalize_cfg(args.cfg_file, args.opts, training=True)
     from detectron.core import test_engine, train_engine
-    schedule = derived + train_engine.describe_schedule()
+    from detectron.modeling import model_builder
+    model_type = model_builder.build_model_type(cfg)
+    schedule = derived + train_engine.describe_schedule(model_type)
     if args.print_config:
         print(cfg.dump())
         print('\n'.join(schedule))
@@ -54,7 +56,7 @@ def main(argv):
             logger.info(line)
         checkpoints = train_engine.train_model()
         if not args.skip_test:
-            test_engine.run_inference(checkpoints['final'], multi_gpu_testing=args.multi_gpu_testing)
+            test_engine.run_inference(model_type, checkpoints['final'], multi_gpu_testing=args.multi_gpu_testing)
 
 
 if __name__ == '__main__':

@@ -5,7 +5,8 @@ included), reconciles NUM_GPUS with a launcher's world size, asks the model type
 these settings, registers DATASET_CATALOG, and for training fills the keys the model type derives,
 rescales the schedule to the global batch and picks the precision this machine can train in; then
 it freezes the cfg. Workers get the frozen result: `receive_cfg` makes it theirs and registers the
-same catalog, so every process resolves the same dataset names.
+same catalog, so every process resolves the same dataset names. A tool or worker then builds its
+model type from the finished cfg once (model_builder.build_model_type) and hands it to the engines.
 """
 import logging
 
@@ -24,12 +25,12 @@ def finalize_cfg(cfg_file, opts, training=False):
     freeze it. Returns the lines in which the model type says what it derived for training, keys the
     user typed kept (the schedule's rescaling and a precision change are logged where they happen)."""
     merge_cfg_from_command_line(cfg_file, opts)
-    model_type = model_builder.get_model_type(cfg)
-    model_type.check(cfg)  # once, before any process starts
+    model_type = model_builder.build_model_type(cfg)  # bound to the cfg being finished
+    model_type.check()  # once, before any process starts
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     derived = []
     if training:
-        derived = model_type.derive_training_cfg(cfg, typed_keys())
+        derived = model_type.derive_training_cfg(typed_keys())
         scale_schedule_to_global_batch(images_per_iter())
         _train_in_a_precision_this_cpu_runs()
     assert_and_infer_cfg()

@@ -1,6 +1,6 @@
 """Inference on one image, configured from cfg (Detectron's core/test.py API).
 
-`im_detect_all` runs whichever model cfg.MODEL.TYPE names and returns Detectron's `cls_boxes`
+`im_detect_all` runs a model of the model type it is handed and returns Detectron's `cls_boxes`
 (with `cls_segms` beside them for a Mask R-CNN). `im_detect_bbox`, `box_results_with_nms_and_limit`
 and `segm_results` are Detectron's R-CNN functions of those names (with KL-Loss's variance voting
 when cfg.STD_NMS): they read cfg like Detectron's and call the plain-argument implementations in
@@ -11,16 +11,15 @@ import dataclasses
 import numpy as np
 
 from detectron.core.config import cfg
-from detectron.modeling import mask_inference, model_builder, rcnn_builder, rcnn_inference
+from detectron.modeling import mask_inference, rcnn_builder, rcnn_inference
 from detectron.utils.errors import ConfigValueError
 
 
-def im_detect_all(model, im):
-    """`cls_boxes` of one BGR image (H, W, 3): cls_boxes[j] is a float32 (N_j, 5) array
-    (x1, y1, x2, y2, score) for class j >= 1; class 0 is empty. A model with masks returns
-    (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of detection cls_boxes[j][k]."""
-    model_type = model_builder.get_model_type(cfg)
-    return model_type.detector(cfg)(model, model_type.test_inputs(cfg)(im))
+def im_detect_all(model_type, model, im):
+    """`cls_boxes` of one BGR image (H, W, 3) by model, a model of model_type: cls_boxes[j] is a
+    float32 (N_j, 5) array (x1, y1, x2, y2, score) for class j >= 1; class 0 is empty. A model with
+    masks returns (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of detection cls_boxes[j][k]."""
+    return model_type.detector()(model, model_type.test_inputs()(im))
 
 
 def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):

@@ -1,8 +1,9 @@
 """Test a model on TEST.DATASETS: detections per image, Detectron's detections.pkl, COCO evaluation.
 
-Any model: the model type that cfg.MODEL.TYPE names prepares each image (in the loader workers)
-and turns the model's outputs into Detectron's per-class `cls_boxes` (and `cls_segms` for a model
-with masks); this engine only shards, collects and evaluates.
+Any model: the model type it is handed (model_builder.build_model_type, built once by the tool or
+worker) prepares each image (in the loader workers) and turns the model's outputs into Detectron's
+per-class `cls_boxes` (and `cls_segms` for a model with masks); this engine only shards, collects
+and evaluates.
 
 Single-process testing runs in this process. `--multi-gpu-testing` starts NUM_GPUS workers through
 torch.distributed (or joins a torchrun job); each worker takes one contiguous range of images
@@ -46,9 +47,10 @@ logger = logging.getLogger(__name__)
 LOADER_GROUP_MAX = 8
 
 
-def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
-    """Test weights_file on every TEST.DATASETS entry in turn (the cfg finished by finalize_cfg);
-    returns {dataset: {'box': metrics}} ({'box': ..., 'mask': ...} for a model with masks)."""
+def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=False):
+    """Test weights_file, a model of model_type, on every TEST.DATASETS entry in turn (the cfg
+    finished by finalize_cfg, which model_type is bound to); returns {dataset: {'box': metrics}}
+    ({'box': ..., 'mask': ...} for a model with masks)."""
     if ind_range is not None:
         if len(cfg.TEST.DATASETS) != 1:
             raise ConfigValueError('--range needs exactly one TEST.DATASETS entry, got {}; set TEST.DATASETS to '
@@ -57,7 +59,7 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
         dataset = JsonDataset(name)  # parsed once, for the check and the testing
         check_range(ind_range, dataset)
         output_dir = get_output_dir((name,), training=False)
-        _, all_boxes, all_segms = test_net(weights_file, name, output_dir, ind_range, dataset=dataset)
+        _, all_boxes, all_segms = test_net(model_type, weights_file, name, output_dir, ind_range, dataset=dataset)
         path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
         save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'cfg': cfg.dump()}, path)
         logger.info('Wrote detections of range %s to %s', ind_range, path)
@@ -71,13 +73,13 @@ def run_inference(weights_file, ind_range=None, multi_gpu_testing=False):
             detections = launch.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
                                        backend=cfg.DIST_BACKEND)
         else:
-            detections = test_net(weights_file, name, output_dir)[1:]
+            detections = test_net(model_type, weights_file, name, output_dir)[1:]
         if detections is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
             continue
         # Detectron's test_net_on_dataset line: the whole testing of the dataset (all GPUs, model
         # loading and start-up included), before the evaluation
         logger.info('Total inference time: %.3fs', time.perf_counter() - started)
-        results.update(_evaluate(name, detections, output_dir))
+        results.update(_evaluate(model_type, name, detections, output_dir))
     if results:
         task_evaluation.log_copy_paste_friendly_results(results)
     return results
@@ -100,18 +102,19 @@ def _test_worker(cfg_snapshot, weights_file, name):
     """One rank's contiguous range; returns the merged (all_boxes, all_segms) on rank 0 and None
     elsewhere."""
     receive_cfg(cfg_snapshot)
+    model_type = model_builder.build_model_type(cfg)
     output_dir = get_output_dir((name,), training=False)
     with log_file(cfg.OUTPUT_DIR, comm.get_rank()):  # as in train_worker
-        return test_on_all_ranks(name, output_dir, weights_file=weights_file)
+        return test_on_all_ranks(model_type, name, output_dir, weights_file=weights_file)
 
 
-def test_on_all_ranks(name, output_dir, weights_file=None, model=None):
+def test_on_all_ranks(model_type, name, output_dir, weights_file=None, model=None):
     """Every rank of the job tests its contiguous range of `name` (with weights_file loaded, or with
     model, already prepared for inference); returns the merged (all_boxes, all_segms) on rank 0 and
     None elsewhere (a collective)."""
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, comm.get_world_size())[comm.get_rank()]
-    _, all_boxes, all_segms = test_net(weights_file, name, output_dir, (start, end), model=model)
+    _, all_boxes, all_segms = test_net(model_type, weights_file, name, output_dir, (start, end), model=model)
     gathered = comm.all_gather_object((all_boxes, all_segms))
     if not comm.is_main_process():
         return None
@@ -123,23 +126,22 @@ def test_on_all_ranks(name, output_dir, weights_file=None, model=None):
     return merge_ranges(per_range_boxes), merge_ranges(per_range_segms)
 
 
-def evaluate_during_training(model, iteration, output_dir):
+def evaluate_during_training(model_type, model, iteration, output_dir):
     """TEST.EVAL_PERIOD's evaluation after `iteration` of the training model (unwrapped, on every rank):
     a test model built as test_net builds one, holding model's weights, tests each TEST.DATASETS entry
     on every rank; rank 0 evaluates into output_dir/iter<N>/<dataset>/. Returns {dataset: results} on
     every rank (a collective); the random streams of training are left as they were."""
-    model_type = model_builder.get_model_type(cfg)
     with preserved_random_streams():
-        test_model = model_builder.create(cfg)
+        test_model = model_type.build()
         test_model.load_state_dict(model.state_dict())
-        test_model = model_type.prepare_for_inference(cfg, test_model.to(comm.get_device()).eval())
+        test_model = model_type.prepare_for_inference(test_model.to(comm.get_device()).eval())
         results = collections.OrderedDict()
         for name in cfg.TEST.DATASETS:
             dataset_dir = os.path.join(output_dir, 'iter{}'.format(iteration), name)
             os.makedirs(dataset_dir, exist_ok=True)
-            detections = test_on_all_ranks(name, dataset_dir, model=test_model)
+            detections = test_on_all_ranks(model_type, name, dataset_dir, model=test_model)
             if detections is not None:
-                results.update(_evaluate(name, detections, dataset_dir))
+                results.update(_evaluate(model_type, name, detections, dataset_dir))
     return comm.broadcast_object(results)
 
 
@@ -150,13 +152,13 @@ def merge_ranges(per_range):
     return [[dets for part in per_range for dets in part[j]] for j in range(num_classes)]
 
 
-def _evaluate(name, detections, output_dir):
+def _evaluate(model_type, name, detections, output_dir):
     """Write detections.pkl and evaluate them (rank 0): {name: {'box': ..., 'mask': ...}}."""
     all_boxes, all_segms = detections
     _write_detections(all_boxes, all_segms, output_dir)
     return task_evaluation.evaluate_all(
         JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
-        results_format=model_builder.get_model_type(cfg).results_format(cfg), all_segms=all_segms)
+        results_format=model_type.results_format(), all_segms=all_segms)
 
 
 def _write_detections(all_boxes, all_segms, output_dir):
@@ -165,22 +167,21 @@ def _write_detections(all_boxes, all_segms, output_dir):
     logger.info('Wrote detections to: %s', os.path.abspath(path))
 
 
-def load_test_model(weights_file, device):
-    """The model of cfg.MODEL.TYPE with weights_file loaded, on device, in eval mode, prepared for
-    inference by its model type."""
+def load_test_model(model_type, weights_file, device):
+    """The model of model_type with weights_file loaded, on device, in eval mode, prepared for
+    inference by model_type."""
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
-    model = model_builder.create(cfg)
+    model = model_builder.checked_model(model_type)
     path = cache_url(weights_file, cfg.DOWNLOAD_CACHE)
-    model_type = model_builder.get_model_type(cfg)
-    missing, unused = model_type.load_weights(cfg, model, path)
+    missing, unused = model_type.load_weights(model, path)
     check_weights_fit(model, path, missing, unused, model_type.name, testing=True)
-    return model_type.prepare_for_inference(cfg, model.to(device).eval())
+    return model_type.prepare_for_inference(model.to(device).eval())
 
 
-def test_net(weights_file, name, output_dir, ind_range=None, dataset=None, model=None):
-    """Detect on the images of `name` (or its [start, end) slice); returns (roidb, all_boxes, all_segms).
-    dataset: its JsonDataset when the caller has one already; model: the model to test, already
-    prepared for inference, instead of loading weights_file.
+def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset=None, model=None):
+    """Detect with model_type's model on the images of `name` (or its [start, end) slice); returns
+    (roidb, all_boxes, all_segms). dataset: its JsonDataset when the caller has one already; model: the
+    model to test, already prepared for inference, instead of loading weights_file.
 
     Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs,
     and go to the model type's batch detector TEST.IMS_PER_BATCH at a time; with cfg.VIS the
@@ -189,9 +190,8 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None, model
     the model's detector (network and post-processing: one call per batch here) and in the rest of
     the loop (waiting for the loader, storing, drawing); they add up to the wall time per image.
     """
-    model_type = model_builder.get_model_type(cfg)
     dataset = dataset or JsonDataset(name)
-    dataset.check_model_classes(model_type.output_classes(cfg))
+    dataset.check_model_classes(model_type.output_classes())
     roidb = dataset.get_roidb()
     total = len(roidb)
     if not total:  # COCO's evaluation would report AP -1 everywhere
@@ -200,11 +200,11 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None, model
     start, end = ind_range if ind_range is not None else (0, total)
     # The loader's workers start reading images while the model loads.
     images = iter(build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS,
-                                    model_type.test_inputs(cfg), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX)))
+                                    model_type.test_inputs(), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX)))
     device = comm.get_device()
     triton_cache.start_key_hashing(device)
-    model = model or load_test_model(weights_file, device)
-    detect = model_type.batch_detector(cfg)
+    model = model or load_test_model(model_type, weights_file, device)
+    detect = model_type.batch_detector()
     stored = _Detections(dataset.num_classes, end - start)
     detect_s = misc_s = 0.0
     last = time.perf_counter()
@@ -216,7 +216,7 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None, model
         except torch.OutOfMemoryError:
             raise out_of_memory_error(_images_named(batch, roidb, total), comm.get_rank(),
                                       comm.get_device(),
-                                      model_type.memory_settings(cfg, training=False)) from None
+                                      model_type.memory_settings(training=False)) from None
         after_detect = time.perf_counter()
         for i, ((sample, index), result) in enumerate(zip(batch, detections), done):
             cls_boxes, cls_segms = boxes_and_segms(result)

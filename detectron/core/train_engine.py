@@ -2,9 +2,10 @@
 
 `train_model()` is what tools/train_net.py calls. It starts cfg.NUM_GPUS workers itself, or joins the
 job that torchrun / a cluster launcher started (see detectron/utils/comm.py), and returns the
-path of the final model. `train_worker` builds, from the cfg it is handed and the model type that
-cfg.MODEL.TYPE names, the model, optimizer, LR schedule and batch source, and hands them to
-`TrainLoop`, which knows nothing about the model (detectron2's SimpleTrainer shape). Rank 0 alone
+path of the final model. `train_worker` builds the model type once from the cfg it is handed
+(model_builder.build_model_type) and, through it, the model, optimizer, LR schedule and batch
+source, and hands them to `TrainLoop`, which knows nothing about the model (detectron2's
+SimpleTrainer shape). Rank 0 alone
 writes checkpoints, logs, TensorBoard events and the training-curve PNG.
 """
 import inspect
@@ -61,11 +62,13 @@ def train_model():
 
 
 def train_worker(cfg_snapshot):
-    """One rank of a training job: everything model-specific comes from the model type's entry."""
+    """One rank of a training job: everything model-specific comes from the model type it builds, once,
+    from the cfg it receives."""
     receive_cfg(cfg_snapshot)
+    model_type = model_builder.build_model_type(cfg)
     # Spawned workers write OUTPUT_DIR/log.txt themselves (their tool's process already does).
     with log_file(cfg.OUTPUT_DIR, comm.get_rank()):
-        _train(model_builder.get_model_type(cfg))
+        _train(model_type)
 
 
 def _train(model_type):
@@ -73,11 +76,11 @@ def _train(model_type):
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     output_dir = get_output_dir(cfg.TRAIN.DATASETS, training=True)
     torch.manual_seed(cfg.RNG_SEED)  # identical init on every rank (DDP also broadcasts rank 0's)
-    model = model_builder.create(cfg).to(device)
+    model = model_builder.checked_model(model_type).to(device)
     # Anchor and RoI sampling draw from torch's generator: give every rank its own stream.
     torch.manual_seed(cfg.RNG_SEED + comm.get_rank())
     np.random.seed(cfg.RNG_SEED + comm.get_rank())
-    model = model_type.prepare_for_training(cfg, with_sync_batchnorm(model, device))
+    model = model_type.prepare_for_training(with_sync_batchnorm(model, device))
     schedule = lr_schedule()
     optimizer = build_optimizer(
         model, base_lr=schedule.lr_at(0), momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY,
@@ -87,7 +90,7 @@ def _train(model_type):
     batches = training_batches(model_type, start_iter, device)
     hooks = training_hooks(model_type, schedule, output_dir)
     loop = TrainLoop(model, optimizer, batches, device, start_iter, cfg.SOLVER.MAX_ITER, step_options(), hooks,
-                     batch_to_device=model_type.batch_to_device(cfg, device), ddp_model=wrap_ddp(model, device),
+                     batch_to_device=model_type.batch_to_device(device), ddp_model=wrap_ddp(model, device),
                      out_of_memory=lambda iteration: _out_of_memory(model_type, iteration, device, output_dir))
     if saved_states:
         loop.load_hook_states(saved_states)
@@ -117,7 +120,8 @@ def evaluation_hooks(model_type, metrics, output_dir):
             return validation_loss(model_type, model, device)
 
     def evaluate(model, iteration):
-        return evaluation_metrics(evaluate_during_training(model, iteration, os.path.join(output_dir, 'evaluation')))
+        return evaluation_metrics(evaluate_during_training(model_type, model, iteration,
+                                                           os.path.join(output_dir, 'evaluation')))
 
     hooks = []
     if cfg.TEST.VAL_LOSS_PERIOD > 0:
@@ -143,7 +147,7 @@ def best_metric(model_type):
     best, anything else highest), or the model type's choice."""
     if cfg.TEST.BEST_METRIC:
         return cfg.TEST.BEST_METRIC, 'min' if 'loss' in cfg.TEST.BEST_METRIC else 'max'
-    return model_type.best_metric(cfg)
+    return model_type.best_metric()
 
 
 def step_options():
@@ -170,7 +174,7 @@ def _out_of_memory(model_type, iteration, device, output_dir):
     saved = ('The checkpoints are intact: started again, the run resumes from {}.'.format(last) if last
              else 'No checkpoint had been written yet.')
     return out_of_memory_error('iteration {}'.format(iteration), comm.get_rank(), device,
-                               model_type.memory_settings(cfg, training=True), saved)
+                               model_type.memory_settings(training=True), saved)
 
 
 def lr_schedule():
@@ -209,7 +213,7 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = comm.unwrap_model(model)
-        missing, unused, momentum = model_type.load_training_weights(cfg, unwrapped, path)
+        missing, unused, momentum = model_type.load_training_weights(unwrapped, path)
         check_weights_fit(unwrapped, path, missing, unused, model_type.name)
         logger.info('Initialised from %s (%d model params not in file, %d file blobs unused)',
                     path, len(missing), len(unused))
@@ -223,14 +227,14 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
 
 def training_batches(model_type, start_iter, device):
     """This rank's iterator over training batches for device, positioned at start_iter (a resume)."""
-    roidb = model_type.training_roidb(cfg)
+    roidb = model_type.training_roidb()
     logger.info('%d roidb entries for training', len(roidb))
     sampler = GroupedDistributedBatchSampler(
-        model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
+        model_type.training_groups(roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
         world_size=comm.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
         start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     loader = build_train_loader(
-        model_type.training_dataset(cfg, roidb, device), sampler, model_type.collate(cfg, device),
+        model_type.training_dataset(roidb, device), sampler, model_type.collate(device),
         num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     batches = iter(loader)
     triton_cache.start_key_hashing(device)  # while the workers make the first batch
@@ -264,16 +268,17 @@ def checkpoint_period(world_size=None):
 
 def checkpoint_retention(model_type, schedule):
     """The checkpoint files the model type writes and keeps on this LR schedule."""
-    return model_type.checkpoint_retention(cfg, schedule.change_iters())
+    return model_type.checkpoint_retention(schedule.change_iters())
 
 
 _MAX_LISTED_STEPS = 10
 
 
-def describe_schedule(num_images=None):
+def describe_schedule(model_type, num_images=None):
     """Lines that say what a training run will do, for a user about to spend GPU hours. Called
     before launch, where NUM_GPUS already is the world size the job will have (the tools reconcile
-    it with a launcher's). num_images: size of the training set, to express the run in epochs."""
+    it with a launcher's). model_type: the tool's (model_builder.build_model_type), whose checkpoint
+    retention is described; num_images: size of the training set, to express the run in epochs."""
     schedule = lr_schedule()
     batch = images_per_iter()
     lines = [
@@ -294,7 +299,7 @@ def describe_schedule(num_images=None):
     if num_images:
         lines.append('epochs: {:.2f} over {} training images'.format(schedule.max_iter * batch / num_images,
                                                                    num_images))
-    retention = checkpoint_retention(model_builder.get_model_type(cfg), schedule)
+    retention = checkpoint_retention(model_type, schedule)
     lines.append('checkpoint every {} iterations (int(TRAIN.SNAPSHOT_ITERS {} / NUM_GPUS {})) {}'.format(
         checkpoint_period(cfg.NUM_GPUS), cfg.TRAIN.SNAPSHOT_ITERS, cfg.NUM_GPUS, retention.describe()))
     return lines

@@ -12,14 +12,14 @@ from detectron.utils import comm
 def validation_loss(model_type, model, device):
     """{'val/loss': ..., 'val/loss_<part>': ...} of model (unwrapped, on device) over this rank's share of
     TEST.DATASETS, reduced over ranks: the same floats on every rank (a collective)."""
-    dataset = model_type.validation_dataset(cfg, device)
+    dataset = model_type.validation_dataset(device)
     start, end = inference_ranges(len(dataset), comm.get_world_size())[comm.get_rank()]
     batch_size = cfg.TRAIN.IMS_PER_BATCH
     batches = [list(range(i, min(i + batch_size, end))) for i in range(start, end, batch_size)]
-    loader = build_train_loader(dataset, batches, model_type.collate(cfg, device),
+    loader = build_train_loader(dataset, batches, model_type.collate(device),
                                 num_workers=min(cfg.DATA_LOADER.NUM_THREADS, len(batches)))
-    to_device = model_type.batch_to_device(cfg, device)
-    losses = model_type.validation_losses(cfg)
+    to_device = model_type.batch_to_device(device)
+    losses = model_type.validation_losses()
     sums = {}
     for indices, batch in zip(batches, loader):
         with torch.autocast(device.type, dtype=_AMP_DTYPES[cfg.SOLVER.AMP.DTYPE], enabled=cfg.SOLVER.AMP.ENABLED):

@@ -18,7 +18,7 @@ from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
 from detectron.modeling.centernet_heads import CenterNetHeads
-from detectron.modeling.model_type import ModelType, checkpoint_setting
+from detectron.modeling.model_type import ModelType, checkpoint_setting, register_model_type
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
@@ -36,10 +36,10 @@ CENTERNET_RESULTS = ResultsFormat(box_width_offset=0.0, decimals=2, dtype=np.flo
 _STACKED_TARGET_KEYS = ('reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
 
 
+@register_model_type('centernet')
 class CenterNetType(ModelType):
-    name = 'centernet'
-
-    def check(self, cfg):
+    def check(self):
+        cfg = self.cfg
         c = cfg.CENTERNET
         check_centernet_arch(c.ARCH)
         if c.NUM_CLASSES < 1:
@@ -60,18 +60,18 @@ class CenterNetType(ModelType):
                                    'network, as CenterNet does: set it to False')
         rank_chunks(cfg)
 
-    def derive_training_cfg(self, cfg, typed):
-        return derive_training_cfg(cfg, typed)
+    def derive_training_cfg(self, typed):
+        return derive_training_cfg(self.cfg, typed)
 
-    def checkpoint_retention(self, cfg, lr_change_iters):
+    def checkpoint_retention(self, lr_change_iters):
         # CenterNet's main.py: model_last.pth overwritten every epoch, model_<epoch>.pth kept at each
         # LR step (the weights before the drop).
         return Retention(last=True, milestones=frozenset(it - 1 for it in lr_change_iters),
-                         keep=cfg.TRAIN.KEEP_CHECKPOINTS)
+                         keep=self.cfg.TRAIN.KEEP_CHECKPOINTS)
 
-    def build(self, cfg):
-        c = cfg.CENTERNET
-        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
+    def build(self):
+        c = self.cfg.CENTERNET
+        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=self.cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
         heads = {'hm': c.NUM_CLASSES, 'wh': 2 * c.NUM_CLASSES if c.CAT_SPEC_WH else 2}
         if c.REG_OFFSET:
             heads['reg'] = 2
@@ -82,13 +82,14 @@ class CenterNetType(ModelType):
         return centernet.CenterNet(backbone, CenterNetHeads(backbone.out_channels, heads, head_conv, init),
                                    loss_weights)
 
-    def output_classes(self, cfg):
-        return cfg.CENTERNET.NUM_CLASSES + 1
+    def output_classes(self):
+        return self.cfg.CENTERNET.NUM_CLASSES + 1
 
-    def load_weights(self, cfg, model, path):
-        return load_weights(model, path, cfg.CENTERNET.ARCH)
+    def load_weights(self, model, path):
+        return load_weights(model, path, self.cfg.CENTERNET.ARCH)
 
-    def training_roidb(self, cfg):
+    def training_roidb(self):
+        cfg = self.cfg
         roidb = centernet_roidb(cfg.TRAIN.DATASETS)
         if not any(len(entry['boxes']) for entry in roidb):
             # CenterNet would train its heatmap towards all zeros, its size and offset losses 0.
@@ -96,38 +97,39 @@ class CenterNetType(ModelType):
                                'has a box; check the annotation files'.format(tuple(cfg.TRAIN.DATASETS), len(roidb)))
         return roidb
 
-    def training_dataset(self, cfg, roidb, device):
-        return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(cfg)),
-                               seed=cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
+    def training_dataset(self, roidb, device):
+        return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(self.cfg)),
+                               seed=self.cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
 
-    def collate(self, cfg, device):
+    def collate(self, device):
         return collate_samples
 
-    def validation_dataset(self, cfg, device):
+    def validation_dataset(self, device):
         # CenterNet's val split: the whole image at the input resolution, no flip, jitter or colour.
+        cfg = self.cfg
         params = dataclasses.replace(ctdet_params(cfg), rand_crop=False, scale=0.0, shift=0.0, flip=0.0,
                                      color_aug=False)
         return TrainingDataset(centernet_roidb(cfg.TEST.DATASETS),
                                functools.partial(prepare_training_sample, params=params),
                                seed=cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
 
-    def validation_losses(self, cfg):
+    def validation_losses(self):
         return _validation_losses
 
-    def best_metric(self, cfg):
+    def best_metric(self):
         # CenterNet keeps model_best.pth by the validation loss (--val_intervals, --metric loss).
-        return ('val/loss', 'min') if cfg.TEST.VAL_LOSS_PERIOD > 0 else ('bbox/AP', 'max')
+        return ('val/loss', 'min') if self.cfg.TEST.VAL_LOSS_PERIOD > 0 else ('bbox/AP', 'max')
 
-    def test_inputs(self, cfg):
-        return functools.partial(centernet.prepare_test_image, params=test_params(cfg))
+    def test_inputs(self):
+        return functools.partial(centernet.prepare_test_image, params=test_params(self.cfg))
 
-    def detector(self, cfg):
-        return functools.partial(centernet.detect, params=test_params(cfg))
+    def detector(self):
+        return functools.partial(centernet.detect, params=test_params(self.cfg))
 
-    def batch_detector(self, cfg):
-        return functools.partial(centernet.detect_runs, params=test_params(cfg))
+    def batch_detector(self):
+        return functools.partial(centernet.detect_runs, params=test_params(self.cfg))
 
-    def prepare_for_training(self, cfg, model):
+    def prepare_for_training(self, model):
         # Under autocast on CUDA, the trunk and heads stored channels_last as for inference: cuDNN's
         # bfloat16 convolutions and BatchNorm's channels_last kernels need no layout conversions
         # (resdcn_18 at batch 32: 571 -> 741 images/s, BENCHMARKS.md "CenterNet speed"); the whole
@@ -135,6 +137,7 @@ class CenterNetType(ModelType):
         # CPU: oneDNN's bfloat16 convolutions work in NHWC; stored channels_last, res_18's step (16
         # images at 128 px, the CPU demo) took 0.266 s instead of 0.355 on a 2-core AVX512-BF16
         # EPYC ("CPU demos"). float32 keeps NCHW (float32 CPU kernels round differently in NHWC).
+        cfg = self.cfg
         device = next(model.parameters()).device.type
         if cfg.SOLVER.AMP.ENABLED and device == 'cuda':
             model.use_channels_last()
@@ -142,12 +145,13 @@ class CenterNetType(ModelType):
             model.to(memory_format=torch.channels_last)
         return model
 
-    def prepare_for_inference(self, cfg, model):
+    def prepare_for_inference(self, model):
         if next(model.parameters()).device.type == 'cuda':
             model.use_channels_last()
         return model
 
-    def memory_settings(self, cfg, training):
+    def memory_settings(self, training):
+        cfg = self.cfg
         c = cfg.CENTERNET
         if not training:
             batch = ['lower TEST.IMS_PER_BATCH {}'.format(cfg.TEST.IMS_PER_BATCH)] if cfg.TEST.IMS_PER_BATCH > 1 else []
@@ -161,7 +165,7 @@ class CenterNetType(ModelType):
                  'more steps'.format(share, c.BATCH_SIZE, cfg.SOLVER.ITER_SIZE))
         return '; '.join([batch] + checkpoint_setting(cfg))
 
-    def results_format(self, cfg):
+    def results_format(self):
         return CENTERNET_RESULTS
 
 

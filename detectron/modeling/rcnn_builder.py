@@ -11,7 +11,7 @@ from detectron.modeling import FPN, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
 from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, MaskRCNNHead
-from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting
+from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
@@ -37,25 +37,26 @@ _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCN
                 'MRCNN.USE_FC_OUTPUT': False}
 
 
+@register_model_type('generalized_rcnn')
 class GeneralizedRCNNType(ModelType):
-    name = 'generalized_rcnn'
-
-    def check(self, cfg):
+    def check(self):
+        cfg = self.cfg
         check_supported(cfg)
         if cfg.TEST.IMS_PER_BATCH != 1:
             raise ConfigValueError('TEST.IMS_PER_BATCH {} asks R-CNN to detect on several images per call; it tests '
                                    'one image at a time, as Detectron: set it to 1'.format(cfg.TEST.IMS_PER_BATCH))
 
-    def build(self, cfg):
-        return build_model(cfg)
+    def build(self):
+        return build_model(self.cfg)
 
-    def output_classes(self, cfg):
-        return cfg.MODEL.NUM_CLASSES
+    def output_classes(self):
+        return self.cfg.MODEL.NUM_CLASSES
 
-    def load_weights(self, cfg, model, path):
+    def load_weights(self, model, path):
         return load_weights(model, path)
 
-    def memory_settings(self, cfg, training):
+    def memory_settings(self, training):
+        cfg = self.cfg
         if not training:
             graphs = ['TEST.CUDA_GRAPHS False'] if cfg.TEST.CUDA_GRAPHS else []
             return '; '.join(['lower TEST.SCALE {} / TEST.MAX_SIZE {}'.format(cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)]
@@ -65,32 +66,35 @@ class GeneralizedRCNNType(ModelType):
         return '; '.join([batch_setting(cfg, batch)] + checkpoint_setting(cfg)
                          + ['lower TRAIN.BATCH_SIZE_PER_IM {} (RoIs per image)'.format(cfg.TRAIN.BATCH_SIZE_PER_IM)])
 
-    def load_training_weights(self, cfg, model, path):
+    def load_training_weights(self, model, path):
         # Detectron's model_final.pkl files hold `<blob>_momentum` (KL-Loss fine-tunes from one).
         return load_weights_and_momentum(model, path)
 
-    def training_roidb(self, cfg):
+    def training_roidb(self):
+        cfg = self.cfg
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
                                             segms=cfg.MODEL.MASK_ON)
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
 
-    def validation_dataset(self, cfg, device):
+    def validation_dataset(self, device):
         # The training losses on the validation images: unflipped, at the test scale.
+        cfg = self.cfg
         roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON)
-        return self._samples(cfg, roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
+        return self._samples(roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
 
-    def validation_losses(self, cfg):
+    def validation_losses(self):
         return _validation_losses
 
-    def training_groups(self, cfg, roidb):
-        return aspect_ratio_groups(roidb) if cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
+    def training_groups(self, roidb):
+        return aspect_ratio_groups(roidb) if self.cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
 
-    def training_dataset(self, cfg, roidb, device):
-        return self._samples(cfg, roidb, device, scales=tuple(cfg.TRAIN.SCALES), max_size=cfg.TRAIN.MAX_SIZE)
+    def training_dataset(self, roidb, device):
+        return self._samples(roidb, device, scales=tuple(self.cfg.TRAIN.SCALES), max_size=self.cfg.TRAIN.MAX_SIZE)
 
-    def _samples(self, cfg, roidb, device, scales, max_size):
+    def _samples(self, roidb, device, scales, max_size):
+        cfg = self.cfg
         if resizes_on_device(cfg, device):
             prepare = functools.partial(prepare_unresized_training_entry, scales=scales, max_size=max_size)
         else:
@@ -99,27 +103,28 @@ class GeneralizedRCNNType(ModelType):
         keys = TRAINING_KEYS + ('segms',) if cfg.MODEL.MASK_ON else TRAINING_KEYS
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
-    def collate(self, cfg, device):
-        if resizes_on_device(cfg, device):
+    def collate(self, device):
+        if resizes_on_device(self.cfg, device):
             return collate_unresized
-        return functools.partial(collate_minibatch, stride=cfg.FPN.COARSEST_STRIDE)
+        return functools.partial(collate_minibatch, stride=self.cfg.FPN.COARSEST_STRIDE)
 
-    def batch_to_device(self, cfg, device):
-        return functools.partial(_batch_to_device, device=device, pixel_means=tuple(cfg.PIXEL_MEANS),
-                                 stride=cfg.FPN.COARSEST_STRIDE)
+    def batch_to_device(self, device):
+        return functools.partial(_batch_to_device, device=device, pixel_means=tuple(self.cfg.PIXEL_MEANS),
+                                 stride=self.cfg.FPN.COARSEST_STRIDE)
 
-    def test_inputs(self, cfg):
+    def test_inputs(self):
         # The image is resized on the model's device (blob.get_image_blob_t), not in the workers.
         return image_only
 
-    def prepare_for_training(self, cfg, model):
+    def prepare_for_training(self, model):
         # Measured with bf16 autocast on the H200 (GeneralizedRCNN.use_channels_last); float32
         # training and the CPU keep NCHW (on the CPU the kernels round differently in NHWC).
-        if cfg.SOLVER.AMP.ENABLED and next(model.parameters()).device.type == 'cuda':
+        if self.cfg.SOLVER.AMP.ENABLED and next(model.parameters()).device.type == 'cuda':
             model.use_channels_last()
         return model
 
-    def detector(self, cfg):
+    def detector(self):
+        cfg = self.cfg
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
 

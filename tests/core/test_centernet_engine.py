@@ -141,7 +141,7 @@ def test_explicit_chunk_sizes_override_and_bad_ones_are_refused(monkeypatch):
 def test_freeze_conv_body_is_refused_for_centernet():
     merge_cfg_from_list(['MODEL.TYPE', 'centernet', 'TRAIN.FREEZE_CONV_BODY', 'True'])
     with pytest.raises(ConfigValueError, match='TRAIN.FREEZE_CONV_BODY True freezes an R-CNN body'):
-        model_builder.get_model_type(cfg).check(cfg)
+        model_builder.build_model_type(cfg).check()
 
 
 def _run_tool(*args):
@@ -241,27 +241,27 @@ def test_flip_test_averages_hm_and_wh_with_the_mirrored_pass():
 
 def test_weight_files_are_recognised(catalog, tmp_path):
     use_centernet(catalog, tmp_path)
-    model_type = model_builder.get_model_type(cfg)
+    model_type = model_builder.build_model_type(cfg)
     model = model_builder.create(cfg)
     reference = {key[len('backbone.'):] if key.startswith('backbone.') else key[len('heads.'):]: value + 1
                  for key, value in model.state_dict().items()}
     torch.save({'epoch': 70, 'state_dict': {'module.' + k: v for k, v in reference.items()}}, tmp_path / 'ref.pth')
-    missing, unused = model_type.load_weights(cfg, model, str(tmp_path / 'ref.pth'))
+    missing, unused = model_type.load_weights(model, str(tmp_path / 'ref.pth'))
     assert (missing, unused) == ([], [])
     assert torch.equal(model.heads.hm[2].bias, reference['hm.2.bias'])
     imagenet = {k: v for k, v in reference.items() if k.startswith(('conv1', 'bn1', 'layer'))}
     imagenet['fc.weight'] = torch.zeros(1000, 512)
     torch.save(imagenet, tmp_path / 'resnet18.pth')
     fresh = model_builder.create(cfg)
-    _, unused = model_type.load_weights(cfg, fresh, str(tmp_path / 'resnet18.pth'))
+    _, unused = model_type.load_weights(fresh, str(tmp_path / 'resnet18.pth'))
     assert unused == ['fc.weight'] and torch.equal(fresh.backbone.conv1.weight, reference['conv1.weight'])
     # Our own checkpoint (a 'model' state dict) loads by key; a missing file names the keys to check.
     torch.save({'model': fresh.state_dict()}, tmp_path / 'ours.pth')
-    assert model_type.load_weights(cfg, model, str(tmp_path / 'ours.pth')) == ([], [])
+    assert model_type.load_weights(model, str(tmp_path / 'ours.pth')) == ([], [])
     assert torch.equal(model.backbone.conv1.weight, reference['conv1.weight'])
     missing_file = str(tmp_path / 'absent.pth')
     with pytest.raises(WeightsError) as err:
-        model_type.load_weights(cfg, model, missing_file)
+        model_type.load_weights(model, missing_file)
     assert str(err.value) == 'weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'.format(missing_file)
 
 
@@ -298,10 +298,10 @@ def test_bfloat16_instructions_are_probed_by_both_of_torchs_cpu_checks(monkeypat
 def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tmp_path, monkeypatch):
     monkeypatch.setattr(config_finalize, 'cpu_bfloat16_is_emulated', lambda: False)  # whatever this CPU has
     use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16')
-    model_type = model_builder.get_model_type(cfg)
+    model_type = model_builder.build_model_type(cfg)
     images, targets = _rank_batch(0, [2])
     torch.manual_seed(cfg.RNG_SEED)
-    model = model_type.prepare_for_training(cfg, model_builder.create(cfg).train())
+    model = model_type.prepare_for_training(model_builder.create(cfg).train())
     # (1x1 kernels are contiguous in both layouts.)
     convs = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d))
              and m.weight.shape[-1] > 1]
@@ -317,7 +317,7 @@ def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tm
     assert float(bf16_loss) == pytest.approx(float(float32_loss), rel=3e-2)
     for overrides in (['SOLVER.AMP.ENABLED', 'False'], ['SOLVER.AMP.DTYPE', 'float16']):
         use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16', *overrides)
-        model = model_type.prepare_for_training(cfg, model_builder.create(cfg))
+        model = model_type.prepare_for_training(model_builder.create(cfg))
         assert all(m.weight.is_contiguous() for m in model.modules()
                    if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
 
@@ -325,12 +325,12 @@ def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tm
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_autocast_training_on_cuda_stores_the_trunk_and_heads_channels_last_with_fused_adam(catalog, tmp_path):
     use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16')
-    model_type = model_builder.get_model_type(cfg)
+    model_type = model_builder.build_model_type(cfg)
     images, targets = _rank_batch(0, [2])
     images, targets = images.cuda(), {k: v.cuda() for k, v in targets.items()}
     torch.manual_seed(cfg.RNG_SEED)
     nchw = model_builder.create(cfg).cuda().train()
-    model = model_type.prepare_for_training(cfg, copy.deepcopy(nchw))
+    model = model_type.prepare_for_training(copy.deepcopy(nchw))
 
     def convs(module):
         return [m.weight for m in module.modules()
@@ -372,11 +372,11 @@ def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
 
 
 def _rank_batch(rank, chunks):
-    model_type = model_builder.get_model_type(cfg)
-    roidb = model_type.training_roidb(cfg)
-    sampler = GroupedDistributedBatchSampler(model_type.training_groups(cfg, roidb), None, seed=cfg.RNG_SEED,
+    model_type = model_builder.build_model_type(cfg)
+    roidb = model_type.training_roidb()
+    sampler = GroupedDistributedBatchSampler(model_type.training_groups(roidb), None, seed=cfg.RNG_SEED,
                                              rank=rank, world_size=len(chunks), rank_batch_sizes=chunks)
-    loader = build_train_loader(model_type.training_dataset(cfg, roidb, CPU), sampler, model_type.collate(cfg, CPU),
+    loader = build_train_loader(model_type.training_dataset(roidb, CPU), sampler, model_type.collate(CPU),
                                 num_workers=0)
     return next(iter(loader))
 
@@ -402,7 +402,7 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
     # By hand: each rank's loss on its own chunk (own positives), gradients averaged, one Adam step.
     torch.set_num_threads(1)
     models, losses = [], []
-    to_device = model_builder.get_model_type(cfg).batch_to_device(cfg, torch.device(device))
+    to_device = model_builder.build_model_type(cfg).batch_to_device(torch.device(device))
     for rank in range(2):
         torch.manual_seed(cfg.RNG_SEED)
         models.append(model_builder.create(cfg).to(device).train())
@@ -449,9 +449,9 @@ def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path,
         weights = tmp_path / 'weights.pth'
         torch.save({'model': model.state_dict()}, weights)
         use_centernet(catalog, tmp_path / 'single')
-        single = test_engine.run_inference(str(weights))
+        single = test_engine.run_inference(model_builder.build_model_type(cfg), str(weights))
         use_centernet(catalog, tmp_path / 'multi', 'NUM_GPUS', '2')
-        multi = test_engine.run_inference(str(weights), multi_gpu_testing=True)
+        multi = test_engine.run_inference(model_builder.build_model_type(cfg), str(weights), multi_gpu_testing=True)
     finally:
         torch.set_num_threads(threads)
     assert single == multi
@@ -478,7 +478,7 @@ def test_test_net_gives_the_detector_test_ims_per_batch_images_at_a_time(catalog
         return calls[-1][1]
     monkeypatch.setattr(centernet, 'detect_runs', recording)
     with caplog.at_level('INFO', logger='detectron.core.test_engine'):
-        test_engine.run_inference(str(weights))
+        test_engine.run_inference(model_builder.build_model_type(cfg), str(weights))
     done = [int(m.group(1)) for m in (re.search(r'im_detect: .*: (\d+)/8 ', r.getMessage()) for r in caplog.records)
             if m]
     assert done == [3, 8]
@@ -542,8 +542,8 @@ def _all_boxes(path):
 
 def test_centernet_keeps_model_last_and_the_checkpoints_before_its_lr_drops():
     merge_cfg_from_list(['TRAIN.KEEP_CHECKPOINTS', '3'])
-    centernet = model_builder.MODEL_TYPES['centernet'].checkpoint_retention(cfg, [180, 240])
+    centernet = model_builder.registered_model_types()['centernet'](cfg).checkpoint_retention([180, 240])
     assert centernet == checkpointer.Retention(last=True, milestones=frozenset({179, 239}), keep=3)
     # Detectron's configs: a numbered file every period.
-    assert model_builder.MODEL_TYPES['generalized_rcnn'].checkpoint_retention(cfg, [180]) == \
+    assert model_builder.registered_model_types()['generalized_rcnn'](cfg).checkpoint_retention([180]) == \
         checkpointer.Retention(keep=3)

@@ -46,7 +46,9 @@ def _chain(node):
         node = node.value
     if isinstance(node, ast.Name):
         names.append(node.id)
-        return names[::-1]
+        names = names[::-1]
+        # A model type reads the cfg it is bound to: self.cfg.SOLVER is cfg.SOLVER.
+        return names[1:] if names[:2] == ['self', 'cfg'] else names
     return None
 
 

@@ -105,7 +105,7 @@ def test_test_net_prints_box_and_mask_ap_and_two_gloo_processes_give_its_masks(t
     # Two gloo processes, each testing its own range, merge to the same boxes and masks.
     multi_dir = tiny_catalog.parent / 'mask_multi'
     _use_mask_config(tiny_catalog, multi_dir, 'NUM_GPUS', '2')
-    multi = test_engine.run_inference(mask_weights, multi_gpu_testing=True)
+    multi = test_engine.run_inference(model_builder.build_model_type(cfg), mask_weights, multi_gpu_testing=True)
     merged = _detections(multi_dir)
     assert merged['all_segms'] == all_segms
     assert all(np.array_equal(a, b) for per_a, per_b in zip(merged['all_boxes'][1:], all_boxes[1:])
@@ -117,6 +117,6 @@ def test_test_net_prints_box_and_mask_ap_and_two_gloo_processes_give_its_masks(t
     # --range writes its slice of the masks.
     range_dir = tiny_catalog.parent / 'mask_range'
     _use_mask_config(tiny_catalog, range_dir)
-    test_engine.run_inference(mask_weights, ind_range=(2, 5))
+    test_engine.run_inference(model_builder.build_model_type(cfg), mask_weights, ind_range=(2, 5))
     sliced = _detections(range_dir, 'detection_range_2_5.pkl')
     assert sliced['all_segms'] == [per_class[2:5] for per_class in all_segms]

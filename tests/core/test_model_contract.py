@@ -1,6 +1,6 @@
-"""The model contract: a second model type, registered in the builder table by this test alone,
-trains, checkpoints, resumes, tests in one and in two gloo processes and is evaluated through the
-unchanged engines (tiny_model_type.py)."""
+"""The model contract: model types register where they are defined; a second model type,
+registered by this test alone (tiny_model_type.py), trains, checkpoints, resumes, tests in one and
+in two gloo processes and is evaluated through the unchanged engines."""
 import os
 import pickle
 import shutil
@@ -17,6 +17,8 @@ from detectron.core import test_engine, train_engine
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_list
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
+from detectron.modeling.model_type import ModelType, register_model_type, unregister_model_type
+from detectron.utils.errors import ConfigValueError
 from test_train_engine import write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,8 +28,10 @@ TEST_SUBDIR = os.path.join('test', 'tiny_val', 'tiny')
 
 @pytest.fixture(autouse=True)
 def tiny_type_registered(monkeypatch):
-    monkeypatch.setitem(model_builder.MODEL_TYPES, 'tiny', tiny_model_type.TinyModelType())
+    tiny_model_type.register()
     monkeypatch.setattr(dataset_catalog, '_registered', {})
+    yield
+    tiny_model_type.unregister()
 
 
 @pytest.fixture(scope='module')
@@ -47,6 +51,42 @@ def use_tiny_type(catalog, output_dir, *overrides):
 
 def _final_state(output_dir):
     return torch.load(os.path.join(output_dir, TRAIN_SUBDIR, 'model_final.pth'), weights_only=True)
+
+
+def test_model_types_are_registered_where_they_are_defined_and_built_bound_to_the_cfg(set_cfg):
+    from detectron.modeling.centernet_builder import CenterNetType
+    from detectron.modeling.rcnn_builder import GeneralizedRCNNType
+    assert model_builder.registered_model_types() == {
+        'generalized_rcnn': GeneralizedRCNNType, 'centernet': CenterNetType, 'tiny': tiny_model_type.TinyModelType}
+    assert (GeneralizedRCNNType.name, CenterNetType.name, tiny_model_type.TinyModelType.name) == (
+        'generalized_rcnn', 'centernet', 'tiny')
+    for name, model_type_class in model_builder.registered_model_types().items():
+        set_cfg({'MODEL.TYPE': name})
+        model_type = model_builder.build_model_type(cfg)
+        assert type(model_type) is model_type_class and model_type.cfg is cfg
+
+
+def test_a_name_registers_one_model_type_until_it_is_unregistered():
+    class Other(ModelType):
+        pass
+
+    with pytest.raises(ValueError, match="MODEL.TYPE 'tiny' is registered already, by TinyModelType"):
+        register_model_type('tiny')(Other)
+    register_model_type('tiny')(tiny_model_type.TinyModelType)  # the same class again: nothing changes
+    register_model_type('other')(Other)
+    try:
+        assert model_builder.registered_model_types()['other'] is Other and Other.name == 'other'
+    finally:
+        unregister_model_type('other')
+    assert 'other' not in model_builder.registered_model_types()
+
+
+def test_an_unknown_model_type_is_one_config_error_naming_the_registered_ones(set_cfg):
+    set_cfg({'MODEL.TYPE': 'retinanet'})
+    with pytest.raises(ConfigValueError) as err:
+        model_builder.build_model_type(cfg)
+    assert str(err.value) == ("MODEL.TYPE 'retinanet' is not supported; use one of 'centernet', "
+                              "'generalized_rcnn', 'tiny'")
 
 
 def test_second_model_type_trains_resumes_and_tests_through_the_engines(catalog, tmp_path, capsys):
@@ -71,7 +111,7 @@ def test_second_model_type_trains_resumes_and_tests_through_the_engines(catalog,
         assert torch.equal(_final_state(resumed)['model'][key], value), key
 
     # Testing and evaluation through the same engine code.
-    results = test_engine.run_inference(str(train_dir / 'model_final.pth'))
+    results = test_engine.run_inference(model_builder.build_model_type(cfg), str(train_dir / 'model_final.pth'))
     assert set(results['tiny_val']['box']) >= {'AP', 'AP50', 'AP75'}
     with open(resumed / TEST_SUBDIR / 'detections.pkl', 'rb') as f:  # cfg.OUTPUT_DIR is the resumed run's
         all_boxes = pickle.load(f)['all_boxes']
@@ -86,7 +126,7 @@ def test_second_model_type_trains_resumes_and_tests_through_the_engines(catalog,
 def test_two_gloo_processes_test_the_second_model_type_as_one(catalog, tmp_path):
     use_tiny_type(catalog, tmp_path / 'single', 'SOLVER.MAX_ITER', '2')
     weights = train_engine.train_model()['final']
-    test_engine.run_inference(weights)
+    test_engine.run_inference(model_builder.build_model_type(cfg), weights)
     single = tmp_path / 'single' / TEST_SUBDIR / 'detections.pkl'
 
     config = tmp_path / 'multi.yaml'
@@ -177,7 +217,7 @@ def test_a_model_types_retention_keeps_model_last_and_the_lr_steps_and_resumes_f
         catalog, tmp_path, monkeypatch, caplog):
     # The tiny type keeps checkpoints as CenterNet does; its LR drops at iteration 3.
     monkeypatch.setattr(tiny_model_type.TinyModelType, 'checkpoint_retention',
-                        model_builder.MODEL_TYPES['centernet'].checkpoint_retention)
+                        model_builder.registered_model_types()['centernet'].checkpoint_retention)
     schedule = ('SOLVER.LR_POLICY', 'steps_with_decay', 'SOLVER.STEPS', '[0, 3]', 'SOLVER.MAX_ITER', '6')
     use_tiny_type(catalog, tmp_path / 'whole', *schedule)
     train_engine.train_model()

@@ -72,8 +72,8 @@ def test_testing_out_of_memory_names_the_image_and_the_test_settings(tiny_catalo
     real_detector = GeneralizedRCNNType.detector
     calls = itertools.count()
 
-    def detector(self, cfg):
-        detect = real_detector(self, cfg)
+    def detector(self):
+        detect = real_detector(self)
 
         def failing_on_the_second_image(model, sample):
             if next(calls) == 1:
@@ -82,7 +82,8 @@ def test_testing_out_of_memory_names_the_image_and_the_test_settings(tiny_catalo
         return failing_on_the_second_image
     monkeypatch.setattr(GeneralizedRCNNType, 'detector', detector)
     with pytest.raises(DeviceOutOfMemory) as err:
-        test_engine.test_net(str(tmp_path / 'weights.pth'), 'tiny_val', str(tmp_path / 'test'))
+        test_engine.test_net(model_builder.build_model_type(cfg), str(tmp_path / 'weights.pth'), 'tiny_val',
+                             str(tmp_path / 'test'))
     image = test_engine.JsonDataset('tiny_val').get_roidb()[1]['image']
     assert str(err.value) == ('out of memory at image 2 of 8 ({}) on rank 0 (cpu): no memory statistics on the '
                               'cpu. To lower it: lower TEST.SCALE 64 / TEST.MAX_SIZE 96.'.format(image))
@@ -101,20 +102,20 @@ def test_each_model_type_names_its_own_memory_settings():
     cfg.defrost()
     merge_cfg_from_list(['NUM_GPUS', '2', 'CENTERNET.BATCH_SIZE', '32', 'CENTERNET.MASTER_BATCH_SIZE', '4',
                          'SOLVER.ITER_SIZE', '2', 'CENTERNET.FLIP_TEST', 'True', 'CENTERNET.TEST_SCALES', '(0.5, 1.0)'])
-    centernet = model_builder.MODEL_TYPES['centernet']
-    assert centernet.memory_settings(cfg, training=True) == (
+    centernet = model_builder.registered_model_types()['centernet'](cfg)
+    assert centernet.memory_settings(training=True) == (
         'lower CENTERNET.MASTER_BATCH_SIZE 4 (rank 0 takes 4 of the 32 images) or CENTERNET.BATCH_SIZE 32; '
         'raise SOLVER.ITER_SIZE 2 to accumulate the batch over more steps; '
         'TRAIN.CHECKPOINT_ACTIVATIONS True (recompute backbone activations in the backward)')
-    assert centernet.memory_settings(cfg, training=False) == (
+    assert centernet.memory_settings(training=False) == (
         'fewer or smaller CENTERNET.TEST_SCALES (0.5, 1.0); CENTERNET.FLIP_TEST False; CENTERNET.CUDA_GRAPHS False')
     merge_cfg_from_list(['CENTERNET.MASTER_BATCH_SIZE', '-1', 'CENTERNET.CHUNK_SIZES', '(20, 12)'])
-    assert centernet.memory_settings(cfg, training=True).startswith(
+    assert centernet.memory_settings(training=True).startswith(
         'lower CENTERNET.CHUNK_SIZES (20, 12) or CENTERNET.BATCH_SIZE 32; raise SOLVER.ITER_SIZE 2 ')
     merge_cfg_from_list(['TRAIN.CHECKPOINT_ACTIVATIONS', 'True', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)'])
-    rcnn = model_builder.MODEL_TYPES['generalized_rcnn']
-    assert rcnn.memory_settings(cfg, training=True) == (
+    rcnn = model_builder.registered_model_types()['generalized_rcnn'](cfg)
+    assert rcnn.memory_settings(training=True) == (
         'lower TRAIN.RANK_IMS_PER_BATCH (2, 1), raising SOLVER.ITER_SIZE 2 by the same factor (the same images per '
         'iteration); lower TRAIN.BATCH_SIZE_PER_IM 64 (RoIs per image)')
-    assert rcnn.memory_settings(cfg, training=False) == (
+    assert rcnn.memory_settings(training=False) == (
         'lower TEST.SCALE 600 / TEST.MAX_SIZE 1000; TEST.CUDA_GRAPHS False')

@@ -7,6 +7,7 @@ from torch import nn
 
 from detectron.core import test as test_lib
 from detectron.core.config import cfg
+from detectron.modeling import model_builder
 from detectron.ops import nms as nms_ops
 from detectron.ops.variance_voting import soft_nms_with_variance_voting
 from detectron.utils import boxes as box_utils
@@ -423,7 +424,7 @@ def test_im_detect_all_uses_test_scale_and_post_processing():
     cfg.TEST.MAX_SIZE = 1000
     cfg.TEST.NMS = 0.5
     model = _fake_model(torch.zeros(2, 12))
-    cls_boxes = test_lib.im_detect_all(model, _image())
+    cls_boxes = test_lib.im_detect_all(model_builder.build_model_type(cfg), model, _image())
     # Class 1: RoI 0 (0.6) and RoI 1 (0.2), IoU 6 * 11 / (121 + 400 - 66) < 0.5: both kept, in
     # RoI order. Class 2: RoI 0 (0.3) and RoI 1 (0.1 > SCORE_THRESH 0.05).
     np.testing.assert_allclose(cls_boxes[1], [[5, 5, 15, 15, 0.6], [10, 0, 29, 19, 0.2]], rtol=1e-6)

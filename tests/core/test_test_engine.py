@@ -74,8 +74,10 @@ def coco_metrics(ann_file, all_boxes):
 
 def _detect_directly(weights, ann_file, image_dir):
     """all_boxes built image by image with core/test.im_detect_all, the per-image function."""
-    model = test_engine.load_test_model(weights, torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
-    per_image = [test_lib.im_detect_all(model, read_image(os.path.join(image_dir, image['file_name'])))
+    model_type = model_builder.build_model_type(cfg)
+    model = test_engine.load_test_model(model_type, weights,
+                                        torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    per_image = [test_lib.im_detect_all(model_type, model, read_image(os.path.join(image_dir, image['file_name'])))
                  for image in _images(COCO(ann_file))]
     return [[[] for _ in per_image]] + [[boxes[j] for boxes in per_image] for j in range(1, cfg.MODEL.NUM_CLASSES)]
 
@@ -91,7 +93,7 @@ def _assert_same_boxes(actual, expected):
 def test_single_process_writes_detections_and_metrics_of_each_dataset(tiny_catalog, random_weights):
     output_dir = tiny_catalog.parent / 'single'
     use_tiny_config(tiny_catalog, output_dir, 'TEST.DATASETS', "('tiny_val', 'tiny_val_small')")
-    results = test_engine.run_inference(random_weights)
+    results = test_engine.run_inference(model_builder.build_model_type(cfg), random_weights)
     assert list(results) == ['tiny_val', 'tiny_val_small']
     for name, ann_file, num_images in (('tiny_val', 'all.json', 8), ('tiny_val_small', 'small.json', 3)):
         content = _load(os.path.join(_test_dir(output_dir, name), 'detections.pkl'))
@@ -126,9 +128,9 @@ def one_thread_per_process(monkeypatch):
 def test_two_gloo_processes_give_the_single_process_detections(tiny_catalog, random_weights, one_thread_per_process):
     single_dir, multi_dir = tiny_catalog.parent / 'single_1', tiny_catalog.parent / 'multi'
     use_tiny_config(tiny_catalog, single_dir)
-    single = test_engine.run_inference(random_weights)
+    single = test_engine.run_inference(model_builder.build_model_type(cfg), random_weights)
     use_tiny_config(tiny_catalog, multi_dir, 'NUM_GPUS', '2')
-    multi = test_engine.run_inference(random_weights, multi_gpu_testing=True)
+    multi = test_engine.run_inference(model_builder.build_model_type(cfg), random_weights, multi_gpu_testing=True)
     expected = _load(os.path.join(_test_dir(single_dir, 'tiny_val'), 'detections.pkl'))['all_boxes']
     assert sum(len(dets) for per_class in expected[1:] for dets in per_class) >= 80
     _assert_same_boxes(_load(os.path.join(_test_dir(multi_dir, 'tiny_val'), 'detections.pkl'))['all_boxes'],
@@ -139,7 +141,7 @@ def test_two_gloo_processes_give_the_single_process_detections(tiny_catalog, ran
 def test_range_writes_exactly_its_slice(tiny_catalog, random_weights):
     output_dir = tiny_catalog.parent / 'range'
     use_tiny_config(tiny_catalog, output_dir)
-    assert test_engine.run_inference(random_weights, ind_range=(2, 5)) == {}
+    assert test_engine.run_inference(model_builder.build_model_type(cfg), random_weights, ind_range=(2, 5)) == {}
     test_dir = _test_dir(output_dir, 'tiny_val')
     assert sorted(os.listdir(test_dir)) == ['detection_range_2_5.pkl']
     expected = _detect_directly(random_weights, str(tiny_catalog.parent / 'all.json'),
@@ -151,7 +153,7 @@ def test_range_writes_exactly_its_slice(tiny_catalog, random_weights):
 def test_range_needs_exactly_one_dataset(tiny_catalog, random_weights):
     use_tiny_config(tiny_catalog, tiny_catalog.parent / 'range2', 'TEST.DATASETS', "('tiny_val', 'tiny_val_small')")
     with pytest.raises(ConfigValueError, match=r"--range needs exactly one TEST.DATASETS entry"):
-        test_engine.run_inference(random_weights, ind_range=(0, 2))
+        test_engine.run_inference(model_builder.build_model_type(cfg), random_weights, ind_range=(0, 2))
 
 
 def test_train_net_command_line_trains_then_tests(tiny_catalog):
@@ -176,7 +178,7 @@ def test_train_net_command_line_trains_then_tests(tiny_catalog):
 def test_vis_draws_each_tested_image_with_its_detections(tiny_catalog, random_weights):
     output_dir = tiny_catalog.parent / 'vis'
     use_tiny_config(tiny_catalog, output_dir, 'VIS', 'True', 'VIS_TH', '0.0')
-    test_engine.run_inference(random_weights)
+    test_engine.run_inference(model_builder.build_model_type(cfg), random_weights)
     test_dir = _test_dir(output_dir, 'tiny_val')
     images = _images(COCO(dataset_catalog.get_ann_fn('tiny_val')))
     names = [os.path.splitext(image['file_name'])[0] + '.png' for image in images]
@@ -221,7 +223,8 @@ def test_log_splits_each_image_into_detector_and_loop_time_as_detectron(tiny_cat
     monkeypatch.setattr(test_engine, 'build_test_loader', slow_loader)
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
     with caplog.at_level('INFO', logger='detectron.core.test_engine'):
-        test_engine.test_net(random_weights, 'tiny_val', str(tiny_catalog.parent / 'timed'), (2, 5))
+        test_engine.test_net(model_builder.build_model_type(cfg), random_weights, 'tiny_val',
+                             str(tiny_catalog.parent / 'timed'), (2, 5))
     lines = [re.search(r'im_detect: range \[3, 5\] of \d+: (\d)/3 ([0-9.]+)s \+ ([0-9.]+)s \(eta: ', r.getMessage())
              for r in caplog.records if 'im_detect' in r.getMessage()]
     assert [int(m.group(1)) for m in lines] == [1, 3]
@@ -239,7 +242,7 @@ def test_run_inference_logs_detectron_s_total_inference_time_per_dataset(tiny_ca
     _use_slow_detector(monkeypatch, seconds=0.05)
     started = time.perf_counter()
     with caplog.at_level('INFO'):
-        test_engine.run_inference(random_weights)
+        test_engine.run_inference(model_builder.build_model_type(cfg), random_weights)
     elapsed = time.perf_counter() - started
     messages = [r.getMessage() for r in caplog.records]
     totals = [float(m.group(1)) for m in (re.fullmatch(r'Total inference time: ([0-9.]+)s', msg) for msg in messages)
@@ -255,10 +258,10 @@ def _use_slow_detector(monkeypatch, seconds):
     import time
     classes = cfg.MODEL.NUM_CLASSES
 
-    def slow_detector(self, cfg):
+    def slow_detector(self):
         def detect(model, sample):
             time.sleep(seconds)
             return [np.zeros((0, 5), np.float32) for _ in range(classes)]
         return detect
 
-    monkeypatch.setattr(type(model_builder.get_model_type(cfg)), 'detector', slow_detector)
+    monkeypatch.setattr(type(model_builder.build_model_type(cfg)), 'detector', slow_detector)

@@ -387,15 +387,15 @@ def test_training_from_weights_starts_sgd_from_the_files_momentum(tmp_path):
     history = torch.arange(6.).view(2, 3)
 
     class FileWithMomentum(ModelType):
-        def load_weights(self, cfg, model, path):
+        def load_weights(self, model, path):
             return [], []
 
-        def load_training_weights(self, cfg, model, path):
+        def load_training_weights(self, model, path):
             return [], [], {'weight': history} if path == str(tmp_path / 'w.pkl') else {}
 
     model = torch.nn.Linear(3, 2, bias=False)
     optimizer = DetectronSGD([{'params': list(model.parameters())}], lr=0.1)
     cfg.TRAIN.AUTO_RESUME = False
     cfg.TRAIN.WEIGHTS = str(tmp_path / 'w.pkl')
-    assert train_engine._resume_or_initialise(FileWithMomentum(), model, optimizer, str(tmp_path)) == (0, None)
+    assert train_engine._resume_or_initialise(FileWithMomentum(cfg), model, optimizer, str(tmp_path)) == (0, None)
     assert torch.equal(optimizer.state[model.weight]['momentum_buffer'], history)

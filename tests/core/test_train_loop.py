@@ -113,7 +113,7 @@ def test_the_engines_hook_order(monkeypatch, tmp_path):
     monkeypatch.setattr(train_engine, 'checkpoint_retention', lambda model_type, schedule: Retention())
 
     class _Type:
-        def best_metric(self, cfg):
+        def best_metric(self):
             return 'bbox/AP', 'max'
 
     schedule = LRSchedule(policy='steps_with_decay', base_lr=0.1, max_iter=8, steps=(0,))

@@ -67,8 +67,8 @@ def _first_batches(count, rank=0, rank_sizes=None):
     roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED)
     sampler = GroupedDistributedBatchSampler(aspect_ratio_groups(roidb), None, seed=cfg.RNG_SEED, rank=rank,
                                              world_size=len(rank_sizes), rank_batch_sizes=rank_sizes)
-    model_type = model_builder.get_model_type(cfg)
-    loader = build_train_loader(model_type.training_dataset(cfg, roidb, CPU), sampler, model_type.collate(cfg, CPU),
+    model_type = model_builder.build_model_type(cfg)
+    loader = build_train_loader(model_type.training_dataset(roidb, CPU), sampler, model_type.collate(CPU),
                                 num_workers=0)
     with torch.random.fork_rng(devices=[]):  # the engine keeps the DataLoader's seed draw out of torch's stream
         return list(itertools.islice(loader, count))
@@ -330,11 +330,11 @@ def test_the_engine_prepares_the_model_before_building_its_optimizer(tiny_catalo
     channels_last only for autocast on CUDA, so this bfloat16 run on the CPU keeps NCHW unless forced."""
     use_tiny_config(tiny_catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16',
                     'SOLVER.MAX_ITER', '2')
-    model_type = model_builder.get_model_type(cfg)
-    assert not model_type.prepare_for_training(cfg, model_builder.create(cfg)).channels_last
+    model_type = model_builder.build_model_type(cfg)
+    assert not model_type.prepare_for_training(model_builder.create(cfg)).channels_last
     events = []
 
-    def forced(self, cfg, model):
+    def forced(self, model):
         model.use_channels_last()
         events.append(('prepare', model))
         return model

@@ -13,6 +13,7 @@ from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
 from detectron.core.hooks import BestCheckpoint
 from detectron.datasets import dataset_catalog
+from detectron.modeling import model_builder
 from detectron.checkpoint.torch_file import read_torch_file
 from test_centernet_engine import use_centernet
 from test_train_engine import REPO, SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, use_tiny_config, write_tiny_datasets
@@ -56,7 +57,7 @@ def test_each_evaluation_is_test_net_on_that_iterations_checkpoint(runs, tiny_ca
     assert [entry['iter'] for entry in history] == [1, 3, 5]
     for entry in history:
         use_tiny_config(tiny_catalog, tiny_catalog.parent / 'test_of_{}'.format(entry['iter']))
-        results = test_engine.run_inference(os.path.join(train_dir, 'model_iter{}.pth'.format(entry['iter'])))
+        results = test_engine.run_inference(model_builder.build_model_type(cfg), os.path.join(train_dir, 'model_iter{}.pth'.format(entry['iter'])))
         box = results['tiny_val']['box']
         assert {m: entry['bbox/' + m] for m in BOX_METRICS} == {m: box[m] for m in BOX_METRICS}
         # Each evaluation wrote its own results file.
@@ -166,5 +167,6 @@ def test_two_processes_a_run_killed_during_an_evaluation_repeats_it_and_ends_as_
     # Two ranks tested their halves; rank 0's evaluation equals test_net on that checkpoint.
     entry = ends[0]['extra']['evaluations']['history'][1]
     use_tiny_config(tiny_catalog, tmp_path / 'test_of_3')
-    box = test_engine.run_inference(str(whole / TRAIN_SUBDIR / 'model_iter3.pth'))['tiny_val']['box']
+    box = test_engine.run_inference(model_builder.build_model_type(cfg),
+                                   str(whole / TRAIN_SUBDIR / 'model_iter3.pth'))['tiny_val']['box']
     assert entry['iter'] == 3 and {m: entry['bbox/' + m] for m in BOX_METRICS} == {m: box[m] for m in BOX_METRICS}

@@ -10,7 +10,7 @@ import pytest
 from detectron.core.config import (assert_and_infer_cfg, cfg, merge_cfg_from_command_line, merge_cfg_from_file,
                                    merge_cfg_from_list, typed_keys)
 from detectron.core import train_engine
-from detectron.modeling import centernet_builder
+from detectron.modeling import centernet_builder, model_builder
 from detectron.utils.errors import ConfigValueError
 from test_train_engine import write_tiny_datasets
 
@@ -148,7 +148,7 @@ def test_the_derived_config_passes_the_checks_and_says_which_checkpoints_stay(ei
     derive()
     assert_and_infer_cfg()
     # LR drops after epochs 90 and 120 of 2 iterations: the checkpoints after iterations 179 and 239.
-    assert train_engine.describe_schedule()[-1] == (
+    assert train_engine.describe_schedule(model_builder.build_model_type(cfg))[-1] == (
         'checkpoint every 1000000 iterations (int(TRAIN.SNAPSHOT_ITERS 1000000 / NUM_GPUS 1)) into model_last.pth '
         '(overwritten); model_iterN.pth after iterations 179, 239, the 1 newest kept (TRAIN.KEEP_CHECKPOINTS)')
 

@@ -85,9 +85,9 @@ def test_weights_of_the_other_model_type_are_refused(catalog, weights, tmp_path,
     _use(model, catalog, tmp_path, 'TRAIN.AUTO_RESUME', 'False', 'TRAIN.WEIGHTS', weights[file])
     with pytest.raises(WeightsError) as err:
         if testing:
-            test_engine.load_test_model(weights[file], CPU)
+            test_engine.load_test_model(model_builder.build_model_type(cfg), weights[file], CPU)
         else:
-            model_type = model_builder.get_model_type(cfg)
+            model_type = model_builder.build_model_type(cfg)
             net = model_builder.create(cfg)
             train_engine._resume_or_initialise(model_type, net, torch.optim.SGD(net.parameters(), 0.1), str(tmp_path))
     setting = 'TEST.WEIGHTS' if testing else 'TRAIN.WEIGHTS'
@@ -111,7 +111,7 @@ def test_test_net_with_the_other_model_type_s_weights_is_one_error_line(catalog,
 def test_variance_voting_with_weights_without_predicted_sigmas_is_refused(catalog, weights, tmp_path):
     _use('rcnn', catalog, tmp_path, 'PRED_STD', 'True', 'STD_NMS', 'True')
     with pytest.raises(WeightsError) as err:
-        test_engine.load_test_model(weights['rcnn'], CPU)
+        test_engine.load_test_model(model_builder.build_model_type(cfg), weights['rcnn'], CPU)
     assert str(err.value) == (
         '{} does not fill 2 of the 100 tensors of the generalized_rcnn model (box_outs.bbox_pred_std.weight, '
         'box_outs.bbox_pred_std.bias): testing would use their random initial values; test with weights trained '
@@ -122,14 +122,14 @@ def test_centernet_testing_with_another_class_count_is_refused(catalog, weights,
     _use('centernet', catalog, tmp_path)
     for file in ('centernet3', 'centernet3_ours'):
         with pytest.raises(WeightsError) as err:
-            test_engine.load_test_model(weights[file], CPU)
+            test_engine.load_test_model(model_builder.build_model_type(cfg), weights[file], CPU)
         assert str(err.value).startswith('{} does not fill 2 of the 127 tensors of the centernet model '
                                          '(heads.hm.2.weight, heads.hm.2.bias)'.format(weights[file]))
 
 
 def test_both_centernet_formats_of_another_class_count_fine_tune_alike(catalog, weights, tmp_path, caplog):
     _use('centernet', catalog, tmp_path)
-    model_type = model_builder.get_model_type(cfg)
+    model_type = model_builder.build_model_type(cfg)
     results = {}
     for file in ('centernet3', 'centernet3_ours'):
         torch.manual_seed(1)
@@ -137,7 +137,7 @@ def test_both_centernet_formats_of_another_class_count_fine_tune_alike(catalog, 
         init = net.heads.hm[2].weight.clone()
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            missing, _, _ = model_type.load_training_weights(cfg, net, weights[file])
+            missing, _, _ = model_type.load_training_weights(net, weights[file])
         assert missing == ['heads.hm.2.weight', 'heads.hm.2.bias']
         assert torch.equal(net.heads.hm[2].weight, init)  # skipped: keeps its init
         assert any('a different number of classes (3 in the file, 2 in the model)' in r.getMessage()

@@ -1,5 +1,5 @@
-"""A second, deliberately tiny model type for the model-contract tests: it is registered in the
-builder table by the tests alone, and trains and tests through the unchanged engines.
+"""A second, deliberately tiny model type for the model-contract tests: it is registered (register())
+by the tests alone, and trains and tests through the unchanged engines.
 
 The 'model' learns one box (the mean ground-truth box in input pixels) and one score per class;
 its detector reports that box for every class of every image. Nonsense as a detector, but every
@@ -19,7 +19,7 @@ from torch import nn
 from detectron.checkpoint.c2_weights import load_weights
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.modeling import model_builder
-from detectron.modeling.model_type import ModelType
+from detectron.modeling.model_type import ModelType, register_model_type, unregister_model_type
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_image
 
@@ -73,44 +73,48 @@ def detect(model, sample, num_classes):
 
 
 class TinyModelType(ModelType):
-    name = 'tiny'
+    def build(self):
+        return TinyDetector(self.cfg.MODEL.NUM_CLASSES)
 
-    def build(self, cfg):
-        return TinyDetector(cfg.MODEL.NUM_CLASSES)
+    def output_classes(self):
+        return self.cfg.MODEL.NUM_CLASSES
 
-    def output_classes(self, cfg):
-        return cfg.MODEL.NUM_CLASSES
-
-    def load_weights(self, cfg, model, path):
+    def load_weights(self, model, path):
         return load_weights(model, path)
 
-    def training_roidb(self, cfg):
-        return combined_roidb_for_training(cfg.TRAIN.DATASETS, use_flipped=False)
+    def training_roidb(self):
+        return combined_roidb_for_training(self.cfg.TRAIN.DATASETS, use_flipped=False)
 
-    def training_dataset(self, cfg, roidb, device):
-        return TrainingDataset(roidb, functools.partial(prepare_training, size=INPUT_SIZE), seed=cfg.RNG_SEED,
+    def training_dataset(self, roidb, device):
+        return TrainingDataset(roidb, functools.partial(prepare_training, size=INPUT_SIZE), seed=self.cfg.RNG_SEED,
                                keys=('image', 'boxes', 'gt_classes'))
 
-    def collate(self, cfg, device):
+    def collate(self, device):
         return collate
 
-    def test_inputs(self, cfg):
+    def test_inputs(self):
         return functools.partial(prepare_test, size=INPUT_SIZE)
 
-    def detector(self, cfg):
-        return functools.partial(detect, num_classes=cfg.MODEL.NUM_CLASSES)
+    def detector(self):
+        return functools.partial(detect, num_classes=self.cfg.MODEL.NUM_CLASSES)
 
 
 def register():
-    model_builder.MODEL_TYPES['tiny'] = TinyModelType()
+    """MODEL.TYPE 'tiny' is TinyModelType, through the registry the real model types use (a test
+    undoes it with unregister)."""
+    register_model_type('tiny')(TinyModelType)
+
+
+def unregister():
+    unregister_model_type('tiny')
 
 
 if __name__ == '__main__':
     # argv: a YAML config, then the weights to test; under torchrun every rank runs this.
     from detectron.core import test_engine
-    from detectron.core.config import assert_and_infer_cfg, merge_cfg_from_file
+    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
     register()
     torch.set_num_threads(1)
     merge_cfg_from_file(sys.argv[1])
     assert_and_infer_cfg()
-    test_engine.run_inference(sys.argv[2], multi_gpu_testing=True)
+    test_engine.run_inference(model_builder.build_model_type(cfg), sys.argv[2], multi_gpu_testing=True)

@@ -93,12 +93,12 @@ def test_centernet_refuses_a_training_set_without_boxes(tiny, tmp_path):
     _register(tiny, 'bare', dict(tiny[1], annotations=[]))
     use_centernet(tiny[0], tmp_path, 'DATASET_CATALOG', str(tiny[0].parent / 'catalog_bare.json'),
                   'TRAIN.DATASETS', "('tiny_train',)")
-    model_type = model_builder.get_model_type(cfg)
-    assert len(model_type.training_roidb(cfg)) == 8  # with boxes: trains
+    model_type = model_builder.build_model_type(cfg)
+    assert len(model_type.training_roidb()) == 8  # with boxes: trains
     cfg.defrost()
     cfg.TRAIN.DATASETS = ('bare',)
     with pytest.raises(DatasetError) as err:
-        model_type.training_roidb(cfg)
+        model_type.training_roidb()
     assert str(err.value) == ("No training images with annotations in TRAIN.DATASETS ('bare',): none of the 8 images "
                               "has a box; check the annotation files")
 
@@ -120,7 +120,8 @@ def test_testing_a_dataset_without_images_is_one_line(tiny, tmp_path):
     use_centernet(tiny[0], tmp_path, 'DATASET_CATALOG', str(tiny[0].parent / 'catalog_empty.json'),
                   'TEST.DATASETS', "('empty',)")
     with pytest.raises(DatasetError) as err:
-        test_engine.test_net(str(tmp_path / 'never_read.pth'), 'empty', str(tmp_path))
+        test_engine.test_net(model_builder.build_model_type(cfg), str(tmp_path / 'never_read.pth'), 'empty',
+                             str(tmp_path))
     assert str(err.value) == ('dataset empty ({}) lists no images: there is nothing to test; check TEST.DATASETS and '
                               'the annotation file'.format(path))
 

@@ -28,7 +28,7 @@ def _training_step(arch, checkpoint_activations, images, targets):
     c.CENTERNET.NUM_CLASSES = 3
     c.TRAIN.CHECKPOINT_ACTIVATIONS = checkpoint_activations
     torch.manual_seed(0)
-    model = CenterNetType().build(c).train()
+    model = CenterNetType(c).build().train()
     first_conv = next(m for m in model.backbone.modules() if isinstance(m, nn.Conv2d))
     calls = []
     first_conv.register_forward_hook(lambda *_: calls.append(1))

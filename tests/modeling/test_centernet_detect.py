@@ -227,9 +227,9 @@ def test_the_test_engine_prepares_centernet_nhwc_on_cuda_only():
     from detectron.modeling.centernet_builder import CenterNetType
     from detectron.modeling.centernet_dla import CenterNetDLA
     model = _centernet('resdcn_18').eval()
-    assert CenterNetType().prepare_for_inference(None, model) is model
+    assert CenterNetType(None).prepare_for_inference(model) is model
     assert model.backbone.conv1.weight.is_contiguous()  # CPU: left as built
     assert CenterNetDLA().channels_last_modules() == []
     if torch.cuda.is_available():
-        model = CenterNetType().prepare_for_inference(None, model.cuda())
+        model = CenterNetType(None).prepare_for_inference(model.cuda())
         assert model.backbone.conv1.weight.is_contiguous(memory_format=torch.channels_last)

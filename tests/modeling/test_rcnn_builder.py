@@ -28,20 +28,20 @@ def _entries(tmp_path):
 
 
 def test_the_device_resizes_on_a_gpu_unless_told_not_to(tmp_path):
-    model_type = rcnn_builder.GeneralizedRCNNType()
+    model_type = rcnn_builder.GeneralizedRCNNType(cfg)
     assert cfg.TRAIN.RESIZE_ON_DEVICE
     assert rcnn_builder.resizes_on_device(cfg, CUDA) and not rcnn_builder.resizes_on_device(cfg, CPU)
     roidb = _entries(tmp_path)
-    assert model_type.collate(cfg, CUDA) is collate_unresized
-    assert model_type.collate(cfg, CPU).func is collate_minibatch
-    assert model_type.training_dataset(cfg, roidb, CUDA)[(0, 1)][0].dtype == np.uint8
-    assert model_type.training_dataset(cfg, roidb, CPU)[(0, 1)][0].dtype == np.float32
+    assert model_type.collate(CUDA) is collate_unresized
+    assert model_type.collate(CPU).func is collate_minibatch
+    assert model_type.training_dataset(roidb, CUDA)[(0, 1)][0].dtype == np.uint8
+    assert model_type.training_dataset(roidb, CPU)[(0, 1)][0].dtype == np.float32
     frozen = cfg.is_frozen()
     cfg.defrost()
     cfg.TRAIN.RESIZE_ON_DEVICE = False
     try:
         assert not rcnn_builder.resizes_on_device(cfg, CUDA)
-        assert model_type.collate(cfg, CUDA).func is collate_minibatch
+        assert model_type.collate(CUDA).func is collate_minibatch
     finally:
         cfg.TRAIN.RESIZE_ON_DEVICE = True
         if frozen:
@@ -116,5 +116,5 @@ def test_the_training_roidb_drops_annotations_below_gt_min_area(monkeypatch):
                         lambda *args, **kwargs: calls.append((args, kwargs)) or [])
     cfg.merge_from_list(['TRAIN.DATASETS', ('a', 'b'), 'TRAIN.GT_MIN_AREA', 32, 'TRAIN.USE_FLIPPED', False,
                          'MODEL.MASK_ON', True])
-    rcnn_builder.GeneralizedRCNNType().training_roidb(cfg)
+    rcnn_builder.GeneralizedRCNNType(cfg).training_roidb()
     assert calls == [((('a', 'b'), False, 32), {'segms': True})]

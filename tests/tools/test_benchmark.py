@@ -294,29 +294,29 @@ def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypat
         return iter(range(1000))
 
     class ModelType:
-        def batch_to_device(self, cfg, device):
+        def batch_to_device(self, device):
             return lambda batch: (batch, device.type)
 
     monkeypatch.setattr(loops.train_engine, 'training_batches', batches)
-    monkeypatch.setattr(loops.model_builder, 'get_model_type', lambda cfg: ModelType())
     args = cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te',
                           '--loop-iters', '12', '--loop-warmup', '8'])
     cpu = torch.device('cpu')
-    assert loops.train_net_batches(args, batch=3, device=cpu) == [(8, 'cpu'), (9, 'cpu'), (10, 'cpu'), (11, 'cpu')]
+    assert loops.train_net_batches(args, ModelType(), batch=3, device=cpu) == [(8, 'cpu'), (9, 'cpu'), (10, 'cpu'),
+                                                                               (11, 'cpu')]
     assert seen == {'start_iter': 0, 'datasets': ('tr',), 'ims': 3, 'device': cpu}
     assert cfg.TRAIN.IMS_PER_BATCH != 3 or cfg.TRAIN.DATASETS != ('tr',)  # restored afterwards
 
 
-def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeypatch):
+def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn():
     seen = []
 
     class ModelType:
-        def batch_detector(self, cfg):
+        def batch_detector(self):
             return lambda model, samples: seen.append([sample['id'] for sample in samples])
 
-    monkeypatch.setattr(loops.model_builder, 'get_model_type', lambda cfg: ModelType())
     samples = [{'id': k} for k in range(3)]
-    row = loops.replayed_test_row('ours', samples, model=None, device=torch.device('cpu'), precision='fp32')
+    row = loops.replayed_test_row('ours', ModelType(), samples, model=None, device=torch.device('cpu'),
+                                  precision='fp32')
     assert seen == [[0], [1], [2]] and row.section == 'test' and row.images_per_step == 1
     for _ in range(4):
         row.step()
@@ -324,7 +324,8 @@ def test_replayed_test_row_primes_on_every_image_then_takes_them_in_turn(monkeyp
     assert "3 images replayed" in row.name and row.steps_per_round == 3
     # TEST.IMS_PER_BATCH 2: calls of 2 and 1 images, a round over all 3, ms per image.
     seen.clear()
-    row = loops.replayed_test_row('ours', samples, model=None, device=torch.device('cpu'), precision='fp32', batch=2)
+    row = loops.replayed_test_row('ours', ModelType(), samples, model=None, device=torch.device('cpu'),
+                                  precision='fp32', batch=2)
     assert seen == [[0, 1], [2]] and row.steps_per_round == 2 and row.info['images_per_call'] == 2
     assert row.info['first_pass_ms_per_image'] >= 0.0
     assert row.value(elapsed=0.03, iters=2) == pytest.approx(10.0)  # 30 ms over 3 images
@@ -340,7 +341,7 @@ def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch, tmp_path):
     try:
         for value in (False, True):
             with timing.cfg_values({'CUDNN_BENCHMARK': value}):
-                cli.run_rcnn_sections(args, 'fp32', report=None, timing={'device': torch.device('cpu')})
+                cli.run_rcnn_sections(args, None, 'fp32', report=None, timing={'device': torch.device('cpu')})
             assert torch.backends.cudnn.benchmark is True
     finally:
         torch.backends.cudnn.benchmark = previous

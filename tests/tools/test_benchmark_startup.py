@@ -118,8 +118,9 @@ def test_test_weights_load_the_box_classifier_of_models_that_have_one(tmp_path):
 
 
 def _written_weights(tmp_path):
+    from detectron.modeling import model_builder
     path = str(tmp_path / 'weights.pth')
-    startup.write_test_weights(path)
+    startup.write_test_weights(model_builder.build_model_type(cfg), path)
     return torch.load(path)['model']
 
 

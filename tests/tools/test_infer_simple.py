@@ -47,7 +47,8 @@ def _infer_with_random_weights(tmp_path, config, folder, overrides):
     result = _run('--cfg', config, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
                   '--thresh', '0.0', str(folder), *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
-    return load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    return load_test_model(model_builder.build_model_type(cfg), str(weights),
+                           torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
 
 
 def _write_inputs(root):
@@ -82,10 +83,11 @@ def test_folder_of_images_gives_one_visualised_png_each(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(os.listdir(output_dir)) == ['first.png', 'second.png']
     # The same detections drawn here, with the catalog's class names, give the same pixels.
-    model = load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    model_type = model_builder.build_model_type(cfg)
+    model = load_test_model(model_type, str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
     for name in ('first', 'second'):
         image = cv2.imread(str(folder / (name + '.jpg')))
-        cls_boxes = im_detect_all(model, image)
+        cls_boxes = im_detect_all(model_type, model, image)
         assert sum(int((boxes[:, 4] >= THRESH).sum()) for boxes in cls_boxes[1:]) > 0
         written = cv2.imread(str(output_dir / (name + '.png')))
         assert written.shape == image.shape
@@ -107,7 +109,7 @@ def test_coco_model_without_coco_on_disk_is_labelled_with_coco_names(tmp_path):
     overrides = ['MODEL.NUM_CLASSES', '81', 'TEST.DATASETS', "('coco_2017_val',)", 'TEST.SCORE_THRESH', '0.0']
     model = _infer_with_random_weights(tmp_path, SHAPES_CFG, folder, overrides)
     image = cv2.imread(str(folder / 'one.jpg'))
-    cls_boxes = im_detect_all(model, image)
+    cls_boxes = im_detect_all(model_builder.build_model_type(cfg), model, image)
     assert sum(len(boxes) for boxes in cls_boxes[1:]) > 0
     written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
     assert np.array_equal(written, vis_one_image(image, cls_boxes, get_coco_dataset(), 0.0))
@@ -119,7 +121,7 @@ def test_centernet_model_through_infer_simple(tmp_path):
     config = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml')
     folder = _random_image_folder(tmp_path, 2, (70, 90, 3))
     model = _infer_with_random_weights(tmp_path, config, folder, ['TEST.DATASETS', '()', 'CENTERNET.INPUT_RES', '64'])
-    cls_boxes = im_detect_all(model, cv2.imread(str(folder / 'one.jpg')))
+    cls_boxes = im_detect_all(model_builder.build_model_type(cfg), model, cv2.imread(str(folder / 'one.jpg')))
     assert len(cls_boxes) == 4 and sum(len(boxes) for boxes in cls_boxes[1:]) == 100  # CenterNet's K
     written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
     assert np.array_equal(written, vis_one_image(cv2.imread(str(folder / 'one.jpg')), cls_boxes, None, 0.0))
@@ -145,8 +147,9 @@ def test_mask_rcnn_through_infer_simple_draws_the_masks(tmp_path):
                   '--thresh', '0.0', str(folder), *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     image = cv2.imread(str(folder / 'one.jpg'))
-    model = load_test_model(str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
-    cls_boxes, cls_segms = im_detect_all(model, image)
+    model_type = model_builder.build_model_type(cfg)
+    model = load_test_model(model_type, str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+    cls_boxes, cls_segms = im_detect_all(model_type, model, image)
     assert sum(int(mask_util.area(rle)) for segms in cls_segms for rle in segms) > 0
     written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
     assert np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0, cls_segms=cls_segms))

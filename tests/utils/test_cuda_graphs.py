@@ -449,7 +449,7 @@ def _shapes_kl_models(*overrides):
     for _ in range(2):
         torch.manual_seed(0)
         models.append(model_builder.create(cfg).cuda().train())
-    return cfg, model_builder.get_model_type(cfg), models
+    return cfg, model_builder.build_model_type(cfg), models
 
 
 def _training_steps(models, steps, autocast_dtype=None):
@@ -499,7 +499,7 @@ def test_rcnn_training_prepared_channels_last_under_autocast_keeps_its_graphs_an
     bfloat16 training steps keep their captures and give the NCHW model's losses within bfloat16
     noise."""
     cfg, model_type, (nchw, nhwc) = _shapes_kl_models('SOLVER.AMP.ENABLED', True, 'SOLVER.AMP.DTYPE', 'bfloat16')
-    nhwc = model_type.prepare_for_training(cfg, nhwc)
+    nhwc = model_type.prepare_for_training(nhwc)
     assert nhwc.channels_last and not nchw.channels_last
     conv = nhwc.conv_body.body.conv1.weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
@@ -534,5 +534,5 @@ def test_test_graphs_take_their_number_of_shapes_from_the_config():
     merge_cfg_from_list(['TEST.CUDA_GRAPHS_MAX_SHAPES', '5'])
     assert_and_infer_cfg()
     model = model_builder.create(cfg).cuda().eval()
-    model_builder.get_model_type(cfg).detector(cfg)(model, {'image': np.zeros((64, 96, 3), np.uint8)})
+    model_builder.build_model_type(cfg).detector()(model, {'image': np.zeros((64, 96, 3), np.uint8)})
     assert cuda_graphs._PER_OWNER[model]['body_and_rpn_head'].max_graphs == 5

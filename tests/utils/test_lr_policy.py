@@ -7,6 +7,7 @@ import pytest
 
 from detectron.core.config import cfg, merge_cfg_from_file, merge_cfg_from_list
 from detectron.core.train_engine import describe_schedule, lr_schedule
+from detectron.modeling import model_builder
 from detectron.utils.errors import ConfigKeyError, ConfigValueError
 from detectron.utils.lr_policy import LRSchedule
 
@@ -160,7 +161,7 @@ def test_tutorial_schedule(gpus):
 
 def test_describe_schedule_of_the_8gpu_tutorial():
     merge_cfg_from_file(TUTORIAL.format(8))
-    assert describe_schedule(num_images=118287) == [
+    assert describe_schedule(model_builder.build_model_type(cfg), num_images=118287) == [
         'images per iteration: 16 (NUM_GPUS 8 x TRAIN.IMS_PER_BATCH 2 x SOLVER.ITER_SIZE 1)',
         'LR policy: steps_with_decay, base LR 0.02',
         'warm-up: 500 iterations, linear from factor 0.333333 (LR 0.00666667 at iteration 0)',
@@ -179,7 +180,7 @@ def test_describe_schedule_step_policy_without_warm_up():
                          'SOLVER.STEP_SIZE', '1000', 'SOLVER.MAX_ITER', '12500', 'SOLVER.BASE_LR', '1.0',
                          'SOLVER.GAMMA', '0.5'])
     assert lr_change_iters() == list(range(1000, 12500, 1000))
-    lines = describe_schedule()
+    lines = describe_schedule(model_builder.build_model_type(cfg))
     assert lines[0] == 'images per iteration: 6 (NUM_GPUS 1 x TRAIN.IMS_PER_BATCH 2 x SOLVER.ITER_SIZE 3)'
     assert lines[2] == 'warm-up: none'
     assert lines[3] == 'LR step: iteration 1000 -> LR 0.5'
@@ -191,7 +192,7 @@ def test_describe_schedule_step_policy_without_warm_up():
 
 def test_describe_schedule_continuous_policy_lists_no_steps():
     _schedule_8gpu(LR_POLICY='cosine_decay')
-    lines = describe_schedule()
+    lines = describe_schedule(model_builder.build_model_type(cfg))
     assert not any(line.startswith('LR step') for line in lines)
     assert lines[3] == 'final LR: {:.6g} (iteration 7499)'.format(
         np.float32(0.02 * (math.cos(math.pi * 7499 / 7500) + 1) / 2))

@@ -5,7 +5,6 @@ import numpy as np
 import torch
 
 from detectron.core.config import cfg
-from detectron.modeling import model_builder
 from detectron.modeling.optimizer import build_optimizer
 
 from . import centernet_plain
@@ -26,7 +25,7 @@ PLAIN_PORT_ROW = 'plain port of CenterNet (equal work)'
 PLAIN_PORT_RATIO = 'ours / plain port (training, images/s)'
 
 
-def centernet_rows(args, device, precision):
+def centernet_rows(args, model_type, device, precision):
     """Training images/s at the first --centernet-batch (train_net's Adam, ctdet targets of random boxes on
     random images, built once); inference ms/image with the whole detector (forward, flip as
     configured, decode on the device, inverse affine, merge to cls_boxes) at batch 1 (detect) and at
@@ -42,7 +41,7 @@ def centernet_rows(args, device, precision):
     from detectron.roi_data.centernet import ctdet_train_sample
     train_batch, test_batch = (args.centernet_batch + args.centernet_batch[-1:])[:2]
     res = cfg.CENTERNET.INPUT_RES
-    model = build_ours_for_training(device, precision)
+    model = build_ours_for_training(model_type, device, precision)
     params = centernet_builder.ctdet_params(cfg)
     rng = np.random.RandomState(0)
     images = synthetic_images(train_batch, res, res, 0)
@@ -61,7 +60,7 @@ def centernet_rows(args, device, precision):
     sample = centernet.prepare_test_image(synthetic_images(1, 480, 640, 1)[0], test)
     # The detect rows' own copy, switched to eval and prepared once as test_net's: model.eval() walks
     # every module (about 0.3-0.7 ms on these hosts), which a per-call switch would add to each image.
-    test_model = model_builder.get_model_type(cfg).prepare_for_inference(cfg, copy.deepcopy(model).eval())
+    test_model = model_type.prepare_for_inference(copy.deepcopy(model).eval())
 
     def detect_one():
         with autocast(device, precision):
@@ -90,7 +89,7 @@ def centernet_rows(args, device, precision):
         extra.append(plain_port_row(model, samples, inputs, targets, device, precision, args.lr))
     if args.checkpoint_activations_row:
         with cfg_values({'TRAIN.CHECKPOINT_ACTIVATIONS': True}):
-            checkpointed_model = build_ours_for_training(device, precision)
+            checkpointed_model = build_ours_for_training(model_type, device, precision)
         checkpointed_optimizer = centernet_adam(checkpointed_model, args.lr)
         # Held as the plain row's: its own model and optimizer, the detect rows' model and the inputs.
         extra.append(Row('train', f'{arch} train, TRAIN.CHECKPOINT_ACTIVATIONS True',
@@ -152,9 +151,9 @@ def training_step(model, optimizer, loss, device, precision):
     return step
 
 
-def run_centernet(args, precision, report, timing):
+def run_centernet(args, model_type, precision, report, timing):
     device = timing['device']
-    rows = centernet_rows(args, device, precision)
+    rows = centernet_rows(args, model_type, device, precision)
     run_interleaved(rows, **timing)
     res = cfg.CENTERNET.INPUT_RES
     for row in rows:

@@ -14,7 +14,7 @@ segm_results; torchvision's pasted masks binarised at 0.5 and encoded as its coc
 
 Sections (--mode):
   train    images/s of full training steps (forward, losses, backward, SGD step), per --batch;
-  test     ms/image at batch 1 with post-processing: im_detect_all(model, im) for ours,
+  test     ms/image at batch 1 with post-processing: im_detect_all(model_type, model, im) for ours,
            torchvision's model([x]); 6-class models whose box classifier is biased so that a
            "realistic" few hundred candidates per class, or a "loaded" 1000 RoIs x 5 classes, reach
            post-processing; ours with STD_NMS False and True (variance voting);
@@ -51,6 +51,7 @@ import torch
 
 from detectron.core.config import adopt_cfg, cfg
 from detectron.core.config_finalize import finalize_cfg
+from detectron.modeling import model_builder
 from detectron.utils.errors import ConfigValueError
 
 from .centernet_rows import run_centernet
@@ -133,10 +134,11 @@ def main(argv):
                   device=device)
     if 'startup' in args.mode:
         run_startup_section(args, device, report, defaults)
+    model_type = model_builder.build_model_type(cfg)  # --cfg's, finished (anew after the startup section)
     if 'centernet' in args.mode:
-        run_centernet(args, precision, report, timing)
+        run_centernet(args, model_type, precision, report, timing)
     elif set(args.mode) & {'train', 'test', 'profile', 'loops'}:
-        run_rcnn_sections(args, precision, report, timing)
+        run_rcnn_sections(args, model_type, precision, report, timing)
     print('\n' + report.markdown(), flush=True)
     return report
 
@@ -147,9 +149,10 @@ def run_startup_section(args, device, report, defaults):
     cfg_files = args.startup_cfgs or [args.cfg]
     for cfg_file in cfg_files:
         finalize_anew(defaults, cfg_file, args.opts)
+        model_type = model_builder.build_model_type(cfg)
         # Its in-process bare detector autotunes cuDNN as test_net does: as the config says.
         with cudnn_autotuning(cfg.CUDNN_BENCHMARK):
-            run_startup(args, cfg_file, device, report, work_dir(args, 'startup'))
+            run_startup(args, model_type, cfg_file, device, report, work_dir(args, 'startup'))
         free_device_memory(device)
     if cfg_files != [args.cfg]:
         finalize_anew(defaults, args.cfg, args.opts)
@@ -162,12 +165,12 @@ def finalize_anew(defaults, cfg_file, opts):
     finalize_cfg(cfg_file, opts)
 
 
-def run_rcnn_sections(args, precision, report, timing):
+def run_rcnn_sections(args, model_type, precision, report, timing):
     """--mode train / test / profile / loops with an R-CNN --cfg."""
     device = timing['device']
     if 'train' in args.mode or 'profile' in args.mode:
         for i, batch in enumerate(args.batch):
-            rows = build_train_rows(args, batch, device, precision)
+            rows = build_train_rows(args, model_type, batch, device, precision)
             context = dict(batch=batch, precision=precision, size=[args.height, args.width], boxes=args.boxes)
             if 'train' in args.mode:
                 run_interleaved(rows, **timing)
@@ -181,7 +184,7 @@ def run_rcnn_sections(args, precision, report, timing):
             del rows
             free_device_memory(device)
     if 'test' in args.mode:
-        rows, ratios = build_test_rows(args, device, precision)
+        rows, ratios = build_test_rows(args, model_type, device, precision)
         run_interleaved(rows, **timing)
         for row in rows:
             report.add_row(row, batch=1, precision=precision, size=[args.height, args.width])
@@ -194,7 +197,7 @@ def run_rcnn_sections(args, precision, report, timing):
     if 'loops' in args.mode:
         # The loops' in-process rows autotune cuDNN as train_net / test_net do: as the config says.
         with cudnn_autotuning(cfg.CUDNN_BENCHMARK):
-            run_loops(args, device, precision, report, work_dir(args, 'loops'))
+            run_loops(args, model_type, device, precision, report, work_dir(args, 'loops'))
 
 
 def work_dir(args, section):

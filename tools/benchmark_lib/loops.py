@@ -11,7 +11,6 @@ from detectron.core import train_engine
 from detectron.core.config import cfg
 from detectron.datasets import dataset_catalog
 from detectron.datasets.json_dataset import JsonDataset
-from detectron.modeling import model_builder
 from detectron.roi_data.loader import build_test_loader
 from detectron.utils import blob as blob_utils
 
@@ -66,23 +65,22 @@ def _loop_opts(args):
     return opts
 
 
-def train_net_batches(args, batch, device):
+def train_net_batches(args, model_type, batch, device):
     """The batches train_net's loader gives in the timed window (iterations --loop-warmup to
     --loop-iters - 1): the same dataset, config, sampler seed and order, collated and pinned, then
     on the device as train_net's engine puts them there (model_type.batch_to_device)."""
     with cfg_values({'TRAIN.DATASETS': (args.train_dataset,), 'TRAIN.IMS_PER_BATCH': batch}):
-        model_type = model_builder.get_model_type(cfg)
         batches = train_engine.training_batches(model_type, 0, device)
-        on_device = model_type.batch_to_device(cfg, device)
+        on_device = model_type.batch_to_device(device)
         return [on_device(b) for b in itertools.islice(batches, args.loop_warmup, args.loop_iters)]
 
 
-def replayed_train_row(args, batch, device, precision):
+def replayed_train_row(args, model_type, batch, device, precision):
     """Our training step on train_net's own batches, held on the device: the same work as train_net
     without its loader, logging and checkpoints (one pass over them before timing, as train_net
     met each batch shape before its window)."""
-    batches = train_net_batches(args, batch, device)
-    ours = build_ours_for_training(device, precision)
+    batches = train_net_batches(args, model_type, batch, device)
+    ours = build_ours_for_training(model_type, device, precision)
     name = "ours, train_net's batches of iterations {}-{} replayed from memory".format(
         args.loop_warmup, args.loop_iters - 1)
     row = train_row(name, ours, batches, ours.box_head, batch, device, precision, args.lr, prime=True)
@@ -90,21 +88,21 @@ def replayed_train_row(args, batch, device, precision):
     return row
 
 
-def test_net_samples(dataset):
+def test_net_samples(model_type, dataset):
     """The dataset's images as test_net's loader workers prepare them, in test_net's order."""
     roidb = JsonDataset(dataset).get_roidb()
     loader = build_test_loader(roidb, range(len(roidb)), cfg.DATA_LOADER.NUM_THREADS,
-                               model_builder.get_model_type(cfg).test_inputs(cfg))
+                               model_type.test_inputs())
     return [sample for sample, _ in loader]
 
 
-def replayed_test_row(label, samples, model, device, precision, batch=1):
+def replayed_test_row(label, model_type, samples, model, device, precision, batch=1):
     """test_net's detection (model: as test_net holds it) on its own samples of a dataset
     (test_net_samples), taken in turn (one pass over all of them before timing, as test_net meets
     each size before most of its images; that pass's ms/image in info), `batch` consecutive images
     per call of the model type's batch detector as test_net's TEST.IMS_PER_BATCH gives them: the bare
     detector. ms per image."""
-    detect = model_builder.get_model_type(cfg).batch_detector(cfg)
+    detect = model_type.batch_detector()
     batches = [samples[i:i + batch] for i in range(0, len(samples), batch)]
 
     def detect_on(batch_samples):
@@ -119,18 +117,18 @@ def replayed_test_row(label, samples, model, device, precision, batch=1):
                info={'images_per_call': batch, 'first_pass_ms_per_image': round(first_pass_ms, 3)})
 
 
-def write_test_weights(path):
-    """The model of cfg (cfg's classes, seed 0) saved for test_net; returns it. A model with a box
+def write_test_weights(model_type, path):
+    """The model of model_type (its cfg's classes, seed 0) saved for test_net; returns it. A model with a box
     classifier (R-CNN) gets the loaded one, passing every RoI on 5 classes: its post-processing work
     then does not depend on the images."""
-    model = build_ours(torch.device('cpu')).eval()
+    model = build_ours(model_type, torch.device('cpu')).eval()
     if hasattr(model, 'box_outs'):
         set_loaded_classifier(*ours_box_layers(model), cfg.MODEL.NUM_CLASSES)
     torch.save({'model': model.state_dict()}, path)
     return model
 
 
-def run_loops(args, device, precision, report, work):
+def run_loops(args, model_type, device, precision, report, work):
     """train_net and test_net on real datasets vs synthetic rows of the same model, batch and size;
     their logs and outputs in the fresh directory work."""
     if args.catalog:
@@ -139,7 +137,7 @@ def run_loops(args, device, precision, report, work):
     train_shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
     test_shape = dataset_shape(args.test_dataset, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)
     weights = os.path.join(work, 'loaded_weights.pth')
-    loaded = write_test_weights(weights)
+    loaded = write_test_weights(model_type, weights)
 
     stats = json_stats(run_train_net(args, work, batch, precision))
     train_net = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, batch,
@@ -154,17 +152,18 @@ def run_loops(args, device, precision, report, work):
                                            'detector_ms': detector_ms, 'rest_of_loop_ms': rest_ms,
                                            'log': os.path.join(work, 'test_net.log')})
 
-    replayed_train = replayed_train_row(args, batch, device, precision)
-    replayed_test = replayed_test_row('ours, loaded weights', test_net_samples(args.test_dataset),
+    replayed_train = replayed_train_row(args, model_type, batch, device, precision)
+    replayed_test = replayed_test_row('ours, loaded weights', model_type,
+                                      test_net_samples(model_type, args.test_dataset),
                                       copy.deepcopy(loaded).to(device),
                                       device, args.loop_test_precision)
     train_hw = [train_shape['resized_height'], train_shape['resized_width']]
-    synthetic_train = ours_train_row(args, batch, *train_hw, max(1, round(train_shape['boxes_per_image'])),
+    synthetic_train = ours_train_row(args, model_type, batch, *train_hw, max(1, round(train_shape['boxes_per_image'])),
                                      device, precision)
     synthetic_train.name += ', synthetic {}x{}'.format(*train_hw)
     test_hw = [test_shape['height'], test_shape['width']]
     synthetic_test = ours_test_row('ours, loaded weights, synthetic {}x{} image resized as in test_net'.format(
-        *test_hw), loaded.to(device), synthetic_images(1, *test_hw, seed=1)[0], device,
+        *test_hw), model_type, loaded.to(device), synthetic_images(1, *test_hw, seed=1)[0], device,
         args.loop_test_precision, {})
     run_interleaved([replayed_train, synthetic_train, replayed_test, synthetic_test], args.rounds, args.iters,
                     args.warmup, args.round_warmup, device)

@@ -23,17 +23,17 @@ from .torchvision_models import (
 )
 
 
-def build_ours(device, num_classes=None):
+def build_ours(model_type, device, num_classes=None):
     torch.manual_seed(0)
     with cfg_values({'MODEL.NUM_CLASSES': num_classes or cfg.MODEL.NUM_CLASSES}):
-        return model_builder.create(cfg).to(device)
+        return model_builder.checked_model(model_type).to(device)
 
 
-def build_ours_for_training(device, precision):
-    """build_ours prepared as train_net prepares it (the model type's prepare_for_training, with
+def build_ours_for_training(model_type, device, precision):
+    """build_ours prepared as train_net prepares it (model_type's prepare_for_training, with
     SOLVER.AMP.ENABLED as the precision says)."""
     with cfg_values({'SOLVER.AMP.ENABLED': precision != 'fp32'}):
-        return model_builder.get_model_type(cfg).prepare_for_training(cfg, build_ours(device))
+        return model_type.prepare_for_training(build_ours(model_type, device))
 
 
 def train_row(name, model, batches, box_head, batch, device, precision, lr, prime=False):
@@ -65,21 +65,21 @@ def train_row(name, model, batches, box_head, batch, device, precision, lr, prim
                after=lambda: {'loss_finite': bool(torch.isfinite(last['loss']))})
 
 
-def ours_train_row(args, batch, height, width, boxes, device, precision):
+def ours_train_row(args, model_type, batch, height, width, boxes, device, precision):
     images, gt_boxes, labels = synthetic_batch(batch, height, width, boxes, cfg.MODEL.NUM_CLASSES)
-    ours = build_ours_for_training(device, precision)
+    ours = build_ours_for_training(model_type, device, precision)
     name = 'ours ({}, FREEZE_AT {})'.format(os.path.basename(args.cfg), cfg.TRAIN.FREEZE_AT)
     return train_row(name, ours, [ours_train_inputs(images, gt_boxes, labels, device)], ours.box_head,
                      batch, device, precision, args.lr)
 
 
-def build_train_rows(args, batch, device, precision):
+def build_train_rows(args, model_type, batch, device, precision):
     """ours, torchvision at equal work, torchvision with BatchNorm everywhere (unequal)."""
     num_classes = cfg.MODEL.NUM_CLASSES
     images, gt_boxes, labels = synthetic_batch(batch, args.height, args.width, args.boxes, num_classes)
     tv_inputs = torchvision_train_inputs(images, gt_boxes, labels, device)
     settings = torchvision_settings(args.height, args.width)
-    rows = [ours_train_row(args, batch, args.height, args.width, args.boxes, device, precision)]
+    rows = [ours_train_row(args, model_type, batch, args.height, args.width, args.boxes, device, precision)]
     for name, build in (('torchvision, FrozenBN, 3 trainable layers (equal work)', torchvision_equal_work),
                         ('torchvision, BatchNorm in all stages (UNEQUAL: more work)', torchvision_all_stages_bn)):
         model = build(num_classes, **settings).to(device)
@@ -93,15 +93,15 @@ def train_ratios(rows):
             ('ours / torchvision all-stages BN (UNEQUAL comparison)', ours, unequal)]
 
 
-def ours_detect(model, image, device, precision):
+def ours_detect(model_type, model, image, device, precision):
     with autocast(device, precision):
-        return test_lib.im_detect_all(model, image)
+        return test_lib.im_detect_all(model_type, model, image)
 
 
-def ours_test_facts(model, image, device, precision):
+def ours_test_facts(model_type, model, image, device, precision):
     with autocast(device, precision):
         scores = test_lib.im_detect_bbox(model, image, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)[0]
-    detections = sum(len(b) for b in boxes_and_segms(ours_detect(model, image, device, precision))[0][1:])
+    detections = sum(len(b) for b in boxes_and_segms(ours_detect(model_type, model, image, device, precision))[0][1:])
     return {'rois': int(scores.shape[0]), 'candidates': int((scores[:, 1:] > cfg.TEST.SCORE_THRESH).sum()),
             'detections': int(detections)}
 
@@ -116,10 +116,10 @@ def torchvision_test_facts(model, image, device, precision):
             'detections': int(out['boxes'].shape[0])}
 
 
-def ours_test_row(name, model, image, device, precision, cfg_overrides):
+def ours_test_row(name, model_type, model, image, device, precision, cfg_overrides):
     with cfg_values(cfg_overrides):
-        facts = ours_test_facts(model, image, device, precision)
-    return Row('test', name, lambda: ours_detect(model, image, device, precision), 1,
+        facts = ours_test_facts(model_type, model, image, device, precision)
+    return Row('test', name, lambda: ours_detect(model_type, model, image, device, precision), 1,
                resident=lambda: model_tensors(model), graph_owners=lambda: [model], cfg=cfg_overrides, info=facts)
 
 
@@ -136,14 +136,14 @@ def torchvision_test_name(case):
     return 'torchvision (equal work), {}'.format(case)
 
 
-def build_test_rows(args, device, precision):
+def build_test_rows(args, model_type, device, precision):
     """Realistic and loaded cases on 6-class models; ours with STD_NMS False and True."""
     h, w = args.height, args.width
     image = synthetic_images(1, h, w, seed=1)[0]
     # No resize of the h x w image, as torchvision's min_size / max_size below.
     base = {'TEST.SCALE': min(h, w), 'TEST.MAX_SIZE': max(h, w), 'MODEL.NUM_CLASSES': TEST_NUM_CLASSES}
     std_options = [False, True] if cfg.PRED_STD else [False]
-    ours = build_ours(device, TEST_NUM_CLASSES).eval()
+    ours = build_ours(model_type, device, TEST_NUM_CLASSES).eval()
     tv = torchvision_equal_work(TEST_NUM_CLASSES, **torchvision_settings(h, w)).to(device).eval()
     rows, ratios = [], []
     for case in ('realistic', 'loaded'):
@@ -151,7 +151,7 @@ def build_test_rows(args, device, precision):
         if case == 'realistic':
             with cfg_values(dict(base, STD_NMS=False)):
                 calibrate_realistic(ours_box_layers(ours_case), ours_case.box_head,
-                                    lambda model=ours_case: ours_detect(model, image, device, precision),
+                                    lambda model=ours_case: ours_detect(model_type, model, image, device, precision),
                                     args.realistic_per_class, cfg.TEST.SCORE_THRESH)
             calibrate_realistic(torchvision_box_layers(tv_case), tv_case.roi_heads.box_head,
                                 lambda model=tv_case: torchvision_detect(model, image, device, precision),
@@ -159,7 +159,7 @@ def build_test_rows(args, device, precision):
         else:
             set_loaded_classifier(*ours_box_layers(ours_case), TEST_NUM_CLASSES)
             set_loaded_classifier(*torchvision_box_layers(tv_case), TEST_NUM_CLASSES)
-        ours_rows = [ours_test_row(ours_test_name(case, std), ours_case, image, device, precision,
+        ours_rows = [ours_test_row(ours_test_name(case, std), model_type, ours_case, image, device, precision,
                                    dict(base, STD_NMS=std)) for std in std_options]
         tv_row = torchvision_test_row(torchvision_test_name(case), tv_case, image, device, precision)
         rows += ours_rows + [tv_row]

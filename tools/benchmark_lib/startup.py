@@ -24,7 +24,6 @@ import numpy as np
 from detectron.core.config import cfg
 from detectron.core.test_engine import load_test_model
 from detectron.datasets import dataset_catalog
-from detectron.modeling import model_builder
 
 from . import coco_val_sizes
 from .image_sizes import sample_sizes
@@ -142,28 +141,29 @@ def startup_rows(model, test_runs, train_firsts, bares, num_images):
     return rows, ratios
 
 
-def bare_detector_rows(weights, device):
+def bare_detector_rows(model_type, weights, device):
     """The bare detector (the model as test_net loads it) on the dataset's images, one per call; with
     TEST.IMS_PER_BATCH > 1 also that many per call, as test_net gives them."""
-    model = load_test_model(weights, device)
-    samples = test_net_samples(DATASET)
+    model = load_test_model(model_type, weights, device)
+    samples = test_net_samples(model_type, DATASET)
     label = 'the bare detector (as test_net loads it)'
-    rows = [replayed_test_row(label, samples, model, device, 'fp32')]
+    rows = [replayed_test_row(label, model_type, samples, model, device, 'fp32')]
     if cfg.TEST.IMS_PER_BATCH > 1:
         rows.append(replayed_test_row('{}, TEST.IMS_PER_BATCH {} per call'.format(label, cfg.TEST.IMS_PER_BATCH),
-                                      samples, model, device, 'fp32', batch=cfg.TEST.IMS_PER_BATCH))
+                                      model_type, samples, model, device, 'fp32', batch=cfg.TEST.IMS_PER_BATCH))
     return rows
 
 
-def run_startup(args, cfg_file, device, report, work):
-    """Start-up and mixed-size rows of cfg_file's model (the global cfg finished from it), --rounds
-    rounds, into report; datasets, weights, logs and outputs in the fresh directory work."""
+def run_startup(args, model_type, cfg_file, device, report, work):
+    """Start-up and mixed-size rows of cfg_file's model (the global cfg finished from it, model_type
+    bound to it), --rounds rounds, into report; datasets, weights, logs and outputs in the fresh
+    directory work."""
     sizes = sample_sizes(coco_val_sizes.SIZES, args.startup_images)
-    num_classes = model_builder.get_model_type(cfg).output_classes(cfg) - 1
+    num_classes = model_type.output_classes() - 1
     catalog = write_catalog(work, *write_sized_dataset(work, sizes, num_classes, args.boxes))
     weights = args.startup_weights or os.path.join(work, 'weights.pth')
     if not args.startup_weights:
-        write_test_weights(weights)
+        write_test_weights(model_type, weights)
     test_runs, train_firsts, bares = [], [], []
     for k in range(args.rounds):
         round_dir = os.path.join(work, 'round{}'.format(k + 1))
@@ -171,7 +171,7 @@ def run_startup(args, cfg_file, device, report, work):
         test_runs.append(test_net_run(args, cfg_file, catalog, weights, round_dir))
         train_firsts.append(train_net_run(args, cfg_file, catalog, round_dir))
         if not bares:  # after the first round's tools, whose start-up then meets nothing cached by it
-            bares = bare_detector_rows(weights, device)
+            bares = bare_detector_rows(model_type, weights, device)
         run_interleaved(bares, rounds=1, iters=None, warmup=0, round_warmup=args.round_warmup, device=device)
     rows, ratios = startup_rows(os.path.basename(cfg_file), test_runs, train_firsts, bares, len(sizes))
     context = dict(precision="the tools' own", cfg=cfg_file, images=len(sizes), sizes_from=coco_val_sizes.SOURCE)
