@@ -155,7 +155,7 @@ def test_the_derived_config_passes_the_checks_and_says_which_checkpoints_stay(ei
 
 def test_a_negative_keep_checkpoints_is_refused():
     merge_cfg_from_list(['TRAIN.KEEP_CHECKPOINTS', '-1'])
-    with pytest.raises(ConfigValueError, match=r'^TRAIN.KEEP_CHECKPOINTS must be >= 0 \(0: keep all\), got -1$'):
+    with pytest.raises(ConfigValueError, match=r'^TRAIN.KEEP_CHECKPOINTS must be at least 0 \(0: keep all\), got -1$'):
         assert_and_infer_cfg()
 
 
