@@ -16,8 +16,6 @@ import torch
 
 from detectron.core import config_finalize, test_engine, train_engine
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list, typed_keys
-from detectron.core.config_finalize import finalize_cfg
-from detectron.datasets import dataset_catalog
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import centernet, centernet_builder, model_builder
 from detectron.modeling.centernet import CenterNet
@@ -29,7 +27,7 @@ from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import checkpoint, distributed
 from detectron.utils.errors import ConfigValueError, WeightsError
-from test_train_engine import write_tiny_datasets
+from support.tiny_runs import use_centernet, write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'centernet')
@@ -37,27 +35,12 @@ TEST_SUBDIR = os.path.join('test', 'tiny_val', 'centernet')
 
 CPU = torch.device('cpu')
 
-
-@pytest.fixture(autouse=True)
-def private_dataset_registrations(monkeypatch):
-    monkeypatch.setattr(dataset_catalog, '_registered', {})
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(scope='module')
 def catalog(tmp_path_factory):
     return write_tiny_datasets(tmp_path_factory.mktemp('centernet'))
-
-
-def use_centernet(catalog, output_dir, *overrides):
-    """res_18 at 64 px on the tiny datasets (2 categories), 2 images per iteration, float32."""
-    cfg.defrost()
-    return finalize_cfg(
-        os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml'),
-        ['SOLVER.AMP.ENABLED', 'False', 'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)",
-         'TEST.DATASETS', "('tiny_val',)", 'CENTERNET.NUM_CLASSES', '2', 'CENTERNET.INPUT_RES', '64',
-         'CENTERNET.BATCH_SIZE', '2', 'CENTERNET.LR', '0.001', 'CENTERNET.LR_BATCH_SIZE', '2',
-         'CENTERNET.NUM_EPOCHS', '1', 'CENTERNET.LR_STEP', '(1,)', 'DATA_LOADER.NUM_THREADS', '0',
-         'OUTPUT_DIR', str(output_dir)] + list(overrides), training=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,9 +16,10 @@ from pycocotools.cocoeval import COCOeval
 from detectron.core import test_engine
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
-from test_test_engine import METRICS, coco_metrics, one_thread_per_process  # noqa: F401 (fixture)
-from test_train_engine import (REPO, SHAPES_CFG, TINY_OVERRIDES,  # noqa: F401 (fixtures)
-                               private_dataset_registrations, tiny_catalog, use_tiny_config)
+from support.coco_eval import METRICS, coco_metrics
+from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config
+
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 MASK_OVERRIDES = ['MODEL.MASK_ON', 'True', 'MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs',
                   'MRCNN.RESOLUTION', '14', 'MRCNN.ROI_XFORM_RESOLUTION', '7', 'MRCNN.ROI_XFORM_SAMPLING_RATIO', '2',

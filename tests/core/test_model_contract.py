@@ -17,7 +17,7 @@ from detectron.core import test_engine, train_engine
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_list
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
-from test_train_engine import write_tiny_datasets
+from support.tiny_runs import write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'tiny')

@@ -7,9 +7,7 @@ import os
 import pytest
 import torch
 import torchvision
-from test_centernet_engine import use_centernet
-import test_train_engine
-from test_train_engine import REPO, use_tiny_config, write_tiny_datasets
+from support.tiny_runs import REPO, use_centernet, use_tiny_config, write_tiny_datasets
 
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
@@ -20,7 +18,7 @@ from detectron.utils.io import save_object
 
 
 # The engines register DATASET_CATALOG in this process: keep that out of other tests.
-private_dataset_registrations = test_train_engine.private_dataset_registrations
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(scope='module')

@@ -12,7 +12,7 @@ from detectron.core.config import (assert_and_infer_cfg, cfg, merge_cfg_from_com
 from detectron.core import train_engine
 from detectron.modeling import centernet_builder
 from detectron.utils.errors import ConfigValueError
-from test_train_engine import write_tiny_datasets
+from support.tiny_runs import write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESDCN18 = os.path.join(REPO, 'configs', 'centernet', 'ctdet_coco_resdcn18.yaml')

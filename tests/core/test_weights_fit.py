@@ -10,15 +10,7 @@ import sys
 
 import pytest
 import torch
-from test_centernet_engine import use_centernet
-import test_train_engine
-from test_train_engine import (
-    REPO,
-    SHAPES_CFG,
-    TINY_OVERRIDES,
-    use_tiny_config,
-    write_tiny_datasets,
-)
+from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, use_centernet, use_tiny_config, write_tiny_datasets
 
 from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
@@ -31,7 +23,7 @@ CPU = torch.device('cpu')
 
 
 # The engines register DATASET_CATALOG in this process: keep that out of other tests.
-private_dataset_registrations = test_train_engine.private_dataset_registrations
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(scope='module')

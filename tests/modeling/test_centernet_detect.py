@@ -1,8 +1,8 @@
 """CenterNet's test path (modeling/centernet.py detect and detect_batch) against the reference's
 per-image pipeline: per scale a forward, the flip-averaged maps and the decode, then the plain
-per-point / per-mask transcriptions of ctdet_post_process and merge_outputs from
-test_centernet_heads. Bit for bit, on random head maps with ties, several scales, flip, keep_res
-and cat_spec_wh.
+per-point / per-mask transcriptions of ctdet_post_process and merge_outputs in
+tests/support/centernet_reference.py. Bit for bit, on random head maps with ties, several scales, flip,
+keep_res and cat_spec_wh.
 """
 import zlib
 
@@ -15,8 +15,8 @@ from detectron.modeling import centernet_heads as ch
 from detectron.roi_data.centernet import COCO_MEAN, COCO_STD, CtdetParams
 from detectron.utils import cuda_graphs
 from detectron.utils.errors import ConfigValueError
-from test_centernet_heads import (_reference_cls_boxes, _reference_merge, _reference_scale_detections,
-                                  assert_same_arrays)
+from support.centernet_reference import (assert_same_arrays, reference_cls_boxes, reference_merge,
+                                         reference_scale_detections)
 
 
 class _RandomHeads(torch.nn.Module):
@@ -62,11 +62,11 @@ def _reference_detect(model, sample, params):
                                              flip_test=params.flip,
                                              reg_offset=params.input.reg_offset)
             dets = ch.ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
-        per_scale.append(_reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
+        per_scale.append(reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
     # ctdet.py merge_outputs: soft-NMS with several scales or --nms
-    merged = _reference_merge(per_scale, params.input.num_classes, params.max_per_image,
+    merged = reference_merge(per_scale, params.input.num_classes, params.max_per_image,
                               len(params.scales) > 1 or params.nms)
-    return _reference_cls_boxes(merged, params.input.num_classes)
+    return reference_cls_boxes(merged, params.input.num_classes)
 
 
 # Input sizes are multiples of 32, so each image's heat map holds a multiple of 64 values: torch's

@@ -1,6 +1,5 @@
 """The command lines as a user runs them: help, --print-config, overrides, one-line errors."""
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -10,6 +9,7 @@ import pytest
 import yaml
 
 from detectron.utils import distributed
+from support.tools import load_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TUTORIAL_8GPU = 'configs/getting_started/tutorial_8gpu_e2e_faster_rcnn_R-50-FPN.yaml'
@@ -18,13 +18,6 @@ TUTORIAL_8GPU = 'configs/getting_started/tutorial_8gpu_e2e_faster_rcnn_R-50-FPN.
 def _run(tool, *args):
     return subprocess.run([sys.executable, os.path.join('tools', tool)] + list(args), cwd=REPO,
                           capture_output=True, text=True, timeout=60)
-
-
-def _load_tool(tool):
-    spec = importlib.util.spec_from_file_location(tool[:-3], os.path.join(REPO, 'tools', tool))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _printed_config(stdout):
@@ -117,7 +110,7 @@ def test_test_net_without_weights_is_a_user_error():
 
 
 def test_range_parses_to_two_ints():
-    args = _load_tool('test_net.py').parse_args(['--range', '0', '5', '-c', 'x.yaml', 'TEST.NMS', '0.5'])
+    args = load_tool('test_net.py').parse_args(['--range', '0', '5', '-c', 'x.yaml', 'TEST.NMS', '0.5'])
     assert args.range == [0, 5]
     assert args.cfg_file == 'x.yaml'
     assert args.opts == ['TEST.NMS', '0.5']
@@ -126,13 +119,13 @@ def test_range_parses_to_two_ints():
 @pytest.mark.parametrize('bounds', [['5', '0'], ['3', '3'], ['-1', '4']])
 def test_range_must_be_increasing_and_non_negative(bounds, capsys):
     with pytest.raises(SystemExit) as err:
-        _load_tool('test_net.py').parse_args(['--range'] + bounds)
+        load_tool('test_net.py').parse_args(['--range'] + bounds)
     assert err.value.code == 2
     assert '--range needs 0 <= START < END' in capsys.readouterr().err
 
 
 def test_train_net_flags():
-    args = _load_tool('train_net.py').parse_args(['-c', 'a.yaml', '--skip-test', '--multi-gpu-testing', 'NUM_GPUS', '8'])
+    args = load_tool('train_net.py').parse_args(['-c', 'a.yaml', '--skip-test', '--multi-gpu-testing', 'NUM_GPUS', '8'])
     assert (args.cfg_file, args.skip_test, args.multi_gpu_testing, args.print_config) == ('a.yaml', True, True, False)
     assert args.opts == ['NUM_GPUS', '8']
 
@@ -141,7 +134,7 @@ def test_train_net_flags():
 @pytest.mark.parametrize('flags, multi_gpu_testing', [
     ([], False), (['--multi-gpu-testing'], True), (['--single-gpu-testing'], False)])
 def test_testing_flags_of_detectron_and_kl_loss(tool, flags, multi_gpu_testing):
-    args = _load_tool(tool).parse_args(['-c', 'a.yaml'] + flags + ['NUM_GPUS', '8'])
+    args = load_tool(tool).parse_args(['-c', 'a.yaml'] + flags + ['NUM_GPUS', '8'])
     assert args.multi_gpu_testing is multi_gpu_testing
     assert args.opts == ['NUM_GPUS', '8']
 
@@ -149,13 +142,13 @@ def test_testing_flags_of_detectron_and_kl_loss(tool, flags, multi_gpu_testing):
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 def test_single_and_multi_gpu_testing_exclude_each_other(tool, capsys):
     with pytest.raises(SystemExit) as err:
-        _load_tool(tool).parse_args(['--multi-gpu-testing', '--single-gpu-testing'])
+        load_tool(tool).parse_args(['--multi-gpu-testing', '--single-gpu-testing'])
     assert err.value.code == 2
     assert 'not allowed with argument' in capsys.readouterr().err
 
 
 def test_test_net_accepts_detectrons_wait_flag():
-    args = _load_tool('test_net.py').parse_args(['-c', 'a.yaml', '--wait', 'False', 'TEST.NMS', '0.5'])
+    args = load_tool('test_net.py').parse_args(['-c', 'a.yaml', '--wait', 'False', 'TEST.NMS', '0.5'])
     assert args.opts == ['TEST.NMS', '0.5']
 
 
@@ -174,7 +167,7 @@ def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
     ['NUM_GPUS', '2', '--cfg', TUTORIAL_8GPU, 'SOLVER.BASE_LR', '-1e-3', 'TEST.NMS', '0.4', '--print-config'],
 ])
 def test_flags_are_accepted_anywhere_among_the_overrides(tool, args):
-    parsed = _load_tool(tool).parse_args(args)
+    parsed = load_tool(tool).parse_args(args)
     assert (parsed.cfg_file, parsed.print_config) == (TUTORIAL_8GPU, True)
     assert parsed.opts == ['NUM_GPUS', '2', 'SOLVER.BASE_LR', '-1e-3', 'TEST.NMS', '0.4']
 
@@ -187,7 +180,7 @@ def test_print_config_after_the_overrides_prints_the_config():
 
 
 def test_infer_simple_takes_flags_after_the_overrides():
-    args = _load_tool('infer_simple.py').parse_args(['--cfg', 'a.yaml', 'demo/', 'TEST.SCALE', '500', '--wts', 'm.pth',
+    args = load_tool('infer_simple.py').parse_args(['--cfg', 'a.yaml', 'demo/', 'TEST.SCALE', '500', '--wts', 'm.pth',
                                                      '--thresh', '-0.5'])
     assert (args.wts, args.im_or_folder, args.opts, args.thresh) == ('m.pth', 'demo/', ['TEST.SCALE', '500'], -0.5)
 
@@ -218,7 +211,7 @@ def test_an_output_dir_under_a_file_is_one_line(tmp_path):
 
 @pytest.mark.parametrize('spelling', [['--local-rank=1'], ['--local_rank', '1']])
 def test_the_launchers_local_rank_flag_sets_or_matches_local_rank(spelling, monkeypatch):
-    train_net = _load_tool('train_net.py')
+    train_net = load_tool('train_net.py')
     monkeypatch.setenv('LOCAL_RANK', '')  # records the variable's state, so the flag's setting is undone
     monkeypatch.delenv('LOCAL_RANK')
     args = train_net.parse_args(['--cfg', TUTORIAL_8GPU] + spelling)

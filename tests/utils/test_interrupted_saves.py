@@ -18,15 +18,9 @@ from detectron.core.config import cfg
 from detectron.modeling import model_builder
 from detectron.utils.errors import JobInterrupted, as_loader_worker_error
 from detectron.utils.torch_file import read_torch_file
+from support.tiny_runs import SHAPES_CFG, TINY_OVERRIDES, use_tiny_config, write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, 'tests', 'core'))
-from test_train_engine import (  # noqa: E402
-    SHAPES_CFG,
-    TINY_OVERRIDES,
-    use_tiny_config,
-    write_tiny_datasets,
-)
 
 ENV = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1')
 STOPPED = 'error: stopped by {}; all worker processes were stopped (a training run resumes from its last checkpoint ' \
