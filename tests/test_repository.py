@@ -125,6 +125,7 @@ def _tracked_text_files():
                 yield rel, path
 
 
+@pytest.mark.processes
 def test_files_speak_of_the_product_not_of_its_development():
     found = []
     for rel, path in _tracked_text_files():

@@ -131,6 +131,7 @@ def _run_tool(*args):
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 
+@pytest.mark.processes
 def test_print_config_shows_the_derived_schedule_and_chunks(catalog):
     result = _run_tool('--cfg', 'configs/getting_started/shapes_demo_centernet_res18.yaml', '--print-config',
                        'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)", 'NUM_GPUS', '2',
@@ -141,6 +142,7 @@ def test_print_config_shows_the_derived_schedule_and_chunks(catalog):
     assert 'images per iteration: 8 (TRAIN.RANK_IMS_PER_BATCH (2, 6) x SOLVER.ITER_SIZE 1)' in result.stdout
 
 
+@pytest.mark.processes
 def test_impossible_chunks_are_one_error_line_before_any_process_starts(catalog):
     # CenterNet issue #115: --batch_size 4 --master_batch 15 on two GPUs gives the chunks [15, -11].
     result = _run_tool('--cfg', 'configs/getting_started/shapes_demo_centernet_res18.yaml',
@@ -303,6 +305,7 @@ def test_bfloat16_training_on_the_cpu_stores_the_model_channels_last(catalog, tm
                    if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_autocast_training_on_cuda_stores_the_trunk_and_heads_channels_last_with_fused_adam(catalog, tmp_path):
     use_centernet(catalog, tmp_path, 'SOLVER.AMP.ENABLED', 'True', 'SOLVER.AMP.DTYPE', 'bfloat16')
@@ -362,8 +365,9 @@ def _rank_batch(rank, chunks):
     return next(iter(loader))
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA: the 2 ranks share GPU 0 in the DIST_BACKEND gloo check mode'))])
+@pytest.mark.processes
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA: the 2 ranks share GPU 0 in the DIST_BACKEND gloo check mode')])])
 def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(catalog, tmp_path, monkeypatch, device):
     # 3 images on 2 GPUs with 1 on the master: CenterNet's chunk sizes [1, 2].
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
@@ -401,6 +405,7 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
         torch.testing.assert_close(final['model'][key], value.cpu(), rtol=0, atol=atol, msg=key)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('weight', ['CENTERNET.WH_WEIGHT', 'CENTERNET.OFF_WEIGHT'])
 def test_two_gloo_workers_train_with_a_zero_weighted_head(catalog, tmp_path, monkeypatch, weight):
     # ctdet_loss skips a term of weight 0, so its head gets no gradient; DDP stopped at the second
@@ -420,6 +425,7 @@ def test_two_gloo_workers_train_with_a_zero_weighted_head(catalog, tmp_path, mon
     assert not torch.equal(final['model']['heads.hm.2.weight'], init['heads.hm.2.weight'])
 
 
+@pytest.mark.processes
 def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path, monkeypatch):
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     threads = torch.get_num_threads()

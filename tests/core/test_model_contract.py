@@ -83,6 +83,7 @@ def test_second_model_type_trains_resumes_and_tests_through_the_engines(catalog,
     np.testing.assert_allclose(all_boxes[1][0][0, :4], box * 3, rtol=1e-6)
 
 
+@pytest.mark.processes
 def test_two_gloo_processes_test_the_second_model_type_as_one(catalog, tmp_path):
     use_tiny_type(catalog, tmp_path / 'single', 'SOLVER.MAX_ITER', '2')
     weights = train_engine.train_model()['final']

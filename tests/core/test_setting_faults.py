@@ -63,6 +63,7 @@ def test_converting_into_a_missing_folder_is_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ['R-18.pkl', 'R-18.pth']
 
 
+@pytest.mark.processes
 def test_more_cpu_processes_than_cores_are_refused_before_any_starts(monkeypatch):
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
     started = []

@@ -89,6 +89,7 @@ def test_single_process_writes_detections_and_metrics_of_each_dataset(tiny_catal
     assert results['tiny_val']['box']['AP50'] > 0  # random boxes hit some of the 11 objects
 
 
+@pytest.mark.processes
 def test_two_gloo_processes_give_the_single_process_detections(tiny_catalog, random_weights, one_thread_per_process):
     single_dir, multi_dir = tiny_catalog.parent / 'single_1', tiny_catalog.parent / 'multi'
     use_tiny_config(tiny_catalog, single_dir)
@@ -120,6 +121,7 @@ def test_range_needs_exactly_one_dataset(tiny_catalog, random_weights):
         test_engine.run_inference(random_weights, ind_range=(0, 2))
 
 
+@pytest.mark.processes
 def test_train_net_command_line_trains_then_tests(tiny_catalog):
     output_dir = tiny_catalog.parent / 'command_line'
     overrides = TINY_OVERRIDES + ['DATASET_CATALOG', str(tiny_catalog), 'OUTPUT_DIR', str(output_dir),

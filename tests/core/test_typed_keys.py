@@ -127,6 +127,7 @@ def test_per_gpu_batches_come_only_from_the_centernet_keys(eighty_images):
         derive()
 
 
+@pytest.mark.processes
 def test_train_net_prints_the_contradiction_as_one_error_line(tmp_path):
     catalog = write_tiny_datasets(tmp_path)  # tiny_train: 8 images, one iteration per epoch at batch 8
     demo = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml')

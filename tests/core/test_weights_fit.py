@@ -89,6 +89,7 @@ def test_weights_of_the_other_model_type_are_refused(catalog, weights, tmp_path,
             weights[file], total, cfg.MODEL.TYPE, holds, setting))
 
 
+@pytest.mark.processes
 def test_test_net_with_the_other_model_type_s_weights_is_one_error_line(catalog, weights, tmp_path):
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, 'tools', 'test_net.py'), '--cfg', SHAPES_CFG] + TINY_OVERRIDES +

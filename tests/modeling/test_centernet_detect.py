@@ -130,6 +130,7 @@ def test_detect_batch_refuses_images_of_different_input_sizes():
 
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_detect_batch_matches_detect_on_cuda():
     # Continuous logits (no exact ties) through torch's CUDA topk, which runs another kernel for
@@ -149,6 +150,7 @@ def test_graphed_callable_runs_cpu_tensors_directly():
     assert torch.equal(graphed(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 @pytest.mark.parametrize('arch, flip, batch, channels_last', [
     ('res_18', False, 1, False), ('res_18', True, 1, False), ('res_18', False, 3, False),
@@ -176,8 +178,8 @@ def test_cuda_graph_replay_gives_the_eager_detections(arch, flip, batch, channel
     assert all(captured.values())
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_test_images_are_normalised_as_centernet_in_float64_then_float32(device):
     """base_detector's ((x / 255. - mean) / std).astype(float32) with float32 mean / std arrays: every
     uint8 value of each channel, bit for bit (a float32 pipeline differs in the last bit for many)."""
@@ -201,8 +203,8 @@ def _centernet(arch):
     return centernet.CenterNet(backbone, heads)
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 @pytest.mark.parametrize('arch', ['resdcn_18', 'res_18'])
 def test_channels_last_stores_the_resnet_and_heads_nhwc_and_computes_the_same_maps(arch, device):
     """use_channels_last: the ResNet trunk and the heads NHWC, the up-sampling path NCHW (its
@@ -223,6 +225,7 @@ def test_channels_last_stores_the_resnet_and_heads_nhwc_and_computes_the_same_ma
         torch.testing.assert_close(got[name], expected[name], rtol=1e-3, atol=1e-3 * expected[name].abs().max().item())
 
 
+@pytest.mark.cuda
 def test_the_test_engine_prepares_centernet_nhwc_on_cuda_only():
     from detectron.modeling.centernet_builder import CenterNetType
     from detectron.modeling.centernet_dla import CenterNetDLA

@@ -25,6 +25,7 @@ def _printed_config(stdout):
     return yaml.safe_load(stdout.split('\n\nimages per iteration')[0])
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 def test_no_arguments_prints_help_and_exits_1(tool):
     result = _run(tool)
@@ -32,6 +33,7 @@ def test_no_arguments_prints_help_and_exits_1(tool):
     assert result.stdout.startswith('usage: {}'.format(tool))
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool, flags', [
     ('train_net.py', ['--cfg CFG_FILE, -c CFG_FILE', '--multi-gpu-testing', '--skip-test', '--print-config', 'opts']),
     ('test_net.py', ['--cfg CFG_FILE, -c CFG_FILE', '--multi-gpu-testing', '--range START END', '--vis',
@@ -44,6 +46,7 @@ def test_help_documents_every_argument(tool, flags):
         assert flag in result.stdout
 
 
+@pytest.mark.processes
 def test_print_config_with_overrides_and_schedule():
     result = _run('train_net.py', '-c', TUTORIAL_8GPU, '--print-config', 'NUM_GPUS', '2', 'SOLVER.BASE_LR', '0.005',
                   'SOLVER.WARMUP_ITERS', '1000')
@@ -58,6 +61,7 @@ def test_print_config_with_overrides_and_schedule():
     assert 'LR step: iteration 3750 -> LR 0.0005' in result.stdout
 
 
+@pytest.mark.processes
 def test_print_config_applies_the_linear_scaling_rule():
     result = _run('train_net.py', '--cfg', TUTORIAL_8GPU, '--print-config', 'SOLVER.REFERENCE_WORLD_BATCH', '16',
                   'NUM_GPUS', '2')
@@ -67,6 +71,7 @@ def test_print_config_applies_the_linear_scaling_rule():
     assert 'SOLVER.MAX_ITER: 7500 -> 30000' in result.stdout.split('\n', 1)[0]
 
 
+@pytest.mark.processes
 def test_test_net_print_config_with_vis():
     result = _run('test_net.py', '-c', TUTORIAL_8GPU, '--vis', '--print-config', 'TEST.NMS', '0.6')
     assert result.returncode == 0, result.stderr
@@ -75,6 +80,7 @@ def test_test_net_print_config_with_vis():
     assert printed['TEST']['NMS'] == 0.6
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 @pytest.mark.parametrize('args, message', [
     (['SOLVER.BASE_LRR', '0.1'],
@@ -93,6 +99,7 @@ def test_user_errors_are_one_line(tool, args, message):
     assert 'Traceback' not in result.stderr + result.stdout
 
 
+@pytest.mark.processes
 def test_malformed_yaml_is_one_line(tmp_path):
     path = tmp_path / 'bad.yaml'
     path.write_text('SOLVER:\n  BASE_LR: [0.1\n')
@@ -103,6 +110,7 @@ def test_malformed_yaml_is_one_line(tmp_path):
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.processes
 def test_test_net_without_weights_is_a_user_error():
     result = _run('test_net.py', '-c', TUTORIAL_8GPU, 'TEST.DATASETS', 'coco_2014_minival')
     assert result.returncode == 2
@@ -152,6 +160,7 @@ def test_test_net_accepts_detectrons_wait_flag():
     assert args.opts == ['TEST.NMS', '0.5']
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool, extra', [('train_net.py', []), ('test_net.py', ['TEST.WEIGHTS', 'x.pth'])])
 def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
     # The CenterNet config asks for NUM_GPUS 4: the error must come once, from the tool itself.
@@ -172,6 +181,7 @@ def test_flags_are_accepted_anywhere_among_the_overrides(tool, args):
     assert parsed.opts == ['NUM_GPUS', '2', 'SOLVER.BASE_LR', '-1e-3', 'TEST.NMS', '0.4']
 
 
+@pytest.mark.processes
 def test_print_config_after_the_overrides_prints_the_config():
     result = _run('train_net.py', '-c', TUTORIAL_8GPU, 'NUM_GPUS', '2', 'TEST.NMS', '0.4', '--print-config')
     assert result.returncode == 0, result.stderr
@@ -185,12 +195,14 @@ def test_infer_simple_takes_flags_after_the_overrides():
     assert (args.wts, args.im_or_folder, args.opts, args.thresh) == ('m.pth', 'demo/', ['TEST.SCALE', '500'], -0.5)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 def test_a_negative_learning_rate_is_one_line(tool):
     result = _run(tool, '-c', TUTORIAL_8GPU, 'SOLVER.BASE_LR', '-0.02', '--print-config')
     assert (result.returncode, result.stderr) == (2, 'error: SOLVER.BASE_LR must be a finite number > 0, got -0.02\n')
 
 
+@pytest.mark.processes
 def test_a_binary_file_as_cfg_is_one_line(tmp_path):
     path = tmp_path / 'model_final.pth'
     path.write_bytes(bytes(range(256)))
@@ -200,6 +212,7 @@ def test_a_binary_file_as_cfg_is_one_line(tmp_path):
     assert result.stderr.count('\n') == 1 and 'Traceback' not in result.stderr
 
 
+@pytest.mark.processes
 def test_an_output_dir_under_a_file_is_one_line(tmp_path):
     (tmp_path / 'a_file').write_text('')
     result = _run('train_net.py', '--cfg', 'configs/getting_started/shapes_demo_R-18-FPN.yaml',
@@ -222,6 +235,7 @@ def test_the_launchers_local_rank_flag_sets_or_matches_local_rank(spelling, monk
     assert exit_info.value.code == 2
 
 
+@pytest.mark.processes
 def test_torch_distributed_launch_trains_as_torchrun(tmp_path):
     # The CenterNet guide's launcher: it passes --local-rank=N to each of its processes.
     env = {k: v for k, v in os.environ.items()

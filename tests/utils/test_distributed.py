@@ -113,6 +113,7 @@ def two_gloo_workers():
     return distributed.launch(_collectives_and_ddp, 2, args=('hello',), device='cpu')
 
 
+@pytest.mark.processes
 def test_two_gloo_workers_see_ranks_and_collectives(two_gloo_workers):
     result = two_gloo_workers[0]
     assert result['identity'] == [(0, 2, 0, '0', 'hello'), (1, 2, 1, '1', 'hello')]
@@ -129,17 +130,20 @@ def _world_of_one():
             distributed.reduce_dict({'x': torch.tensor(2.5)})['x'].item(), dist.is_initialized(), os.getpid())
 
 
+@pytest.mark.processes
 def test_ranks_differing_from_rank0_compares_bits(two_gloo_workers):
     report = two_gloo_workers[0]
     assert report['equal'] == (content_digest({'w': torch.ones(2), 'b': torch.zeros(1)}), [])
     assert report['one_ulp_apart'] == (content_digest({'w': torch.ones(2)}), [1])
 
 
+@pytest.mark.processes
 def test_single_process_runs_in_process_without_process_group():
     result = distributed.launch(_world_of_one, 1, device='cpu')
     assert result == (1, 0, True, [7], 'x', 2.5, False, os.getpid())
 
 
+@pytest.mark.processes
 def test_ddp_two_processes_one_sample_each_equal_one_process_two_samples(two_gloo_workers):
     per_rank = two_gloo_workers[1]
     torch.manual_seed(0)
@@ -151,6 +155,7 @@ def test_ddp_two_processes_one_sample_each_equal_one_process_two_samples(two_glo
             torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.processes
 def test_more_gpus_than_visible_is_a_launch_error_before_any_process_starts(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
@@ -162,11 +167,13 @@ def test_more_gpus_than_visible_is_a_launch_error_before_any_process_starts(monk
         distributed.launch(pytest.fail, 4)
 
 
+@pytest.mark.processes
 def test_zero_processes_is_a_launch_error():
     with pytest.raises(LaunchError, match='NUM_GPUS must be at least 1, got 0'):
         distributed.launch(pytest.fail, 0, device='cpu')
 
 
+@pytest.mark.processes
 def test_cuda_asked_without_gpus_is_a_launch_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 0)
     monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
@@ -181,6 +188,7 @@ def _assert_gone(pid_dir, rank):
         os.kill(pid, 0)
 
 
+@pytest.mark.processes
 def test_worker_exception_stops_the_job_and_names_rank_and_error(tmp_path):
     start = time.monotonic()
     with pytest.raises(distributed.WorkerError) as info:
@@ -192,6 +200,7 @@ def test_worker_exception_stops_the_job_and_names_rank_and_error(tmp_path):
     _assert_gone(tmp_path, 1)
 
 
+@pytest.mark.processes
 def test_worker_killed_by_sigkill_stops_the_job(tmp_path):
     start = time.monotonic()
     with pytest.raises(distributed.WorkerError,
@@ -202,6 +211,7 @@ def test_worker_killed_by_sigkill_stops_the_job(tmp_path):
     _assert_gone(tmp_path, 0)
 
 
+@pytest.mark.processes
 def test_user_error_in_a_worker_keeps_its_type_and_one_line_message():
     with pytest.raises(DatasetError) as info:
         distributed.launch(_rank1_raises_user_error, 2, device='cpu')
@@ -216,6 +226,7 @@ def _rank1_loader_worker_dies():
     time.sleep(60)
 
 
+@pytest.mark.processes
 def test_a_dead_loader_worker_raised_outside_the_loader_is_one_line():
     from detectron.utils.errors import LoaderWorkerError
     with pytest.raises(LoaderWorkerError) as info:
@@ -295,6 +306,7 @@ def _results(output):
                    if line.startswith('RESULT ')), key=lambda r: r['rank'])
 
 
+@pytest.mark.processes
 def test_torchrun_job_is_joined_not_respawned(tmp_path):
     script = tmp_path / 'job.py'
     script.write_text(LAUNCHED_SCRIPT)
@@ -306,6 +318,7 @@ def test_torchrun_job_is_joined_not_respawned(tmp_path):
         {'rank': r, 'world_size': 2, 'local_rank': r, 'sum': 3.0, 'source': 'torchrun'} for r in (0, 1)]
 
 
+@pytest.mark.processes
 def test_one_world_size_launcher_wins_over_a_config_value_and_refuses_a_typed_one(caplog):
     job = distributed.JobSpec(0, 2, 0, 'torchrun')
     assert distributed.resolve_num_gpus(2, explicit=True, job=job) == 2
@@ -324,6 +337,7 @@ def test_one_world_size_launcher_wins_over_a_config_value_and_refuses_a_typed_on
             distributed.launch(print, 3, device='cpu')
 
 
+@pytest.mark.processes
 def test_slurm_tasks_form_one_job(tmp_path):
     script = tmp_path / 'job.py'
     script.write_text(LAUNCHED_SCRIPT)
