@@ -29,9 +29,9 @@ def _defined(*paths):
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize('script', [CHECKS, BENCHMARKS, ENV])
+@pytest.mark.parametrize('script', ['gpu_checks.sh', 'gpu_benchmarks.sh', 'gpu_env.sh'])
 def test_the_scripts_parse(script, tmp_path):
-    done = _bash(f'bash -n {script}', tmp_path)
+    done = _bash(f'bash -n dev/{script}', tmp_path)
     assert done.returncode == 0, done.stderr
 
 
