@@ -258,6 +258,7 @@ def _final_model_after_training(catalog, output_dir, *overrides):
     return torch.load(output_dir / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)['model']
 
 
+@pytest.mark.slow
 def test_bfloat16_on_a_cpu_without_its_instructions_trains_exactly_as_float32(catalog, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(config_finalize, 'cpu_bfloat16_is_emulated', lambda: True)
     fallback = _final_model_after_training(catalog, tmp_path / 'bf16', 'SOLVER.AMP.ENABLED', 'True',
@@ -365,6 +366,7 @@ def _rank_batch(rank, chunks):
     return next(iter(loader))
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 @pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason='needs CUDA: the 2 ranks share GPU 0 in the DIST_BACKEND gloo check mode')])])
@@ -405,6 +407,7 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
         torch.testing.assert_close(final['model'][key], value.cpu(), rtol=0, atol=atol, msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 @pytest.mark.parametrize('weight', ['CENTERNET.WH_WEIGHT', 'CENTERNET.OFF_WEIGHT'])
 def test_two_gloo_workers_train_with_a_zero_weighted_head(catalog, tmp_path, monkeypatch, weight):
@@ -425,6 +428,7 @@ def test_two_gloo_workers_train_with_a_zero_weighted_head(catalog, tmp_path, mon
     assert not torch.equal(final['model']['heads.hm.2.weight'], init['heads.hm.2.weight'])
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_one_and_two_process_testing_give_the_same_detections(catalog, tmp_path, monkeypatch):
     monkeypatch.setenv('OMP_NUM_THREADS', '1')

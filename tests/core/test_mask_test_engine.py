@@ -78,6 +78,7 @@ def _assert_segms_match_boxes(all_boxes, all_segms, image_sizes):
             assert all(rle['size'] == list(size) for rle in rles)
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_test_net_prints_box_and_mask_ap_and_two_gloo_processes_give_its_masks(tiny_catalog, mask_weights,
                                                                               one_thread_per_process):

@@ -121,6 +121,7 @@ def test_range_needs_exactly_one_dataset(tiny_catalog, random_weights):
         test_engine.run_inference(random_weights, ind_range=(0, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_train_net_command_line_trains_then_tests(tiny_catalog):
     output_dir = tiny_catalog.parent / 'command_line'

@@ -193,6 +193,7 @@ def test_non_finite_loss_stops_with_the_iteration_and_keeps_the_checkpoint(tiny_
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_two_gloo_workers_train_with_detectron_checkpoint_period(tiny_catalog, capfd):
     output_dir = tiny_catalog.parent / 'two_workers'

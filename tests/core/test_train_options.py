@@ -269,6 +269,7 @@ def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
     (pathlib.Path(record_dir) / 'rank{}.json'.format(distributed.get_rank())).write_text(json.dumps(seen))
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_two_gloo_workers_with_unequal_batches_and_iter_size_take_the_hand_ddp_step(tiny_catalog, tmp_path):
     use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)',

@@ -235,6 +235,7 @@ def test_the_launchers_local_rank_flag_sets_or_matches_local_rank(spelling, monk
     assert exit_info.value.code == 2
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_torch_distributed_launch_trains_as_torchrun(tmp_path):
     # The CenterNet guide's launcher: it passes --local-rank=N to each of its processes.

@@ -111,6 +111,7 @@ def _rank_1_fails(output_dir):
         distributed.synchronize()  # rank 0 waits for rank 1, which never comes
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_a_spawned_rank_writes_its_error_line(tmp_path):
     with pytest.raises(ConfigValueError, match='^rank 1: a value only rank 1 reads is bad$'):

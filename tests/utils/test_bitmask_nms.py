@@ -81,6 +81,7 @@ def detectron_kept(boxes, scores, idxs, thresh):
     return kept[order]
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 @pytest.mark.cuda
 @pytest.mark.parametrize('name', list(CASES))

@@ -147,6 +147,7 @@ _FORKING_SAVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 @pytest.mark.parametrize('sig, tries', [(signal.SIGTERM, 6), (signal.SIGINT, 4)])
 def test_a_signal_while_a_checkpoint_is_written_is_one_line_and_leaves_the_last_checkpoint(tmp_path, sig, tries):

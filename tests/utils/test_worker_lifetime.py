@@ -175,6 +175,7 @@ TRAIN_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_a_rank_killed_by_sigkill_ends_the_job_and_a_restart_resumes(tmp_path):
     """torchrun's semantics: a dead member ends the whole job at once, with the member named."""
