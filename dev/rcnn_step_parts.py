@@ -14,14 +14,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tools'))
-from benchmark_lib.inputs import ours_train_inputs, synthetic_batch  # noqa: E402
-from benchmark_lib.rcnn_rows import build_ours_for_training  # noqa: E402
-from benchmark_lib.timing import autocast, sync  # noqa: E402
+from benchmark_lib.inputs import ours_train_inputs, synthetic_batch
+from benchmark_lib.rcnn_rows import build_ours_for_training
+from benchmark_lib.timing import autocast, sync
 
-from detectron.core.config import cfg  # noqa: E402
-from detectron.core.config_finalize import finalize_cfg  # noqa: E402
+from detectron.core.config import cfg
+from detectron.core.config_finalize import finalize_cfg
 from detectron.modeling import fast_rcnn_heads, generalized_rcnn, model_builder, rpn_heads
-from detectron.modeling.optimizer import build_optimizer  # noqa: E402
+from detectron.modeling.optimizer import build_optimizer
 from detectron.ops import multilevel_roi_align
 
 HOST_MS = collections.defaultdict(float)

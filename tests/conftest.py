@@ -7,8 +7,11 @@ or the `set_cfg` fixture for dotted names; the autouse fixtures below give every
 import copy
 
 import pytest
+import torch
 
 from detectron.core.config import CfgNode, cfg
+from detectron.datasets import dataset_catalog
+from support.tiny_runs import write_tiny_datasets
 
 
 def _restore_in_place(node, snapshot):
@@ -61,3 +64,36 @@ def set_cfg(restore_global_cfg):
         for dotted, value in values.items():
             _set_cfg_key(dotted, value)
     return set_keys
+
+
+# Fixtures of the tests that train or test on the tiny datasets (tests/support/tiny_runs.py).
+
+@pytest.fixture
+def private_dataset_registrations(monkeypatch):
+    """For a module's every test (pytestmark = pytest.mark.usefixtures(...)): the engines register
+    DATASET_CATALOG in this process; keep that out of other tests."""
+    monkeypatch.setattr(dataset_catalog, '_registered', {})
+
+
+@pytest.fixture(scope='module')
+def tiny_catalog(tmp_path_factory):
+    """The catalog path of the tiny datasets, written once per module."""
+    return write_tiny_datasets(tmp_path_factory.mktemp('tiny'))
+
+
+@pytest.fixture
+def one_thread_per_process(monkeypatch):
+    """One intra-op thread here and in every spawned worker (they honour OMP_NUM_THREADS): CPU kernels
+    reduce in an order that depends on the thread count, which moves scores by up to ~1e-4."""
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def on_the_cpu(monkeypatch):
+    """The expected lines name the CPU (no memory statistics): hide a GPU the machine may have."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')

@@ -125,6 +125,7 @@ def _tracked_text_files():
                 yield rel, path
 
 
+@pytest.mark.processes
 def test_files_speak_of_the_product_not_of_its_development():
     found = []
     for rel, path in _tracked_text_files():
@@ -165,3 +166,33 @@ def test_no_test_monkeypatches_a_cfg_node():
 def test_the_cfg_monkeypatch_finder_finds_one():
     source = "def t(monkeypatch):\n    monkeypatch.setattr(cfg.MRCNN, 'X', 1)\n    monkeypatch.setattr(os, 'sep', 1)\n"
     assert list(_monkeypatched_cfg_nodes(source)) == [2]
+
+
+def _imports_of_test_modules(source, test_modules):
+    """Line numbers of the imports (at any depth) of a module named in test_modules."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        if any(name.split('.')[0] in test_modules for name in names):
+            yield node.lineno
+
+
+def test_no_test_module_imports_another():
+    # Shared helpers live in tests/support/ and fixtures in a conftest.py: importing a test module
+    # runs its module-level code in another module and drags its fixtures along.
+    paths = list(_python_files('tests'))
+    test_modules = {os.path.basename(path)[:-3] for path in paths if os.path.basename(path).startswith('test_')}
+    found = [f'{os.path.relpath(path, REPO_ROOT)}:{line}' for path in paths
+             for line in _imports_of_test_modules(open(path, encoding='utf-8').read(), test_modules)]
+    assert found == []
+
+
+def test_the_test_module_import_finder_finds_them():
+    source = ('import os\nimport test_cli\nfrom test_train_engine import write_tiny_datasets\n'
+              'from detectron.core import test_engine\nfrom support.tiny_runs import use_tiny_config\n'
+              'def f():\n    import test_cli.sub\n')
+    assert list(_imports_of_test_modules(source, {'test_cli', 'test_train_engine', 'test_engine'})) == [2, 3, 7]

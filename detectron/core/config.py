@@ -8,13 +8,12 @@ differently (KL-Loss and CenterNet keys, aliases, type rules).
 
 import difflib
 import logging
-import math
 import os
 import os.path as osp
 import tempfile
 from collections.abc import Mapping
 
-from detectron.core import launch
+from detectron.core import config_domains, launch
 from detectron.core.config_defaults import CfgNode, cfg
 from detectron.core.config_values import coerce_value, decode_value
 from detectron.core.config_yaml import load_cfg, load_yaml_file  # noqa: F401  (load_cfg: public here, as in Detectron)
@@ -390,12 +389,10 @@ def _raise_key_rename_error(full_key):
 # Consistency checks of assert_and_infer_cfg
 # ---------------------------------------------------------------------------------------------
 def _check_cfg():
+    check_domains()
     _check_acted_on()
-    _check_positive(('NUM_GPUS', 'TRAIN.IMS_PER_BATCH', 'SOLVER.ITER_SIZE', 'SOLVER.MAX_ITER',
-                     'TRAIN.SNAPSHOT_ITERS', 'TRAIN.CUDA_GRAPHS_MAX_SHAPES',
-                     'TEST.CUDA_GRAPHS_MAX_SHAPES', 'TEST.IMS_PER_BATCH'))
     _check_rank_ims_per_batch()
-    _check_solver()
+    _check_dependent_domains()
     # The short spellings users type from mixed-precision guides.
     __C.SOLVER.AMP.DTYPE = {'fp16': 'float16', 'half': 'float16', 'bf16': 'bfloat16'}.get(
         __C.SOLVER.AMP.DTYPE, __C.SOLVER.AMP.DTYPE)
@@ -404,7 +401,6 @@ def _check_cfg():
     _check_choice('SOLVER.CLIP_GRADIENTS.CLIP_TYPE', ('value', 'norm'))
     _check_choice('DIST_BACKEND', ('', 'nccl', 'gloo'))
     _check_choice('STD.SIGMA_COLUMN_ORDER', ('reference', 'corrected'))
-    _check_choice('TRAIN.FREEZE_AT', (0, 2, 3, 4, 5))
     if __C.STD_NMS:
         _check_choice('STD.METHOD', ('stdiou', 'soft'))
         if not __C.PRED_STD:
@@ -412,6 +408,14 @@ def _check_cfg():
                 'STD_NMS True needs the predicted sigmas: set PRED_STD True as well, with weights trained with '
                 'PRED_STD True (they hold bbox_pred_std)'
             )
+
+
+def check_domains():
+    """Every numeric key inside its domain (core/config_domains.py's table), else one ConfigValueError
+    line naming the key. assert_and_infer_cfg checks; tools also check right after merging, before the
+    model type reads the values."""
+    config_domains.check_domains(lambda full_key: leaf_value(__C, full_key),
+                                 lambda full_key: leaf_value(_DEFAULTS, full_key))
 
 
 def _check_acted_on():
@@ -423,42 +427,17 @@ def _check_acted_on():
             raise ConfigValueError('{} {!r} is not acted on by this port: {}'.format(full_key, value, reason))
 
 
-def _check_solver():
-    """Values that no schedule means: each is refused with one line instead of training nonsense."""
-    solver = __C.SOLVER
-    checks = [
-        ('SOLVER.BASE_LR', solver.BASE_LR, solver.BASE_LR > 0, 'a finite number > 0'),
-        ('SOLVER.GAMMA', solver.GAMMA, solver.GAMMA > 0, 'a finite number > 0'),
-        ('SOLVER.MOMENTUM', solver.MOMENTUM, 0 <= solver.MOMENTUM < 1, 'in [0, 1)'),
-        ('SOLVER.WEIGHT_DECAY', solver.WEIGHT_DECAY, solver.WEIGHT_DECAY >= 0, 'a finite number >= 0'),
-        ('SOLVER.WEIGHT_DECAY_GN', solver.WEIGHT_DECAY_GN, solver.WEIGHT_DECAY_GN >= 0, 'a finite number >= 0'),
-        ('SOLVER.WARM_UP_ITERS', solver.WARM_UP_ITERS, solver.WARM_UP_ITERS >= 0, '>= 0'),
-        ('SOLVER.WARM_UP_FACTOR', solver.WARM_UP_FACTOR, 0 <= solver.WARM_UP_FACTOR <= 1, 'in [0, 1]'),
-        ('SOLVER.CLIP_GRADIENTS.CLIP_VALUE', solver.CLIP_GRADIENTS.CLIP_VALUE, solver.CLIP_GRADIENTS.CLIP_VALUE > 0,
-         'a finite number > 0'),
-        ('SOLVER.CLIP_GRADIENTS.NORM_TYPE', solver.CLIP_GRADIENTS.NORM_TYPE, solver.CLIP_GRADIENTS.NORM_TYPE > 0,
-         'a number > 0 (inf: the largest absolute value)'),
-        ('SOLVER.AMP.LOSS_SCALE', solver.AMP.LOSS_SCALE, solver.AMP.LOSS_SCALE >= 0,
-         'a finite number >= 0 (0: dynamic loss scaling)'),
-        ('SOLVER.LRS', solver.LRS, all(lr > 0 for lr in solver.LRS), 'a list of finite numbers > 0'),
-        ('TRAIN.KEEP_CHECKPOINTS', __C.TRAIN.KEEP_CHECKPOINTS, __C.TRAIN.KEEP_CHECKPOINTS >= 0, '>= 0 (0: keep all)'),
-        ('TEST.EVAL_PERIOD', __C.TEST.EVAL_PERIOD, __C.TEST.EVAL_PERIOD >= 0, '>= 0 (0: off)'),
-        ('TEST.VAL_LOSS_PERIOD', __C.TEST.VAL_LOSS_PERIOD, __C.TEST.VAL_LOSS_PERIOD >= 0, '>= 0 (0: off)'),
-        ('CENTERNET.VAL_INTERVALS', __C.CENTERNET.VAL_INTERVALS, __C.CENTERNET.VAL_INTERVALS >= 0, '>= 0 (0: off)'),
+def _check_dependent_domains():
+    """Domains that depend on another key (every other domain: core/config_domains.py)."""
+    dependent = [
+        ('SOLVER.STEP_SIZE', __C.SOLVER.LR_POLICY == 'step', 'at least 1 with LR_POLICY step'),
+        ('TEST.DETECTIONS_PER_IM', __C.MODEL.TYPE == 'centernet',
+         'at least 1 with MODEL.TYPE centernet (its merge keeps the n best; 0, no cap, is for R-CNN)'),
     ]
-    if solver.LR_POLICY == 'step':
-        checks.append(('SOLVER.STEP_SIZE', solver.STEP_SIZE, solver.STEP_SIZE >= 1, 'at least 1 with LR_POLICY step'))
-    for full_key, value, valid, expected in checks:
-        values = value if isinstance(value, list) else [value]
-        if not valid or not all(math.isfinite(v) for v in values):
+    for full_key, applies, expected in dependent:
+        value = leaf_value(__C, full_key)
+        if applies and value < 1:
             raise ConfigValueError('{} must be {}, got {!r}'.format(full_key, expected, value))
-
-
-def _check_positive(full_keys):
-    for full_key in full_keys:
-        node, leaf = _find_node(full_key, 'assert_and_infer_cfg')
-        if node[leaf] < 1:
-            raise ConfigValueError('{} must be at least 1, got {}'.format(full_key, node[leaf]))
 
 
 def _check_rank_ims_per_batch():

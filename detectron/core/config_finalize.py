@@ -1,19 +1,20 @@
 """The one way a config is finished: every tool calls `finalize_cfg`, every worker `receive_cfg`.
 
 `finalize_cfg` merges the YAML file and the KEY VALUE overrides (aliases and Detectron's renamed keys
-included), reconciles NUM_GPUS with a launcher's world size, asks the model type whether it builds
-these settings, registers DATASET_CATALOG, and for training fills the keys the model type derives,
-rescales the schedule to the global batch and picks the precision this machine can train in; then
-it freezes the cfg. Workers get the frozen result: `receive_cfg` makes it theirs and registers the
-same catalog, so every process resolves the same dataset names. A tool or worker then builds its
-model type from the finished cfg once (model_builder.build_model_type) and hands it to the engines.
+included), reconciles NUM_GPUS with a launcher's world size, checks every numeric key's domain
+(core/config_domains.py), asks the model type whether it builds these settings, registers
+DATASET_CATALOG, and for training fills the keys the model type derives, rescales the schedule to
+the global batch and picks the precision this machine can train in; then it freezes the cfg.
+Workers get the frozen result: `receive_cfg` makes it theirs and registers the same catalog, so
+every process resolves the same dataset names. A tool or worker then builds its model type from the
+finished cfg once (model_builder.build_model_type) and hands it to the engines.
 """
 import logging
 
 import torch
 
-from detectron.core.config import (adopt_cfg, assert_and_infer_cfg, cfg, images_per_iter, merge_cfg_from_command_line,
-                                   scale_schedule_to_global_batch, typed_keys)
+from detectron.core.config import (adopt_cfg, assert_and_infer_cfg, cfg, check_domains, images_per_iter,
+                                   merge_cfg_from_command_line, scale_schedule_to_global_batch, typed_keys)
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 
@@ -25,6 +26,7 @@ def finalize_cfg(cfg_file, opts, training=False):
     freeze it. Returns the lines in which the model type says what it derived for training, keys the
     user typed kept (the schedule's rescaling and a precision change are logged where they happen)."""
     merge_cfg_from_command_line(cfg_file, opts)
+    check_domains()  # before the model type or a derivation computes with a value outside its key's domain
     model_type = model_builder.build_model_type(cfg)  # bound to the cfg being finished
     model_type.check()  # once, before any process starts
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)

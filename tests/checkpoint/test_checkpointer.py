@@ -196,6 +196,7 @@ def _train_toy(output_dir, last_iter):
     return start_iter, {k: v.clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.processes
 def test_resumed_training_ends_where_the_uninterrupted_one_does(tmp_path):
     for directory in ('a', 'b', 'c'):
         os.makedirs(tmp_path / directory)
@@ -336,8 +337,8 @@ def test_full_disk_while_saving_is_one_line_and_keeps_the_old_checkpoint(tmp_pat
     assert checkpointer.load_checkpoint(path, _ToyNet())['iteration'] == 9
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_adam_state_with_cpu_step_counters_checkpoints_on_any_device(tmp_path, device):
     # torch's Adam keeps its 'step' counters as CPU tensors even for CUDA parameters.
     model = torch.nn.Linear(3, 2).to(device)
@@ -425,8 +426,8 @@ class _HostCopies(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_a_checkpoint_copies_each_tensor_to_the_host_at_most_once(tmp_path, device):
     # channels_last weights (and Adam's moments, which follow their layout) are the case where the
     # digest used to make a second, contiguous host copy after the device-to-host one.

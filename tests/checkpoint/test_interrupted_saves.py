@@ -18,15 +18,9 @@ from detectron.checkpoint.torch_file import read_torch_file
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
 from detectron.utils.errors import JobInterrupted, as_loader_worker_error
+from support.tiny_runs import SHAPES_CFG, TINY_OVERRIDES, use_tiny_config, write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, 'tests', 'core'))
-from test_train_engine import (  # noqa: E402
-    SHAPES_CFG,
-    TINY_OVERRIDES,
-    use_tiny_config,
-    write_tiny_datasets,
-)
 
 ENV = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1')
 STOPPED = 'error: stopped by {}; all worker processes were stopped (a training run resumes from its last checkpoint ' \
@@ -61,6 +55,7 @@ def _on_a_small_disk(directory, size, command, listed=None):
     return out.returncode, out.stderr, sorted(set(left) - {'.', '..'})
 
 
+@pytest.mark.processes
 @needs_tmpfs
 def test_a_real_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path):
     disk = tmp_path / 'disk'
@@ -103,6 +98,7 @@ def tiny_test_set(tiny_catalog):
     return tiny_catalog, weights
 
 
+@pytest.mark.processes
 @needs_tmpfs
 def test_test_net_onto_a_full_disk_is_one_line_and_leaves_no_truncated_results_file(tmp_path, tiny_test_set):
     catalog, weights = tiny_test_set
@@ -153,6 +149,8 @@ _FORKING_SAVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.parametrize('sig, tries', [(signal.SIGTERM, 6), (signal.SIGINT, 4)])
 def test_a_signal_while_a_checkpoint_is_written_is_one_line_and_leaves_the_last_checkpoint(tmp_path, sig, tries):
     saver = subprocess.Popen([sys.executable, '-c', _FORKING_SAVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -196,6 +194,7 @@ _READING = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_process_group_stops_the_job_with_one_line(tiny_test_set, sig):
     # What a shell's Ctrl-C, a scheduler or torchrun's agent does: the loader workers get the signal too.
@@ -213,6 +212,7 @@ def test_a_signal_to_the_process_group_stops_the_job_with_one_line(tiny_test_set
     assert stderr.strip().splitlines() == [STOPPED.format(sig.name)], stderr
 
 
+@pytest.mark.processes
 def test_torch_s_dead_worker_errors_of_a_stopped_job_are_the_stop():
     stopped = JobInterrupted(signal.SIGTERM)
     waited = RuntimeError('DataLoader worker (pid(s) 12) exited unexpectedly')

@@ -46,6 +46,7 @@ def test_gpu_index_is_round_robin_only_when_ranks_share_gpus():
     assert [launch.gpu_index(r, False, 3) for r in range(3)] == [0, 1, 2]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('local_rank, gpu', [(0, 0), (1, 1), (2, 0), (5, 1)])
 def test_gloo_on_cuda_maps_a_torchrun_rank_onto_the_visible_gpus(two_mocked_gpus, monkeypatch, local_rank, gpu):
     _torchrun_rank(monkeypatch, rank=local_rank + 6, local_rank=local_rank, world_size=12)
@@ -53,6 +54,7 @@ def test_gloo_on_cuda_maps_a_torchrun_rank_onto_the_visible_gpus(two_mocked_gpus
     assert device == torch.device('cuda', gpu) and two_mocked_gpus == [gpu]
 
 
+@pytest.mark.processes
 def test_the_check_mode_is_said_once_by_rank_0(two_mocked_gpus, monkeypatch, caplog):
     _torchrun_rank(monkeypatch, rank=0, local_rank=0, world_size=5)
     with caplog.at_level(logging.INFO):
@@ -68,6 +70,7 @@ def test_the_check_mode_is_said_once_by_rank_0(two_mocked_gpus, monkeypatch, cap
     assert 'Check mode' not in caplog.text
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('backend', [None, '', 'nccl'])
 def test_nccl_with_more_ranks_than_gpus_stays_the_one_error(two_mocked_gpus, monkeypatch, backend):
     with pytest.raises(LaunchError, match=r'^NUM_GPUS 3 needs 3 GPUs but only 2 are visible; ask for at most 2 '
@@ -79,6 +82,7 @@ def test_nccl_with_more_ranks_than_gpus_stays_the_one_error(two_mocked_gpus, mon
     assert two_mocked_gpus == []  # refused before any device was bound
 
 
+@pytest.mark.processes
 def test_gloo_on_cpu_is_no_check_mode(monkeypatch, caplog):
     for key, value in comm._state.items():
         monkeypatch.setitem(comm._state, key, value)
@@ -92,6 +96,7 @@ def test_an_unknown_dist_backend_is_one_line():
         finalize_cfg(SHAPES, ['DIST_BACKEND', 'mpi'])
 
 
+@pytest.mark.processes
 def test_num_gpus_spawns_ranks_that_map_round_robin(two_mocked_gpus, monkeypatch):
     spawned = {}
     monkeypatch.setattr(launch, '_spawn_and_watch',

@@ -740,7 +740,7 @@ def test_make_immutable_false():
     (['SOLVER.MOMENTUM', '-0.9'], 'SOLVER.MOMENTUM must be in [0, 1), got -0.9'),
     (['SOLVER.WEIGHT_DECAY', '-1e-4'], 'SOLVER.WEIGHT_DECAY must be a finite number >= 0, got -0.0001'),
     (['SOLVER.WEIGHT_DECAY_GN', '-1'], 'SOLVER.WEIGHT_DECAY_GN must be a finite number >= 0, got -1.0'),
-    (['SOLVER.WARM_UP_ITERS', '-5'], 'SOLVER.WARM_UP_ITERS must be >= 0, got -5'),
+    (['SOLVER.WARM_UP_ITERS', '-5'], 'SOLVER.WARM_UP_ITERS must be at least 0, got -5'),
     (['SOLVER.WARM_UP_FACTOR', '3'], 'SOLVER.WARM_UP_FACTOR must be in [0, 1], got 3.0'),
     (['SOLVER.AMP.LOSS_SCALE', '-128'], 'SOLVER.AMP.LOSS_SCALE must be a finite number >= 0 (0: dynamic'),
     (['SOLVER.LR_POLICY', 'step', 'SOLVER.STEP_SIZE', '0'],

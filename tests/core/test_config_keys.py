@@ -15,8 +15,10 @@ from detectron.core.config import CfgNode, assert_and_infer_cfg, cfg, merge_cfg_
 from detectron.utils.errors import ConfigValueError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Tables of key names that are not reads: the refusals, the merge rules' renames and aliases.
-_NAME_TABLES = {'_NOT_ACTED_ON', '_DEPRECATED_KEYS', '_RENAMED_KEYS', '_KEY_ALIASES', 'NAME_TUPLE_KEYS'}
+# Tables of key names that are not reads: the refusals, the merge rules' renames and aliases, the
+# domains of the numeric keys.
+_NAME_TABLES = {'_NOT_ACTED_ON', '_DEPRECATED_KEYS', '_RENAMED_KEYS', '_KEY_ALIASES', 'NAME_TUPLE_KEYS', 'DOMAINS',
+                'NON_NUMERIC_SEQUENCES'}
 
 
 def _leaf_keys(node, prefix=''):

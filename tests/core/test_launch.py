@@ -48,6 +48,7 @@ def _rank1_raises_user_error():
     comm.synchronize()
 
 
+@pytest.mark.processes
 def test_more_gpus_than_visible_is_a_launch_error_before_any_process_starts(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
@@ -59,11 +60,13 @@ def test_more_gpus_than_visible_is_a_launch_error_before_any_process_starts(monk
         launch.launch(pytest.fail, 4)
 
 
+@pytest.mark.processes
 def test_zero_processes_is_a_launch_error():
     with pytest.raises(LaunchError, match='NUM_GPUS must be at least 1, got 0'):
         launch.launch(pytest.fail, 0, device='cpu')
 
 
+@pytest.mark.processes
 def test_cuda_asked_without_gpus_is_a_launch_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 0)
     monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
@@ -78,6 +81,7 @@ def _assert_gone(pid_dir, rank):
         os.kill(pid, 0)
 
 
+@pytest.mark.processes
 def test_worker_exception_stops_the_job_and_names_rank_and_error(tmp_path):
     start = time.monotonic()
     with pytest.raises(launch.WorkerError) as info:
@@ -89,6 +93,7 @@ def test_worker_exception_stops_the_job_and_names_rank_and_error(tmp_path):
     _assert_gone(tmp_path, 1)
 
 
+@pytest.mark.processes
 def test_worker_killed_by_sigkill_stops_the_job(tmp_path):
     start = time.monotonic()
     with pytest.raises(launch.WorkerError,
@@ -99,6 +104,7 @@ def test_worker_killed_by_sigkill_stops_the_job(tmp_path):
     _assert_gone(tmp_path, 0)
 
 
+@pytest.mark.processes
 def test_user_error_in_a_worker_keeps_its_type_and_one_line_message():
     with pytest.raises(DatasetError) as info:
         launch.launch(_rank1_raises_user_error, 2, device='cpu')
@@ -112,6 +118,7 @@ def _rank1_loader_worker_dies():
     time.sleep(60)
 
 
+@pytest.mark.processes
 def test_a_dead_loader_worker_raised_outside_the_loader_is_one_line():
     from detectron.utils.errors import LoaderWorkerError
     with pytest.raises(LoaderWorkerError) as info:
@@ -193,6 +200,7 @@ def _results(output):
                    if line.startswith('RESULT ')), key=lambda r: r['rank'])
 
 
+@pytest.mark.processes
 def test_torchrun_job_is_joined_not_respawned(tmp_path):
     script = tmp_path / 'job.py'
     script.write_text(LAUNCHED_SCRIPT)
@@ -204,6 +212,7 @@ def test_torchrun_job_is_joined_not_respawned(tmp_path):
         {'rank': r, 'world_size': 2, 'local_rank': r, 'sum': 3.0, 'source': 'torchrun'} for r in (0, 1)]
 
 
+@pytest.mark.processes
 def test_one_world_size_launcher_wins_over_a_config_value_and_refuses_a_typed_one(caplog):
     job = launch.JobSpec(0, 2, 0, 'torchrun')
     assert launch.resolve_num_gpus(2, explicit=True, job=job) == 2
@@ -222,6 +231,7 @@ def test_one_world_size_launcher_wins_over_a_config_value_and_refuses_a_typed_on
             launch.launch(print, 3, device='cpu')
 
 
+@pytest.mark.processes
 def test_slurm_tasks_form_one_job(tmp_path):
     script = tmp_path / 'job.py'
     script.write_text(LAUNCHED_SCRIPT)

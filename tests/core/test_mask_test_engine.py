@@ -16,9 +16,10 @@ from pycocotools.cocoeval import COCOeval
 from detectron.core import test_engine
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
-from test_test_engine import METRICS, coco_metrics, one_thread_per_process  # noqa: F401 (fixture)
-from test_train_engine import (REPO, SHAPES_CFG, TINY_OVERRIDES,  # noqa: F401 (fixtures)
-                               private_dataset_registrations, tiny_catalog, use_tiny_config)
+from support.coco_eval import METRICS, coco_metrics
+from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config
+
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 MASK_OVERRIDES = ['MODEL.MASK_ON', 'True', 'MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs',
                   'MRCNN.RESOLUTION', '14', 'MRCNN.ROI_XFORM_RESOLUTION', '7', 'MRCNN.ROI_XFORM_SAMPLING_RATIO', '2',
@@ -77,6 +78,8 @@ def _assert_segms_match_boxes(all_boxes, all_segms, image_sizes):
             assert all(rle['size'] == list(size) for rle in rles)
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_test_net_prints_box_and_mask_ap_and_two_gloo_processes_give_its_masks(tiny_catalog, mask_weights,
                                                                               one_thread_per_process):
     # tools/test_net.py in one process (OMP_NUM_THREADS 1, as the gloo workers below).

@@ -19,7 +19,7 @@ from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 from detectron.modeling.model_type import ModelType, register_model_type, unregister_model_type
 from detectron.utils.errors import ConfigValueError
-from test_train_engine import write_tiny_datasets
+from support.tiny_runs import write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'tiny')
@@ -123,6 +123,7 @@ def test_second_model_type_trains_resumes_and_tests_through_the_engines(catalog,
     np.testing.assert_allclose(all_boxes[1][0][0, :4], box * 3, rtol=1e-6)
 
 
+@pytest.mark.processes
 def test_two_gloo_processes_test_the_second_model_type_as_one(catalog, tmp_path):
     use_tiny_type(catalog, tmp_path / 'single', 'SOLVER.MAX_ITER', '2')
     weights = train_engine.train_model()['final']

@@ -14,37 +14,14 @@ from detectron.modeling import fast_rcnn_heads, model_builder
 from detectron.modeling.rcnn_builder import GeneralizedRCNNType
 from detectron.utils.errors import DeviceOutOfMemory, run_tool
 from detectron.utils.memory import describe_device_memory
-import test_train_engine
-from test_train_engine import TRAIN_SUBDIR, use_tiny_config
+from support.out_of_memory import out_of_memory_from_call
+from support.tiny_runs import TRAIN_SUBDIR, use_tiny_config
 
-# The tiny datasets' fixtures.
-tiny_catalog = test_train_engine.tiny_catalog
-private_dataset_registrations = test_train_engine.private_dataset_registrations
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 RCNN_TRAINING = ('lower TRAIN.IMS_PER_BATCH 2, raising SOLVER.ITER_SIZE 1 by the same factor (the same images per '
                  'iteration); TRAIN.CHECKPOINT_ACTIVATIONS True (recompute backbone activations in the backward); '
                  'lower TRAIN.BATCH_SIZE_PER_IM 32 (RoIs per image)')
-
-
-@pytest.fixture
-def on_the_cpu(monkeypatch):
-    """The expected lines name the CPU (no memory statistics): hide a GPU the machine may have."""
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
-    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
-
-
-def out_of_memory_from_call(monkeypatch, module, name, first_failing_call):
-    """module.name raises torch.OutOfMemoryError from its call number first_failing_call (0-based)
-    on; returns the real function."""
-    real = getattr(module, name)
-    calls = itertools.count()
-
-    def failing(*args, **kwargs):
-        if next(calls) >= first_failing_call:
-            raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')
-        return real(*args, **kwargs)
-    monkeypatch.setattr(module, name, failing)
-    return real
 
 
 def test_training_out_of_memory_is_one_error_line_and_keeps_the_checkpoint(tiny_catalog, monkeypatch, capsys,

@@ -51,6 +51,7 @@ def test_a_second_run_on_a_live_directory_is_refused_with_one_line(holder, capsy
     assert process.poll() is None  # the refused run did not disturb the live one
 
 
+@pytest.mark.processes
 def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(holder, caplog):
     process, directory = holder
     process.send_signal(signal.SIGKILL)

@@ -7,9 +7,7 @@ import os
 import pytest
 import torch
 import torchvision
-from test_centernet_engine import use_centernet
-import test_train_engine
-from test_train_engine import REPO, use_tiny_config, write_tiny_datasets
+from support.tiny_runs import REPO, use_centernet, use_tiny_config, write_tiny_datasets
 
 from detectron.checkpoint.c2_weights import load_weights, state_dict_to_detectron_blobs
 from detectron.core import launch
@@ -20,7 +18,7 @@ from detectron.utils.io import save_object
 
 
 # The engines register DATASET_CATALOG in this process: keep that out of other tests.
-private_dataset_registrations = test_train_engine.private_dataset_registrations
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(scope='module')
@@ -65,6 +63,7 @@ def test_converting_into_a_missing_folder_is_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ['R-18.pkl', 'R-18.pth']
 
 
+@pytest.mark.processes
 def test_more_cpu_processes_than_cores_are_refused_before_any_starts(monkeypatch):
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
     started = []

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
 
 from detectron.core import test as test_lib
 from detectron.core import test_engine
@@ -22,10 +21,10 @@ from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.errors import ConfigValueError
 from detectron.utils.vis import vis_one_image
-from test_train_engine import (REPO, SHAPES_CFG, TINY_OVERRIDES, json_stats,  # noqa: F401 (fixtures)
-                               private_dataset_registrations, tiny_catalog, use_tiny_config)
+from support.coco_eval import METRICS, coco_metrics, images_in_id_order
+from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, json_stats, use_tiny_config
 
-METRICS = ['AP', 'AP50', 'AP75', 'APs', 'APm', 'APl', 'AP60', 'AP70', 'AP80', 'AP85', 'AP90', 'AP95']
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture
@@ -50,35 +49,13 @@ def _load(path):
         return pickle.load(f)
 
 
-def _images(coco):
-    return [coco.imgs[i] for i in sorted(coco.getImgIds())]
-
-
-def coco_metrics(ann_file, all_boxes):
-    """The 12 box metrics of all_boxes, evaluated here from scratch with pycocotools."""
-    coco = COCO(ann_file)
-    json_ids = [c['id'] for c in coco.dataset['categories']]  # contiguous class j is categories[j - 1]
-    results = [{'image_id': image['id'], 'category_id': json_ids[j - 1], 'score': float(score),
-                'bbox': [float(x1), float(y1), float(x2 - x1 + 1), float(y2 - y1 + 1)]}
-               for j in range(1, len(all_boxes)) for image, dets in zip(_images(coco), all_boxes[j])
-               for x1, y1, x2, y2, score in np.asarray(dets, np.float64).reshape(-1, 5)]
-    evaluation = COCOeval(coco, coco.loadRes(results), 'bbox')
-    evaluation.evaluate()
-    evaluation.accumulate()
-    evaluation.summarize()
-    precision = evaluation.eval['precision'][:, :, :, 0, 2]  # area 'all', 100 detections
-    single_iou = [precision[int(round((iou - 0.5) / 0.05))] for iou in (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)]
-    values = list(evaluation.stats[:6]) + [p[p > -1].mean() if (p > -1).any() else -1.0 for p in single_iou]
-    return dict(zip(METRICS, map(float, values)))
-
-
 def _detect_directly(weights, ann_file, image_dir):
     """all_boxes built image by image with core/test.im_detect_all, the per-image function."""
     model_type = model_builder.build_model_type(cfg)
     model = test_engine.load_test_model(model_type, weights,
                                         torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
     per_image = [test_lib.im_detect_all(model_type, model, read_image(os.path.join(image_dir, image['file_name'])))
-                 for image in _images(COCO(ann_file))]
+                 for image in images_in_id_order(COCO(ann_file))]
     return [[[] for _ in per_image]] + [[boxes[j] for boxes in per_image] for j in range(1, cfg.MODEL.NUM_CLASSES)]
 
 
@@ -114,17 +91,7 @@ def test_single_process_writes_detections_and_metrics_of_each_dataset(tiny_catal
     assert results['tiny_val']['box']['AP50'] > 0  # random boxes hit some of the 11 objects
 
 
-@pytest.fixture
-def one_thread_per_process(monkeypatch):
-    """One intra-op thread here and in every spawned worker (they honour OMP_NUM_THREADS): CPU kernels
-    reduce in an order that depends on the thread count, which moves scores by up to ~1e-4."""
-    monkeypatch.setenv('OMP_NUM_THREADS', '1')
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
+@pytest.mark.processes
 def test_two_gloo_processes_give_the_single_process_detections(tiny_catalog, random_weights, one_thread_per_process):
     single_dir, multi_dir = tiny_catalog.parent / 'single_1', tiny_catalog.parent / 'multi'
     use_tiny_config(tiny_catalog, single_dir)
@@ -156,6 +123,8 @@ def test_range_needs_exactly_one_dataset(tiny_catalog, random_weights):
         test_engine.run_inference(model_builder.build_model_type(cfg), random_weights, ind_range=(0, 2))
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_train_net_command_line_trains_then_tests(tiny_catalog):
     output_dir = tiny_catalog.parent / 'command_line'
     overrides = TINY_OVERRIDES + ['DATASET_CATALOG', str(tiny_catalog), 'OUTPUT_DIR', str(output_dir),
@@ -180,7 +149,7 @@ def test_vis_draws_each_tested_image_with_its_detections(tiny_catalog, random_we
     use_tiny_config(tiny_catalog, output_dir, 'VIS', 'True', 'VIS_TH', '0.0')
     test_engine.run_inference(model_builder.build_model_type(cfg), random_weights)
     test_dir = _test_dir(output_dir, 'tiny_val')
-    images = _images(COCO(dataset_catalog.get_ann_fn('tiny_val')))
+    images = images_in_id_order(COCO(dataset_catalog.get_ann_fn('tiny_val')))
     names = [os.path.splitext(image['file_name'])[0] + '.png' for image in images]
     assert sorted(os.listdir(os.path.join(test_dir, 'vis'))) == sorted(names)
     all_boxes = _load(os.path.join(test_dir, 'detections.pkl'))['all_boxes']

@@ -1,7 +1,7 @@
 """The training loop's options on CPU: SOLVER.ITER_SIZE against a hand-computed SGD step, AMP (bfloat16,
 float16 with a fixed and a dynamic loss scale), MODEL.SYNC_BN, and TRAIN.RANK_IMS_PER_BATCH with
 ITER_SIZE on 2 gloo workers against a hand-computed DDP step. Uses the tiny dataset and config of
-test_train_engine.py."""
+tests/support/tiny_runs.py."""
 import collections
 import itertools
 import json
@@ -23,8 +23,7 @@ from detectron.roi_data.loader import aspect_ratio_groups, build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError
-from test_train_engine import (TRAIN_SUBDIR, json_stats,  # noqa: F401 (fixtures)
-                               private_dataset_registrations, tiny_catalog, use_tiny_config)
+from support.tiny_runs import TRAIN_SUBDIR, json_stats, use_tiny_config
 
 # One plain SGD step at a constant LR: no momentum, no weight decay, no warm-up ramp.
 PLAIN_SGD = ['SOLVER.MOMENTUM', '0.0', 'SOLVER.WEIGHT_DECAY', '0.0', 'SOLVER.WEIGHT_DECAY_GN', '0.0',
@@ -34,6 +33,8 @@ SHAPES_LR = float(np.float32(0.02))
 STEM_CONV = 'conv_body.body.conv1.weight'
 
 CPU = torch.device('cpu')
+
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(autouse=True)
@@ -269,6 +270,8 @@ def train_worker_recording_batch_sizes(cfg_snapshot, record_dir):
     (pathlib.Path(record_dir) / 'rank{}.json'.format(comm.get_rank())).write_text(json.dumps(seen))
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_two_gloo_workers_with_unequal_batches_and_iter_size_take_the_hand_ddp_step(tiny_catalog, tmp_path):
     use_tiny_config(tiny_catalog, tmp_path, 'NUM_GPUS', '2', 'TRAIN.RANK_IMS_PER_BATCH', '(2, 1)',
                     'SOLVER.ITER_SIZE', '2', 'SOLVER.MAX_ITER', '1', *PLAIN_SGD)

@@ -12,7 +12,7 @@ from detectron.core.config import (assert_and_infer_cfg, cfg, merge_cfg_from_com
 from detectron.core import train_engine
 from detectron.modeling import centernet_builder, model_builder
 from detectron.utils.errors import ConfigValueError
-from test_train_engine import write_tiny_datasets
+from support.tiny_runs import write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESDCN18 = os.path.join(REPO, 'configs', 'centernet', 'ctdet_coco_resdcn18.yaml')
@@ -127,6 +127,7 @@ def test_per_gpu_batches_come_only_from_the_centernet_keys(eighty_images):
         derive()
 
 
+@pytest.mark.processes
 def test_train_net_prints_the_contradiction_as_one_error_line(tmp_path):
     catalog = write_tiny_datasets(tmp_path)  # tiny_train: 8 images, one iteration per epoch at batch 8
     demo = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml')
@@ -155,7 +156,7 @@ def test_the_derived_config_passes_the_checks_and_says_which_checkpoints_stay(ei
 
 def test_a_negative_keep_checkpoints_is_refused():
     merge_cfg_from_list(['TRAIN.KEEP_CHECKPOINTS', '-1'])
-    with pytest.raises(ConfigValueError, match=r'^TRAIN.KEEP_CHECKPOINTS must be >= 0 \(0: keep all\), got -1$'):
+    with pytest.raises(ConfigValueError, match=r'^TRAIN.KEEP_CHECKPOINTS must be at least 0 \(0: keep all\), got -1$'):
         assert_and_infer_cfg()
 
 

@@ -10,15 +10,7 @@ import sys
 
 import pytest
 import torch
-from test_centernet_engine import use_centernet
-import test_train_engine
-from test_train_engine import (
-    REPO,
-    SHAPES_CFG,
-    TINY_OVERRIDES,
-    use_tiny_config,
-    write_tiny_datasets,
-)
+from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, use_centernet, use_tiny_config, write_tiny_datasets
 
 from detectron.checkpoint.c2_weights import state_dict_to_detectron_blobs
 from detectron.core import test_engine, train_engine
@@ -31,7 +23,7 @@ CPU = torch.device('cpu')
 
 
 # The engines register DATASET_CATALOG in this process: keep that out of other tests.
-private_dataset_registrations = test_train_engine.private_dataset_registrations
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(scope='module')
@@ -97,6 +89,7 @@ def test_weights_of_the_other_model_type_are_refused(catalog, weights, tmp_path,
             weights[file], total, cfg.MODEL.TYPE, holds, setting))
 
 
+@pytest.mark.processes
 def test_test_net_with_the_other_model_type_s_weights_is_one_error_line(catalog, weights, tmp_path):
     out = subprocess.run(
         [sys.executable, os.path.join(REPO, 'tools', 'test_net.py'), '--cfg', SHAPES_CFG] + TINY_OVERRIDES +

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import logging
 import os
-import sys
 
 import cv2
 import numpy as np
@@ -19,11 +18,9 @@ from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import prepare_training_entry, read_image
 from detectron.utils.errors import DatasetError
+from support.tiny_runs import use_centernet, write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, 'tests', 'core'))
-from test_centernet_engine import use_centernet  # noqa: E402
-from test_train_engine import write_tiny_datasets  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

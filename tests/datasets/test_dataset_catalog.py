@@ -134,6 +134,7 @@ def test_env_catalog_is_read_at_lookup_time(tmp_path, monkeypatch):
     assert dataset_catalog.get_im_dir('env_set') == '/explicit'
 
 
+@pytest.mark.processes
 def test_env_catalog_reaches_a_fresh_process(tmp_path):
     path = _write_catalog(tmp_path, 'catalog.yaml', """
         worker_set: {image_directory: imgs, annotation_file: ann/w.json}

@@ -55,6 +55,8 @@ def test_default_root_follows_cache_env(monkeypatch, tmp_path):
     assert shapes.default_root() == os.path.expanduser('~/.cache/detectron-port/shapes_v3')
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_concurrent_generation_leaves_one_complete_dataset(generated, tmp_path):
     root = str(tmp_path / 'shapes')
     code = ('import sys; from detectron.datasets import shapes; '

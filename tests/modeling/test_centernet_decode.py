@@ -1,8 +1,8 @@
 """CenterNet decoding, post-processing and the multi-scale merge.
 
 Expected values are hand-computed (derivations in the comments) or come from plain loops written
-here from the reference's formulas (the _reference_* transcriptions of CenterNet's per-point
-post-processing and merge, which the vectorised code must match bit for bit).
+from the reference's formulas (tests/support/centernet_reference.py transcribes CenterNet's per-point
+post-processing, merge and soft-NMS, which the vectorised code must match bit for bit).
 """
 import math
 
@@ -13,6 +13,8 @@ import torch
 from detectron.modeling import centernet_decode
 from detectron.roi_data.centernet import get_affine_transform
 from detectron.utils import cython_nms
+from support.centernet_reference import (assert_same_arrays, reference_cls_boxes, reference_merge,
+                                         reference_post_process, reference_scale_detections, soft_nms_loop)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,57 +138,6 @@ def test_post_process_by_hand():
     assert all(v.dtype == np.float32 for v in res[0].values())
 
 
-def _reference_post_process(dets, c, s, h, w, num_classes):
-    """CenterNet's ctdet_post_process as written there: each corner through np.dot with the
-    inverse affine (a float32 point with 1 appended), stored into the float32 dets, then one
-    boolean mask per class."""
-    ret = []
-    for i in range(dets.shape[0]):
-        d = np.array(dets[i], dtype=np.float32)
-        trans = get_affine_transform(c[i], s[i], 0, (w, h), inv=1)
-        for k in range(d.shape[0]):
-            for col in (0, 2):
-                d[k, col:col + 2] = np.dot(trans, np.array([d[k, col], d[k, col + 1], 1.], dtype=np.float32))
-        ret.append({j + 1: d[d[:, 5] == j, :5] for j in range(num_classes)})
-    return ret
-
-
-def _reference_scale_detections(dets, meta, scale, num_classes):
-    results = _reference_post_process(dets.reshape(1, -1, 6), [meta['c']], [meta['s']], meta['out_height'],
-                                      meta['out_width'], num_classes)[0]
-    for j in results:
-        results[j][:, :4] /= scale
-    return results
-
-
-def _reference_merge(detections, num_classes, max_per_image, soft_nms):
-    """CtdetDetector.merge_outputs: concatenate each class over the scales, soft-NMS (the loop
-    transcription below) with its keep list ignored, keep scores >= the max_per_image-th best."""
-    results = {}
-    for j in range(1, num_classes + 1):
-        results[j] = np.concatenate([d[j] for d in detections], axis=0).astype(np.float32)
-        if soft_nms:
-            _soft_nms_loop(results[j])
-    scores = np.hstack([results[j][:, 4] for j in range(1, num_classes + 1)])
-    if len(scores) > max_per_image:
-        thresh = np.sort(scores)[::-1][max_per_image - 1]
-        results = {j: r[r[:, 4] >= thresh] for j, r in results.items()}
-    return results
-
-
-def _reference_cls_boxes(results, num_classes):
-    return [np.zeros((0, 5), np.float32)] + [results[j] for j in range(1, num_classes + 1)]
-
-
-def assert_same_arrays(got, expected):
-    """Same keys or length, and per entry the same float32 bits and shape."""
-    keys = sorted(expected) if isinstance(expected, dict) else range(len(expected))
-    assert (sorted(got) if isinstance(got, dict) else range(len(got))) == keys
-    for k in keys:
-        assert got[k].dtype == np.float32 and got[k].shape == expected[k].shape, k
-        np.testing.assert_array_equal(got[k].view(np.int32), expected[k].view(np.int32))
-
-
 def _random_decoded(rng, batch, K, num_classes, grid):
     """Decoded-looking dets (batch, K, 6): boxes around random centres (some off the grid), scores
     rounded so that many tie, classes drawn from a subset so that some classes are empty."""
@@ -214,7 +165,7 @@ def test_post_process_matches_the_per_point_reference_bit_for_bit(keep_res):
     dets = _random_decoded(rng, 3, 100, 80, w)
     c, s = [m['c'] for m in metas], [m['s'] for m in metas]
     got = centernet_decode.ctdet_post_process(dets, c, s, h, w, 80)
-    expected = _reference_post_process(dets, c, s, h, w, 80)
+    expected = reference_post_process(dets, c, s, h, w, 80)
     assert len(got) == 3
     for g, e in zip(got, expected):
         assert_same_arrays(g, e)
@@ -258,7 +209,7 @@ def test_image_detections_and_scale_detections_match_the_reference(scale):
     rng = np.random.RandomState(int(scale * 4))
     meta = _random_meta(rng, keep_res=scale != 1.0)
     dets = _random_decoded(rng, 1, 50, 6, meta['out_width'])
-    expected = _reference_scale_detections(dets, meta, scale, 6)
+    expected = reference_scale_detections(dets, meta, scale, 6)
     assert_same_arrays(centernet_decode.ctdet_scale_detections(dets, meta, scale, 6), expected)
     boxes, classes = centernet_decode.image_detections(dets, meta, scale)
     assert boxes.shape == (50, 5) and boxes.dtype == np.float32
@@ -303,39 +254,6 @@ def test_soft_nms_last_row_discarded_in_place():
     np.testing.assert_allclose(boxes, [A, B[:4] + [0.0015 * math.exp(-2)]], rtol=1e-6)
 
 
-def _soft_nms_loop(boxes, sigma=0.5, threshold=0.001):
-    """Plain transcription of CenterNet's nms.pyx soft_nms (method 2) as its compiled code computes:
-    float32 storage, the `+ 1` literal as a double, exp in double."""
-    f32 = np.float32
-    sigma, threshold = f32(sigma), f32(threshold)
-    n = boxes.shape[0]
-    for i in range(boxes.shape[0]):
-        best = i
-        for pos in range(i + 1, n):
-            if boxes[best, 4] < boxes[pos, 4]:
-                best = pos
-        boxes[[i, best]] = boxes[[best, i]]
-        tx1, ty1, tx2, ty2 = boxes[i, :4]
-        pos = i + 1
-        while pos < n:
-            x1, y1, x2, y2 = boxes[pos, :4]
-            area = f32((float(x2 - x1) + 1.0) * (float(y2 - y1) + 1.0))
-            iw = f32(float(min(tx2, x2) - max(tx1, x1)) + 1.0)
-            if iw > 0:
-                ih = f32(float(min(ty2, y2) - max(ty1, y1)) + 1.0)
-                if ih > 0:
-                    ua = f32((float(tx2 - tx1) + 1.0) * (float(ty2 - ty1) + 1.0) + float(area)
-                             - float(iw * ih))
-                    ov = (iw * ih) / ua
-                    boxes[pos, 4] = f32(math.exp(float(-(ov * ov) / sigma))) * boxes[pos, 4]
-                    if boxes[pos, 4] < threshold:
-                        boxes[pos] = boxes[n - 1]
-                        n -= 1
-                        pos -= 1
-            pos += 1
-    return n
-
-
 def _random_dets(rng, n):
     xy = rng.uniform(0, 50, (n, 2))
     wh = rng.uniform(1, 40, (n, 2))
@@ -350,7 +268,7 @@ def test_soft_nms_against_loop_transcription_and_detectron_kernel(seed):
     if seed % 2:
         dets[:, 4] = np.round(dets[:, 4], 1) + np.float32(0.0004)   # many equal scores
     expected = dets.copy()
-    expected_n = _soft_nms_loop(expected)
+    expected_n = soft_nms_loop(expected)
     got = dets.copy()
     n = centernet_decode.gaussian_soft_nms_(got)
     assert n == expected_n and n < len(dets)   # some rows were discarded
@@ -392,7 +310,7 @@ def test_merge_outputs_keeps_stale_rows_and_limits_with_ties():
     (3, 40, True),      # several scales: soft-NMS, stale rows, then the cap
     (2, 500, True),
 ])
-def test_merge_image_detections_matches_the_reference_merge(scales, max_per_image, soft_nms):
+def test_merge_image_detections_matches_thereference_merge(scales, max_per_image, soft_nms):
     rng = np.random.RandomState(scales * 1000 + max_per_image)
     per_scale, dicts = [], []
     for _ in range(scales):
@@ -400,8 +318,8 @@ def test_merge_image_detections_matches_the_reference_merge(scales, max_per_imag
         dets = _random_decoded(rng, 1, 100, 8, meta['out_width'])
         dets[0, :, 4] = np.where(rng.uniform(size=100) < 0.2, np.float32(0.0015), dets[0, :, 4])
         per_scale.append(centernet_decode.image_detections(dets, meta, 1.0))
-        dicts.append(_reference_scale_detections(dets, meta, 1.0, 8))
-    expected = _reference_cls_boxes(_reference_merge(dicts, 8, max_per_image, soft_nms), 8)
+        dicts.append(reference_scale_detections(dets, meta, 1.0, 8))
+    expected = reference_cls_boxes(reference_merge(dicts, 8, max_per_image, soft_nms), 8)
     got = centernet_decode.merge_image_detections(per_scale, 8, max_per_image=max_per_image, use_soft_nms=soft_nms)
     assert_same_arrays(got, expected)
     merged = centernet_decode.merge_outputs(dicts, 8, max_per_image, soft_nms)

@@ -1,8 +1,8 @@
 """CenterNet's test path (modeling/centernet.py detect and detect_batch) against the reference's
 per-image pipeline: per scale a forward, the flip-averaged maps and the decode, then the plain
-per-point / per-mask transcriptions of ctdet_post_process and merge_outputs from
-test_centernet_decode. Bit for bit, on random head maps with ties, several scales, flip, keep_res
-and cat_spec_wh.
+per-point / per-mask transcriptions of ctdet_post_process and merge_outputs in
+tests/support/centernet_reference.py. Bit for bit, on random head maps with ties, several scales, flip,
+keep_res and cat_spec_wh.
 """
 import zlib
 
@@ -15,8 +15,8 @@ from detectron.modeling import centernet_decode
 from detectron.roi_data.centernet import COCO_MEAN, COCO_STD, CtdetParams
 from detectron.utils import cuda_graphs
 from detectron.utils.errors import ConfigValueError
-from test_centernet_decode import (_reference_cls_boxes, _reference_merge, _reference_scale_detections,
-                                   assert_same_arrays)
+from support.centernet_reference import (assert_same_arrays, reference_cls_boxes, reference_merge,
+                                         reference_scale_detections)
 
 
 class _RandomHeads(torch.nn.Module):
@@ -62,11 +62,11 @@ def _reference_detect(model, sample, params):
                                                            flip_test=params.flip,
                                                            reg_offset=params.input.reg_offset)
             dets = centernet_decode.ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
-        per_scale.append(_reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
+        per_scale.append(reference_scale_detections(dets.numpy(), meta, scale, params.input.num_classes))
     # ctdet.py merge_outputs: soft-NMS with several scales or --nms
-    merged = _reference_merge(per_scale, params.input.num_classes, params.max_per_image,
+    merged = reference_merge(per_scale, params.input.num_classes, params.max_per_image,
                               len(params.scales) > 1 or params.nms)
-    return _reference_cls_boxes(merged, params.input.num_classes)
+    return reference_cls_boxes(merged, params.input.num_classes)
 
 
 # Input sizes are multiples of 32, so each image's heat map holds a multiple of 64 values: torch's
@@ -130,6 +130,7 @@ def test_detect_batch_refuses_images_of_different_input_sizes():
 
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_detect_batch_matches_detect_on_cuda():
     # Continuous logits (no exact ties) through torch's CUDA topk, which runs another kernel for
@@ -149,6 +150,7 @@ def test_graphed_callable_runs_cpu_tensors_directly():
     assert torch.equal(graphed(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 @pytest.mark.parametrize('arch, flip, batch, channels_last', [
     ('res_18', False, 1, False), ('res_18', True, 1, False), ('res_18', False, 3, False),
@@ -176,8 +178,8 @@ def test_cuda_graph_replay_gives_the_eager_detections(arch, flip, batch, channel
     assert all(captured.values())
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_test_images_are_normalised_as_centernet_in_float64_then_float32(device):
     """base_detector's ((x / 255. - mean) / std).astype(float32) with float32 mean / std arrays: every
     uint8 value of each channel, bit for bit (a float32 pipeline differs in the last bit for many)."""
@@ -201,8 +203,8 @@ def _centernet(arch):
     return centernet.CenterNet(backbone, heads)
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 @pytest.mark.parametrize('arch', ['resdcn_18', 'res_18'])
 def test_channels_last_stores_the_resnet_and_heads_nhwc_and_computes_the_same_maps(arch, device):
     """use_channels_last: the ResNet trunk and the heads NHWC, the up-sampling path NCHW (its
@@ -223,6 +225,7 @@ def test_channels_last_stores_the_resnet_and_heads_nhwc_and_computes_the_same_ma
         torch.testing.assert_close(got[name], expected[name], rtol=1e-3, atol=1e-3 * expected[name].abs().max().item())
 
 
+@pytest.mark.cuda
 def test_the_test_engine_prepares_centernet_nhwc_on_cuda_only():
     from detectron.modeling.centernet_builder import CenterNetType
     from detectron.modeling.centernet_dla import CenterNetDLA

@@ -53,8 +53,8 @@ def _losses_and_grads(model, batch, fixed_size, monkeypatch):
     return {k: v.detach() for k, v in losses.items()}, grads
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA (the bitmask NMS and RoIAlign kernels)'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA (the bitmask NMS and RoIAlign kernels)')])])
 @pytest.mark.parametrize('seed', [0, 1])
 def test_fixed_size_rois_give_the_compact_losses_and_gradients(model, seed, device, monkeypatch):
     model.to(device)

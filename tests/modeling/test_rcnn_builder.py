@@ -48,8 +48,8 @@ def test_the_device_resizes_on_a_gpu_unless_told_not_to(tmp_path):
             cfg.freeze()
 
 
-@pytest.mark.parametrize('device', [CPU, pytest.param(CUDA, marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs a CUDA GPU'))])
+@pytest.mark.parametrize('device', [CPU, pytest.param(CUDA, marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs a CUDA GPU')])])
 def test_unresized_batches_finished_on_the_device_equal_the_workers_blobs(tmp_path, device):
     # The same draws, im_info and targets; the blob within float rounding of cv2's resize.
     entries = _entries(tmp_path)

@@ -106,6 +106,8 @@ def kernel_results(tmp_path_factory):
         skip_reason='triton is not installed: the kernel cannot run (the eager path serves)')
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.parametrize('name', list(interpreter_cases()))
 def test_kernel_matches_detectrons_ops_in_float64(kernel_results, name):
     cases, results = kernel_results
@@ -123,6 +125,8 @@ def test_kernel_matches_detectrons_ops_in_float64(kernel_results, name):
         assert channels_last == name.startswith('channels_last')
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 def test_kernel_rounds_the_affine_before_the_shortcut_sum(kernel_results):
     _, results = kernel_results
     for name in ('bfloat16/rounding', 'bfloat16/shortcut rounding'):
@@ -148,6 +152,7 @@ def test_cpu_tensors_take_the_eager_path_with_its_values(projection):
     torch.testing.assert_close(got, want, rtol=2.0 ** -23, atol=1e-30, equal_nan=True)
 
 
+@pytest.mark.cuda
 @needs_cuda
 @needs_triton
 @pytest.mark.parametrize('layout', [torch.contiguous_format, torch.channels_last])
@@ -168,6 +173,7 @@ def test_cuda_kernel_equals_the_eager_cuda_ops(layout, dtype, projection):
         assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
+@pytest.mark.cuda
 @needs_cuda
 @needs_triton
 def test_cuda_resnet50_body_under_bf16_autocast_keeps_the_eager_outputs_and_gradients(monkeypatch):

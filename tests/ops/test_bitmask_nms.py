@@ -81,11 +81,16 @@ def detectron_kept(boxes, scores, idxs, thresh):
     return kept[order]
 
 
+@pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.parametrize('name', list(CASES))
 def test_bitmask_nms_keeps_detectrons_boxes_in_its_order(kernel_results, name):
     np.testing.assert_array_equal(kernel_results[name], detectron_kept(*CASES[name]))
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 def test_the_chain_and_threshold_cases_say_what_they_test(kernel_results):
     assert kernel_results['chain'].tolist() == list(range(0, 150, 2))
     assert kernel_results['threshold'].tolist() == [0]
@@ -99,6 +104,7 @@ def test_groups_beyond_the_scan_block_are_refused():
         bitmask_nms.greedy_keep(boxes, torch.tensor([boxes.shape[1]]), 0.5)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or bitmask_nms.triton is None, reason='needs CUDA and triton')
 def test_batched_nms_t_on_cuda_runs_the_kernels_for_a_training_batchs_groups(monkeypatch):
     calls = []

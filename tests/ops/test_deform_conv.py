@@ -144,8 +144,8 @@ def _random_dcn_inputs(seed, n=2, channels=3, height=9, width=11, out_channels=4
     return x, offset, mask, weight, bias
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_modulated_deform_conv2d_gradients_equal_torchvision_deform_conv2d(device):
     from torchvision.ops import deform_conv2d
     inputs = [t.to(device) for t in _random_dcn_inputs(seed=11)]
@@ -178,8 +178,8 @@ def test_modulated_deform_conv2d_samples_in_float32_under_bfloat16_autocast():
     assert error < 0.02, error
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_cached_tap_positions_give_the_first_call_s_result_bit_for_bit(device):
     """The tap positions are made on a shape's first call and reused: a later call gives the first
     call's bits, and a new shape gets its own positions."""
@@ -214,6 +214,7 @@ def _kernel_case(seed, layout, stride):
     return x, raw[:, :18], raw[:, 18:], weight, bias
 
 
+@pytest.mark.cuda
 @needs_triton_gpu
 @pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
 @pytest.mark.parametrize('stride', [1, 2])
@@ -235,6 +236,7 @@ def test_sampling_kernel_equals_grid_sample_columns_and_the_loop_dcn_v2(layout, 
     np.testing.assert_allclose(got.double().cpu().numpy(), reference, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.cuda
 @needs_triton_gpu
 def test_sampling_kernel_writes_autocast_s_dtype_and_serves_only_inference(monkeypatch):
     x, offset, mask, weight, bias = _kernel_case(4, 'channels_last', 1)
@@ -269,6 +271,7 @@ torch.save(deform_conv.sampled_columns_triton(x, offset, mask, 3, 3, stride, 1),
 '''
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
 @pytest.mark.parametrize('stride', [1, 2])
 def test_sampling_kernel_by_tritons_interpreter_equals_grid_sample_columns(tmp_path, layout, stride):

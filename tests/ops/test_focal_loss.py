@@ -117,6 +117,8 @@ def kernel_results(tmp_path_factory):
         skip_reason='triton is not installed: the kernels cannot run (the eager path serves)')
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.parametrize('name', list(kernel_cases()))
 def test_kernels_give_the_eager_loss_and_gradient(kernel_results, name):
     cases, results = kernel_results
@@ -135,6 +137,8 @@ def test_kernels_give_the_eager_loss_and_gradient(kernel_results, name):
     assert torch.count_nonzero(grad) > grad.numel() // 2
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 def test_without_positives_the_loss_is_the_negative_term_alone(kernel_results):
     cases, results = kernel_results
     logits, gt, _ = cases['no positive']
@@ -143,6 +147,7 @@ def test_without_positives_the_loss_is_the_negative_term_alone(kernel_results):
     assert results['no positive'][0].item() == pytest.approx(-negative.item(), rel=1e-5)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_on_cuda_a_nan_logit_makes_the_loss_nan_and_nchw_targets_follow_channels_last_logits():
     gen = torch.Generator().manual_seed(3)

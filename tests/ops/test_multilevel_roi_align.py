@@ -76,6 +76,8 @@ def results(tmp_path_factory):
                                  skip_reason='triton is not installed: the RoIAlign kernels cannot run')
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_forward_equals_torchvision_on_each_level(results, name):
     out, *_ = results[name]
@@ -91,6 +93,8 @@ def test_forward_equals_torchvision_on_each_level(results, name):
     assert out.abs().sum() > 0
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_gradients_equal_torchvision_in_the_features_layout(results, name):
     _, *grads, same_strides = results[name]
@@ -109,6 +113,8 @@ def test_gradients_equal_torchvision_in_the_features_layout(results, name):
         assert grads[3].abs().max() > 0
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 def test_no_rois_give_an_empty_result_and_zero_gradients(tmp_path):
     *features, rois, levels, grad_out, size, num_levels, channels_last = _case(4, torch.float32)
     cases = {'empty': (*features, rois[:0], levels[:0], grad_out[:0], size, num_levels, channels_last)}

@@ -117,6 +117,7 @@ def test_grouped_nms_keep_flags_the_boxes_batched_nms_keeps(seed, route, monkeyp
     assert suppressed > 0
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (the bitmask kernels)')
 def test_grouped_nms_keep_on_cuda_equals_the_matrix_route():
     boxes, scores, idxs = _random_nms_case(7, 900, 8)

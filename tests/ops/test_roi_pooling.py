@@ -100,6 +100,7 @@ def test_roi_feature_transform_half_features_pool_with_float32_rois():
     torch.testing.assert_close(pooled.float(), expected.half().float(), rtol=0, atol=0)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU (the Triton RoIAlign kernels)')
 @pytest.mark.parametrize('layout', [torch.contiguous_format, torch.channels_last])
 def test_roi_feature_transform_on_cuda_takes_the_kernels_and_matches_the_eager_path(layout):

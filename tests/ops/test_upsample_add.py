@@ -71,6 +71,8 @@ def _by_index(fine, coarse, grad_out):
     return _rounded(out, fine.dtype), grad_coarse
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_kernels_sum_the_upsampled_level_and_its_gradient_blocks(results, name):
     fine, coarse, grad_out, _ = CASES[name]
@@ -86,6 +88,7 @@ def test_kernels_sum_the_upsampled_level_and_its_gradient_blocks(results, name):
         assert torch.equal(grad_coarse, _rounded(expected_grad, fine.dtype))
 
 
+@pytest.mark.cuda
 def test_eager_path_is_interpolate_then_sum_and_the_kernel_is_used_only_where_it_can_run():
     fine, coarse, _, _ = _case(5, torch.float32)
     expected = fine + F.interpolate(coarse, scale_factor=2, mode='nearest')

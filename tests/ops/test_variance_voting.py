@@ -341,6 +341,8 @@ def _triton_outputs(results, name):
     return [results[f'{name}/{key}'] for key in ('order', 'num_kept', 'voted', 'final')]
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.parametrize('name', list(small_cases()))
 def test_triton_kernel_matches_kl_soft_and_cpu_kernel(triton_results, name):
     inputs, settings = small_cases()[name]
@@ -351,6 +353,8 @@ def test_triton_kernel_matches_kl_soft_and_cpu_kernel(triton_results, name):
         np.testing.assert_array_equal(actual, expected)
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 def test_triton_kernel_in_turns_of_sets(triton_results):
     for actual, expected in zip(_triton_outputs(triton_results, 'soft_vote/turns'),
                                 _triton_outputs(triton_results, 'soft_vote')):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detectron.roi_data.fast_rcnn import sample_rois
-from test_rpn_targets import np_bbox_overlaps, np_bbox_transform_inv
+from support.numpy_boxes import np_bbox_overlaps, np_bbox_transform_inv
 
 NUM_CLASSES = 5
 WEIGHTS = (10., 10., 5., 5.)

@@ -100,6 +100,7 @@ def test_loader_batch_equals_get_minibatch(roidb):
     _assert_batches_equal(loaded, [direct])
 
 
+@pytest.mark.processes
 def test_same_seed_same_batches_whatever_the_workers(roidb):
     in_process = list(_train_loader(roidb, num_workers=0))
     with_workers = list(_train_loader(roidb, num_workers=2))
@@ -133,6 +134,7 @@ def test_corrupt_image_raises_one_line_dataset_error_naming_it(roidb, tmp_path, 
     assert '\n' not in str(info.value)
 
 
+@pytest.mark.processes
 def test_missing_test_image_raises_one_line_dataset_error_naming_it(roidb):
     missing = roidb[1]['image'] + '.gone'
     roidb[1]['image'] = missing
@@ -142,6 +144,7 @@ def test_missing_test_image_raises_one_line_dataset_error_naming_it(roidb):
     assert '\n' not in str(info.value)
 
 
+@pytest.mark.processes
 def test_test_loader_yields_original_bgr_images_in_order(roidb):
     loaded = list(build_test_loader(roidb, [2, 0, 3], num_workers=1))
     assert [index for _, index in loaded] == [2, 0, 3]
@@ -164,6 +167,7 @@ def _sample_is_shared_in_worker(item):
             isinstance(sample['metas'][0]['c'], np.ndarray))
 
 
+@pytest.mark.processes
 def test_large_test_arrays_leave_a_worker_in_one_shared_tensor(roidb):
     loader = build_test_loader(roidb, [0, 4], num_workers=1, prepare=_centernet_like_sample)
     loader.data_loader.collate_fn = _sample_is_shared_in_worker   # runs in the worker, sees what it sends
@@ -172,6 +176,7 @@ def test_large_test_arrays_leave_a_worker_in_one_shared_tensor(roidb):
     assert list(loader.data_loader) == [(0, True, 1, True), (4, True, 1, True)]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('num_workers', [0, 2])
 def test_grouped_test_samples_arrive_in_order_as_prepared(roidb, num_workers):
     """group 2 over 5 indices: the samples of ungrouped loading, in order; a worker sends each group
@@ -193,6 +198,7 @@ def test_grouped_test_samples_arrive_in_order_as_prepared(roidb, num_workers):
                                             ('SharedLeaves', [4], True, 1)]
 
 
+@pytest.mark.processes
 def test_a_missing_image_in_a_group_is_one_dataset_error(roidb):
     missing = roidb[4]['image'] + '.gone'
     roidb[4]['image'] = missing
@@ -268,6 +274,8 @@ def test_pinning_a_packed_batch_pins_its_tensor_and_the_tensors_that_travel_on_t
     assert targets['image'].data_ptr() != image.data_ptr() and torch.equal(targets['image'], image)
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (pinned memory)')
 def test_on_cuda_every_tensor_of_a_batch_from_a_worker_is_pinned():
     loader = build_train_loader(_TargetTensors(), [[1, 2]], list, num_workers=1)
@@ -275,6 +283,7 @@ def test_on_cuda_every_tensor_of_a_batch_from_a_worker_is_pinned():
     assert all(t.is_pinned() for item in batch for t in item.values())
 
 
+@pytest.mark.processes
 def test_training_batches_from_a_worker_equal_the_collated_items():
     loader = build_train_loader(_TargetTensors(), [[1, 2], [5, 0]], list, num_workers=1)
     for batch, indices in zip(loader, ([1, 2], [5, 0])):
@@ -331,6 +340,7 @@ def _killed_worker(entry, rng):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.processes
 def test_a_killed_loader_worker_is_one_line(roidb):
     from detectron.roi_data.loader import TrainingDataset
     from detectron.utils.errors import LoaderWorkerError
@@ -360,6 +370,8 @@ def test_a_worker_dying_while_its_batch_is_received_is_one_line():
     assert '\n' not in str(info.value)
 
 
+@pytest.mark.processes
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='pinned memory needs CUDA')
 def test_large_test_arrays_arrive_in_pinned_memory_with_cuda(roidb):
     (sample, _), = list(build_test_loader(roidb, [0], num_workers=1, prepare=_centernet_like_sample))
@@ -378,6 +390,7 @@ class _MarkingPrepare:
         return {'image': im}
 
 
+@pytest.mark.processes
 def test_the_test_loader_reads_ahead_as_soon_as_it_is_iterated(roidb, tmp_path):
     """test_net starts the workers before it loads the model: iter() alone has them prepare images."""
     import time

@@ -30,7 +30,8 @@ def _packed(segms, crowd):
     return gt_targets(entry)
 
 
-_DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA'))]
+_DEVICES = ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda,
+                                               pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')])]
 
 
 def test_fg_rois_take_the_best_overlapping_non_crowd_polygon_in_their_class_channel():
@@ -144,6 +145,7 @@ def test_coco_tiny_batch_of_256_fg_rois_matches_detectrons_host_computation(devi
     assert 0.2 < (reference == 1).mean() < 0.8 and np.array_equal(t.masks.cpu().numpy(), reference)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_mask_targets_synchronise_with_the_host_once_on_cuda():
     rng = np.random.RandomState(1)

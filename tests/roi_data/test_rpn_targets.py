@@ -2,7 +2,7 @@
 
 The labelling before sampling and the targets are compared exactly (with a batch so large that
 Detectron's sampling keeps every candidate); the random sampling is checked by its invariants.
-The numpy helpers (bbox_overlaps, bbox_transform_inv) are shared with test_fast_rcnn_targets.
+The numpy helpers bbox_overlaps and bbox_transform_inv are in tests/support/numpy_boxes.py.
 """
 import numpy as np
 import pytest
@@ -10,6 +10,7 @@ import torch
 
 from detectron.modeling.rpn_heads import fpn_anchors
 from detectron.roi_data.rpn import rpn_targets
+from support.numpy_boxes import np_bbox_overlaps, np_bbox_transform_inv
 
 FEATURE_SHAPES = [(16, 20), (8, 10), (4, 5), (2, 3), (1, 2)]
 NO_SUBSAMPLING = 10 ** 6
@@ -18,44 +19,6 @@ NO_SUBSAMPLING = 10 ** 6
 # ------------------------------------------------------------------------------------------------
 # numpy transcriptions of Detectron / KL-Loss
 # ------------------------------------------------------------------------------------------------
-
-def np_bbox_overlaps(boxes, query_boxes):
-    """utils/cython_bbox.pyx bbox_overlaps in float32, one query box at a time."""
-    boxes = boxes.astype(np.float32)
-    query_boxes = query_boxes.astype(np.float32)
-    one = np.float32(1)
-    overlaps = np.zeros((boxes.shape[0], query_boxes.shape[0]), dtype=np.float32)
-    for k, q in enumerate(query_boxes):
-        box_area = (q[2] - q[0] + one) * (q[3] - q[1] + one)
-        iw = np.minimum(boxes[:, 2], q[2]) - np.maximum(boxes[:, 0], q[0]) + one
-        ih = np.minimum(boxes[:, 3], q[3]) - np.maximum(boxes[:, 1], q[1]) + one
-        ua = (boxes[:, 2] - boxes[:, 0] + one) * (boxes[:, 3] - boxes[:, 1] + one) + box_area - iw * ih
-        positive = (iw > 0) & (ih > 0)
-        overlaps[positive, k] = (iw * ih)[positive] / ua[positive]
-    return overlaps
-
-
-def np_bbox_transform_inv(boxes, gt_boxes, weights, xyxy):
-    """KL-Loss utils/boxes.py bbox_transform_inv / bbox_transform_inv_xyxy."""
-    wx, wy, ww, wh = weights
-    ex_widths = boxes[:, 2] - boxes[:, 0] + 1.0
-    ex_heights = boxes[:, 3] - boxes[:, 1] + 1.0
-    if xyxy:
-        return np.vstack((wx * (gt_boxes[:, 0] - boxes[:, 0]) / ex_widths,
-                          wy * (gt_boxes[:, 2] - boxes[:, 2]) / ex_widths,
-                          wx * (gt_boxes[:, 1] - boxes[:, 1]) / ex_heights,
-                          wy * (gt_boxes[:, 3] - boxes[:, 3]) / ex_heights)).transpose()
-    ex_ctr_x = boxes[:, 0] + 0.5 * ex_widths
-    ex_ctr_y = boxes[:, 1] + 0.5 * ex_heights
-    gt_widths = gt_boxes[:, 2] - gt_boxes[:, 0] + 1.0
-    gt_heights = gt_boxes[:, 3] - gt_boxes[:, 1] + 1.0
-    gt_ctr_x = gt_boxes[:, 0] + 0.5 * gt_widths
-    gt_ctr_y = gt_boxes[:, 1] + 0.5 * gt_heights
-    return np.vstack((wx * (gt_ctr_x - ex_ctr_x) / ex_widths,
-                      wy * (gt_ctr_y - ex_ctr_y) / ex_heights,
-                      ww * np.log(gt_widths / ex_widths),
-                      wh * np.log(gt_heights / ex_heights))).transpose()
-
 
 def np_rpn_blobs(all_anchors, level_shapes, im_height, im_width, gt_boxes, straddle_thresh,
                  positive_overlap=0.7, negative_overlap=0.3, xyxy=False):

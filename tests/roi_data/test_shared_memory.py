@@ -30,6 +30,7 @@ def _stack_in_worker(arrays):
     return batch, batch.is_shared()
 
 
+@pytest.mark.processes
 def test_stacked_batch_of_a_worker_is_built_in_shared_memory():
     # Built in shared memory, the batch is sent as a handle; built elsewhere it would be copied into
     # shared memory again on the way.
@@ -52,6 +53,7 @@ def _collate_in_worker(items):
     return images, images.is_shared(), im_info, targets
 
 
+@pytest.mark.processes
 def test_rcnn_blob_of_a_worker_is_written_in_shared_memory():
     items = _rcnn_items()
     loader = torch.utils.data.DataLoader(items, batch_size=2, num_workers=1, collate_fn=_collate_in_worker)
@@ -76,6 +78,7 @@ def _collate_unresized_in_worker(items):
     return images.images, [image.is_shared() for image in images.images], images.scales, im_info
 
 
+@pytest.mark.processes
 def test_unresized_images_of_a_worker_are_copied_into_shared_memory():
     rng = np.random.RandomState(5)
     ims = [rng.randint(0, 256, (h, w, 3)).astype(np.uint8) for h, w in ((30, 50), (45, 20))]

@@ -367,6 +367,7 @@ def test_a_row_without_captured_graphs_holds_no_graph_memory():
     assert timing.graph_pool_bytes([owner, nn.Linear(1, 1)]) == 0
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_a_rows_captured_graph_memory_counts_as_held_by_it():
     from detectron.utils import cuda_graphs

@@ -158,6 +158,7 @@ def test_first_iteration_from_the_training_log():
         logs.train_log_first_iteration_s(stats[1:])
 
 
+@pytest.mark.processes
 def test_a_run_stops_at_the_line_asked_for(tmp_path):
     log = tmp_path / 'log.txt'
     with open(log, 'w') as out:
@@ -195,6 +196,7 @@ def test_rows_and_ratios_from_the_rounds():
 
 # --- main on the CPU, the tools' runs replaced ----------------------------------------------------
 
+@pytest.mark.processes
 def test_main_runs_the_startup_rows_of_each_model(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(coco_val_sizes, 'SIZES', [(60, 80, 2), (80, 60, 1)])

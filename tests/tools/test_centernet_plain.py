@@ -92,6 +92,7 @@ def test_loaded_with_our_weights_the_plain_port_computes_our_losses_and_gradient
     assert max(errors.values()) < 1e-10, errors
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_on_cuda_in_bf16_the_plain_port_computes_our_losses():
     """The benchmark's setting: bf16 autocast, our grid_sample DCN against torchvision's deform_conv2d

@@ -1,6 +1,5 @@
 """The command lines as a user runs them: help, --print-config, overrides, one-line errors."""
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -10,6 +9,7 @@ import pytest
 import yaml
 
 from detectron.core import launch
+from support.tools import load_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TUTORIAL_8GPU = 'configs/getting_started/tutorial_8gpu_e2e_faster_rcnn_R-50-FPN.yaml'
@@ -20,18 +20,12 @@ def _run(tool, *args):
                           capture_output=True, text=True, timeout=60)
 
 
-def _load_tool(tool):
-    spec = importlib.util.spec_from_file_location(tool[:-3], os.path.join(REPO, 'tools', tool))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _printed_config(stdout):
     """The YAML part of --print-config output (train_net appends the schedule after a blank line)."""
     return yaml.safe_load(stdout.split('\n\nimages per iteration')[0])
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 def test_no_arguments_prints_help_and_exits_1(tool):
     result = _run(tool)
@@ -39,6 +33,7 @@ def test_no_arguments_prints_help_and_exits_1(tool):
     assert result.stdout.startswith('usage: {}'.format(tool))
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool, flags', [
     ('train_net.py', ['--cfg CFG_FILE, -c CFG_FILE', '--multi-gpu-testing', '--skip-test', '--print-config', 'opts']),
     ('test_net.py', ['--cfg CFG_FILE, -c CFG_FILE', '--multi-gpu-testing', '--range START END', '--vis',
@@ -51,6 +46,7 @@ def test_help_documents_every_argument(tool, flags):
         assert flag in result.stdout
 
 
+@pytest.mark.processes
 def test_print_config_with_overrides_and_schedule():
     result = _run('train_net.py', '-c', TUTORIAL_8GPU, '--print-config', 'NUM_GPUS', '2', 'SOLVER.BASE_LR', '0.005',
                   'SOLVER.WARMUP_ITERS', '1000')
@@ -65,6 +61,7 @@ def test_print_config_with_overrides_and_schedule():
     assert 'LR step: iteration 3750 -> LR 0.0005' in result.stdout
 
 
+@pytest.mark.processes
 def test_print_config_applies_the_linear_scaling_rule():
     result = _run('train_net.py', '--cfg', TUTORIAL_8GPU, '--print-config', 'SOLVER.REFERENCE_WORLD_BATCH', '16',
                   'NUM_GPUS', '2')
@@ -74,6 +71,7 @@ def test_print_config_applies_the_linear_scaling_rule():
     assert 'SOLVER.MAX_ITER: 7500 -> 30000' in result.stdout.split('\n', 1)[0]
 
 
+@pytest.mark.processes
 def test_test_net_print_config_with_vis():
     result = _run('test_net.py', '-c', TUTORIAL_8GPU, '--vis', '--print-config', 'TEST.NMS', '0.6')
     assert result.returncode == 0, result.stderr
@@ -82,6 +80,7 @@ def test_test_net_print_config_with_vis():
     assert printed['TEST']['NMS'] == 0.6
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 @pytest.mark.parametrize('args, message', [
     (['SOLVER.BASE_LRR', '0.1'],
@@ -100,6 +99,7 @@ def test_user_errors_are_one_line(tool, args, message):
     assert 'Traceback' not in result.stderr + result.stdout
 
 
+@pytest.mark.processes
 def test_malformed_yaml_is_one_line(tmp_path):
     path = tmp_path / 'bad.yaml'
     path.write_text('SOLVER:\n  BASE_LR: [0.1\n')
@@ -110,6 +110,7 @@ def test_malformed_yaml_is_one_line(tmp_path):
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.processes
 def test_test_net_without_weights_is_a_user_error():
     result = _run('test_net.py', '-c', TUTORIAL_8GPU, 'TEST.DATASETS', 'coco_2014_minival')
     assert result.returncode == 2
@@ -117,7 +118,7 @@ def test_test_net_without_weights_is_a_user_error():
 
 
 def test_range_parses_to_two_ints():
-    args = _load_tool('test_net.py').parse_args(['--range', '0', '5', '-c', 'x.yaml', 'TEST.NMS', '0.5'])
+    args = load_tool('test_net.py').parse_args(['--range', '0', '5', '-c', 'x.yaml', 'TEST.NMS', '0.5'])
     assert args.range == [0, 5]
     assert args.cfg_file == 'x.yaml'
     assert args.opts == ['TEST.NMS', '0.5']
@@ -126,13 +127,13 @@ def test_range_parses_to_two_ints():
 @pytest.mark.parametrize('bounds', [['5', '0'], ['3', '3'], ['-1', '4']])
 def test_range_must_be_increasing_and_non_negative(bounds, capsys):
     with pytest.raises(SystemExit) as err:
-        _load_tool('test_net.py').parse_args(['--range'] + bounds)
+        load_tool('test_net.py').parse_args(['--range'] + bounds)
     assert err.value.code == 2
     assert '--range needs 0 <= START < END' in capsys.readouterr().err
 
 
 def test_train_net_flags():
-    args = _load_tool('train_net.py').parse_args(['-c', 'a.yaml', '--skip-test', '--multi-gpu-testing', 'NUM_GPUS', '8'])
+    args = load_tool('train_net.py').parse_args(['-c', 'a.yaml', '--skip-test', '--multi-gpu-testing', 'NUM_GPUS', '8'])
     assert (args.cfg_file, args.skip_test, args.multi_gpu_testing, args.print_config) == ('a.yaml', True, True, False)
     assert args.opts == ['NUM_GPUS', '8']
 
@@ -141,7 +142,7 @@ def test_train_net_flags():
 @pytest.mark.parametrize('flags, multi_gpu_testing', [
     ([], False), (['--multi-gpu-testing'], True), (['--single-gpu-testing'], False)])
 def test_testing_flags_of_detectron_and_kl_loss(tool, flags, multi_gpu_testing):
-    args = _load_tool(tool).parse_args(['-c', 'a.yaml'] + flags + ['NUM_GPUS', '8'])
+    args = load_tool(tool).parse_args(['-c', 'a.yaml'] + flags + ['NUM_GPUS', '8'])
     assert args.multi_gpu_testing is multi_gpu_testing
     assert args.opts == ['NUM_GPUS', '8']
 
@@ -149,16 +150,17 @@ def test_testing_flags_of_detectron_and_kl_loss(tool, flags, multi_gpu_testing):
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 def test_single_and_multi_gpu_testing_exclude_each_other(tool, capsys):
     with pytest.raises(SystemExit) as err:
-        _load_tool(tool).parse_args(['--multi-gpu-testing', '--single-gpu-testing'])
+        load_tool(tool).parse_args(['--multi-gpu-testing', '--single-gpu-testing'])
     assert err.value.code == 2
     assert 'not allowed with argument' in capsys.readouterr().err
 
 
 def test_test_net_accepts_detectrons_wait_flag():
-    args = _load_tool('test_net.py').parse_args(['-c', 'a.yaml', '--wait', 'False', 'TEST.NMS', '0.5'])
+    args = load_tool('test_net.py').parse_args(['-c', 'a.yaml', '--wait', 'False', 'TEST.NMS', '0.5'])
     assert args.opts == ['TEST.NMS', '0.5']
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool, extra', [('train_net.py', []), ('test_net.py', ['TEST.WEIGHTS', 'x.pth'])])
 def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
     # The CenterNet config asks for NUM_GPUS 4: the error must come once, from the tool itself.
@@ -174,11 +176,12 @@ def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
     ['NUM_GPUS', '2', '--cfg', TUTORIAL_8GPU, 'SOLVER.BASE_LR', '-1e-3', 'TEST.NMS', '0.4', '--print-config'],
 ])
 def test_flags_are_accepted_anywhere_among_the_overrides(tool, args):
-    parsed = _load_tool(tool).parse_args(args)
+    parsed = load_tool(tool).parse_args(args)
     assert (parsed.cfg_file, parsed.print_config) == (TUTORIAL_8GPU, True)
     assert parsed.opts == ['NUM_GPUS', '2', 'SOLVER.BASE_LR', '-1e-3', 'TEST.NMS', '0.4']
 
 
+@pytest.mark.processes
 def test_print_config_after_the_overrides_prints_the_config():
     result = _run('train_net.py', '-c', TUTORIAL_8GPU, 'NUM_GPUS', '2', 'TEST.NMS', '0.4', '--print-config')
     assert result.returncode == 0, result.stderr
@@ -187,17 +190,19 @@ def test_print_config_after_the_overrides_prints_the_config():
 
 
 def test_infer_simple_takes_flags_after_the_overrides():
-    args = _load_tool('infer_simple.py').parse_args(['--cfg', 'a.yaml', 'demo/', 'TEST.SCALE', '500', '--wts', 'm.pth',
+    args = load_tool('infer_simple.py').parse_args(['--cfg', 'a.yaml', 'demo/', 'TEST.SCALE', '500', '--wts', 'm.pth',
                                                      '--thresh', '-0.5'])
     assert (args.wts, args.im_or_folder, args.opts, args.thresh) == ('m.pth', 'demo/', ['TEST.SCALE', '500'], -0.5)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
 def test_a_negative_learning_rate_is_one_line(tool):
     result = _run(tool, '-c', TUTORIAL_8GPU, 'SOLVER.BASE_LR', '-0.02', '--print-config')
     assert (result.returncode, result.stderr) == (2, 'error: SOLVER.BASE_LR must be a finite number > 0, got -0.02\n')
 
 
+@pytest.mark.processes
 def test_a_binary_file_as_cfg_is_one_line(tmp_path):
     path = tmp_path / 'model_final.pth'
     path.write_bytes(bytes(range(256)))
@@ -207,6 +212,7 @@ def test_a_binary_file_as_cfg_is_one_line(tmp_path):
     assert result.stderr.count('\n') == 1 and 'Traceback' not in result.stderr
 
 
+@pytest.mark.processes
 def test_an_output_dir_under_a_file_is_one_line(tmp_path):
     (tmp_path / 'a_file').write_text('')
     result = _run('train_net.py', '--cfg', 'configs/getting_started/shapes_demo_R-18-FPN.yaml',
@@ -218,7 +224,7 @@ def test_an_output_dir_under_a_file_is_one_line(tmp_path):
 
 @pytest.mark.parametrize('spelling', [['--local-rank=1'], ['--local_rank', '1']])
 def test_the_launchers_local_rank_flag_sets_or_matches_local_rank(spelling, monkeypatch):
-    train_net = _load_tool('train_net.py')
+    train_net = load_tool('train_net.py')
     monkeypatch.setenv('LOCAL_RANK', '')  # records the variable's state, so the flag's setting is undone
     monkeypatch.delenv('LOCAL_RANK')
     args = train_net.parse_args(['--cfg', TUTORIAL_8GPU] + spelling)
@@ -229,6 +235,8 @@ def test_the_launchers_local_rank_flag_sets_or_matches_local_rank(spelling, monk
     assert exit_info.value.code == 2
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_torch_distributed_launch_trains_as_torchrun(tmp_path):
     # The CenterNet guide's launcher: it passes --local-rank=N to each of its processes.
     env = {k: v for k, v in os.environ.items()

@@ -7,6 +7,7 @@ import sys
 import cv2
 import numpy as np
 import pycocotools.mask as mask_util
+import pytest
 import torch
 
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
@@ -74,6 +75,7 @@ def _write_inputs(root):
     return folder, weights, catalog
 
 
+@pytest.mark.processes
 def test_folder_of_images_gives_one_visualised_png_each(tmp_path):
     folder, weights, catalog = _write_inputs(tmp_path)
     output_dir = tmp_path / 'vis'
@@ -95,12 +97,14 @@ def test_folder_of_images_gives_one_visualised_png_each(tmp_path):
         assert not np.array_equal(written, image)
 
 
+@pytest.mark.processes
 def test_without_arguments_prints_usage_and_exits_1():
     result = _run()
     assert result.returncode == 1
     assert result.stdout.startswith('usage: infer_simple.py')
 
 
+@pytest.mark.processes
 def test_coco_model_without_coco_on_disk_is_labelled_with_coco_names(tmp_path):
     """An 81-class model whose TEST.DATASETS (coco_2017_val) is absent still labels its boxes, with
     the COCO names, as Detectron's demo does; detections are the same as drawn with those names."""
@@ -116,6 +120,7 @@ def test_coco_model_without_coco_on_disk_is_labelled_with_coco_names(tmp_path):
     assert not np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0))  # names are drawn
 
 
+@pytest.mark.processes
 def test_centernet_model_through_infer_simple(tmp_path):
     """The same tool runs a CenterNet: its detector draws the boxes test_net would report."""
     config = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml')
@@ -127,6 +132,7 @@ def test_centernet_model_through_infer_simple(tmp_path):
     assert np.array_equal(written, vis_one_image(cv2.imread(str(folder / 'one.jpg')), cls_boxes, None, 0.0))
 
 
+@pytest.mark.processes
 def test_mask_rcnn_through_infer_simple_draws_the_masks(tmp_path):
     """A Mask R-CNN's detections are drawn with their masks: the same pixels as vis_one_image of
     core/test's (cls_boxes, cls_segms)."""

@@ -1,7 +1,6 @@
 """OUTPUT_DIR/log.txt (the KL-Loss guide's `tail -f /path/to/output/log.txt`): train_net's whole log,
 appended across a failed run and its resume, each start marked with its command; other ranks' errors."""
 import logging
-import os
 import re
 import shlex
 import sys
@@ -14,11 +13,9 @@ from detectron.modeling import fast_rcnn_heads
 from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, run_tool
 from detectron.utils.logging import log_file
-from test_cli import _load_tool
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'core'))
-from test_out_of_memory import on_the_cpu, out_of_memory_from_call  # noqa: E402, F401 (a fixture)
-from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, write_tiny_datasets  # noqa: E402
+from support.out_of_memory import out_of_memory_from_call
+from support.tiny_runs import SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, write_tiny_datasets
+from support.tools import load_tool
 
 _STAMP = r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d '
 
@@ -44,12 +41,12 @@ def test_train_net_log_is_appended_across_a_failure_and_the_resume(tmp_path, mon
     # Iteration 2 (one call per iteration) runs out of memory, after model_iter1.pth.
     real_losses = out_of_memory_from_call(monkeypatch, fast_rcnn_heads, 'fast_rcnn_losses', 2)
     with pytest.raises(SystemExit):
-        run_tool(_load_tool('train_net.py').main, argv)
+        run_tool(load_tool('train_net.py').main, argv)
     error = capsys.readouterr().err.strip()
     assert error.startswith('error: out of memory at iteration 2 on rank 0 (cpu)')
     monkeypatch.setattr(fast_rcnn_heads, 'fast_rcnn_losses', real_losses)
     cfg.defrost()  # the second run merges the same file and overrides again
-    run_tool(_load_tool('train_net.py').main, argv)  # resumes and finishes
+    run_tool(load_tool('train_net.py').main, argv)  # resumes and finishes
 
     lines = (output_dir / 'log.txt').read_text().splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith('=== started ')]
@@ -115,6 +112,8 @@ def _rank_1_fails(output_dir):
         comm.synchronize()  # rank 0 waits for rank 1, which never comes
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_a_spawned_rank_writes_its_error_line(tmp_path):
     with pytest.raises(ConfigValueError, match='^rank 1: a value only rank 1 reads is bad$'):
         launch.launch(_rank_1_fails, 2, args=(str(tmp_path),), device='cpu')

@@ -74,6 +74,8 @@ def _rank1_process(launcher, node1):
         return int(f.read().split()[0])
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.parametrize('launcher', ['torchrun', 'SLURM'])
 def test_two_nodes_train_end_on_a_killed_rank_and_resume_together(tmp_path, launcher):
     output_dir, logs = tmp_path / 'out', tmp_path / 'logs'

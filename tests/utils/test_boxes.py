@@ -124,8 +124,8 @@ def test_bbox_overlaps_match_coco_iou(mean_box, stdev):
     np.testing.assert_array_almost_equal(iou_t, coco_ious, decimal=5)
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_box_iou_t_is_the_cython_kernel_bit_for_bit(device):
     """Proposal-like fractional boxes (some inverted) against jittered copies as gt: Detectron's
     kernel forms +1 sides, a box's area and the union in double, which all-float32 arithmetic
@@ -395,8 +395,8 @@ def test_float32_center_size_decode_is_detectrons_numpy_with_exp_rounded_once():
     np.testing.assert_array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))])
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA')])])
 def test_divide_is_numpys_float32_division_on_every_device(device):
     # CUDA divides by a host scalar as a multiplication by its reciprocal (1 ulp off numpy's
     # division in about a fifth of the values); box_utils.divide divides.

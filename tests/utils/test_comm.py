@@ -79,6 +79,7 @@ def two_gloo_workers():
     return launch.launch(_collectives_and_ddp, 2, args=('hello',), device='cpu')
 
 
+@pytest.mark.processes
 def test_two_gloo_workers_see_ranks_and_collectives(two_gloo_workers):
     result = two_gloo_workers[0]
     assert result['identity'] == [(0, 2, 0, '0', 'hello'), (1, 2, 1, '1', 'hello')]
@@ -94,17 +95,20 @@ def _world_of_one():
             comm.reduce_dict({'x': torch.tensor(2.5)})['x'].item(), dist.is_initialized(), os.getpid())
 
 
+@pytest.mark.processes
 def test_ranks_differing_from_rank0_compares_bits(two_gloo_workers):
     report = two_gloo_workers[0]
     assert report['equal'] == (content_digest({'w': torch.ones(2), 'b': torch.zeros(1)}), [])
     assert report['one_ulp_apart'] == (content_digest({'w': torch.ones(2)}), [1])
 
 
+@pytest.mark.processes
 def test_single_process_runs_in_process_without_process_group():
     result = launch.launch(_world_of_one, 1, device='cpu')
     assert result == (1, 0, True, [7], 'x', 2.5, False, os.getpid())
 
 
+@pytest.mark.processes
 def test_ddp_two_processes_one_sample_each_equal_one_process_two_samples(two_gloo_workers):
     per_rank = two_gloo_workers[1]
     torch.manual_seed(0)

@@ -44,6 +44,7 @@ def _graphed_test_model(config):
     return model, (rcnn_builder.image_params(cfg), rcnn_builder.decode_params(cfg), rcnn_builder.nms_params(cfg))
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_rcnn_detections_with_the_graphed_body_equal_the_eager_ones():
     from detectron.modeling import rcnn_inference
@@ -59,6 +60,7 @@ def test_rcnn_detections_with_the_graphed_body_equal_the_eager_ones():
     assert len(captured) == 1 and all(captured.values())  # one padded size, replayed (not refused)
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_mask_rcnn_masks_with_the_graphed_body_equal_the_eager_ones():
     # The mask head reads the FPN features the graph returned: they must still be this image's.
@@ -78,6 +80,7 @@ def test_mask_rcnn_masks_with_the_graphed_body_equal_the_eager_ones():
         assert segms == eager_segms
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_a_shape_is_captured_the_second_time_it_comes_and_replays_its_values():
     layer = nn.Conv2d(3, 4, 3).cuda().eval()
@@ -94,6 +97,7 @@ def test_a_shape_is_captured_the_second_time_it_comes_and_replays_its_values():
         assert len(graphed._graphs) == 1
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_graphs_of_several_shapes_share_one_pool_and_replay_right_in_any_order():
     """Each shape's graph allocates from the callable's one pool (a shape costs its outputs, not a
@@ -115,6 +119,7 @@ def test_graphs_of_several_shapes_share_one_pool_and_replay_right_in_any_order()
         assert graphed._pool == pool
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_captures_of_smaller_shapes_reuse_the_memory_of_the_first():
     """All captures of a callable run on one side stream (the allocator reuses a block only on
@@ -136,6 +141,7 @@ def test_captures_of_smaller_shapes_reuse_the_memory_of_the_first():
     assert growth[0] > 0 and sum(growth[1:]) < 0.5 * growth[0], growth
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working():
     layer = nn.Conv2d(3, 4, 3).cuda().eval()
@@ -167,6 +173,7 @@ def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working(
         assert len(graphed._graphs) == 2  # no capture after the failure
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_training_captures_succeed_while_another_thread_pins_memory():
     """The DataLoader's pin-memory thread allocates pinned host memory while the training loop
@@ -241,6 +248,7 @@ def deterministic_cudnn():
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_graphed_training_gradients_equal_eager_ones_and_accumulate(deterministic_cudnn):
     torch.manual_seed(0)
@@ -281,6 +289,7 @@ class _ConvBN(nn.Module):
         return (y * y).mean()
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_graphed_training_updates_batchnorm_statistics_once_per_step(deterministic_cudnn):
     """The capture's warm-up, eager and first replayed runs must not count as training steps."""
@@ -300,6 +309,7 @@ def test_graphed_training_updates_batchnorm_statistics_once_per_step(determinist
     assert len(captures) == 1 and all(captures.values())
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_graphed_training_works_under_ddp(tmp_path, deterministic_cudnn):
     """DDP keeps the parameters' AccumulateGrad nodes (made on the default stream) alive; the
@@ -362,6 +372,7 @@ def test_gradients_flattened_in_their_parameters_memory_order_come_back_with_the
         torch.testing.assert_close(view, grad, rtol=0, atol=0)
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_graphed_channels_last_gradients_reach_ddp_in_the_parameters_memory_order(tmp_path, deterministic_cudnn):
     """DDP's buckets are views in each parameter's memory order; a gradient in another order makes
@@ -393,6 +404,7 @@ def test_graphed_channels_last_gradients_reach_ddp_in_the_parameters_memory_orde
         dist.destroy_process_group()
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_rcnn_training_steps_with_the_graphed_body_equal_the_eager_ones(deterministic_cudnn):
     """Each step starts both models from the eager model's weights (copied in place, as an optimizer
@@ -473,6 +485,7 @@ def _training_steps(models, steps, autocast_dtype=None):
         yield step, step_losses
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_rcnn_channels_last_training_in_float32_gives_the_nchw_losses_and_gradients(monkeypatch):
     """The layouts compute the same function: with TF32 off, float32 losses and gradients of the
@@ -493,6 +506,7 @@ def test_rcnn_channels_last_training_in_float32_gives_the_nchw_losses_and_gradie
                 assert error < 1e-2, (name, error)  # H200: the first stages about 1e-3
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_rcnn_training_prepared_channels_last_under_autocast_keeps_its_graphs_and_losses():
     """prepare_for_training with AMP on CUDA stores the body and RPN head channels_last; its graphed
@@ -526,6 +540,7 @@ def test_training_graphs_take_their_number_of_shapes_from_the_config():
     assert cuda_graphs._PER_OWNER[model]['body_and_rpn_head'].max_graphs == 3
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_test_graphs_take_their_number_of_shapes_from_the_config():
     from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list

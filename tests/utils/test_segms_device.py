@@ -132,6 +132,7 @@ def test_coco_tiny_polygons_in_jittered_proposals_match_pycocotools():
     assert len(objects) > 600 and np.array_equal(masks, _reference_masks(objects, boxes, 28))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_random_polygons_on_cuda_match_pycocotools():
     objects, boxes = _random_cases(np.random.RandomState(1), 3000)

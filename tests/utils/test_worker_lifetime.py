@@ -115,6 +115,7 @@ def start_job(tmp_path, script_text, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('num_processes', [0, 1, 2])
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL], ids=['SIGTERM', 'SIGKILL'])
 def test_no_process_of_the_job_outlives_the_launcher(tmp_path, num_processes, sig):
@@ -177,6 +178,8 @@ TRAIN_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_a_rank_killed_by_sigkill_ends_the_job_and_a_restart_resumes(tmp_path):
     """torchrun's semantics: a dead member ends the whole job at once, with the member named."""
     output_dir = tmp_path / 'out'

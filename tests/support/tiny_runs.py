@@ -1,0 +1,105 @@
+"""The tiny datasets (8 drawn images, two categories with non-contiguous json ids) and the tiny
+R-CNN and CenterNet configs on them: runs that train or test in about a second on one CPU core.
+Shared by the engine tests (tests/core), tests/datasets, tests/tools and tests/utils; the fixtures
+tiny_catalog and private_dataset_registrations are in tests/conftest.py."""
+import json
+import os
+
+import cv2
+import numpy as np
+
+from detectron.core.config import cfg
+from detectron.core.config_finalize import finalize_cfg
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHAPES_CFG = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml')
+
+# Two classes with non-contiguous json ids, so the contiguous <-> json id mapping matters.
+TINY_CATEGORIES = [{'id': 7, 'name': 'red'}, {'id': 3, 'name': 'blue'}]
+_CATEGORY_COLORS = {7: (40, 40, 220), 3: (220, 60, 40)}  # BGR
+TINY_IMAGE_SIZES = [(64, 96)] * 6 + [(96, 64)] * 2  # (height, width): landscape and portrait groups
+
+# The shapes demo shrunk to run an iteration in well under a second on one CPU core.
+TINY_OVERRIDES = [
+    'TRAIN.DATASETS', "('tiny_train',)", 'TEST.DATASETS', "('tiny_val',)", 'MODEL.NUM_CLASSES', '3',
+    'FPN.DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '64', 'GROUP_NORM.NUM_GROUPS', '32',
+    'TRAIN.SCALES', '(64,)', 'TRAIN.MAX_SIZE', '96', 'TEST.SCALE', '64', 'TEST.MAX_SIZE', '96',
+    'TRAIN.RPN_PRE_NMS_TOP_N', '200', 'TRAIN.RPN_POST_NMS_TOP_N', '64',
+    'TEST.RPN_PRE_NMS_TOP_N', '100', 'TEST.RPN_POST_NMS_TOP_N', '50',
+    'TRAIN.BATCH_SIZE_PER_IM', '32', 'TRAIN.IMS_PER_BATCH', '2', 'DATA_LOADER.NUM_THREADS', '0',
+    'SOLVER.MAX_ITER', '4', 'TRAIN.SNAPSHOT_ITERS', '2', 'SOLVER.WARM_UP_ITERS', '2',
+]
+TRAIN_SUBDIR = os.path.join('train', 'tiny_train', 'generalized_rcnn')
+
+
+def _draw_image(rng, height, width, categories):
+    """A noisy grey image with one filled rectangle per category; returns (image, COCO bboxes)."""
+    image = rng.randint(150, 200, size=(height, width, 3)).astype(np.uint8)
+    boxes = []
+    for category in categories:
+        w, h = rng.randint(14, 30), rng.randint(14, 30)
+        x, y = rng.randint(0, width - w), rng.randint(0, height - h)
+        image[y:y + h, x:x + w] = _CATEGORY_COLORS[category]
+        boxes.append([x, y, w, h])
+    return image, boxes
+
+
+def write_tiny_datasets(root):
+    """Write 8 images and the catalog of 'tiny_train', 'tiny_val' (all 8) and 'tiny_val_small'
+    (images 3..5) into root; returns the catalog path (for the DATASET_CATALOG key)."""
+    rng = np.random.RandomState(0)
+    (root / 'images').mkdir()
+    images, annotations = [], []
+    for i, (height, width) in enumerate(TINY_IMAGE_SIZES):
+        categories = [7, 3][:1 + i % 2] if i % 3 else [3]
+        image, boxes = _draw_image(rng, height, width, categories)
+        name = 'im{}.png'.format(i)
+        cv2.imwrite(str(root / 'images' / name), image)
+        images.append({'id': 100 + i, 'file_name': name, 'width': width, 'height': height})
+        annotations += [{'id': len(annotations) + 1, 'image_id': 100 + i, 'category_id': c, 'bbox': b,
+                         'area': b[2] * b[3], 'iscrowd': 0, 'segmentation': [_outline(*b)]}
+                        for c, b in zip(categories, boxes)]
+    write_coco(root / 'all.json', images, annotations)
+    small = images[3:6]
+    write_coco(root / 'small.json', small, [a for a in annotations if 103 <= a['image_id'] <= 105])
+    catalog = {name: {'image_directory': 'images', 'annotation_file': ann}
+               for name, ann in (('tiny_train', 'all.json'), ('tiny_val', 'all.json'),
+                                 ('tiny_val_small', 'small.json'))}
+    path = root / 'catalog.json'
+    path.write_text(json.dumps(catalog))
+    return path
+
+
+def _outline(x, y, w, h):
+    """The polygon along the pixel edges of a filled rectangle: pycocotools rasterises it to exactly
+    its w x h pixels (Mask R-CNN's targets and the segm evaluation)."""
+    return [x, y, x + w, y, x + w, y + h, x, y + h]
+
+
+def write_coco(path, images, annotations):
+    path.write_text(json.dumps({'images': images, 'annotations': annotations, 'categories': TINY_CATEGORIES}))
+
+
+def use_tiny_config(catalog, output_dir, *overrides):
+    """Set the global cfg to the tiny model on the tiny datasets (tests/conftest.py restores it)."""
+    cfg.defrost()
+    finalize_cfg(SHAPES_CFG, TINY_OVERRIDES + ['DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir)]
+                 + list(overrides), training=True)
+
+
+def json_stats(stdout):
+    """The raw json_stats lines' text and their parsed dicts."""
+    lines = [line[len('json_stats: '):] for line in stdout.splitlines() if line.startswith('json_stats: ')]
+    return lines, [json.loads(line) for line in lines]
+
+
+def use_centernet(catalog, output_dir, *overrides):
+    """res_18 at 64 px on the tiny datasets (2 categories), 2 images per iteration, float32."""
+    cfg.defrost()
+    return finalize_cfg(
+        os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_centernet_res18.yaml'),
+        ['SOLVER.AMP.ENABLED', 'False', 'DATASET_CATALOG', str(catalog), 'TRAIN.DATASETS', "('tiny_train',)",
+         'TEST.DATASETS', "('tiny_val',)", 'CENTERNET.NUM_CLASSES', '2', 'CENTERNET.INPUT_RES', '64',
+         'CENTERNET.BATCH_SIZE', '2', 'CENTERNET.LR', '0.001', 'CENTERNET.LR_BATCH_SIZE', '2',
+         'CENTERNET.NUM_EPOCHS', '1', 'CENTERNET.LR_STEP', '(1,)', 'DATA_LOADER.NUM_THREADS', '0',
+         'OUTPUT_DIR', str(output_dir)] + list(overrides), training=True)
