@@ -12,24 +12,15 @@ import torch
 from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
 from detectron.core.hooks import BestCheckpoint
-from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
 from detectron.checkpoint.torch_file import read_torch_file
-from test_centernet_engine import use_centernet
-from test_train_engine import REPO, SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, use_tiny_config, write_tiny_datasets
+from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, use_centernet, use_tiny_config
 
 EVALUATED = ['SOLVER.MAX_ITER', '6', 'TEST.EVAL_PERIOD', '2', 'TEST.VAL_LOSS_PERIOD', '2']
 BOX_METRICS = ('AP', 'AP50', 'AP75', 'APs', 'APm', 'APl')
 
 
-@pytest.fixture(autouse=True)
-def private_dataset_registrations(monkeypatch):
-    monkeypatch.setattr(dataset_catalog, '_registered', {})
-
-
-@pytest.fixture(scope='module')
-def tiny_catalog(tmp_path_factory):
-    return write_tiny_datasets(tmp_path_factory.mktemp('tiny'))
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(scope='module')
@@ -57,7 +48,8 @@ def test_each_evaluation_is_test_net_on_that_iterations_checkpoint(runs, tiny_ca
     assert [entry['iter'] for entry in history] == [1, 3, 5]
     for entry in history:
         use_tiny_config(tiny_catalog, tiny_catalog.parent / 'test_of_{}'.format(entry['iter']))
-        results = test_engine.run_inference(model_builder.build_model_type(cfg), os.path.join(train_dir, 'model_iter{}.pth'.format(entry['iter'])))
+        weights = os.path.join(train_dir, 'model_iter{}.pth'.format(entry['iter']))
+        results = test_engine.run_inference(model_builder.build_model_type(cfg), weights)
         box = results['tiny_val']['box']
         assert {m: entry['bbox/' + m] for m in BOX_METRICS} == {m: box[m] for m in BOX_METRICS}
         # Each evaluation wrote its own results file.
@@ -95,9 +87,13 @@ def test_evaluating_changes_nothing_of_the_training(runs, tiny_catalog):
     evaluated = _saved(_train(runs, tiny_catalog, 'evaluated', *EVALUATED))
     plain = _saved(_train(runs, tiny_catalog, 'plain', 'SOLVER.MAX_ITER', '6'))
     assert all(torch.equal(evaluated['model'][k], plain['model'][k]) for k in plain['model'])
-    training_lines = lambda saved: [h for h in saved['extra']['progress']['history'] if 'lr' in h]
-    drop_times = lambda lines: [{k: v for k, v in h.items() if k not in ('time', 'eta', 'data_time')} for h in lines]
-    assert drop_times(training_lines(evaluated)) == drop_times(training_lines(plain))
+    assert _logged_training(evaluated) == _logged_training(plain)
+
+
+def _logged_training(saved):
+    """The training json_stats lines a checkpoint carries, without the timings."""
+    return [{k: v for k, v in h.items() if k not in ('time', 'eta', 'data_time')}
+            for h in saved['extra']['progress']['history'] if 'lr' in h]
 
 
 def test_the_curves_picture_gets_an_evaluation_panel(runs, tiny_catalog):
@@ -117,6 +113,7 @@ def test_a_best_metric_the_evaluation_lacks_is_one_line(tiny_catalog):
         train_engine.train_model()
 
 
+@pytest.mark.slow
 def test_centernet_val_intervals_keeps_the_epoch_of_the_lowest_validation_loss(tiny_catalog):
     # 8 images, 2 per iteration: 4 iterations per epoch; 3 epochs, validation after each.
     use_centernet(tiny_catalog, tiny_catalog.parent / 'centernet_val', 'CENTERNET.NUM_EPOCHS', '3',
@@ -138,6 +135,8 @@ def _train_net(output_dir, catalog, *overrides):
             *TINY_OVERRIDES, 'DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir), *EVALUATED, *overrides]
 
 
+@pytest.mark.processes
+@pytest.mark.slow
 def test_two_processes_a_run_killed_during_an_evaluation_repeats_it_and_ends_as_an_uninterrupted_run(
         tmp_path, tiny_catalog):
     args = ('NUM_GPUS', '2', 'DIST_BACKEND', 'gloo')
