@@ -428,11 +428,10 @@ def _check_acted_on():
 
 
 def _check_dependent_domains():
-    """Domains that depend on another key (every other domain: core/config_domains.py)."""
+    """Domains that depend on another key (every other domain: core/config_domains.py; a model type's
+    own, in its check)."""
     dependent = [
         ('SOLVER.STEP_SIZE', __C.SOLVER.LR_POLICY == 'step', 'at least 1 with LR_POLICY step'),
-        ('TEST.DETECTIONS_PER_IM', __C.MODEL.TYPE == 'centernet',
-         'at least 1 with MODEL.TYPE centernet (its merge keeps the n best; 0, no cap, is for R-CNN)'),
     ]
     for full_key, applies, expected in dependent:
         value = leaf_value(__C, full_key)

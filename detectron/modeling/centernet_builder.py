@@ -48,6 +48,9 @@ class CenterNetType(ModelType):
         if c.INPUT_RES % 32 or c.DOWN_RATIO != 4:
             raise ConfigValueError('CENTERNET.INPUT_RES must be a multiple of 32 and CENTERNET.DOWN_RATIO 4 '
                                    '(the backbones have stride 4), got {} and {}'.format(c.INPUT_RES, c.DOWN_RATIO))
+        if cfg.TEST.DETECTIONS_PER_IM < 1:
+            raise ConfigValueError('TEST.DETECTIONS_PER_IM must be at least 1 with MODEL.TYPE centernet (its merge keeps '
+                                   'the n best; 0, no cap, is for R-CNN), got {}'.format(cfg.TEST.DETECTIONS_PER_IM))
         if not c.TEST_SCALES or min(c.TEST_SCALES) <= 0:
             raise ConfigValueError('CENTERNET.TEST_SCALES must hold scales > 0, got {}'.format(c.TEST_SCALES))
         if c.NUM_EPOCHS < 1:

@@ -16,6 +16,7 @@ import pytest
 from detectron.core import config_domains
 from detectron.core.config import CfgNode, assert_and_infer_cfg, cfg, merge_cfg_from_list
 from detectron.core.config_domains import DOMAINS, is_numeric_default
+from detectron.modeling import model_builder
 from detectron.utils.errors import ConfigValueError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -165,11 +166,14 @@ def test_a_derived_value_outside_its_domain_is_refused_too(set_cfg):
      'is for R-CNN), got 0'),
 ])
 def test_domains_that_depend_on_another_key(overrides, message):
+    # The model type's own domains are in its check (finalize_cfg calls it before assert_and_infer_cfg).
     merge_cfg_from_list(overrides)
     if message is None:
+        model_builder.build_model_type(cfg).check()
         assert_and_infer_cfg()
         return
     with pytest.raises(ConfigValueError) as err:
+        model_builder.build_model_type(cfg).check()
         assert_and_infer_cfg()
     assert str(err.value) == message
 
