@@ -155,7 +155,7 @@ def test_net(weights_file, name, output_dir, ind_range=None, dataset=None):
     model_type = model_builder.get_model_type(cfg)
     dataset = dataset or JsonDataset(name)
     dataset.check_model_classes(model_type.output_classes(cfg))
-    roidb = dataset.get_roidb()
+    roidb = dataset.get_roidb(segms=cfg.MODEL.MASK_ON)  # masks: ground truth checked before detection
     total = len(roidb)
     if not total:  # COCO's evaluation would report AP -1 everywhere
         raise DatasetError('dataset {} ({}) lists no images: there is nothing to test; check TEST.DATASETS and '

@@ -14,7 +14,7 @@ from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import ModelType, checkpoint_setting
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
 from detectron.roi_data.loader import TrainingDataset
-from detectron.roi_data.minibatch import read_image
+from detectron.roi_data.minibatch import read_entry_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
 from detectron.roi_data.shared_memory import stacked_batch
 from detectron.utils.c2_weights import require_weights_file
@@ -97,7 +97,7 @@ class CenterNetType(ModelType):
 
     def training_dataset(self, cfg, roidb, device):
         return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(cfg)),
-                               seed=cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
+                               seed=cfg.RNG_SEED, keys=('image', 'height', 'width', 'boxes', 'classes'))
 
     def collate(self, cfg, device):
         return collate_samples
@@ -165,7 +165,7 @@ def test_params(cfg):
 
 
 def prepare_training_sample(entry, rng, params):
-    return ctdet_train_sample(read_image(entry['image']), entry['boxes'], entry['classes'], rng, params)
+    return ctdet_train_sample(read_entry_image(entry), entry['boxes'], entry['classes'], rng, params)
 
 
 def collate_samples(samples):
