@@ -78,10 +78,9 @@ def check_records(content, annotation_file, name):
             repeated.append(ann['id'])
         seen.add(ann['id'])
         segm = ann.get('segmentation')
-        if type(segm) is list and _has_short_item(segm):
-            if all(type(p) is list for p in segm):
-                ann['segmentation'] = [p for p in segm if len(p) >= 6]
-                dropped[ann['id']] = len(segm) - len(ann['segmentation'])
+        if type(segm) is list and _has_short_item(segm) and all(type(p) is list for p in segm):
+            ann['segmentation'] = [p for p in segm if len(p) >= 6]
+            dropped[ann['id']] = len(segm) - len(ann['segmentation'])
     if repeated:
         # An error would be right, but datasets in use (the tests' tiny sets among them) repeat ids.
         logger.warning('Annotation file %s (dataset %s): %d annotations repeat the id of an earlier one (ids %s); '

@@ -17,25 +17,20 @@ import numpy as np
 import pycocotools.mask as mask_util
 import pytest
 from PIL import Image
+from test_data_faults import REPO, private_dataset_registrations
+from test_data_faults import _register as _register_file
 
-from detectron.datasets import annotations, dataset_catalog
+from detectron.datasets import annotations
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.minibatch import read_entry_image
 from detectron.utils.errors import DatasetError
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, 'tests', 'core'))
 sys.path.insert(0, os.path.join(REPO, 'tests', 'utils'))
-from test_mask_test_engine import MASK_OVERRIDES  # noqa: E402
-from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, write_tiny_datasets  # noqa: E402
-from test_worker_lifetime import DEADLINE_S, alive, job_env, survivors_after  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def private_dataset_registrations(monkeypatch):
-    monkeypatch.setattr(dataset_catalog, '_registered', {})
+from test_mask_test_engine import MASK_OVERRIDES
+from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, write_tiny_datasets
+from test_worker_lifetime import DEADLINE_S, alive, job_env, survivors_after
 
 
 @pytest.fixture(scope='module')
@@ -49,17 +44,9 @@ def tiny(tmp_path_factory):
 
 
 def _register(tiny, name, coco):
-    """Register dataset `name` of the tiny images with annotation file `coco`; returns (its path, its
-    catalog file: the tiny catalog with `name` added, for DATASET_CATALOG)."""
-    catalog, _ = tiny
-    path = catalog.parent / '{}.json'.format(name)
-    path.write_text(json.dumps(coco))
-    entries = json.loads(catalog.read_text())
-    entries[name] = {'image_directory': 'images', 'annotation_file': path.name}
-    variant = catalog.parent / 'catalog_{}.json'.format(name)
-    variant.write_text(json.dumps(entries))
-    dataset_catalog.register_catalog_file(str(variant))
-    return str(path), str(variant)
+    """Register dataset `name` of the tiny images with annotation file `coco` (test_data_faults' way);
+    returns (its path, the catalog file that adds it to the tiny ones, for DATASET_CATALOG)."""
+    return _register_file(tiny, name, coco), str(tiny[0].parent / 'catalog_{}.json'.format(name))
 
 
 REMOVED = object()
