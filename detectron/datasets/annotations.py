@@ -68,8 +68,9 @@ def check_records(content, annotation_file, name):
     for index, ann in enumerate(annotations):
         # The common case in one expression (COCO train's 860k annotations); _check_annotation says what is wrong.
         try:
-            usable = (_REQUIRED <= ann.keys() and type(ann['id']) in _ID and ann['image_id'] in image_ids and ann['category_id'] in category_ids
-                      and _is_box(ann['bbox']) and _is_number(ann['area']) and _is_crowd_flag(ann['iscrowd']))
+            usable = (_REQUIRED <= ann.keys() and type(ann['id']) in _ID and ann['image_id'] in image_ids
+                      and ann['category_id'] in category_ids and _is_box(ann['bbox']) and _is_number(ann['area'])
+                      and _is_crowd_flag(ann['iscrowd']))
         except (AttributeError, TypeError):  # not a dict, an unhashable id
             usable = False
         if not usable:
