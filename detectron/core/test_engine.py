@@ -192,7 +192,7 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     """
     dataset = dataset or JsonDataset(name)
     dataset.check_model_classes(model_type.output_classes())
-    roidb = dataset.get_roidb()
+    roidb = dataset.get_roidb(segms=cfg.MODEL.MASK_ON)  # masks: ground truth checked before detection
     total = len(roidb)
     if not total:  # COCO's evaluation would report AP -1 everywhere
         raise DatasetError('dataset {} ({}) lists no images: there is nothing to test; check TEST.DATASETS and '

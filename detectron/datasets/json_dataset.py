@@ -9,9 +9,8 @@ import os
 import numpy as np
 from pycocotools.coco import COCO
 
-from detectron.datasets import dataset_catalog
+from detectron.datasets import annotations, dataset_catalog
 from detectron.utils import boxes as box_utils
-from detectron.utils import segms as segm_utils
 from detectron.utils.errors import DatasetError
 
 logger = logging.getLogger(__name__)
@@ -32,7 +31,8 @@ class JsonDataset(object):
         _require_path(self.image_directory, 'Image directory', name)
         _require_path(annotation_file, 'Annotation file', name)
         logger.debug('Creating: {}'.format(name))
-        self.COCO = _read_coco(annotation_file, name)
+        # Records checked and short polygons dropped (annotations.check_records), in this process.
+        self.COCO, self._short_polygons = _read_coco(annotation_file, name)
         category_ids = self.COCO.getCatIds()
         categories = [c['name'] for c in self.COCO.loadCats(category_ids)]
         self.category_to_id_map = dict(zip(categories, category_ids))
@@ -67,18 +67,51 @@ class JsonDataset(object):
         """One entry per image (ascending id); with gt=True the filtered ground-truth boxes.
 
         gt_min_area drops annotations whose 'area' is below it (Detectron's TRAIN.GT_MIN_AREA).
-        segms=True (Mask R-CNN) adds 'segms': each gt object's segmentation, polygons of fewer than
-        3 points dropped (crowd regions keep their RLE), as Detectron's roidb.
+        segms=True (Mask R-CNN) checks every annotation's segmentation against its image
+        (annotations.usable_segmentation: one DatasetError line for one that no mask can be made of),
+        also without gt (testing, before detection, so that the mask evaluation cannot fail after
+        it); with gt it adds 'segms', each kept object's segmentation as Detectron's roidb (polygons
+        of fewer than 3 points dropped, crowd regions keep their RLE), a non-crowd RLE as polygons.
+        The annotations Detectron drops on purpose (a box of no width or height inside the image, area
+        <= 0) are dropped with one warning per dataset giving their count and first ids.
         Detectron's proposal_file / crowd_filter_thresh arguments are absent: they serve
         precomputed proposals, which end-to-end Faster R-CNN does not use.
         """
         roidb = copy.deepcopy(self.COCO.loadImgs(self.get_image_ids()))
+        invalid_boxes, rle_objects = [], []
         for entry in roidb:
             self._prep_roidb_entry(entry)
+            anns = self.COCO.loadAnns(self.COCO.getAnnIds(imgIds=entry['id'], iscrowd=None))
+            entry_segms = self._usable_segms(anns, entry, rle_objects) if segms else None
             if gt:
-                self._add_gt_annotations(entry, gt_min_area, segms)
+                invalid_boxes += self._add_gt_annotations(entry, anns, gt_min_area, entry_segms)
             _add_class_assignments(entry)
+        self._warn_dropped(gt, segms, invalid_boxes, rle_objects)
         return roidb
+
+    def _usable_segms(self, anns, entry, rle_objects):
+        """{annotation id: its segmentation as the roidb keeps it} (annotations.usable_segmentation)."""
+        source = annotations.Source(self.annotation_file, self.name)
+        usable = {}
+        for ann in anns:
+            usable[ann['id']] = annotations.usable_segmentation(ann, entry['height'], entry['width'], source,
+                                                                self._short_polygons.get(ann['id'], 0))
+            if isinstance(ann['segmentation'], dict) and not ann['iscrowd']:
+                rle_objects.append(ann['id'])
+        return usable
+
+    def _warn_dropped(self, gt, segms, invalid_boxes, rle_objects):
+        if gt and invalid_boxes:
+            logger.warning('Dataset %s (%s): %d annotations have a box of no width or height inside their image or an '
+                           'area <= 0 and are not used, as in Detectron (ids %s)', self.name, self.annotation_file,
+                           len(invalid_boxes), annotations.first_ids(invalid_boxes))
+        if segms and self._short_polygons:
+            logger.warning('Dataset %s (%s): %d annotations have polygons of fewer than 3 points, dropped as in '
+                           'Detectron (ids %s)', self.name, self.annotation_file, len(self._short_polygons),
+                           annotations.first_ids(sorted(self._short_polygons, key=repr)))
+        if gt and rle_objects:
+            logger.info('Dataset %s: %d non-crowd objects given as RLE are trained from polygons along their '
+                        'pixels (ids %s)', self.name, len(rle_objects), annotations.first_ids(rle_objects))
 
     def _prep_roidb_entry(self, entry):
         im_path = os.path.join(self.image_directory, self.image_prefix + entry['file_name'])
@@ -92,8 +125,9 @@ class JsonDataset(object):
         for k in _DROPPED_IMAGE_FIELDS:
             entry.pop(k, None)
 
-    def _add_gt_annotations(self, entry, gt_min_area, segms):
-        anns = self.COCO.loadAnns(self.COCO.getAnnIds(imgIds=entry['id'], iscrowd=None))
+    def _add_gt_annotations(self, entry, anns, gt_min_area, segms):
+        """The entry's gt fields from its annotations (records checked when the json was read);
+        returns the ids of those dropped for an invalid box. segms: _usable_segms's, or None."""
         anns = [a for a in anns if a['area'] >= gt_min_area and a.get('ignore', 0) != 1]
         # Float64 as Detectron's per-box Python arithmetic; the validity test runs before the
         # float32 cast so borderline boxes are kept or dropped exactly as there.
@@ -104,10 +138,11 @@ class JsonDataset(object):
         )
         areas = np.array([a['area'] for a in anns], dtype=np.float64)
         valid = (areas > 0) & (x2 > x1) & (y2 > y1)
+        invalid = [a['id'] for a, keep in zip(anns, valid) if not keep]
         anns = [a for a, keep in zip(anns, valid) if keep]
-        if segms:
-            entry['segms'] = [segm_utils.valid_polygons(a['segmentation']) for a in anns]
-        classes = np.array([self._contiguous_id(a) for a in anns], dtype=np.int32)
+        if segms is not None:
+            entry['segms'] = [segms[a['id']] for a in anns]
+        classes = np.array([self.json_category_id_to_contiguous_id[a['category_id']] for a in anns], dtype=np.int32)
         is_crowd = np.array([bool(a['iscrowd']) for a in anns], dtype=bool)
         gt_overlaps = np.zeros((len(anns), self.num_classes), dtype=np.float32)
         gt_overlaps[np.arange(len(anns)), classes] = 1.0
@@ -121,24 +156,15 @@ class JsonDataset(object):
             gt_overlaps=gt_overlaps,
             is_crowd=is_crowd,
         )
-
-
-    def _contiguous_id(self, annotation):
-        category_id = annotation['category_id']
-        if category_id not in self.json_category_id_to_contiguous_id:
-            raise DatasetError(
-                'Annotation {} (image {}) of dataset {} has category_id {}, which is not in the "categories" '
-                'of {} (ids {}); fix the annotation or add the category'.format(
-                    annotation.get('id'), annotation['image_id'], self.name, category_id,
-                    self.annotation_file, sorted(self.json_category_id_to_contiguous_id)))
-        return self.json_category_id_to_contiguous_id[category_id]
+        return invalid
 
 
 def _read_coco(annotation_file, name):
-    """pycocotools' COCO of a COCO-format json, with one DatasetError line naming the file for what
-    pycocotools would raise on or merge silently: text that is not JSON, a missing "images" or
-    "categories" list, and an image id listed twice (one image would be dropped and its
-    boxes put on the other)."""
+    """(pycocotools' COCO of a COCO-format json, {annotation id: polygons of fewer than 3 points dropped}),
+    with one DatasetError line naming the file for what pycocotools would raise on or merge silently:
+    text that is not JSON, a missing "images" or "categories" list, image and annotation records
+    that cannot be used (annotations.check_records), and an image id listed twice (one image would be
+    dropped and its boxes put on the other)."""
     try:
         with open(annotation_file, encoding='utf-8') as f:
             content = json.load(f)
@@ -150,7 +176,8 @@ def _read_coco(annotation_file, name):
     if missing:
         raise DatasetError('Annotation file {} of dataset {} has no "{}" list: it is not a COCO-format '
                            'detection file'.format(annotation_file, name, '" or "'.join(missing)))
-    ids = collections.Counter(image.get('id') for image in content['images'])
+    short_polygons = annotations.check_records(content, annotation_file, name)
+    ids = collections.Counter(image['id'] for image in content['images'])
     repeated = sorted((i for i, n in ids.items() if n > 1), key=str)
     if repeated:
         raise DatasetError('Annotation file {} of dataset {} lists image id {} {} times ({} ids repeated): '
@@ -159,7 +186,7 @@ def _read_coco(annotation_file, name):
     coco = COCO()
     coco.dataset = content
     coco.createIndex()
-    return coco
+    return coco, short_polygons
 
 
 def _require_path(path, what, name):

@@ -21,7 +21,7 @@ from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import ModelType, checkpoint_setting, register_model_type
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
 from detectron.roi_data.loader import TrainingDataset
-from detectron.roi_data.minibatch import read_image
+from detectron.roi_data.minibatch import read_entry_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
 from detectron.roi_data.shared_memory import stacked_batch
 from detectron.utils.derived_keys import Derivation
@@ -34,6 +34,11 @@ CENTERNET_RESULTS = ResultsFormat(box_width_offset=0.0, decimals=2, dtype=np.flo
 
 # Stacked as they are; the heatmaps 'hm' travel sparse (collate_samples).
 _STACKED_TARGET_KEYS = ('reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
+
+
+# The roidb fields a training or validation sample is made from (height and width: the decoded image is
+# checked against them).
+_SAMPLE_KEYS = ('image', 'height', 'width', 'boxes', 'classes')
 
 
 @register_model_type('centernet')
@@ -102,7 +107,7 @@ class CenterNetType(ModelType):
 
     def training_dataset(self, roidb, device):
         return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(self.cfg)),
-                               seed=self.cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
+                               seed=self.cfg.RNG_SEED, keys=_SAMPLE_KEYS)
 
     def collate(self, device):
         return collate_samples
@@ -114,7 +119,7 @@ class CenterNetType(ModelType):
                                      color_aug=False)
         return TrainingDataset(centernet_roidb(cfg.TEST.DATASETS),
                                functools.partial(prepare_training_sample, params=params),
-                               seed=cfg.RNG_SEED, keys=('image', 'boxes', 'classes'))
+                               seed=cfg.RNG_SEED, keys=_SAMPLE_KEYS)
 
     def validation_losses(self):
         return _validation_losses
@@ -188,7 +193,7 @@ def test_params(cfg):
 
 
 def prepare_training_sample(entry, rng, params):
-    return ctdet_train_sample(read_image(entry['image']), entry['boxes'], entry['classes'], rng, params)
+    return ctdet_train_sample(read_entry_image(entry), entry['boxes'], entry['classes'], rng, params)
 
 
 def _validation_losses(model, batch):

@@ -473,13 +473,8 @@ def centernet_roidb(dataset_names):
 
 def _centernet_entry(dataset, entry, contiguous):
     coco = dataset.COCO
+    # The records (category ids among the categories, 4-number boxes) were checked when the json was read.
     anns = coco.loadAnns(coco.getAnnIds(imgIds=[entry['id']]))
-    for ann in anns:
-        if ann['category_id'] not in contiguous:
-            raise DatasetError(
-                'Annotation {} of image {} in dataset {} has category_id {}, which is not among '
-                'the dataset\'s categories; fix the annotation file or add the category.'
-                .format(ann.get('id'), entry['id'], dataset.name, ann['category_id']))
     # x + w and y + h in float64 (Python floats), then float32, as CenterNet's _coco_box_to_bbox.
     xywh = np.array([ann['bbox'] for ann in anns], dtype=np.float64).reshape(-1, 4)
     boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1).astype(np.float32)

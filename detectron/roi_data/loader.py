@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from detectron.roi_data.minibatch import read_image
+from detectron.roi_data.minibatch import read_entry_image
 from detectron.roi_data.shared_memory import empty_for_main_process
 from detectron.utils.errors import DEAD_WORKER_HINT, DatasetError, LoaderWorkerError, dead_loader_workers_as_errors
 from detectron.utils.lifetime import die_with_parent
@@ -199,11 +199,13 @@ class InferenceImageDataset(Dataset):
     large arrays are packed for the trip to the main process (SharedLeaves)."""
 
     def __init__(self, roidb, prepare):
-        self._paths = PackedList(entry['image'] for entry in roidb)
+        # The image and, where the entry has them, the width and height its decoded size must match.
+        self._entries = PackedList({key: entry[key] for key in ('image', 'height', 'width') if key in entry}
+                                   for entry in roidb)
         self._prepare = prepare
 
     def __len__(self):
-        return len(self._paths)
+        return len(self._entries)
 
     def __getitem__(self, index):
         return self._items([index], group=False)
@@ -215,7 +217,7 @@ class InferenceImageDataset(Dataset):
 
     def _items(self, indices, group):
         try:
-            items = [(self._prepare(read_image(self._paths[i])), i) for i in indices]
+            items = [(self._prepare(read_entry_image(self._entries[i])), i) for i in indices]
         except DatasetError as err:
             return err
         item = items if group else items[0]

@@ -29,9 +29,16 @@ _JPEG_SOI, _JPEG_EOI, _JPEG_SOS = b'\xff\xd8', b'\xff\xd9', 0xDA
 _JPEG_STANDALONE = {0x01} | set(range(0xD0, 0xD8))
 
 
+# Pixels as stored in the file, as COCO's annotations (and their width and height) give them: OpenCV
+# would otherwise turn an image by its EXIF orientation tag (cv2.imread's default, Detectron's reader),
+# putting an annotated image's pixels off its boxes (docs/DATASETS.md, "Images").
+IMREAD_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
+
+
 def read_image(path):
     """Read an image file as a BGR uint8 HxWx3 array: its bytes are read once and decoded by
-    cv2.imdecode, what cv2.imread (Detectron's reader) does with the file, EXIF orientation included.
+    cv2.imdecode with IMREAD_FLAGS, the pixels in their stored orientation (an EXIF orientation tag
+    is ignored, as COCO's annotations do; cv2.imread, Detectron's reader, would apply it).
 
     A truncated JPEG is refused: libjpeg would decode it with grey rows and only warn "Premature end
     of JPEG file", without the file name.
@@ -59,9 +66,9 @@ def _decode(data, path):
     as a warning that names the file, and any other text written there meanwhile is passed on."""
     array = np.frombuffer(data, dtype=np.uint8)
     if not data.startswith(_JPEG_SOI):
-        return cv2.imdecode(array, cv2.IMREAD_COLOR)
+        return cv2.imdecode(array, IMREAD_FLAGS)
     with _stderr_captured() as captured:
-        im = cv2.imdecode(array, cv2.IMREAD_COLOR)
+        im = cv2.imdecode(array, IMREAD_FLAGS)
     text = captured[0].strip()
     if 'JPEG' in text:
         logger.warning("Image '%s' holds corrupt JPEG data (libjpeg: %s): it decodes with wrong pixels; restore "
@@ -155,20 +162,50 @@ def prepare_training_image(entry, target_size, max_size, pixel_means):
 
 
 def _read_flipped(entry):
-    im = read_image(entry['image'])
-    check_image_size(im, entry)
+    im = read_entry_image(entry)
     return im[:, ::-1, :] if entry['flipped'] else im
+
+
+def read_entry_image(entry):
+    """read_image of a roidb entry's 'image', checked against the entry's 'width' and 'height' (when it
+    has them) by check_image_size: every model's training and test_net read images through this."""
+    im = read_image(entry['image'])
+    if 'height' in entry:
+        check_image_size(im, entry)
+    return im
 
 
 def check_image_size(im, entry):
     """The decoded image must have the width and height of its annotation record: the boxes were clipped
-    to that size and are flipped about it, so another size trains boxes off the objects."""
+    to that size and are flipped about it, and the detections are scored against them, so another size
+    trains or scores boxes off the objects."""
     height, width = im.shape[:2]
     if (entry['height'], entry['width']) != (height, width):
         raise DatasetError(
             "Image '{}' is {} x {} pixels (width x height) but its record in the annotation file says {} x {}; "
-            "fix the image's width and height there (or the image)".format(
-                entry['image'], width, height, entry['width'], entry['height']))
+            "{}".format(entry['image'], width, height, entry['width'], entry['height'],
+                        _size_advice(entry['image'], (height, width), (entry['height'], entry['width']))))
+
+
+def _size_advice(path, decoded, recorded):
+    """What to fix: the record, unless the file's EXIF orientation turns it to the recorded size (its
+    annotations were then made on the turned view, not on the stored pixels that COCO's tools read)."""
+    orientation = _exif_orientation(path)
+    if orientation in (5, 6, 7, 8) and decoded[::-1] == recorded:
+        return ("its EXIF orientation tag ({}) turns it to the record's size, but images are read as stored, as "
+                "COCO's annotations are; if the boxes were drawn on the turned view, store the image turned "
+                "(e.g. PIL.ImageOps.exif_transpose) without the tag, do not swap the record's width and "
+                "height".format(orientation))
+    return "fix the image's width and height there (or the image)"
+
+
+def _exif_orientation(path):
+    try:
+        from PIL import Image
+        with Image.open(path) as image:
+            return image.getexif().get(0x0112)
+    except Exception:  # noqa: BLE001 (only the advice of an error already raised depends on it)
+        return None
 
 
 def _training_im_info(im, scale):

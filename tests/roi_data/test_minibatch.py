@@ -76,17 +76,20 @@ def _with_exif_orientation(jpeg, orientation):
     return jpeg[:2] + b'\xff\xe1' + (len(payload) + 2).to_bytes(2, 'big') + payload + jpeg[2:]
 
 
-def test_read_image_decodes_as_cv2_imread_exif_orientation_included(tmp_path):
-    # Orientation 6 (rotate 90 degrees clockwise to display): imread turns the 48 x 64 image to 64 x 48.
+def test_read_image_decodes_the_stored_pixels_ignoring_exif_orientation(tmp_path):
+    # Orientation 6 (rotate 90 degrees clockwise to display): cv2.imread would turn the 48 x 64 image to
+    # 64 x 48; COCO's annotations (and the json's width and height) are of the stored pixels.
     plain, rotated = tmp_path / 'plain.jpg', tmp_path / 'rotated.jpg'
     plain.write_bytes(_jpeg_bytes(48, 64, seed=3, params=(cv2.IMWRITE_JPEG_PROGRESSIVE, 1)))
     rotated.write_bytes(_with_exif_orientation(_jpeg_bytes(48, 64, seed=3), 6))
     png = _write(tmp_path / 'c.png', np.random.RandomState(4).randint(0, 256, (9, 11, 3)).astype(np.uint8))
     for path in (plain, rotated, png):
-        np.testing.assert_array_equal(read_image(str(path)), cv2.imread(str(path)))
-    stored = cv2.imread(str(rotated), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-    assert stored.shape == (48, 64, 3)
-    np.testing.assert_array_equal(read_image(str(rotated)), np.rot90(stored, -1))   # turned clockwise
+        np.testing.assert_array_equal(read_image(str(path)),
+                                      cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION))
+    assert cv2.imread(str(rotated)).shape == (64, 48, 3)  # what Detectron's reader gives
+    # The same pixels as the file without the tag.
+    untagged = cv2.imdecode(np.frombuffer(_jpeg_bytes(48, 64, seed=3), np.uint8), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(read_image(str(rotated)), untagged)
 
 
 @pytest.mark.parametrize('kind', ['empty file', 'directory'])
