@@ -204,7 +204,7 @@ def _exif_orientation(path):
         from PIL import Image
         with Image.open(path) as image:
             return image.getexif().get(0x0112)
-    except Exception:  # noqa: BLE001 (only the advice of an error already raised depends on it)
+    except Exception:  # any failure: only the advice of an error already raised depends on it
         return None
 
 

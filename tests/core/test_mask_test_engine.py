@@ -17,14 +17,9 @@ from detectron.core import test_engine
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
 from support.coco_eval import METRICS, coco_metrics
-from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config
+from support.tiny_runs import MASK_OVERRIDES, REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config
 
 pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
-
-MASK_OVERRIDES = ['MODEL.MASK_ON', 'True', 'MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs',
-                  'MRCNN.RESOLUTION', '14', 'MRCNN.ROI_XFORM_RESOLUTION', '7', 'MRCNN.ROI_XFORM_SAMPLING_RATIO', '2',
-                  'MRCNN.DILATION', '1', 'MRCNN.DIM_REDUCED', '16']
-
 
 def _use_mask_config(catalog, output_dir, *overrides):
     use_tiny_config(catalog, output_dir, *MASK_OVERRIDES, *overrides)

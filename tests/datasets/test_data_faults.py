@@ -18,7 +18,7 @@ from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import prepare_training_entry, read_image
 from detectron.utils.errors import DatasetError
-from support.tiny_runs import use_centernet, write_tiny_datasets
+from support.tiny_runs import register_annotations, use_centernet, write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,19 +35,6 @@ def tiny(tmp_path_factory):
     return catalog, json.loads((catalog.parent / 'all.json').read_text())
 
 
-def _register(tiny, name, text):
-    """Register dataset `name` whose annotation file holds `text` (a str or a dict to dump); returns its path."""
-    catalog, _ = tiny
-    path = catalog.parent / '{}.json'.format(name)
-    path.write_text(text if isinstance(text, str) else json.dumps(text))
-    entries = json.loads(catalog.read_text())
-    entries[name] = {'image_directory': 'images', 'annotation_file': path.name}
-    variant = catalog.parent / 'catalog_{}.json'.format(name)
-    variant.write_text(json.dumps(entries))
-    dataset_catalog.register_catalog_file(str(variant))
-    return str(path)
-
-
 @pytest.mark.parametrize('name, content, message', [
     ('cut', '{"images": [{"id": 1, "file_na', 'is not valid JSON (Unterminated string starting at: line 1 column 23 '
                                              '(char 22)); restore or regenerate it'),
@@ -56,7 +43,7 @@ def _register(tiny, name, text):
     ('a_list', [1, 2], 'has no "images" or "categories" list: it is not a COCO-format detection file'),
 ])
 def test_unusable_annotation_files_are_one_line_naming_the_file(tiny, name, content, message):
-    path = _register(tiny, name, content)
+    path = register_annotations(tiny, name, content)
     with pytest.raises(DatasetError) as err:
         JsonDataset(name)
     assert str(err.value) == 'Annotation file {} of dataset {} {}'.format(path, name, message)
@@ -65,7 +52,7 @@ def test_unusable_annotation_files_are_one_line_naming_the_file(tiny, name, cont
 def test_a_repeated_image_id_is_refused(tiny):
     coco = dict(tiny[1])
     coco['images'] = coco['images'] + [dict(coco['images'][3], file_name='im4.png')]
-    path = _register(tiny, 'twice', coco)
+    path = register_annotations(tiny, 'twice', coco)
     with pytest.raises(DatasetError) as err:
         JsonDataset('twice')
     assert str(err.value) == ('Annotation file {} of dataset twice lists image id 103 2 times (1 ids repeated): '
@@ -76,7 +63,7 @@ def test_an_image_record_of_another_size_than_the_image_is_refused_naming_the_fi
     coco = dict(tiny[1])
     coco['images'] = [dict(image, width=image['width'] * 3, height=image['height'] * 3) if image['id'] == 101
                       else image for image in coco['images']]
-    _register(tiny, 'tripled', coco)
+    register_annotations(tiny, 'tripled', coco)
     roidb = JsonDataset('tripled').get_roidb(gt=True)
     prepare_training_entry(roidb[0], np.random.RandomState(0), (64,), 96, cfg.PIXEL_MEANS)  # a right record
     with pytest.raises(DatasetError) as err:
@@ -87,7 +74,7 @@ def test_an_image_record_of_another_size_than_the_image_is_refused_naming_the_fi
 
 
 def test_centernet_refuses_a_training_set_without_boxes(tiny, tmp_path):
-    _register(tiny, 'bare', dict(tiny[1], annotations=[]))
+    register_annotations(tiny, 'bare', dict(tiny[1], annotations=[]))
     use_centernet(tiny[0], tmp_path, 'DATASET_CATALOG', str(tiny[0].parent / 'catalog_bare.json'),
                   'TRAIN.DATASETS', "('tiny_train',)")
     model_type = model_builder.build_model_type(cfg)
@@ -113,7 +100,7 @@ def test_infer_simple_on_a_folder_without_images_is_one_line(tmp_path):
 
 
 def test_testing_a_dataset_without_images_is_one_line(tiny, tmp_path):
-    path = _register(tiny, 'empty', {'images': [], 'annotations': [], 'categories': tiny[1]['categories']})
+    path = register_annotations(tiny, 'empty', {'images': [], 'annotations': [], 'categories': tiny[1]['categories']})
     use_centernet(tiny[0], tmp_path, 'DATASET_CATALOG', str(tiny[0].parent / 'catalog_empty.json'),
                   'TEST.DATASETS', "('empty',)")
     with pytest.raises(DatasetError) as err:

@@ -17,8 +17,6 @@ import numpy as np
 import pycocotools.mask as mask_util
 import pytest
 from PIL import Image
-from test_data_faults import REPO, private_dataset_registrations
-from test_data_faults import _register as _register_file
 
 from detectron.datasets import annotations
 from detectron.datasets.json_dataset import JsonDataset
@@ -27,10 +25,11 @@ from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.minibatch import read_entry_image
 from detectron.utils.errors import DatasetError
 
-sys.path.insert(0, os.path.join(REPO, 'tests', 'utils'))
-from test_mask_test_engine import MASK_OVERRIDES
-from test_train_engine import SHAPES_CFG, TINY_OVERRIDES, write_tiny_datasets
-from test_worker_lifetime import DEADLINE_S, alive, job_env, survivors_after
+from support.processes import DEADLINE_S, alive, job_env, survivors_after
+from support.tiny_runs import (MASK_OVERRIDES, REPO, SHAPES_CFG, TINY_OVERRIDES, register_annotations,
+                               write_tiny_datasets)
+
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
 
 @pytest.fixture(scope='module')
@@ -46,7 +45,7 @@ def tiny(tmp_path_factory):
 def _register(tiny, name, coco):
     """Register dataset `name` of the tiny images with annotation file `coco` (test_data_faults' way);
     returns (its path, the catalog file that adds it to the tiny ones, for DATASET_CATALOG)."""
-    return _register_file(tiny, name, coco), str(tiny[0].parent / 'catalog_{}.json'.format(name))
+    return register_annotations(tiny, name, coco), str(tiny[0].parent / 'catalog_{}.json'.format(name))
 
 
 REMOVED = object()
@@ -356,6 +355,7 @@ END_TO_END = [
 ]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('num_gpus', [1, 2])
 @pytest.mark.parametrize('kind, coco, overrides, message', END_TO_END, ids=[e[0] for e in END_TO_END])
 def test_train_net_on_an_unusable_input_is_one_error_line(tiny, tmp_path, kind, coco, overrides, message, num_gpus):
@@ -370,6 +370,7 @@ def test_train_net_on_an_unusable_input_is_one_error_line(tiny, tmp_path, kind, 
         assert message.format(path=path) in line, line
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('kind', ['segmentation', 'area'])
 def test_test_net_refuses_unusable_ground_truth_before_detecting(tiny, tmp_path, kind):
     coco = _changed(tiny, 5, segmentation=[]) if kind == 'segmentation' else _changed(tiny, 5, area=REMOVED)

@@ -10,6 +10,7 @@ import numpy as np
 
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
+from detectron.datasets import dataset_catalog
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES_CFG = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml')
@@ -103,3 +104,22 @@ def use_centernet(catalog, output_dir, *overrides):
          'CENTERNET.BATCH_SIZE', '2', 'CENTERNET.LR', '0.001', 'CENTERNET.LR_BATCH_SIZE', '2',
          'CENTERNET.NUM_EPOCHS', '1', 'CENTERNET.LR_STEP', '(1,)', 'DATA_LOADER.NUM_THREADS', '0',
          'OUTPUT_DIR', str(output_dir)] + list(overrides), training=True)
+
+
+# The mask head of the tiny model (MODEL.MASK_ON).
+MASK_OVERRIDES = ['MODEL.MASK_ON', 'True', 'MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs',
+                  'MRCNN.RESOLUTION', '14', 'MRCNN.ROI_XFORM_RESOLUTION', '7', 'MRCNN.ROI_XFORM_SAMPLING_RATIO', '2',
+                  'MRCNN.DILATION', '1', 'MRCNN.DIM_REDUCED', '16']
+
+
+def register_annotations(tiny, name, text):
+    """Register dataset `name` whose annotation file holds `text` (a str or a dict to dump); returns its path."""
+    catalog, _ = tiny
+    path = catalog.parent / '{}.json'.format(name)
+    path.write_text(text if isinstance(text, str) else json.dumps(text))
+    entries = json.loads(catalog.read_text())
+    entries[name] = {'image_directory': 'images', 'annotation_file': path.name}
+    variant = catalog.parent / 'catalog_{}.json'.format(name)
+    variant.write_text(json.dumps(entries))
+    dataset_catalog.register_catalog_file(str(variant))
+    return str(path)

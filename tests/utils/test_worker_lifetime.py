@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEADLINE_S = 10.0  # the promise: every process of the job is gone this long after the launcher
+from support.processes import (DEADLINE_S, alive, descendants, job_env, survivors_after,
+                               wait_for_files)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'),
                                 reason='parent-death signals and /proc are Linux features')
@@ -49,63 +49,7 @@ JOB_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def job_env():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
-           and not k.startswith('SLURM_')}
-    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS='1')
-    return env
 
-
-def _parent_and_state(pid):
-    """(parent pid, state letter) of a process, or None once it is gone."""
-    try:
-        with open('/proc/{}/stat'.format(pid)) as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat.rsplit(')', 1)[1].split()  # the command name may hold spaces and parentheses
-    return int(fields[1]), fields[0]
-
-
-def descendants(root):
-    """Pids of every living process below root."""
-    children = {}
-    for name in os.listdir('/proc'):
-        if name.isdigit():
-            info = _parent_and_state(int(name))
-            if info is not None:
-                children.setdefault(info[0], []).append(int(name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid):
-    info = _parent_and_state(pid)
-    return info is not None and info[1] != 'Z'  # a zombie has exited and waits to be reaped
-
-
-def wait_for_files(directory, names, process, timeout=90):
-    deadline = time.monotonic() + timeout
-    while not all(os.path.exists(os.path.join(directory, n)) for n in names):
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, 'the job did not start in {} s'.format(timeout)
-        time.sleep(0.1)
-
-
-def survivors_after(pids, deadline_s):
-    """The pids still alive deadline_s seconds from now (returns as soon as all are gone)."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        left = [pid for pid in pids if alive(pid)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [pid for pid in pids if alive(pid)]
 
 
 def start_job(tmp_path, script_text, *args):
