@@ -267,7 +267,9 @@ class Evaluation:
     def after_step(self, loop):
         if not self.writes_at(loop.iter):
             return
+        started = time.perf_counter()
         values = self.evaluate(loop.model_without_ddp, loop.iter)
+        logger.info('%s after iteration %d took %.2f s', self.state_key, loop.iter, time.perf_counter() - started)
         self.history.append(dict(values, iter=loop.iter))
         loop.storage.setdefault('evaluation', {}).update(values)
         loop.storage['evaluated_at'] = loop.iter
