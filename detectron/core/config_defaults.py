@@ -411,7 +411,7 @@ __C.EXPECTED_RESULTS_ATOL = 0.005
 __C.EXPECTED_RESULTS_SIGMA_TOL = 4
 __C.EXPECTED_RESULTS_EMAIL = ''
 __C.DOWNLOAD_CACHE = '/tmp/detectron-download-cache'
-__C.CUDNN_BENCHMARK = False  # port: cuDNN autotuning (costs seconds per new input shape; measured no faster: BENCHMARKS.md, "Start-up")
+__C.CUDNN_BENCHMARK = False  # port: cuDNN autotuning (costs time per new input shape and gave no speed-up: BENCHMARKS.md, "Start-up")
 __C.DATASET_CATALOG = ''  # port: a file of custom dataset entries, registered in every process
 
 __C.CLUSTER = CfgNode()

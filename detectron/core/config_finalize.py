@@ -47,9 +47,8 @@ def receive_cfg(finished_cfg):
 
 def _train_in_a_precision_this_cpu_runs():
     """bfloat16 autocast on a CPU without bfloat16 instructions (neither AVX512-BF16 nor AMX) trains
-    in float32 instead, said once: there oneDNN's fallback runs many times slower than float32 (the
-    CenterNet demo's step: 13.0 s against 0.80 s, BENCHMARKS.md "CPU demos"), and autocast is asked
-    for speed."""
+    in float32 instead, said once: there oneDNN's fallback runs many times slower than float32
+    (BENCHMARKS.md, "CPU demos"), and autocast is asked for speed."""
     amp = cfg.SOLVER.AMP
     bfloat16 = amp.ENABLED and amp.DTYPE in ('bfloat16', 'bf16')
     if not bfloat16 or torch.cuda.is_available() or not cpu_bfloat16_is_emulated():

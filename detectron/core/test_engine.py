@@ -41,8 +41,8 @@ from detectron.utils.vis import write_vis_image
 logger = logging.getLogger(__name__)
 
 # With TEST.IMS_PER_BATCH > 1 a loader worker sends up to this many images at a time in one shared
-# tensor: the main process's CPU per CenterNet image fell from 1.30-1.44 to 0.50-0.55 ms with 8 (0.34-0.42
-# with 32) on a 2-core machine, while the shared memory in flight stays within workers x 2 x 8 images
+# tensor: the main process then pays one receipt per group instead of one per image, most of the gain
+# already at 8, while the shared memory in flight stays within workers x 2 x 8 images
 # (BENCHMARKS.md, "Real loops").
 LOADER_GROUP_MAX = 8
 

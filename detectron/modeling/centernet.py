@@ -41,12 +41,11 @@ class CenterNet(nn.Module):
 
     def use_channels_last(self):
         """Store the backbone's layers that allow it and the heads channels_last. cuDNN runs
-        bfloat16 convolutions in NHWC and converts NCHW tensors around each one (4.5 of the 24.3 ms
-        of resdcn_18's forward + decode at batch 64 on the H200); stored NHWC they need no
-        conversion (forward + decode 1.64 -> 1.42 ms at batch 1, 0.375 -> 0.338 ms per image at 64,
-        the same heat map bit for bit for its image: BENCHMARKS.md, "CenterNet speed"; float32 not
-        measured). On the CPU the kernels round differently in NHWC, so the model type applies it on
-        CUDA only. A backbone without such layers (DLA) leaves the heads as they are too."""
+        bfloat16 convolutions in NHWC and converts NCHW tensors around each one, a sizeable part
+        of forward + decode; stored NHWC they need no conversion, and each image's heat map is the
+        same bit for bit (BENCHMARKS.md, "CenterNet speed"; bfloat16 only). On the CPU the kernels
+        round differently in NHWC, so the model type applies it on CUDA only. A backbone without
+        such layers (DLA) leaves the heads as they are too."""
         trunk = self.backbone.channels_last_modules()
         for module in trunk + ([self.heads] if trunk else []):
             module.to(memory_format=torch.channels_last)
@@ -193,8 +192,8 @@ def normalize_test_images(images, mean, std):
     BaseDetector.pre_process's numpy arithmetic: float64 (x / 255 - mean) / std with mean and std as
     float32 values, then float32. A uint8 channel has 256 values, so the reference's own numpy
     formula is evaluated once per (channel, value) into a table and the images index it: one
-    gather instead of ten float64 passes over every pixel (about 5% of the GPU time of forward and
-    decode at batch 64 on the H200, BENCHMARKS.md "CenterNet speed")."""
+    gather instead of ten float64 passes over every pixel, which took a visible share of the GPU
+    time of forward and decode (BENCHMARKS.md, "CenterNet speed")."""
     table, channel_offsets = _normalisation_table(tuple(map(float, mean)), tuple(map(float, std)), images.device)
     return table[images.to(torch.int32) + channel_offsets]
 

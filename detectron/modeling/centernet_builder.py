@@ -140,11 +140,10 @@ class CenterNetType(ModelType):
     def prepare_for_training(self, model):
         # Under autocast on CUDA, the trunk and heads stored channels_last as for inference: cuDNN's
         # bfloat16 convolutions and BatchNorm's channels_last kernels need no layout conversions
-        # (resdcn_18 at batch 32: 571 -> 741 images/s, BENCHMARKS.md "CenterNet speed"); the whole
-        # model channels_last was slower (701: grid_sample reads NCHW). bfloat16 autocast on the
-        # CPU: oneDNN's bfloat16 convolutions work in NHWC; stored channels_last, res_18's step (16
-        # images at 128 px, the CPU demo) took 0.266 s instead of 0.355 on a 2-core AVX512-BF16
-        # EPYC ("CPU demos"). float32 keeps NCHW (float32 CPU kernels round differently in NHWC).
+        # (BENCHMARKS.md, "CenterNet speed"); the whole model channels_last is slower, since
+        # grid_sample reads NCHW. bfloat16 autocast on the CPU: oneDNN's bfloat16 convolutions work
+        # in NHWC, so the model stored channels_last spares their conversions (BENCHMARKS.md,
+        # "CPU demos"). float32 keeps NCHW (float32 CPU kernels round differently in NHWC).
         cfg = self.cfg
         device = next(model.parameters()).device.type
         if cfg.SOLVER.AMP.ENABLED and device == 'cuda':

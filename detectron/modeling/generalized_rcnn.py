@@ -93,9 +93,8 @@ class GeneralizedRCNN(nn.Module):
     def use_channels_last(self):
         """Store the body (ResNet and FPN) and the RPN head channels_last; images enter the body in
         that layout. cuDNN runs bfloat16 convolutions in NHWC and converts NCHW tensors around each
-        one (19 of the 116 ms of kernels of a batch-16 training step on the H200); stored NHWC they
-        need none: training at batch 16 103.9 -> 128.4 images/s, at 2 57.5 -> 62.3, the losses of
-        the step bit for bit the same (BENCHMARKS.md, "Training speed"). RoIAlign and the box head
+        one, a sizeable part of the training step's kernels; stored NHWC they need none, and the
+        losses of the step are the same bit for bit (BENCHMARKS.md, "Training speed"). RoIAlign and the box head
         read the features as they come."""
         self.conv_body.to(memory_format=torch.channels_last)
         self.rpn.to(memory_format=torch.channels_last)

@@ -146,7 +146,7 @@ def build_optimizer(model, base_lr, momentum=0.9, weight_decay=0.0, weight_decay
     if name == 'adam':
         params = [p for p in model.parameters() if p.requires_grad]
         # On CUDA the fused kernel: one launch for all parameters instead of a dozen foreach
-        # passes (resdcn_18 at batch 32: 1.8 ms of the step, BENCHMARKS.md "CenterNet speed").
+        # passes, whose launches showed in CenterNet's step (BENCHMARKS.md, "CenterNet speed").
         fused = bool(params) and all(p.is_cuda for p in params)
         return torch.optim.Adam(params, lr=float(base_lr), weight_decay=weight_decay, fused=fused or None)
     raise ConfigValueError("SOLVER.OPTIMIZER must be 'sgd' or 'adam', got {!r}".format(name))

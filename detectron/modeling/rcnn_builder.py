@@ -117,7 +117,8 @@ class GeneralizedRCNNType(ModelType):
         return image_only
 
     def prepare_for_training(self, model):
-        # Measured with bf16 autocast on the H200 (GeneralizedRCNN.use_channels_last); float32
+        # Under bf16 autocast on CUDA, channels_last spares cuDNN's layout conversions around each
+        # convolution (GeneralizedRCNN.use_channels_last; BENCHMARKS.md, "Training speed"); float32
         # training and the CPU keep NCHW (on the CPU the kernels round differently in NHWC).
         if self.cfg.SOLVER.AMP.ENABLED and next(model.parameters()).device.type == 'cuda':
             model.use_channels_last()

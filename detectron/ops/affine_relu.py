@@ -3,8 +3,8 @@
 
 Eager PyTorch runs these as two or three element-wise passes over the body's largest tensors
 (addcmul, add, clamp), each reading and writing the whole activation; the affine's per-channel
-broadcast also keeps them off the vectorised kernels (profile of the batch-16 training step:
-about 17 ms of its 69 ms of graphed body). The kernel makes one pass forward and one backward, with
+broadcast also keeps them off the vectorised kernels, a large share of the graphed body's time in
+the training step (BENCHMARKS.md, "Training speed"). The kernel makes one pass forward and one backward, with
 the eager path's arithmetic: float32 products and sums, each eager step's rounding to the
 activation dtype kept (the affine's result is rounded before the shortcut is added), NaN
 propagated by the ReLU as torch's. Other devices, layouts and dtypes take the eager path.

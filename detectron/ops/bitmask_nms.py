@@ -1,7 +1,7 @@
 """Greedy NMS of many groups at once (e.g. every image and FPN level of a batch's proposals) by two
 Triton kernels: one launch builds each group's suppression bitmask, one scans every group's mask in
 parallel. torchvision's batched_nms runs one NMS per group past 20000 boxes, each ending in a host
-synchronisation (the training step at 16 images: 80 groups, 240 synchronisations, 7 ms of kernels);
+synchronisation (a 16-image training step has 80 groups; BENCHMARKS.md, "Training speed");
 here the whole batch costs two launches and no synchronisation.
 
 The IoU is Detectron's float32 arithmetic as boxes.matrix_batched_nms_t computes it (+1 sides, each

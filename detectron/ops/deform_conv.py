@@ -135,7 +135,7 @@ if triton is not None:
         """out[n, c * taps + t, p] for one image's tile of channels x output pixels. As grid_sample
         does, neighbouring threads take neighbouring pixels of one channel plane. The taps are a
         loop the compiler keeps (not unrolled): unrolled taps x channels made Triton's first
-        compile of this kernel take 16 s (BENCHMARKS.md, "Start-up")."""
+        compile of this kernel much slower (BENCHMARKS.md, "Start-up")."""
         p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         n = tl.program_id(2).to(tl.int64)

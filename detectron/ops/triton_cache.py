@@ -1,8 +1,8 @@
 """Triton's cache key, computed on a side thread while a tool starts.
 
 Before it compiles or loads its first kernel, Triton hashes its own sources and its library once
-per process (triton.runtime.cache.triton_key, memoised): 0.26 s of CenterNet's first training
-iteration on the H200 (BENCHMARKS.md, "Start-up"). Started while the model loads and the loader
+per process (triton.runtime.cache.triton_key, memoised), which delays the first training
+iteration (BENCHMARKS.md, "Start-up"). Started while the model loads and the loader
 makes its first batch, the key is ready when the first kernel runs; hashlib releases the GIL while
 it digests the library."""
 import threading

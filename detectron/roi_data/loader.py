@@ -230,9 +230,9 @@ class SharedLeaves:
 
     Shared memory, because a file descriptor crosses the pipe instead of the pickled bytes, which
     the main process (the one that feeds the GPU) would otherwise read and unpickle itself
-    (measured on a 2-core machine, ad hoc: 5.0 ms per 640x480 image as numpy, 2.5 ms as a shared
-    tensor). One tensor per item, because each descriptor handed over costs the receiving process a
-    socket connection with an authentication round trip (BENCHMARKS.md, "Real loops"); torch sends
+    (the main process's CPU per image is what limits the loop). One tensor per item, because each
+    descriptor handed over costs the receiving process a socket connection with an authentication
+    round trip (BENCHMARKS.md, "Real loops"); torch sends
     every tensor of a batch by its own descriptor. pin_memory() lets DataLoader's pin-memory thread,
     which then also receives the items ahead of the main thread, copy it into pinned memory for
     asynchronous uploads.

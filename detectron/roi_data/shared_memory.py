@@ -2,8 +2,8 @@
 
 A worker sends a tensor to the main process as a file descriptor when its storage already is in
 shared memory; any other tensor is first copied into a new shared segment. So a batch is written
-where it will travel (measured ad hoc on a 2-core EPYC, one worker collating R-CNN batches of two
-800x1201 float32 images: 45.5-50.8 ms of the worker's CPU per batch against 50.2-54.5 with the copy).
+where it will travel, and the worker's CPU, which the loader workers share with the main process,
+is not spent on a second copy (BENCHMARKS.md, "Real loops").
 """
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ def stacked_batch(arrays):
     does), so the batch reaches the main process as a file descriptor; a tensor in ordinary memory
     would be copied into shared memory once more when the worker sends it. Every byte is written
     here, zeros too: a shared page the worker leaves unwritten is cleared when the main process
-    first reads it (measured: 3x the time of reading a written page), on the process that feeds
+    first reads it, which is slower than reading a written page, on the process that feeds
     the GPU.
     """
     batch = empty_for_main_process((len(arrays),) + arrays[0].shape, torch.from_numpy(arrays[0]).dtype)

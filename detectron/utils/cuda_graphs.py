@@ -79,8 +79,8 @@ class GraphedCallable:
         """The one stream every capture of this callable (and its warm-up) runs on. The caching
         allocator reuses a freed block only on the stream it was allocated on, a graph pool's
         blocks included: with a new stream per capture, each shape kept its own warm-up blocks and
-        the shared pool shared nothing (the likely reason why 12 R-CNN test graphs reserved 22 GB
-        against 9 GB for 4: BENCHMARKS.md "CUDA graph memory")."""
+        the shared pool shared nothing (the likely reason why the test graphs' reserved memory grew
+        with their count: BENCHMARKS.md, "CUDA graph memory")."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=device)
         return self._stream

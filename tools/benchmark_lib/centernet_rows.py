@@ -59,7 +59,7 @@ def centernet_rows(args, model_type, device, precision):
     test = centernet_builder.test_params(cfg)
     sample = centernet.prepare_test_image(synthetic_images(1, 480, 640, 1)[0], test)
     # The detect rows' own copy, switched to eval and prepared once as test_net's: model.eval() walks
-    # every module (about 0.3-0.7 ms on these hosts), which a per-call switch would add to each image.
+    # every module, a cost that a per-call switch would add to each image's timing.
     test_model = model_type.prepare_for_inference(copy.deepcopy(model).eval())
 
     def detect_one():

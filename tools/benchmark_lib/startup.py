@@ -89,7 +89,7 @@ def tool_opts(args, catalog, output_dir):
 def test_net_run(args, cfg_file, catalog, weights, work):
     """test_net on the dataset, stopped once its inference is timed: (model loaded -> first detection s,
     Total inference time s, steady ms/image). Its evaluation is not timed, and the benchmark's model
-    keeps 100 boxes on every image: on 2000 images pycocotools took 3.5 minutes per run (H200 host)."""
+    keeps 100 boxes on every image, so pycocotools' evaluation would take minutes of every run."""
     output_dir = os.path.join(work, 'test')
     log = run_logged('test_net.py', ['-c', os.path.abspath(cfg_file)] + tool_opts(args, catalog, output_dir) + [
         'TEST.DATASETS', dataset_arg(DATASET), 'TEST.WEIGHTS', weights], os.path.join(work, 'test_net.log'),
