@@ -117,13 +117,6 @@ def image_detections(dets, meta, scale):
     return boxes, dets[:, 5]
 
 
-def ctdet_scale_detections(dets, meta, scale, num_classes):
-    """CtdetDetector.post_process: one image's decoded dets (1, K, 6) at test scale `scale` with
-    its meta from ctdet_test_inputs -> {class + 1: float32 (n, 5)} in original-image pixels
-    (boxes divided by scale)."""
-    return _class_dict(split_by_class(*image_detections(dets, meta, scale), num_classes))
-
-
 def _input_image_boxes(dets, c, s, h, w):
     """Decoded dets (K, 6) of one image -> float32 (K, 5) [x1, y1, x2, y2, score], both corners
     through the inverse affine of (c, s) and the (w, h) output grid."""

@@ -121,13 +121,6 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
     return _kept_in_score_order(slots, _matrix_keep(boxes, slots, thresh), scores)
 
 
-def bitmask_batched_nms_t(boxes, scores, idxs, thresh):
-    """matrix_batched_nms_t by bitmask_nms' Triton kernels (on CUDA; elsewhere only under Triton's
-    interpreter): the same kept indices in the same order."""
-    slots, counts = _grouped_by_score(scores, idxs)
-    return _kept_in_score_order(slots, _bitmask_keep(boxes, slots, counts, thresh), scores)
-
-
 def _bitmask_keep(boxes, slots, counts, thresh):
     """Greedy keep flags (G, M) of the grouped boxes by bitmask_nms' kernels."""
     return bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, thresh)
