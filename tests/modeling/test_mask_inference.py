@@ -13,6 +13,7 @@ from detectron.core import test as test_lib
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.modeling import mask_inference, model_builder, rcnn_inference
+from detectron.modeling.rcnn_builder import GeneralizedRCNNType
 from detectron.utils import boxes as box_utils
 
 MASK_DEMO_CFG = os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'getting_started',
@@ -105,7 +106,7 @@ def test_segm_results_takes_each_detection_s_class_channel(set_cfg):
     masks = rng.rand(3, 4, 28, 28).astype(np.float32)
     for cls_specific, channels in ((True, [1, 1, 3]), (False, [0, 0, 0])):
         set_cfg({'MODEL.NUM_CLASSES': 4, 'MRCNN.CLS_SPECIFIC_MASK': cls_specific, 'MRCNN.THRESH_BINARIZE': 0.6})
-        cls_segms = test_lib.segm_results(cls_boxes, masks, ref_boxes, 40, 45)
+        cls_segms = test_lib.segm_results(GeneralizedRCNNType(cfg), cls_boxes, masks, ref_boxes, 40, 45)
         expected = _detectron_paste(masks[np.arange(3), channels], ref_boxes, 40, 45, 0.6)
         assert cls_segms == [[], expected[:2], [], expected[2:]]
 
