@@ -178,3 +178,34 @@ def test_im_detect_all_computes_masks_on_the_final_boxes(tiny_mask_model, std_nm
     expected = _detectron_paste(probs.numpy(), final, 48, 72, 0.5)
     assert [rle for segms in cls_segms for rle in segms] == expected
     assert sum(mask_util.area(rle) for rle in expected) > 0
+
+
+@pytest.mark.parametrize('std_nms', [False, True])
+def test_mask_branch_boxes_are_the_host_path_s_final_boxes(tiny_mask_model, std_nms, monkeypatch):
+    """im_detect_all hands the mask head the detections as they leave NMS, on the model's device:
+    the same boxes and classes as box_results_with_nms_and_limit gives on the host from the same
+    decoded scores and boxes (numpy in, numpy out)."""
+    model, image = tiny_mask_model
+    decode = rcnn_inference.BoxDecodeParams(std_nms=std_nms)
+    nms = rcnn_inference.NMSParams(std_nms=std_nms, score_thresh=0.0, detections_per_im=30)
+    params = rcnn_inference.ImageParams(scale=64, max_size=96)
+    recorded = []
+    detect_masks = mask_inference.detect_masks
+
+    def recording(model, features, boxes, classes, im_scale):
+        recorded.append((boxes, classes))
+        return detect_masks(model, features, boxes, classes, im_scale)
+
+    monkeypatch.setattr(mask_inference, 'detect_masks', recording)
+    cls_boxes, _ = rcnn_inference.im_detect_all(model, image, params, decode, nms, mask_thresh=0.5)
+    (boxes, classes), = recorded
+    assert isinstance(boxes, torch.Tensor) and boxes.device == rcnn_inference.model_device(model)
+    scores, pred_boxes, confs, _ = rcnn_inference.detect_boxes(model, image, params, decode)
+    _, host_boxes, host_cls_boxes = rcnn_inference.box_results_with_nms_and_limit(
+        scores.cpu().numpy(), pred_boxes.cpu().numpy(), None if confs is None else confs.cpu().numpy(), nms)
+    assert 0 < len(host_boxes) <= 30
+    np.testing.assert_array_equal(boxes.cpu().numpy(), host_boxes)
+    np.testing.assert_array_equal(classes.cpu().numpy(),
+                                  np.repeat(np.arange(len(host_cls_boxes)), [len(b) for b in host_cls_boxes]))
+    for got, expected in zip(cls_boxes, host_cls_boxes):
+        np.testing.assert_array_equal(got, expected)
