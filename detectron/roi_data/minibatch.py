@@ -234,7 +234,7 @@ def prepare_unresized_training_entry(entry, rng, scales, max_size):
 
 class UnresizedImages:
     """A training batch's images as the loader leaves them for the device to finish
-    (blob.training_blob_t): BGR uint8 (H, W, 3) tensors, flipped, each with its scale (a float).
+    (blob.images_blob_t): BGR uint8 (H, W, 3) tensors, flipped, each with its scale (a float).
     A 640x480 image travels as 0.9 MB instead of 11.7 MB of float32 blob; DataLoader's pin thread
     pins them (pin_memory) for asynchronous uploads."""
 
