@@ -60,7 +60,8 @@ def nms(dets, float thresh):
     return np.flatnonzero(suppressed_arr == 0)
 
 
-def soft_nms(boxes_in, float sigma=0.5, float Nt=0.3, float threshold=0.001, unsigned int method=0):
+def soft_nms(boxes_in, float sigma=0.5, float Nt=0.3, float threshold=0.001, unsigned int method=0,
+             bint in_place=False):
     """Soft-NMS (Bodla et al. 2017) of boxes_in (N, 5) = (x1, y1, x2, y2, score).
 
     Works on a float32 copy, like Detectron's kernel: at step i the first highest-scored box among
@@ -70,10 +71,21 @@ def soft_nms(boxes_in, float sigma=0.5, float Nt=0.3, float threshold=0.001, uns
     2 (gaussian) exp(-ov^2 / sigma). A rescored row whose score falls below `threshold` is
     replaced by the last live row and the live count N shrinks.
     Returns (boxes[:N], indices[:N]): rescored rows in selection order and their input indices.
+
+    With in_place, boxes_in itself (a writable C-contiguous float32 ndarray) is worked on, as
+    CenterNet's external/nms.pyx soft_nms does: its rows N.. are then left as the steps left them
+    (stale copies of rows moved to a discarded position, with their score from before that step,
+    and the last discarded row), which CenterNet's merge_outputs keeps.
     """
     if method > 2:
         raise ValueError(f'soft_nms method must be 0 (hard), 1 (linear) or 2 (gaussian), got {method}')
-    boxes = np.array(boxes_in, dtype=np.float32, order='C', copy=True)
+    if in_place:
+        if not (isinstance(boxes_in, np.ndarray) and boxes_in.dtype == np.float32
+                and boxes_in.flags.c_contiguous and boxes_in.flags.writeable):
+            raise ValueError('soft_nms in_place needs a writable C-contiguous float32 ndarray')
+        boxes = boxes_in
+    else:
+        boxes = np.array(boxes_in, dtype=np.float32, order='C', copy=True)
     inds = np.arange(boxes.shape[0], dtype=np.intp)
     cdef float[:, ::1] b = boxes
     cdef Py_ssize_t[::1] ind = inds

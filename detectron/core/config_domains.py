@@ -219,10 +219,6 @@ def at_least(bound, note=''):
     return Number(lo=bound, note=note)
 
 
-def at_most(bound, note=''):
-    return Number(hi=bound, note=note)
-
-
 def positive(note=''):
     return Number(lo=0, lo_open=True, note=note)
 

@@ -1,16 +1,16 @@
-"""Inference on one image, configured from cfg (Detectron's core/test.py API).
+"""Inference on one image by a model of the model type it is handed (Detectron's core/test.py API).
 
 `im_detect_all` runs a model of the model type it is handed and returns Detectron's `cls_boxes`
 (with `cls_segms` beside them for a Mask R-CNN). `im_detect_bbox`, `box_results_with_nms_and_limit`
 and `segm_results` are Detectron's R-CNN functions of those names (with KL-Loss's variance voting
-when cfg.STD_NMS): they read cfg like Detectron's and call the plain-argument implementations in
-detectron/modeling/rcnn_inference.py and mask_inference.py.
+when STD_NMS), with the model type as their first argument: they take their settings from the cfg
+the model type is bound to (model_type.cfg), not the global one, and call the plain-argument
+implementations in detectron/modeling/rcnn_inference.py and mask_inference.py.
 """
 import dataclasses
 
 import numpy as np
 
-from detectron.core.config import cfg
 from detectron.modeling import mask_inference, rcnn_builder, rcnn_inference
 from detectron.utils.errors import ConfigValueError
 
@@ -22,11 +22,12 @@ def im_detect_all(model_type, model, im):
     return model_type.detector()(model, model_type.test_inputs()(im))
 
 
-def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
-    """Detectron's `im_detect_bbox`: run a Faster R-CNN on one BGR image at one scale.
+def im_detect_bbox(model_type, model, im, target_scale, target_max_size, boxes=None):
+    """Detectron's `im_detect_bbox`: run a Faster R-CNN (a model of model_type) on one BGR image at
+    one scale, with the rest of the image and decode settings of model_type.cfg.
 
     Returns, as KL-Loss's: numpy `scores` (R, K), `pred_boxes` (R, 4K) decoded and clipped to the
-    original image and `im_scale`, and with cfg.STD_NMS a fourth, `confs` (R, 4K): float32 sigmas =
+    original image and `im_scale`, and with STD_NMS a fourth, `confs` (R, 4K): float32 sigmas =
     exp(alpha / 2) in the head's delta layout. `boxes` (precomputed proposals) belongs to Fast R-CNN
     without RPN, which this port does not build.
     """
@@ -34,6 +35,7 @@ def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
         raise ConfigValueError(
             'im_detect_bbox got precomputed proposals, but only Faster R-CNN (RPN proposals) is '
             'supported: call it without boxes')
+    cfg = model_type.cfg
     image_params = dataclasses.replace(rcnn_builder.image_params(cfg), scale=target_scale, max_size=target_max_size)
     scores, pred_boxes, confs, im_scale = rcnn_inference.detect_boxes(
         model, im, image_params, rcnn_builder.decode_params(cfg), **rcnn_builder.test_graphs(cfg))
@@ -42,17 +44,18 @@ def im_detect_bbox(model, im, target_scale, target_max_size, boxes=None):
     return scores.cpu().numpy(), pred_boxes.cpu().numpy(), im_scale, confs.cpu().numpy()
 
 
-def box_results_with_nms_and_limit(scores, boxes, confs=None):
-    """Detectron's `box_results_with_nms_and_limit` (KL-Loss version) with cfg.TEST's settings;
-    see rcnn_inference.box_results_with_nms_and_limit. Returns (scores, boxes, cls_boxes)."""
-    return rcnn_inference.box_results_with_nms_and_limit(scores, boxes, confs, rcnn_builder.nms_params(cfg))
+def box_results_with_nms_and_limit(model_type, scores, boxes, confs=None):
+    """Detectron's `box_results_with_nms_and_limit` (KL-Loss version) with the TEST settings of
+    model_type.cfg; see rcnn_inference.box_results_with_nms_and_limit. Returns (scores, boxes, cls_boxes)."""
+    return rcnn_inference.box_results_with_nms_and_limit(scores, boxes, confs, rcnn_builder.nms_params(model_type.cfg))
 
 
-def segm_results(cls_boxes, masks, ref_boxes, im_h, im_w):
+def segm_results(model_type, cls_boxes, masks, ref_boxes, im_h, im_w):
     """Detectron's `segm_results`: per-class lists of COCO RLEs of the soft masks (R, C, M, M) of
     the detections ref_boxes (R, 4), listed class by class as in cls_boxes, pasted into the im_h x
     im_w image (each box's class channel with MRCNN.CLS_SPECIFIC_MASK, else channel 0, binarised
-    at MRCNN.THRESH_BINARIZE)."""
+    at MRCNN.THRESH_BINARIZE; both of model_type.cfg)."""
+    cfg = model_type.cfg
     masks = np.asarray(masks)
     classes = np.repeat(np.arange(len(cls_boxes)), [len(b) for b in cls_boxes])
     channels = classes if cfg.MRCNN.CLS_SPECIFIC_MASK else np.zeros_like(classes)

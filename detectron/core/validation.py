@@ -3,7 +3,6 @@ mean over the validation images (batches weighted by their images, as CenterNet'
 over all ranks of the job."""
 import torch
 
-from detectron.core.config import cfg
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import comm
@@ -11,7 +10,9 @@ from detectron.utils import comm
 
 def validation_loss(model_type, model, device):
     """{'val/loss': ..., 'val/loss_<part>': ...} of model (unwrapped, on device) over this rank's share of
-    TEST.DATASETS, reduced over ranks: the same floats on every rank (a collective)."""
+    TEST.DATASETS, reduced over ranks: the same floats on every rank (a collective). Batch size, loader
+    threads and autocast come from the cfg model_type is bound to (model_type.cfg)."""
+    cfg = model_type.cfg
     dataset = model_type.validation_dataset(device)
     start, end = inference_ranges(len(dataset), comm.get_world_size())[comm.get_rank()]
     batch_size = cfg.TRAIN.IMS_PER_BATCH

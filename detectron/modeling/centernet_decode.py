@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from detectron.ops import nms as nms_ops
 from detectron.roi_data.centernet import affine_transform_points, get_affine_transform
 
 
@@ -116,13 +117,6 @@ def image_detections(dets, meta, scale):
     return boxes, dets[:, 5]
 
 
-def ctdet_scale_detections(dets, meta, scale, num_classes):
-    """CtdetDetector.post_process: one image's decoded dets (1, K, 6) at test scale `scale` with
-    its meta from ctdet_test_inputs -> {class + 1: float32 (n, 5)} in original-image pixels
-    (boxes divided by scale)."""
-    return _class_dict(split_by_class(*image_detections(dets, meta, scale), num_classes))
-
-
 def _input_image_boxes(dets, c, s, h, w):
     """Decoded dets (K, 6) of one image -> float32 (K, 5) [x1, y1, x2, y2, score], both corners
     through the inverse affine of (c, s) and the (w, h) output grid."""
@@ -178,75 +172,15 @@ def _class_dict(per_class):
 
 def gaussian_soft_nms_(boxes, sigma=0.5, threshold=0.001):
     """CenterNet's external/nms.pyx soft_nms with method 2 (Gaussian), IN PLACE on float32 boxes
-    (N, 5) [x1, y1, x2, y2, score]; returns the number of live rows n.
+    (N, 5) [x1, y1, x2, y2, score] (C-contiguous); returns the number of live rows n.
 
-    Step i moves the first highest-scored live row into row i (swapping), then every later live row
-    that overlaps it (positive +1 sides) has its score multiplied by exp(-IoU^2 / sigma) (IoU with
-    +1 areas); such a row that falls below threshold is replaced by the last live row, which is
-    examined at the same position, and n shrinks. Rows [n, N) are left as they are, which is what
-    CenterNet's merge_outputs keeps, since it ignores the returned keep list: stale copies of moved
-    rows (with the score they had before that step) and the last discarded one.
-    Arithmetic is that of the compiled kernel: float32 storage, the +1 side lengths and the union
-    in double, exp in double.
+    Detectron's compiled soft-NMS kernel (ops/nms.soft_nms_, lib/cython_nms.pyx), whose arithmetic
+    is CenterNet's (float32 storage, +1 sides and unions in double, exp in double), run in place:
+    rows [n, N) are left as the kernel left them, which is what CenterNet's merge_outputs keeps,
+    since it ignores the returned keep list: stale copies of moved rows (with the score they had
+    before that step) and the last discarded one.
     """
-    sigma, threshold = np.float32(sigma), np.float32(threshold)
-    n = boxes.shape[0]
-    i = 0
-    while i < n:
-        best = i + int(np.argmax(boxes[i:n, 4]))  # first maximum, as the kernel's strict '<'
-        boxes[[i, best]] = boxes[[best, i]]
-        n = _soft_suppress_after(boxes, i, n, sigma, threshold)
-        i += 1
-    return n
-
-
-def _soft_suppress_after(boxes, i, n, sigma, threshold):
-    """Rescore rows i+1..n-1 against row i and discard the ones below threshold as the kernel's
-    sequential loop does; returns the new n.
-
-    The rescoring of a row depends only on its own box and score, so all rows are rescored at once;
-    the kernel's in-place discarding (a discarded position receives the current last row, which is
-    rescored there next) is then replayed on indices only.
-    """
-    rows = boxes[i + 1:n]
-    tx1, ty1, tx2, ty2 = boxes[i, 0], boxes[i, 1], boxes[i, 2], boxes[i, 3]
-    f64, f32 = np.float64, np.float32
-    # Cython writes the literal 1 as the C double 1.0, so each "side + 1" and the products built
-    # from them are double, rounded to float where the kernel stores them (area, iw, ih, ua).
-    area = ((rows[:, 2] - rows[:, 0]).astype(f64) + 1.0) * ((rows[:, 3] - rows[:, 1]).astype(f64) + 1.0)
-    iw = ((np.minimum(tx2, rows[:, 2]) - np.maximum(tx1, rows[:, 0])).astype(f64) + 1.0).astype(f32)
-    ih = ((np.minimum(ty2, rows[:, 3]) - np.maximum(ty1, rows[:, 1])).astype(f64) + 1.0).astype(f32)
-    overlaps = (iw > 0) & (ih > 0)
-    inter = iw * ih  # float * float: float
-    box_area = (f64(tx2 - tx1) + 1.0) * (f64(ty2 - ty1) + 1.0)
-    ua = (box_area + area.astype(f32).astype(f64) - inter.astype(f64)).astype(f32)
-    with np.errstate(divide='ignore', invalid='ignore', over='ignore'):
-        ov = inter / ua
-        weight = np.exp((-(ov * ov) / sigma).astype(f64)).astype(f32)
-    rescored = np.where(overlaps, weight * rows[:, 4], rows[:, 4])
-    discard = overlaps & (rescored < threshold)
-    if not discard.any():
-        boxes[i + 1:n, 4] = rescored
-        return n
-    return _replay_discards(boxes, i + 1, n, rescored, discard)
-
-
-def _replay_discards(boxes, start, n, rescored, discard):
-    """The kernel's loop over positions start..n-1 given each original row's rescored value and
-    discard flag (indexed from start): writes the rows that end up at each position."""
-    original = boxes[start:n].copy()
-    pos, src = start, start  # src: original row currently at position pos
-    while pos < n:
-        boxes[pos] = original[src - start]
-        boxes[pos, 4] = rescored[src - start]
-        if discard[src - start]:
-            # The last live row (still unprocessed, or this row itself) moves to pos.
-            src = n - 1
-            n -= 1
-            continue
-        pos += 1
-        src = pos
-    return n
+    return nms_ops.soft_nms_(boxes, sigma=sigma, score_thresh=threshold, method='gaussian')
 
 
 def merge_outputs(detections, num_classes, max_per_image=100, use_soft_nms=False):

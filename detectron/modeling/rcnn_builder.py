@@ -141,7 +141,7 @@ def _batch_to_device(batch, device, pixel_means, stride):
     images, im_info, targets = batch
     if isinstance(images, UnresizedImages):
         uploaded = [to_device(image, device) for image in images.images]
-        images = blob_utils.training_blob_t(uploaded, images.scales, pixel_means, stride)
+        images = blob_utils.images_blob_t(uploaded, images.scales, pixel_means, stride)
     return to_device((images, im_info, targets), device)
 
 

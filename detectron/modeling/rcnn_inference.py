@@ -107,21 +107,24 @@ def im_detect_all(model, im, image_params, decode_params, nms_params, mask_thres
     """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3). For a
     Mask R-CNN, mask_thresh is MRCNN.THRESH_BINARIZE and the result is (cls_boxes, cls_segms):
     cls_segms[j][k] the RLE of detection cls_boxes[j][k], its mask computed on that final box (after
-    NMS or variance voting, as KL-Loss)."""
+    NMS or variance voting, as KL-Loss).
+    The detections stay on the model's device from NMS to the mask head; they come back to the
+    host once, with the masks, for cls_boxes and the pasting."""
     out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes)
     scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
-    _, boxes, cls_boxes = box_results_with_nms_and_limit(scores, boxes, confs, nms_params)
+    dets, det_classes = final_detections_t(scores, boxes, confs, nms_params)
+    num_classes = scores.shape[1]
     if mask_thresh is None:
-        return cls_boxes
-    if len(boxes) == 0:
+        return _cls_boxes(dets, det_classes, num_classes)
+    if dets.shape[0] == 0:
+        cls_boxes = _cls_boxes(dets, det_classes, num_classes)
         return cls_boxes, [[] for _ in cls_boxes]
-    device = scores.device
-    classes = torch.repeat_interleave(torch.arange(len(cls_boxes), device=device),
-                                      torch.tensor([len(b) for b in cls_boxes], device=device))
     with torch.no_grad():
-        masks = mask_inference.detect_masks(model, out['features'], torch.from_numpy(boxes).to(device),
-                                            classes, im_scale)
-    return cls_boxes, mask_inference.segm_results(cls_boxes, masks.cpu().numpy(), boxes, im.shape[0], im.shape[1],
+        # det_classes: each detection's class, grouped by ascending class as cls_boxes lists them.
+        masks = mask_inference.detect_masks(model, out['features'], dets[:, :4], det_classes, im_scale)
+    dets, det_classes, masks = dets.cpu().numpy(), det_classes.cpu().numpy(), masks.cpu().numpy()
+    cls_boxes = _split_by_class(dets, det_classes, num_classes)
+    return cls_boxes, mask_inference.segm_results(cls_boxes, masks, dets[:, :4], im.shape[0], im.shape[1],
                                                   mask_thresh)
 
 
@@ -175,6 +178,20 @@ def box_results_with_nms_and_limit(scores, boxes, confs, params):
     Greedy NMS (nms_ops.batched_nms_t) suppresses at IoU >= params.nms as Detectron's kernel; it
     can differ from it only when equal scores tie.
     """
+    dets, det_classes = final_detections_t(scores, boxes, confs, params)
+    dets = dets.cpu().numpy()
+    cls_boxes = _split_by_class(dets, det_classes.cpu().numpy(), scores.shape[1])
+    return dets[:, 4], dets[:, :4], cls_boxes
+
+
+def _cls_boxes(dets, det_classes, num_classes):
+    return _split_by_class(dets.cpu().numpy(), det_classes.cpu().numpy(), num_classes)
+
+
+def final_detections_t(scores, boxes, confs, params):
+    """box_results_with_nms_and_limit's detections before they leave the device: (dets (M, 5)
+    float32 [x1, y1, x2, y2, score], det_classes (M,) int64), grouped by ascending class, tensors
+    on the scores' device."""
     p = params
     scores, boxes = torch.as_tensor(scores), torch.as_tensor(boxes)
     num_classes = scores.shape[1]
@@ -200,10 +217,7 @@ def box_results_with_nms_and_limit(scores, boxes, confs, params):
     if p.bbox_vote:
         # all_dets keeps its per-class row counts through every branch, so `classes` still labels it.
         dets = _box_voting(dets, det_classes, all_dets, classes, num_classes, p)
-    dets, det_classes = _limit_detections_t(dets, det_classes, p.detections_per_im)
-    dets = dets.cpu().numpy()
-    cls_boxes = _split_by_class(dets, det_classes.cpu().numpy(), num_classes)
-    return dets[:, 4], dets[:, :4], cls_boxes
+    return _limit_detections_t(dets, det_classes, p.detections_per_im)
 
 
 def _candidates_t(scores, score_thresh):

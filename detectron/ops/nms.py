@@ -121,13 +121,6 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
     return _kept_in_score_order(slots, _matrix_keep(boxes, slots, thresh), scores)
 
 
-def bitmask_batched_nms_t(boxes, scores, idxs, thresh):
-    """matrix_batched_nms_t by bitmask_nms' Triton kernels (on CUDA; elsewhere only under Triton's
-    interpreter): the same kept indices in the same order."""
-    slots, counts = _grouped_by_score(scores, idxs)
-    return _kept_in_score_order(slots, _bitmask_keep(boxes, slots, counts, thresh), scores)
-
-
 def _bitmask_keep(boxes, slots, counts, thresh):
     """Greedy keep flags (G, M) of the grouped boxes by bitmask_nms' kernels."""
     return bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, thresh)
@@ -200,3 +193,15 @@ def soft_nms(dets, sigma=0.5, overlap_thresh=0.3, score_thresh=0.001, method='li
     return cython_nms.soft_nms(np.ascontiguousarray(dets, dtype=np.float32), np.float32(sigma),
                                np.float32(overlap_thresh), np.float32(score_thresh),
                                _SOFT_NMS_METHODS[method])
+
+
+def soft_nms_(dets, sigma=0.5, overlap_thresh=0.3, score_thresh=0.001, method='linear'):
+    """soft_nms IN PLACE on dets, a writable C-contiguous float32 (N, 5) array, as CenterNet's
+    external/nms.pyx soft_nms works: returns the number n of live rows, dets[:n] being soft_nms's
+    rescored dets; rows [n, N) are left as the kernel's steps left them (cython_nms.soft_nms,
+    in_place)."""
+    if method not in _SOFT_NMS_METHODS:
+        raise ValueError(f'Unknown soft-NMS method {method!r}; use one of {", ".join(_SOFT_NMS_METHODS)}')
+    kept, _ = cython_nms.soft_nms(dets, np.float32(sigma), np.float32(overlap_thresh), np.float32(score_thresh),
+                                  _SOFT_NMS_METHODS[method], in_place=True)
+    return len(kept)

@@ -234,7 +234,7 @@ def prepare_unresized_training_entry(entry, rng, scales, max_size):
 
 class UnresizedImages:
     """A training batch's images as the loader leaves them for the device to finish
-    (blob.training_blob_t): BGR uint8 (H, W, 3) tensors, flipped, each with its scale (a float).
+    (blob.images_blob_t): BGR uint8 (H, W, 3) tensors, flipped, each with its scale (a float).
     A 640x480 image travels as 0.9 MB instead of 11.7 MB of float32 blob; DataLoader's pin thread
     pins them (pin_memory) for asynchronous uploads."""
 
@@ -261,15 +261,3 @@ def collate_minibatch(items, stride):
     images = empty_for_main_process(blob_shape(ims, stride), torch.float32)
     fill_blob(images.numpy(), ims)
     return images, torch.from_numpy(np.stack(im_infos)), list(targets)
-
-
-def get_minibatch(entries, scales, max_size, pixel_means, stride, rng):
-    """Build one training batch from roidb entries, drawing a scale per image from `scales` with rng.
-
-    rng is a numpy RandomState; the draw (one randint over all images) is Detectron's, so
-    rng = np.random reproduces Detectron's scale sequence for the same global seed.
-    """
-    scale_inds = rng.randint(0, high=len(scales), size=len(entries))
-    items = [prepare_training_image(entry, scales[i], max_size, pixel_means)
-             for entry, i in zip(entries, scale_inds)]
-    return collate_minibatch(items, stride)

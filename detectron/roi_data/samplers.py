@@ -108,19 +108,6 @@ def inference_ranges(num_items, num_parts):
     return [(int(start), int(end)) for start, end in zip(bounds[:-1], bounds[1:])]
 
 
-class InferenceSampler:
-    """This rank's contiguous range of inference_ranges(num_items, world_size), in order."""
-
-    def __init__(self, num_items, rank, world_size):
-        self.start, self.end = inference_ranges(num_items, world_size)[rank]
-
-    def __iter__(self):
-        return iter(range(self.start, self.end))
-
-    def __len__(self):
-        return self.end - self.start
-
-
 def chunk_sizes(batch_size, master_batch_size, num_gpus):
     """CenterNet's per-GPU split of one batch (opts.py): [master] + the rest spread over the other
     GPUs, the first (rest % (n - 1)) of them one larger. master_batch_size -1 means

@@ -1,8 +1,9 @@
 """Image -> network input blob: mean subtraction, Detectron's resize rule, stride padding.
 
-Numpy in, numpy out (NCHW float32), as in Detectron; callers wrap the blob with torch.from_numpy.
-get_image_blob_t (a test image) and training_blob_t (a training batch) do the same on the model's
-device with cv2's resize arithmetic, from uint8 images.
+prep_im_for_blob and im_list_to_blob: numpy in, numpy out (NCHW float32), as in Detectron; the
+training loader workers use them (minibatch.prepare_training_image) when the device does not resize.
+images_blob_t does the same on the images' device with cv2's resize arithmetic, from uint8 images:
+for a training batch (TRAIN.RESIZE_ON_DEVICE) and, through get_image_blob_t, for a test image.
 Pixel values stay BGR in 0..255 minus PIXEL_MEANS: Detectron .pkl weights expect exactly that.
 """
 
@@ -76,19 +77,6 @@ def fill_blob(blob, ims):
         blob[i, :, height:, :] = 0
 
 
-def get_image_blob(im, target_scale, target_max_size, pixel_means, stride):
-    """Test-time input for one BGR image: (blob (1, 3, H, W), im_scale, im_info (1, 3) float32).
-
-    im_info holds the *padded* blob height and width (Detectron's test convention: the RPN clips
-    proposals to it, and keeping it reproduces Detectron's published numbers exactly).
-    """
-    ims, scales = prep_im_for_blob(im, pixel_means, [target_scale], target_max_size)
-    blob = im_list_to_blob(ims, stride)
-    im_scale = scales[0]
-    im_info = np.array([[blob.shape[2], blob.shape[3], im_scale]], dtype=np.float32)
-    return blob, im_scale, im_info
-
-
 @functools.lru_cache(maxsize=1024)
 def _linear_taps(out_size, in_size, scale, device):
     """cv2.INTER_LINEAR's source taps along one axis for a resize by `scale`: for output pixel d,
@@ -121,19 +109,22 @@ def _resize_linear_t(im, scale):
 
 
 def get_image_blob_t(im, target_scale, target_max_size, pixel_means, stride, device):
-    """get_image_blob computed on `device`: uploads the uint8 image (4x less data than the float
-    blob) and does the mean subtraction, cv2-equivalent resize and padding there. Returns
-    (blob tensor (1, 3, H, W), im_scale, im_info tensor (1, 3)) with the same values as
-    get_image_blob up to float rounding."""
+    """Test-time input for one BGR uint8 image, computed on `device`: uploads the uint8 image (4x
+    less data than the float blob) and does the mean subtraction, cv2-equivalent resize and padding
+    there (images_blob_t). Returns (blob tensor (1, 3, H, W), im_scale, im_info tensor (1, 3)).
+
+    im_info holds the *padded* blob height and width (Detectron's test convention: the RPN clips
+    proposals to it, and keeping it reproduces Detectron's published numbers exactly)."""
     image = torch.from_numpy(np.ascontiguousarray(im)).to(device, non_blocking=True)
     im_scale = resize_scale(im.shape[0], im.shape[1], target_scale, target_max_size)
-    blob = training_blob_t([image], [im_scale], pixel_means, stride)
+    blob = images_blob_t([image], [im_scale], pixel_means, stride)
     im_info = torch.tensor([[blob.shape[2], blob.shape[3], im_scale]], dtype=torch.float32, device=device)
     return blob, im_scale, im_info
 
 
-def training_blob_t(images, scales, pixel_means, stride):
-    """prep_im_for_blob and im_list_to_blob on the images' device: BGR uint8 (H, W, 3) tensors, each
+def images_blob_t(images, scales, pixel_means, stride):
+    """prep_im_for_blob and im_list_to_blob on the images' device, for training batches and test
+    images alike: BGR uint8 (H, W, 3) tensors, each
     resized by its scale (a float, as resize_scale gave it) -> float32 (B, 3, H, W) blob, equal to
     the numpy path up to float rounding (cv2's resize rounds its own way: within 1e-4 on these values)."""
     resized = [_resize_linear_t(_minus_means_t(image, pixel_means), scale) for image, scale in zip(images, scales)]

@@ -8,6 +8,7 @@ from torch import nn
 from detectron.core import test as test_lib
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
+from detectron.modeling.rcnn_builder import GeneralizedRCNNType
 from detectron.ops import nms as nms_ops
 from detectron.ops.variance_voting import soft_nms_with_variance_voting
 from detectron.utils import boxes as box_utils
@@ -18,6 +19,12 @@ from detectron.utils.errors import ConfigValueError
 # Independent references: numpy loops following KL-Loss's py_cpu_nms.soft and Detectron's /
 # KL-Loss's box_results_with_nms_and_limit step by step.
 # ---------------------------------------------------------------------------------------------
+
+def _rcnn():
+    """The R-CNN model type bound to the global cfg the tests set: core/test's functions read their
+    settings from model_type.cfg."""
+    return GeneralizedRCNNType(cfg)
+
 
 def _swap_rows(array, a, b):
     array[[a, b]] = array[[b, a]]
@@ -148,7 +155,7 @@ def test_std_nms_matches_kl_soft_transcription(method, soft, order):
     for seed in range(3):
         scores, boxes, confs = _head_outputs(seed)
         expected = reference_box_results(scores, boxes, confs.copy())
-        out_scores, out_boxes, cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes, confs)
+        out_scores, out_boxes, cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)
         _assert_same_cls_boxes(cls_boxes, expected)
         np.testing.assert_array_equal(out_scores, np.concatenate(cls_boxes[1:])[:, 4])
         np.testing.assert_array_equal(out_boxes, np.concatenate(cls_boxes[1:])[:, :4])
@@ -162,7 +169,7 @@ def test_std_nms_many_boxes_one_class_hard_drops():
     scores, boxes, confs = _head_outputs(7, num_rois=400, num_classes=2, num_objects=3)
     expected = reference_box_results(scores, boxes, confs.copy())
     assert len(expected[1]) > 5
-    _assert_same_cls_boxes(test_lib.box_results_with_nms_and_limit(scores, boxes, confs)[2], expected)
+    _assert_same_cls_boxes(test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)[2], expected)
 
 
 @pytest.mark.parametrize('std_th,c_votes', [(0.9, True), (0.5, True), (0.1, False), (0.02, False)])
@@ -173,7 +180,7 @@ def test_std_th_above_point_one_is_replaced_by_point_01(std_th, c_votes):
     rows = [([0, 0, 9, 9], 0.9), ([1, 2, 11, 13], 0.8), ([7, 7, 26, 26], 0.7)]
     boxes = np.array([[0, 0, 0, 0] + b for b, _ in rows], np.float32)
     scores = np.array([[1 - s, s] for _, s in rows], np.float32)
-    cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes, np.ones((3, 8), np.float32))[2]
+    cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, np.ones((3, 8), np.float32))[2]
     voters = [(np.array(rows[0][0], float), 1.0),
               (np.array(rows[1][0], float), math.exp(-(1 - 72 / 160) ** 2 / 0.3025))]
     if c_votes:
@@ -197,7 +204,7 @@ def test_variance_voting_by_hand(order):
     # IOU_SIGMA = 0.55^2 makes B's vote weight p = exp(-(1 - 0.45)^2 / 0.3025) = e^-1.
     _set_std_nms('stdiou', 'soft', order, std_th=0.9, iou_sigma=0.3025)
     scores, boxes, confs = _two_box_example()
-    cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes, confs)[2]
+    cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)[2]
     a, b, p = np.array([0, 0, 9, 9.]), np.array([1, 2, 11, 13.]), math.exp(-1)
     voted = (a + p * b) / (1 + p)
     # 'reference' weighs box column 2 (x2) by sigma column 2; 'corrected' weighs y1 (column 1) by it.
@@ -218,7 +225,7 @@ def test_hard_drop_swaps_with_last_and_ties_take_first_position():
             ([200, 200, 209, 209], 0.3)]
     boxes = np.array([[0, 0, 0, 0] + b for b, _ in rows], np.float32)
     scores = np.array([[1 - s, s] for _, s in rows], np.float32)
-    cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes, np.ones((4, 8), np.float32))[2]
+    cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, np.ones((4, 8), np.float32))[2]
     np.testing.assert_array_equal(cls_boxes[1], np.array(
         [[0, 0, 9, 9, 0.9], [200, 200, 209, 209, 0.3], [100, 100, 109, 109, 0.3]], np.float32))
 
@@ -241,7 +248,7 @@ def test_std_nms_without_confs_is_a_clear_error():
     _set_std_nms()
     scores, boxes, _ = _two_box_example()
     with pytest.raises(ConfigValueError, match='STD_NMS'):
-        test_lib.box_results_with_nms_and_limit(scores, boxes)
+        test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +261,7 @@ def test_plain_nms_matches_detectron_cython_nms(nms):
     for seed in range(3):
         scores, boxes, _ = _head_outputs(seed)
         expected = reference_box_results(scores, boxes)
-        _, _, cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes)
+        _, _, cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes)
         for a, e in zip(cls_boxes, expected):
             np.testing.assert_array_equal(a, e)
 
@@ -267,7 +274,7 @@ def test_detectron_soft_nms(method):
     cfg.TEST.NMS = 0.4
     scores, boxes, _ = _head_outputs(3)
     expected = reference_box_results(scores, boxes)
-    _assert_same_cls_boxes(test_lib.box_results_with_nms_and_limit(scores, boxes)[2], expected, 0)
+    _assert_same_cls_boxes(test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes)[2], expected, 0)
 
 
 @pytest.mark.parametrize('std_nms', [False, True])
@@ -283,13 +290,13 @@ def test_box_voting(std_nms, scoring):
     cfg.TEST.DETECTIONS_PER_IM = 0  # so that rescoring cannot change which rows survive
     scores, boxes, confs = _head_outputs(5)
     expected = reference_box_results(scores, boxes, confs.copy())
-    actual = test_lib.box_results_with_nms_and_limit(scores, boxes, confs)[2]
+    actual = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)[2]
     # After soft() the dropped rows sit in another order than in KL-Loss's array: the float32
     # sums of box_voting then round differently (up to ~2e-4 px on 600 px boxes).
     _assert_same_cls_boxes(actual, expected, box_atol=1e-3 if std_nms else 0)
     # Voting moved boxes: compare against the result without it.
     cfg.TEST.BBOX_VOTE.ENABLED = False
-    unvoted = test_lib.box_results_with_nms_and_limit(scores, boxes, confs)[2]
+    unvoted = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)[2]
     assert max(np.abs(a[:, :4] - u[:, :4]).max() for a, u in zip(actual[1:], unvoted[1:]) if len(a)) > 0.1
 
 
@@ -303,14 +310,14 @@ def test_detections_per_image_cap_keeps_ties():
     scores = np.zeros((num_rois, num_classes), np.float32)
     scores[:, 1:] = rng.randint(6, 30, size=(num_rois, num_classes - 1)) / np.float32(100)
     cfg.TEST.DETECTIONS_PER_IM = 100
-    out_scores, _, cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes)
+    out_scores, _, cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes)
     expected = reference_box_results(scores, boxes)
     for a, e in zip(cls_boxes, expected):
         np.testing.assert_array_equal(a, e)
     hundredth = np.sort(scores[:, 1:].ravel())[-100]
     assert len(out_scores) == np.sum(scores[:, 1:] >= hundredth) > 100
     cfg.TEST.DETECTIONS_PER_IM = 0
-    assert len(test_lib.box_results_with_nms_and_limit(scores, boxes)[0]) == 210
+    assert len(test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes)[0]) == 210
 
 
 def test_score_threshold_is_strict():
@@ -318,7 +325,7 @@ def test_score_threshold_is_strict():
     scores = np.array([[0.95, 0.05], [0.9, 0.1]], np.float32)
     boxes = np.array([[0, 0, 0, 0, 0, 0, 9, 9], [0, 0, 0, 0, 50, 50, 59, 59]], np.float32)
     assert cfg.TEST.SCORE_THRESH == 0.05
-    cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes)[2]
+    cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes)[2]
     np.testing.assert_array_equal(cls_boxes[1], np.array([[50, 50, 59, 59, 0.1]], np.float32))
 
 
@@ -362,7 +369,7 @@ def test_im_detect_bbox_scales_decodes_and_clips():
     # RoI 1, class 1: dx = 0.5 -> centre 20 + 10 = 30 -> [20, 39] clipped to x <= 29 (width 30).
     bbox_pred[1, 4:8] = torch.tensor([5.0, 0.0, 0.0, 0.0])
     model = _fake_model(bbox_pred)
-    scores, pred_boxes, im_scale = test_lib.im_detect_bbox(model, _image(), 40, 1000)  # KL-Loss's 3 without STD_NMS
+    scores, pred_boxes, im_scale = test_lib.im_detect_bbox(_rcnn(), model, _image(), 40, 1000)  # KL-Loss's 3 without STD_NMS
     images, im_info, grad_enabled = model.calls[0]
     assert images.shape == (1, 3, 64, 64) and not grad_enabled
     np.testing.assert_allclose(im_info.numpy(), [[64, 64, 2.0]])
@@ -386,7 +393,7 @@ def test_im_detect_bbox_xyxy_coding_and_sigmas():
     bbox_pred[0, 4:8] = torch.tensor([1.0, -2.0, 2.0, -1.0])
     alpha = torch.full((2, 12), 2 * math.log(3.0))
     model = _fake_model(bbox_pred, bbox_pred_std=alpha)
-    _, pred_boxes, _, confs = test_lib.im_detect_bbox(model, _image(), 40, 1000)
+    _, pred_boxes, _, confs = test_lib.im_detect_bbox(_rcnn(), model, _image(), 40, 1000)
     np.testing.assert_allclose(pred_boxes[0, 4:8], [6.1, 7.2, 12.8, 13.9], atol=1e-4)
     # RoI 1 has zero deltas: unchanged in XYXY coding too.
     np.testing.assert_allclose(pred_boxes[1], [10, 0, 29, 19] * 3, atol=1e-4)
@@ -402,7 +409,7 @@ def test_im_detect_bbox_class_agnostic_tiles_fg_columns():
     alpha = torch.zeros(2, 8)
     alpha[:, 4:8] = 2 * math.log(2.0)
     model = _fake_model(bbox_pred, bbox_pred_std=alpha)
-    _, pred_boxes, _, confs = test_lib.im_detect_bbox(model, _image(), 40, 1000)
+    _, pred_boxes, _, confs = test_lib.im_detect_bbox(_rcnn(), model, _image(), 40, 1000)
     np.testing.assert_allclose(pred_boxes[0], [0.6, 5, 21.6, 15] * 3, atol=1e-4)
     np.testing.assert_allclose(confs, np.full((2, 12), 2.0), rtol=1e-6)
 
@@ -410,12 +417,12 @@ def test_im_detect_bbox_class_agnostic_tiles_fg_columns():
 def test_im_detect_bbox_user_errors():
     model = _fake_model(torch.zeros(2, 12))
     with pytest.raises(ConfigValueError, match='precomputed proposals'):
-        test_lib.im_detect_bbox(model, _image(), 40, 1000, boxes=np.zeros((1, 4)))
+        test_lib.im_detect_bbox(_rcnn(), model, _image(), 40, 1000, boxes=np.zeros((1, 4)))
     cfg.STD_NMS = True
     with pytest.raises(ConfigValueError, match='PRED_STD'):
-        test_lib.im_detect_bbox(model, _image(), 40, 1000)
+        test_lib.im_detect_bbox(_rcnn(), model, _image(), 40, 1000)
     with pytest.raises(ValueError, match='eval'):
-        test_lib.im_detect_bbox(model.train(), _image(), 40, 1000)
+        test_lib.im_detect_bbox(_rcnn(), model.train(), _image(), 40, 1000)
 
 
 def test_im_detect_all_uses_test_scale_and_post_processing():
@@ -443,6 +450,6 @@ def test_no_rois_give_empty_detections_in_every_branch(branch):
     num_classes = 3
     scores, boxes = np.zeros((0, num_classes), np.float32), np.zeros((0, 4 * num_classes), np.float32)
     confs = np.zeros((0, 4 * num_classes), np.float32) if branch == 'std_nms' else None
-    out_scores, out_boxes, cls_boxes = test_lib.box_results_with_nms_and_limit(scores, boxes, confs)
+    out_scores, out_boxes, cls_boxes = test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)
     assert out_scores.shape == (0,) and out_boxes.shape == (0, 4) and len(cls_boxes) == num_classes
     assert all(len(b) == 0 for b in cls_boxes)

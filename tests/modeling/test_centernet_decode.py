@@ -210,8 +210,9 @@ def test_image_detections_and_scale_detections_match_the_reference(scale):
     meta = _random_meta(rng, keep_res=scale != 1.0)
     dets = _random_decoded(rng, 1, 50, 6, meta['out_width'])
     expected = reference_scale_detections(dets, meta, scale, 6)
-    assert_same_arrays(centernet_decode.ctdet_scale_detections(dets, meta, scale, 6), expected)
     boxes, classes = centernet_decode.image_detections(dets, meta, scale)
+    per_class = centernet_decode.split_by_class(boxes, classes, 6)
+    assert_same_arrays({j + 1: rows for j, rows in enumerate(per_class)}, expected)
     assert boxes.shape == (50, 5) and boxes.dtype == np.float32
     np.testing.assert_array_equal(classes, dets[0, :, 5])
     for j in range(6):
@@ -221,7 +222,7 @@ def test_image_detections_and_scale_detections_match_the_reference(scale):
 def test_scale_detections_divides_boxes_by_scale():
     dets = np.array([[[64, 48, 128, 96, 0.9, 0]]], np.float32)
     meta = {'c': np.array([100, 50], np.float32), 's': 200.0, 'out_height': 96, 'out_width': 128}
-    res = centernet_decode.ctdet_scale_detections(dets, meta, 0.5, 2)
+    res = dict(enumerate(centernet_decode.split_by_class(*centernet_decode.image_detections(dets, meta, 0.5), 2), 1))
     np.testing.assert_allclose(res[1], [[200, 100, 400, 250, 0.9]], rtol=1e-6)
     assert res[2].shape == (0, 5)
 

@@ -13,6 +13,7 @@ from detectron.core import test as test_lib
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.modeling import mask_inference, model_builder, rcnn_inference
+from detectron.modeling.rcnn_builder import GeneralizedRCNNType
 from detectron.utils import boxes as box_utils
 
 MASK_DEMO_CFG = os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'getting_started',
@@ -105,7 +106,7 @@ def test_segm_results_takes_each_detection_s_class_channel(set_cfg):
     masks = rng.rand(3, 4, 28, 28).astype(np.float32)
     for cls_specific, channels in ((True, [1, 1, 3]), (False, [0, 0, 0])):
         set_cfg({'MODEL.NUM_CLASSES': 4, 'MRCNN.CLS_SPECIFIC_MASK': cls_specific, 'MRCNN.THRESH_BINARIZE': 0.6})
-        cls_segms = test_lib.segm_results(cls_boxes, masks, ref_boxes, 40, 45)
+        cls_segms = test_lib.segm_results(GeneralizedRCNNType(cfg), cls_boxes, masks, ref_boxes, 40, 45)
         expected = _detectron_paste(masks[np.arange(3), channels], ref_boxes, 40, 45, 0.6)
         assert cls_segms == [[], expected[:2], [], expected[2:]]
 
@@ -177,3 +178,34 @@ def test_im_detect_all_computes_masks_on_the_final_boxes(tiny_mask_model, std_nm
     expected = _detectron_paste(probs.numpy(), final, 48, 72, 0.5)
     assert [rle for segms in cls_segms for rle in segms] == expected
     assert sum(mask_util.area(rle) for rle in expected) > 0
+
+
+@pytest.mark.parametrize('std_nms', [False, True])
+def test_mask_branch_boxes_are_the_host_path_s_final_boxes(tiny_mask_model, std_nms, monkeypatch):
+    """im_detect_all hands the mask head the detections as they leave NMS, on the model's device:
+    the same boxes and classes as box_results_with_nms_and_limit gives on the host from the same
+    decoded scores and boxes (numpy in, numpy out)."""
+    model, image = tiny_mask_model
+    decode = rcnn_inference.BoxDecodeParams(std_nms=std_nms)
+    nms = rcnn_inference.NMSParams(std_nms=std_nms, score_thresh=0.0, detections_per_im=30)
+    params = rcnn_inference.ImageParams(scale=64, max_size=96)
+    recorded = []
+    detect_masks = mask_inference.detect_masks
+
+    def recording(model, features, boxes, classes, im_scale):
+        recorded.append((boxes, classes))
+        return detect_masks(model, features, boxes, classes, im_scale)
+
+    monkeypatch.setattr(mask_inference, 'detect_masks', recording)
+    cls_boxes, _ = rcnn_inference.im_detect_all(model, image, params, decode, nms, mask_thresh=0.5)
+    (boxes, classes), = recorded
+    assert isinstance(boxes, torch.Tensor) and boxes.device == rcnn_inference.model_device(model)
+    scores, pred_boxes, confs, _ = rcnn_inference.detect_boxes(model, image, params, decode)
+    _, host_boxes, host_cls_boxes = rcnn_inference.box_results_with_nms_and_limit(
+        scores.cpu().numpy(), pred_boxes.cpu().numpy(), None if confs is None else confs.cpu().numpy(), nms)
+    assert 0 < len(host_boxes) <= 30
+    np.testing.assert_array_equal(boxes.cpu().numpy(), host_boxes)
+    np.testing.assert_array_equal(classes.cpu().numpy(),
+                                  np.repeat(np.arange(len(host_cls_boxes)), [len(b) for b in host_cls_boxes]))
+    for got, expected in zip(cls_boxes, host_cls_boxes):
+        np.testing.assert_array_equal(got, expected)

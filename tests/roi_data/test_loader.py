@@ -8,7 +8,7 @@ import torch
 
 from detectron.roi_data.loader import (SHARED_ARRAY_MIN_BYTES, PackedList, SharedLeaves, TrainingDataset,
                                        aspect_ratio_groups, packed_leaves, build_test_loader, build_train_loader)
-from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, get_minibatch, prepare_training_entry
+from detectron.roi_data.minibatch import TRAINING_KEYS, collate_minibatch, prepare_training_entry
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils.errors import DatasetError
 
@@ -93,10 +93,11 @@ def test_train_batches_follow_the_contract(roidb):
             assert t['is_crowd'].dtype == torch.bool and t['is_crowd'].tolist() == [index == 3]
 
 
-def test_loader_batch_equals_get_minibatch(roidb):
+def test_loader_batch_equals_the_batch_made_in_process(roidb):
     # With one training scale there is nothing random: both paths must give identical tensors.
     loaded = list(_train_loader(roidb, batches=[[1, 3]], scales=(24,)))
-    direct = get_minibatch([roidb[1], roidb[3]], (24,), 1000, PIXEL_MEANS, 32, np.random.RandomState(0))
+    rng = np.random.RandomState(0)
+    direct = collate_minibatch([prepare_training_entry(roidb[i], rng, (24,), 1000, PIXEL_MEANS) for i in (1, 3)], 32)
     _assert_batches_equal(loaded, [direct])
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from detectron.roi_data.loader import scale_rng
-from detectron.roi_data.minibatch import (get_minibatch, gt_targets,
+from detectron.roi_data.minibatch import (collate_minibatch, gt_targets, prepare_training_entry,
                                           prepare_unresized_training_entry, read_image)
 from detectron.utils.errors import DatasetError
 
@@ -16,6 +16,14 @@ def _entry(path, height, width, boxes=((0, 0, 1, 1),), classes=(1,), crowd=(Fals
             'boxes': np.array(boxes, dtype=np.float32).reshape(-1, 4),
             'gt_classes': np.array(classes, dtype=np.int32),
             'is_crowd': np.array(crowd, dtype=bool)}
+
+
+def _minibatch(entries, target_size, max_size, pixel_means, stride):
+    """The loader's batch of entries at one training scale, as rcnn_builder composes it
+    (prepare_training_entry per image, then collate_minibatch)."""
+    rng = np.random.RandomState(0)
+    return collate_minibatch([prepare_training_entry(entry, rng, (target_size,), max_size, pixel_means)
+                              for entry in entries], stride)
 
 
 def _write(path, im):
@@ -120,8 +128,7 @@ def test_flipped_pixels_match_flipped_boxes(tmp_path):
     path = _write(tmp_path / 'rect.png', im)
     # Detectron's roidb flip: x1' = W - x2 - 1 = 64 - 19 - 1, x2' = W - x1 - 1 = 64 - 5 - 1.
     entry = _entry(path, 48, 64, boxes=[(44, 10, 58, 29)], flipped=True)
-    images, im_info, targets = get_minibatch([entry], (48,), 1000, np.zeros(3), 1,
-                                             np.random.RandomState(0))
+    images, im_info, targets = _minibatch([entry], 48, 1000, np.zeros(3), 1)
     assert im_info[0].tolist() == [48, 64, 1.0]
     bright = (images[0] == 255).all(dim=0)
     x1, y1, x2, y2 = targets[0]['boxes'][0].int().tolist()
@@ -132,8 +139,7 @@ def test_flipped_pixels_match_flipped_boxes(tmp_path):
 
 def test_training_im_info_is_unpadded_scaled_size(tmp_path):
     path = _write(tmp_path / 'black.png', np.zeros((333, 500, 3), dtype=np.uint8))
-    images, im_info, _ = get_minibatch([_entry(path, 333, 500)], (600,), 1000, PIXEL_MEANS, 32,
-                                       np.random.RandomState(0))
+    images, im_info, _ = _minibatch([_entry(path, 333, 500)], 600, 1000, PIXEL_MEANS, 32)
     scale = 600 / 333
     # 333 * s = 600 and 500 * s = 900.9 -> 901; the blob is padded to 608 x 928.
     assert im_info.dtype == torch.float32
@@ -151,8 +157,7 @@ def test_batch_is_padded_to_largest_image(tmp_path):
     wide = _write(tmp_path / 'wide.png', np.zeros((40, 100, 3), dtype=np.uint8))
     tall = _write(tmp_path / 'tall.png', np.zeros((90, 30, 3), dtype=np.uint8))
     entries = [_entry(wide, 40, 100), _entry(tall, 90, 30)]
-    images, im_info, targets = get_minibatch(entries, (20,), 1000, PIXEL_MEANS, 32,
-                                             np.random.RandomState(0))
+    images, im_info, targets = _minibatch(entries, 20, 1000, PIXEL_MEANS, 32)
     # wide: scale 0.5 -> 20 x 50; tall: scale 2/3 -> 60 x 20; padded to 64 x 64.
     assert images.shape == (2, 3, 64, 64)
     torch.testing.assert_close(im_info, torch.tensor([[20.0, 50.0, 0.5], [60.0, 20.0, 2 / 3]]))
@@ -178,18 +183,6 @@ def test_targets_of_an_image_without_gt_are_empty():
     targets = gt_targets(entry)
     assert targets['boxes'].shape == (0, 4)
     assert targets['classes'].shape == (0,)
-
-
-def test_training_scales_are_drawn_like_detectron(tmp_path):
-    # Detectron draws np.random.randint(0, len(SCALES), size=num_images) once per minibatch.
-    paths = [_write(tmp_path / '{}.png'.format(i), np.zeros((10, 20, 3), dtype=np.uint8))
-             for i in range(6)]
-    scales = (10, 20, 30)
-    entries = [_entry(p, 10, 20) for p in paths]
-    _, im_info, _ = get_minibatch(entries, scales, 1000, PIXEL_MEANS, 32, np.random.RandomState(7))
-    drawn = np.random.RandomState(7).randint(0, len(scales), size=6)
-    assert im_info[:, 0].tolist() == [float(scales[i]) for i in drawn]
-    assert len(set(im_info[:, 0].tolist())) > 1
 
 
 def _two_entries(tmp_path):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from detectron.utils.blob import (blob_shape, fill_blob, get_image_blob, get_image_blob_t, im_list_to_blob, padded_size,
+from detectron.utils.blob import (blob_shape, fill_blob, get_image_blob_t, im_list_to_blob, padded_size,
                                   prep_im_for_blob, resize_scale)
 
 PIXEL_MEANS = np.array([[[102.9801, 115.9465, 122.7717]]])
@@ -110,9 +110,19 @@ def test_padded_size():
     assert padded_size(250, 1000, 1) == (250, 1000)
 
 
+def get_image_blob(im, target_scale, target_max_size, pixel_means, stride):
+    """Detectron's test-time blob by cv2 (prep_im_for_blob, im_list_to_blob): (blob (1, 3, H, W),
+    im_scale, im_info (1, 3) float32 with the padded height and width), the numpy reference of
+    get_image_blob_t."""
+    ims, scales = prep_im_for_blob(im, pixel_means, [target_scale], target_max_size)
+    blob = im_list_to_blob(ims, stride)
+    return blob, scales[0], np.array([[blob.shape[2], blob.shape[3], scales[0]]], dtype=np.float32)
+
+
 def test_get_image_blob_uses_padded_size_in_im_info():
     im = np.zeros((480, 640, 3), dtype=np.uint8)
-    blob, im_scale, im_info = get_image_blob(im, 600, 1000, PIXEL_MEANS, 32)
+    blob, im_scale, im_info = get_image_blob_t(im, 600, 1000, PIXEL_MEANS, 32, 'cpu')
+    blob, im_info = blob.numpy(), im_info.numpy()
     assert blob.shape == (1, 3, 608, 800)
     assert im_scale == 1.25
     assert im_info.dtype == np.float32

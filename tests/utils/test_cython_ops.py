@@ -228,3 +228,23 @@ def test_soft_nms_of_empty_input():
     dets = np.zeros((0, 5), dtype=F32)
     out, keep = nms_ops.soft_nms(dets)
     assert out.shape == (0, 5) and keep == []
+
+
+@pytest.mark.parametrize('method', ['hard', 'linear', 'gaussian'])
+def test_soft_nms_in_place_keeps_the_copy_results_in_its_live_rows(method):
+    """soft_nms_ (CenterNet's in-place use of the one kernel): the first n rows are soft_nms's
+    rescored dets, the input array itself is the one written."""
+    rng = np.random.default_rng(11)
+    for _ in range(10):
+        dets = random_dets(rng, 30, False, None)
+        out, _ = nms_ops.soft_nms(dets, 0.5, 0.3, 0.001, method)
+        work = dets.copy()
+        n = nms_ops.soft_nms_(work, 0.5, 0.3, 0.001, method)
+        assert n == len(out)
+        np.testing.assert_array_equal(work[:n], out)
+
+
+def test_soft_nms_in_place_refuses_an_array_it_cannot_write_as_float32():
+    for dets in (np.zeros((2, 5), dtype=np.float64), np.zeros((5, 2), dtype=F32).T, [[0, 0, 1, 1, 1.0]]):
+        with pytest.raises(ValueError, match='in_place'):
+            cython_nms.soft_nms(dets, method=2, in_place=True)

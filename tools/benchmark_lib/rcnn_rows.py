@@ -100,7 +100,7 @@ def ours_detect(model_type, model, image, device, precision):
 
 def ours_test_facts(model_type, model, image, device, precision):
     with autocast(device, precision):
-        scores = test_lib.im_detect_bbox(model, image, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)[0]
+        scores = test_lib.im_detect_bbox(model_type, model, image, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)[0]
     detections = sum(len(b) for b in boxes_and_segms(ours_detect(model_type, model, image, device, precision))[0][1:])
     return {'rois': int(scores.shape[0]), 'candidates': int((scores[:, 1:] > cfg.TEST.SCORE_THRESH).sum()),
             'detections': int(detections)}
