@@ -20,7 +20,9 @@ three times over the columns, the largest tensor of the up-sampling path.
 The offset/mask layout is DCNv2's: for kernel tap t = i * kw + j, offset channel 2t is the vertical
 and 2t + 1 the horizontal displacement and mask channel t the modulation; a sample at (y, x) is the
 bilinear interpolation of its four neighbours, those outside the image reading zero (zero unless
--1 < y < H and -1 < x < W).
+-1 < y < H and -1 < x < W). Beyond DCN's geometry the op takes torchvision's: offset groups (channel
+group g of x sampled at offset group g's positions), weight groups, and (h, w) stride / padding /
+dilation; the Triton kernel serves DCN's geometry, grid_sample the rest.
 """
 
 import functools
@@ -40,64 +42,130 @@ _KERNEL_BLOCK_CHANNELS = 8
 _KERNEL_BLOCK_PIXELS = 128
 
 
-def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0):
-    """DCNv2 of x (N, C, H, W) with offsets (N, 2 * taps, Ho, Wo), masks (N, taps, Ho, Wo) and a
-    (O, C, kh, kw) weight -> (N, O, Ho, Wo); one offset group, dilation 1."""
-    n = x.shape[0]
-    out_channels, _, kh, kw = weight.shape
-    out_h, out_w = offset.shape[-2:]
-    if _use_sampling_kernel(x, offset, mask, weight):
-        columns = sampled_columns_triton(x, offset, mask, kh, kw, stride, padding)
+def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0, dilation=1):
+    """DCNv2 of x (N, C, H, W) with offsets (N, 2 * G * taps, Ho, Wo), masks (N, G * taps, Ho, Wo) and a
+    (O, C / groups, kh, kw) weight -> (N, O, Ho, Wo): torchvision.ops.deform_conv2d's function and layout.
+    The G offset groups and the weight groups follow from the shapes, as there; stride, padding and
+    dilation are an int or an (h, w) pair; mask None is all ones, bias None zero. Inputs of any strides
+    (permuted, channels_last, slices of one predictor output) are read as they are where a view can
+    (no copy in the contiguous case); an empty batch gives an empty (0, O, Ho, Wo) output."""
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    n, channels = x.shape[:2]
+    out_channels, group_channels, kh, kw = weight.shape
+    out_h, out_w = _check_shapes(x, offset, mask, weight, bias, stride, padding, dilation)
+    if _use_sampling_kernel(x, offset, mask, weight, stride, padding, dilation):
+        columns = sampled_columns_triton(x, offset, mask, kh, kw, stride[0], padding[0])
     else:
-        columns = sampled_columns(x, offset, mask, kh, kw, stride, padding)
-    out = torch.matmul(weight.reshape(out_channels, -1), columns)
-    return (out + bias.view(-1, 1).to(out.dtype)).view(n, out_channels, out_h, out_w)
+        columns = sampled_columns(x, offset, mask, kh, kw, stride, padding, dilation)
+    groups = channels // group_channels
+    if groups == 1:
+        out = torch.matmul(weight.reshape(out_channels, group_channels * kh * kw), columns)
+    else:  # group g's outputs from group g's rows of the columns
+        out = torch.matmul(weight.reshape(groups, out_channels // groups, group_channels * kh * kw),
+                           columns.reshape(n, groups, group_channels * kh * kw, out_h * out_w))
+        out = out.reshape(n, out_channels, out_h * out_w)
+    if bias is not None:
+        out = out + bias.reshape(out_channels, 1).to(out.dtype)
+    return out.reshape(n, out_channels, out_h, out_w)
 
 
-def sampled_columns(x, offset, mask, kh, kw, stride, padding):
+def _pair(value):
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+def _check_shapes(x, offset, mask, weight, bias, stride, padding, dilation):
+    """The output size (Ho, Wo); a ValueError naming the shapes where they do not fit each other (as
+    torchvision refuses them), rather than a reshape error or a silently wrong result."""
+    n, channels, height, width = x.shape
+    out_channels, group_channels, kh, kw = weight.shape
+    taps = kh * kw
+    out_h = (height + 2 * padding[0] - (dilation[0] * (kh - 1) + 1)) // stride[0] + 1
+    out_w = (width + 2 * padding[1] - (dilation[1] * (kw - 1) + 1)) // stride[1] + 1
+    offset_groups = offset.shape[1] // (2 * taps) if offset.dim() == 4 and taps else 0
+    problem = None
+    if x.dim() != 4 or weight.dim() != 4 or offset.dim() != 4:
+        problem = 'x, offset and weight must be 4-d'
+    elif min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        problem = 'stride and dilation must be >= 1 and padding >= 0'
+    elif taps == 0 or group_channels == 0 or channels % group_channels or out_channels % (channels // group_channels):
+        problem = 'the weight does not divide the input channels and its outputs into groups'
+    elif out_h < 1 or out_w < 1:
+        problem = 'the output would be {} x {} pixels'.format(out_h, out_w)
+    elif offset_groups == 0 or offset.shape[1] != 2 * taps * offset_groups or channels % offset_groups:
+        problem = 'offset needs 2 * G * {} channels for G offset groups dividing the {} input channels'.format(
+            taps, channels)
+    elif tuple(offset.shape) != (n, offset.shape[1], out_h, out_w):
+        problem = 'offset must be (N, 2 * G * taps, Ho, Wo) = ({}, {}, {}, {})'.format(n, offset.shape[1], out_h, out_w)
+    elif mask is not None and tuple(mask.shape) != (n, offset_groups * taps, out_h, out_w):
+        problem = 'mask must be (N, G * taps, Ho, Wo) = ({}, {}, {}, {})'.format(n, offset_groups * taps, out_h, out_w)
+    elif bias is not None and tuple(bias.shape) != (out_channels,):
+        problem = 'bias must hold one value per output channel ({})'.format(out_channels)
+    if problem:
+        raise ValueError('deformable conv of x {}, offset {}, mask {}, weight {} (stride {}, padding {}, dilation {}): '
+                         '{}'.format(tuple(x.shape), tuple(offset.shape), None if mask is None else tuple(mask.shape),
+                                     tuple(weight.shape), stride, padding, dilation, problem))
+    return out_h, out_w
+
+
+def sampled_columns(x, offset, mask, kh, kw, stride, padding, dilation=1):
     """DCNv2's masked im2col columns (N, C * taps, Ho * Wo), row c * taps + t: channel c of x
-    sampled bilinearly at tap t's displaced positions, times tap t's mask; float32 (float64 for
-    float64 inputs), by grid_sample (differentiable)."""
+    sampled bilinearly at tap t's displaced positions (those of c's offset group), times tap t's mask
+    (None: not masked); float32 (float64 for float64 inputs), by grid_sample (differentiable). Inputs
+    of any strides; every reshape is a view where the layout allows one (the contiguous case, DCN's
+    channel slices of its predictor output), a copy only where it does not."""
     n, channels, height, width = x.shape
     out_h, out_w = offset.shape[-2:]
     taps = kh * kw
+    groups = offset.shape[1] // (2 * taps)
+    pixels = out_h * out_w
     sample_dtype = torch.promote_types(x.dtype, torch.float32)
-    offset = offset.to(sample_dtype).reshape(n, taps, 2, out_h, out_w)
-    tap_y, tap_x = _tap_positions(kh, kw, out_h, out_w, stride, padding, x.device, sample_dtype)
-    sample_y = tap_y + offset[:, :, 0]
-    sample_x = tap_x + offset[:, :, 1]
+    offset = offset.to(sample_dtype).reshape(n, groups, taps, 2, out_h, out_w)
+    tap_y, tap_x = _tap_positions(kh, kw, out_h, out_w, _pair(stride), _pair(padding), _pair(dilation),
+                                  x.device, sample_dtype)
+    sample_y = tap_y + offset[:, :, :, 0]
+    sample_x = tap_x + offset[:, :, :, 1]
     # grid_sample's coordinates for align_corners=False: pixel p <-> (2p + 1) / size - 1.
     grid = torch.stack(((2 * sample_x + 1) / width - 1, (2 * sample_y + 1) / height - 1), dim=-1)
-    columns = F.grid_sample(x.to(sample_dtype), grid.view(n, taps * out_h, out_w, 2), mode='bilinear',
+    x = x.to(sample_dtype)
+    if groups > 1:  # each offset group's channels sampled at its own positions
+        x = x.reshape(n * groups, channels // groups, height, width)
+    columns = F.grid_sample(x, grid.reshape(n * groups, taps * out_h, out_w, 2), mode='bilinear',
                             padding_mode='zeros', align_corners=False)
-    columns = columns.view(n, channels, taps, out_h * out_w) * mask.to(sample_dtype).view(n, 1, taps, -1)
-    return columns.view(n, channels * taps, -1)
+    columns = columns.reshape(n, groups, channels // groups, taps, pixels)
+    if mask is not None:
+        columns = columns * mask.to(sample_dtype).reshape(n, groups, 1, taps, pixels)
+    return columns.reshape(n, channels * taps, pixels)
 
 
-def _tap_positions(kh, kw, out_h, out_w, stride, padding, device, dtype):
+def _tap_positions(kh, kw, out_h, out_w, stride, padding, dilation, device, dtype):
     """Where each tap t = i * kw + j of each output pixel reads without offset: (taps, Ho, 1) rows
     and (taps, 1, Wo) columns. Made once per shape and device (about ten small kernels, a sizeable
     share of a batch-1 forward); a CUDA graph capture makes its own, since tensors made while
     capturing hold their values only in the graph's replays."""
     if device.type == 'cuda' and torch.cuda.is_current_stream_capturing():
-        return _make_tap_positions(kh, kw, out_h, out_w, stride, padding, device, dtype)
-    return _cached_tap_positions(kh, kw, out_h, out_w, stride, padding, device, dtype)
+        return _make_tap_positions(kh, kw, out_h, out_w, stride, padding, dilation, device, dtype)
+    return _cached_tap_positions(kh, kw, out_h, out_w, stride, padding, dilation, device, dtype)
 
 
-def _make_tap_positions(kh, kw, out_h, out_w, stride, padding, device, dtype):
-    rows = torch.arange(out_h, device=device, dtype=dtype) * stride - padding
-    cols = torch.arange(out_w, device=device, dtype=dtype) * stride - padding
-    tap_i = torch.arange(kh, device=device, dtype=dtype).repeat_interleave(kw)
-    tap_j = torch.arange(kw, device=device, dtype=dtype).repeat(kh)
+def _make_tap_positions(kh, kw, out_h, out_w, stride, padding, dilation, device, dtype):
+    """stride, padding and dilation are (h, w) pairs."""
+    rows = torch.arange(out_h, device=device, dtype=dtype) * stride[0] - padding[0]
+    cols = torch.arange(out_w, device=device, dtype=dtype) * stride[1] - padding[1]
+    tap_i = (torch.arange(kh, device=device, dtype=dtype) * dilation[0]).repeat_interleave(kw)
+    tap_j = (torch.arange(kw, device=device, dtype=dtype) * dilation[1]).repeat(kh)
     return rows.view(1, -1, 1) + tap_i.view(-1, 1, 1), cols.view(1, 1, -1) + tap_j.view(-1, 1, 1)
 
 
 _cached_tap_positions = functools.lru_cache(maxsize=256)(_make_tap_positions)
 
 
-def _use_sampling_kernel(x, offset, mask, weight):
-    """The Triton kernel serves CUDA inference: no gradient asked, 16- or 32-bit inputs."""
-    if triton is None or not x.is_cuda:
+def _use_sampling_kernel(x, offset, mask, weight, stride, padding, dilation):
+    """The Triton kernel serves CUDA inference (no gradient asked, 16- or 32-bit inputs) of DCN's
+    geometry: one offset group, a mask, dilation 1, the same stride and padding along both axes."""
+    if triton is None or not x.is_cuda or mask is None:
+        return False
+    if (offset.shape[1] != 2 * mask.shape[1] or dilation != (1, 1) or stride[0] != stride[1]
+            or padding[0] != padding[1]):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, offset, mask, weight)):
         return False
@@ -109,8 +177,10 @@ def sampled_columns_triton(x, offset, mask, kh, kw, stride, padding):
     arithmetic (dmcn_im2col_bilinear: positions in pixels, float32 weights and sum, times the mask),
     the columns written once in the dtype the matmul takes them in (autocast's, else float32).
     grid_sample's path writes float32 columns, multiplies them by the mask and autocast casts them:
-    three passes over the largest tensor of the up-sampling path."""
-    x = x.contiguous()  # the kernel reads along a channel's rows
+    three passes over the largest tensor of the up-sampling path. One offset group; offset and mask
+    are read through their strides (any layout), x made contiguous (the kernel reads along a
+    channel's rows); an empty batch or map launches nothing."""
+    x = x.contiguous()
     n, channels, height, width = x.shape
     out_h, out_w = offset.shape[-2:]
     pixels = out_h * out_w
@@ -119,6 +189,8 @@ def sampled_columns_triton(x, offset, mask, kh, kw, stride, padding):
     else:
         dtype = torch.promote_types(x.dtype, torch.float32)
     columns = torch.empty((n, channels * kh * kw, pixels), dtype=dtype, device=x.device)
+    if columns.numel() == 0:  # a grid of 0 programs is not a launch
+        return columns
     grid = (triton.cdiv(pixels, _KERNEL_BLOCK_PIXELS), triton.cdiv(channels, _KERNEL_BLOCK_CHANNELS), n)
     _sampled_columns_kernel[grid](x, offset, mask, columns, channels, height, width, out_w, pixels,
                                   *x.stride(), *offset.stride(), *mask.stride(), stride, padding,

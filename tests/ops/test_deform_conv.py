@@ -272,7 +272,7 @@ torch.save(deform_conv.sampled_columns_triton(x, offset, mask, 3, 3, stride, 1),
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last', 'permuted'])
 @pytest.mark.parametrize('stride', [1, 2])
 def test_sampling_kernel_by_tritons_interpreter_equals_grid_sample_columns(tmp_path, layout, stride):
     """The kernel's arithmetic on the CPU (TRITON_INTERPRET=1, set before triton is imported: hence the
@@ -288,6 +288,11 @@ def test_sampling_kernel_by_tritons_interpreter_equals_grid_sample_columns(tmp_p
     if layout == 'channels_last':
         x, raw = x.contiguous(memory_format=torch.channels_last), raw.contiguous(memory_format=torch.channels_last)
     offset, mask = raw[:, :18], raw[:, 18:]
+    if layout == 'permuted':  # offsets and masks from other code, laid out (H, W, N, C) and (W, C, H, N)
+        x = x.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
+        offset = offset.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
+        mask = mask.permute(3, 1, 2, 0).contiguous().permute(3, 1, 2, 0)
+        assert not any(t.is_contiguous() for t in (x, offset, mask))
     torch.save((x, offset, mask, stride), tmp_path / 'inputs.pt')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]),
                TRITON_INTERPRET='1', CUDA_VISIBLE_DEVICES='')
@@ -301,3 +306,173 @@ def test_sampling_kernel_by_tritons_interpreter_equals_grid_sample_columns(tmp_p
     assert (expected == 0).float().mean() > 0.05  # samples outside the map
     # grid_sample rescales the positions to [-1, 1] and back: last-bit differences of the weights.
     torch.testing.assert_close(kernel, expected, rtol=1e-5, atol=1e-5)
+
+
+def _torchvision_case(batch_sz, contiguous, seed=0):
+    """torchvision's own TestDeformConv.get_fn_args (test/test_ops.py): 6 input and 2 output channels,
+    2 weight groups, 3 offset groups, a 3 x 2 kernel, stride (2, 1), padding (1, 0), dilation (2, 1) on
+    5 x 4 inputs; its non-contiguous variant permutes x, offset, mask and weight the same way."""
+    generator = torch.Generator().manual_seed(seed)
+    stride, padding, dilation = (2, 1), (1, 0), (2, 1)
+    out_h = (5 + 2 * 1 - (2 * (3 - 1) + 1)) // 2 + 1
+    out_w = (4 + 2 * 0 - (1 * (2 - 1) + 1)) // 1 + 1
+    x = torch.rand(batch_sz, 6, 5, 4, dtype=torch.float64, generator=generator)
+    offset = torch.randn(batch_sz, 3 * 2 * 3 * 2, out_h, out_w, dtype=torch.float64, generator=generator)
+    mask = torch.randn(batch_sz, 3 * 3 * 2, out_h, out_w, dtype=torch.float64, generator=generator)
+    weight = torch.randn(2, 6 // 2, 3, 2, dtype=torch.float64, generator=generator)
+    bias = torch.randn(2, dtype=torch.float64, generator=generator)
+    if not contiguous:
+        x = x.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
+        offset = offset.permute(1, 3, 0, 2).contiguous().permute(2, 0, 3, 1)
+        mask = mask.permute(1, 3, 0, 2).contiguous().permute(2, 0, 3, 1)
+        weight = weight.permute(3, 2, 0, 1).contiguous().permute(2, 3, 1, 0)
+    return (x, offset, mask, weight, bias), dict(stride=stride, padding=padding, dilation=dilation)
+
+
+def _assert_equals_torchvision(inputs, geometry, use_mask=True, tol=1e-10):
+    """Values and the gradients of every input equal torchvision.ops.deform_conv2d's on the same
+    tensors (strides kept: each side gets views of the same storage layout)."""
+    from torchvision.ops import deform_conv2d
+    ours = [t.detach().clone().requires_grad_() if t.is_contiguous() else _same_layout_leaf(t) for t in inputs]
+    theirs = [t.detach().clone().requires_grad_() if t.is_contiguous() else _same_layout_leaf(t) for t in inputs]
+    for a, t in zip(ours, inputs):
+        assert a.stride() == t.stride()
+    x, offset, mask, weight, bias = ours
+    out = modulated_deform_conv2d(x, offset, mask if use_mask else None, weight, bias, **geometry)
+    x, offset, mask, weight, bias = theirs
+    expected = deform_conv2d(x, offset, weight, bias, mask=mask if use_mask else None, **geometry)
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+    upstream = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+    (out * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    for name, a, b in zip(('x', 'offset', 'mask', 'weight', 'bias'), ours, theirs):
+        if name == 'mask' and not use_mask:
+            continue
+        assert a.grad is not None and a.grad.shape == a.shape, name
+        torch.testing.assert_close(a.grad, b.grad, rtol=100 * tol, atol=100 * tol, msg=name)
+    return out
+
+
+def _same_layout_leaf(t):
+    """A leaf tensor with t's values and t's strides (a permuted copy, as torchvision's test makes)."""
+    leaf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    with torch.no_grad():
+        leaf.copy_(t)
+    return leaf.requires_grad_()
+
+
+@pytest.mark.parametrize('use_mask', [True, False], ids=['mask', 'no_mask'])
+@pytest.mark.parametrize('contiguous', [True, False], ids=['contiguous', 'permuted'])
+@pytest.mark.parametrize('batch_sz', [0, 33])
+def test_torchvision_s_test_shapes_give_torchvision_s_values_and_gradients(batch_sz, contiguous, use_mask):
+    """torchvision's TestDeformConv inputs (both batch sizes, its permuted layout, with and without a
+    mask): weight and offset groups, unequal stride / padding / dilation, an empty batch."""
+    inputs, geometry = _torchvision_case(batch_sz, contiguous)
+    if not contiguous:  # (tensors of 0 elements count as contiguous whatever their strides)
+        assert not any(t.is_contiguous() for t in inputs[:4 if batch_sz else 0] + inputs[3:4])
+    out = _assert_equals_torchvision(inputs, geometry, use_mask)
+    assert out.shape == (batch_sz, 2, 2, 3)
+
+
+def test_an_empty_batch_gives_an_empty_output_and_gradients_through_dcn():
+    """CenterNet test batches can be empty after filtering: DCN of a (0, C, H, W) batch is (0, O, H, W)
+    (was 'cannot reshape tensor of 0 elements'), in float32 as the model runs, and backward works."""
+    torch.manual_seed(0)
+    dcn = DCN(4, 3, stride=2)
+    x = torch.randn(0, 4, 9, 7, requires_grad=True)
+    out = dcn(x)
+    assert out.shape == (0, 3, 5, 4) and out.dtype == torch.float32
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    assert all(p.grad is not None and torch.count_nonzero(p.grad) == 0 for p in dcn.parameters())
+    # The zero-size offsets and masks of such a batch, given to the op directly, as torchvision takes them.
+    x, offset, mask, weight, bias = _random_dcn_inputs(seed=2, n=0)
+    _assert_equals_torchvision((x, offset, mask, weight, bias), dict(stride=1, padding=1))
+    columns = deform_conv.sampled_columns(x, offset, mask, 3, 3, 1, 1)
+    assert columns.shape == (0, 3 * 9, 9 * 11)
+
+
+@pytest.mark.parametrize('which', ['mask', 'offset', 'x', 'all', 'channels_last'])
+def test_non_contiguous_inputs_give_torchvision_s_result(which):
+    """A modulation mask that arrives permuted from other code (was 'view size is not compatible'), a
+    permuted offset or input, all three, and channels_last tensors: the contiguous inputs' values and
+    torchvision's values and gradients."""
+    inputs = list(_random_dcn_inputs(seed=8, n=3))
+    contiguous_out = modulated_deform_conv2d(*inputs, stride=1, padding=1)
+    names = ('x', 'offset', 'mask')
+    for i, name in enumerate(names):
+        if which == 'channels_last':
+            inputs[i] = inputs[i].contiguous(memory_format=torch.channels_last)
+        elif which in (name, 'all'):
+            inputs[i] = inputs[i].permute(1, 3, 0, 2).contiguous().permute(2, 0, 3, 1)
+    assert any(not t.is_contiguous() for t in inputs[:3])
+    out = _assert_equals_torchvision(tuple(inputs), dict(stride=1, padding=1))
+    torch.testing.assert_close(out, contiguous_out, rtol=1e-12, atol=1e-12)
+
+
+class _RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_contiguous_inputs_and_dcn_s_channel_slices_are_sampled_without_a_copy():
+    """The common case copies nothing: DCN's offsets are a channel slice of the predictor output and
+    its mask a fresh tensor; both are reshaped as views. A permuted mask is copied once."""
+    x, offset, mask, _, _ = _random_dcn_inputs(seed=9)
+    raw = torch.cat((offset, mask), dim=1)
+    offset, mask = raw[:, :18], raw[:, 18:]
+    copies = ('aten.clone.default', 'aten.copy_.default', 'aten._to_copy.default')
+    with torch.no_grad(), _RecordOps() as recorded:
+        deform_conv.sampled_columns(x, offset, mask, 3, 3, 1, 1)
+    assert not [op for op in recorded.ops if op in copies], recorded.ops
+    permuted = mask.permute(1, 3, 0, 2).contiguous().permute(2, 0, 3, 1)
+    with torch.no_grad(), _RecordOps() as recorded:
+        deform_conv.sampled_columns(x, offset, permuted, 3, 3, 1, 1)
+    assert [op for op in recorded.ops if op in copies] == ['aten.clone.default']
+
+
+@pytest.mark.parametrize('case, message', [
+    ('no_output', 'the output would be 0 x 0 pixels'),
+    ('offset_size', 'offset must be'),
+    ('mask_channels', 'mask must be'),
+    ('offset_channels', 'offset needs 2 \\* G \\* 9 channels'),
+])
+def test_inputs_that_do_not_fit_each_other_are_one_value_error_naming_the_shapes(case, message):
+    """Zero-size offsets of a map smaller than the kernel (torchvision refuses them too), and offsets or
+    masks of another size than the output: a ValueError with the shapes, not a reshape error or a result
+    computed at the offset's size."""
+    x, offset, mask, weight, bias = _random_dcn_inputs(seed=10)
+    padding = 1
+    if case == 'no_output':
+        x, offset, mask, padding = x[:, :, :2, :2], offset[:, :, :0, :0], mask[:, :, :0, :0], 0
+    elif case == 'offset_size':
+        offset = offset[:, :, :-1]
+    elif case == 'mask_channels':
+        mask = mask[:, :8]
+    else:
+        offset = offset[:, :17]
+    with pytest.raises(ValueError, match=message) as err:
+        modulated_deform_conv2d(x, offset, mask, weight, bias, padding=padding)
+    assert 'x {}'.format(tuple(x.shape)) in str(err.value)
+
+
+def test_the_kernel_wrapper_launches_nothing_for_an_empty_batch(monkeypatch):
+    """sampled_columns_triton of an empty batch: the (0, C * taps, Ho * Wo) columns, no kernel launch
+    (a grid of 0 programs); runs on the CPU since nothing reaches the kernel."""
+    if deform_conv.triton is None:
+        pytest.skip('triton is not installed')
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError('launched with grid {}'.format(grid))
+    monkeypatch.setattr(deform_conv, '_sampled_columns_kernel', NoLaunch())
+    x, offset, mask, _, _ = (t.float() for t in _random_dcn_inputs(seed=12, n=0))
+    mask = mask.permute(1, 3, 0, 2).contiguous().permute(2, 0, 3, 1)
+    columns = deform_conv.sampled_columns_triton(x, offset, mask, 3, 3, 1, 1)
+    assert columns.shape == (0, 27, 99) and columns.dtype == torch.float32
