@@ -1,7 +1,6 @@
 """cfg -> CenterNet ctdet (MODEL.TYPE centernet): the model, its training samples (affine crop,
 colour jitter, heatmap targets, built in the loader workers), its epoch schedule and per-GPU chunk
 sizes, its test-time detector and how CenterNet / ImageNet weight files map onto it."""
-import dataclasses
 import functools
 import logging
 
@@ -19,7 +18,7 @@ from detectron.modeling import centernet
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
 from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import ModelType, checkpoint_setting, register_model_type
-from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample
+from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample, ctdet_val_sample
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_entry_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
@@ -115,10 +114,8 @@ class CenterNetType(ModelType):
     def validation_dataset(self, device):
         # CenterNet's val split: the whole image at the input resolution, no flip, jitter or colour.
         cfg = self.cfg
-        params = dataclasses.replace(ctdet_params(cfg), rand_crop=False, scale=0.0, shift=0.0, flip=0.0,
-                                     color_aug=False)
         return TrainingDataset(centernet_roidb(cfg.TEST.DATASETS),
-                               functools.partial(prepare_training_sample, params=params),
+                               functools.partial(prepare_validation_sample, params=ctdet_params(cfg)),
                                seed=cfg.RNG_SEED, keys=_SAMPLE_KEYS)
 
     def validation_losses(self):
@@ -193,6 +190,11 @@ def test_params(cfg):
 
 def prepare_training_sample(entry, rng, params):
     return ctdet_train_sample(read_entry_image(entry), entry['boxes'], entry['classes'], rng, params)
+
+
+def prepare_validation_sample(entry, rng, params):
+    """CenterNet's val-split sample (ctdet_val_sample: no augmentation, so rng is not drawn from)."""
+    return ctdet_val_sample(read_entry_image(entry), entry['boxes'], entry['classes'], params)
 
 
 def _validation_losses(model, batch):
