@@ -23,7 +23,7 @@ from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.cli import parse_args_anywhere
-from detectron.utils.errors import DatasetError, run_tool
+from detectron.utils.errors import DatasetError, OutputDirError, run_tool
 from detectron.utils.logging import setup_logging
 from detectron.utils.vis import write_vis_image
 
@@ -69,6 +69,17 @@ def _class_names(model_type, dataset_name):
         return dummy_datasets.get_coco_dataset()
 
 
+def _make_output_dir(output_dir):
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise OutputDirError('--output-dir {} cannot be used: {}; pass a writable directory'.format(
+            output_dir, e.strerror or e)) from None
+    if not os.access(output_dir, os.W_OK):
+        raise OutputDirError('--output-dir {} cannot be used: it is not writable; pass a writable directory'
+                             .format(output_dir))
+
+
 def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
@@ -76,14 +87,26 @@ def main(argv):
     model_type = model_builder.build_model_type(cfg)
     paths = _image_paths(args.im_or_folder, args.image_ext)
     class_names = _class_names(model_type, args.class_names_from)
+    _make_output_dir(args.output_dir)  # before the model loads: a bad directory is known at once
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     model = load_test_model(model_type, args.wts, device)
-    os.makedirs(args.output_dir, exist_ok=True)
+    failed = []
     for path in paths:
-        im = read_image(path)
+        try:
+            im = read_image(path)
+        except DatasetError as err:
+            # One unreadable file of a folder does not stop the others; the run fails at the end.
+            logger.warning('Skipping %s: %s', path, err)
+            failed.append(path)
+            continue
         cls_boxes, cls_segms = boxes_and_segms(im_detect_all(model_type, model, im))
         out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh, cls_segms=cls_segms)
         logger.info('%s -> %s', path, out_path)
+    if failed:
+        raise DatasetError('{} of {} images could not be read and were skipped ({}{}); the others were written to '
+                           '{}'.format(len(failed), len(paths), ', '.join(failed[:5]),
+                                       ' and {} more'.format(len(failed) - 5) if len(failed) > 5 else '',
+                                       args.output_dir))
 
 
 if __name__ == '__main__':

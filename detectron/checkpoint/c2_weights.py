@@ -72,6 +72,9 @@ class _BlobUnpickler(pickle.Unpickler):
 
 def require_weights_file(path):
     """One line for a TRAIN.WEIGHTS / TEST.WEIGHTS that names no file."""
+    if os.path.isdir(path):
+        raise WeightsError('weights file {} is a directory; set TRAIN.WEIGHTS / TEST.WEIGHTS to a weights file in it '
+                           '(e.g. its model_final.pth)'.format(path))
     if not os.path.isfile(path):
         raise WeightsError('weights file {} does not exist; check TRAIN.WEIGHTS / TEST.WEIGHTS'.format(path))
 
@@ -82,8 +85,8 @@ def read_detectron_pickle(path):
     require_weights_file(path)
     try:
         content = load_object(path, unpickler=_BlobUnpickler)
-    except WeightsError:
-        raise
+    except WeightsError as e:  # a refused global: the unpickler does not know the file's name
+        raise WeightsError('{}: {}'.format(path, e)) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         raise WeightsError('{} is not a readable weights pickle ({})'.format(path, e)) from e
     return split_detectron_content(content, path)

@@ -90,7 +90,7 @@ def prune_checkpoints(output_dir, keep):
     returns the removed paths."""
     if keep <= 0:
         return []
-    numbered = [path for path in _checkpoints_newest_first(output_dir)
+    numbered = [path for path in checkpoints_newest_first(output_dir)
                 if _ITERATION_CHECKPOINT.match(os.path.basename(path))]
     for path in numbered[keep:]:
         os.remove(path)
@@ -190,11 +190,12 @@ def find_last_checkpoint(output_dir):
     checkpoint of a run that keeps one, so never older than its numbered files), else the
     model_iter{N}.pth with the largest N, else None. Unfinished temporary files are never returned.
     The file is not read: see resume_from_last for the newest one that is also intact."""
-    candidates = _checkpoints_newest_first(output_dir)
+    candidates = checkpoints_newest_first(output_dir)
     return candidates[0] if candidates else None
 
 
-def _checkpoints_newest_first(output_dir):
+def checkpoints_newest_first(output_dir):
+    """The checkpoint files of output_dir (model_final.pth, model_last.pth, model_iterN.pth by falling N)."""
     if not os.path.isdir(output_dir):
         return []
     names = os.listdir(output_dir)
@@ -211,7 +212,7 @@ def resume_from_last(output_dir, model, optimizer, sampler_state=None):
     that are truncated or damaged are skipped with a warning naming them; if every file is, the newest
     one's error is raised. A checkpoint that reads but does not fit the model is an error, not skipped.
     """
-    candidates = _checkpoints_newest_first(output_dir)
+    candidates = checkpoints_newest_first(output_dir)
     skipped = []
     for path in candidates:
         try:
@@ -270,6 +271,8 @@ def _resume(path, checkpoint, model, optimizer, sampler_state):
 
 
 def _read(path):
+    if os.path.isdir(path):
+        raise WeightsError('checkpoint {} is a directory, not a checkpoint file'.format(path))
     if not os.path.isfile(path):
         raise WeightsError('checkpoint {} does not exist'.format(path))
     checkpoint = read_torch_file(path)

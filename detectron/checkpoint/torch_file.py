@@ -47,6 +47,9 @@ def read_torch_file(path):
 
     Raises WeightsError with one sentence for a missing, empty, truncated, damaged or code-carrying file.
     """
+    if os.path.isdir(path):
+        raise WeightsError('{} is a directory, not a weights file; name a file in it (e.g. its model_final.pth)'
+                           .format(path))
     if not os.path.isfile(path):
         raise WeightsError('{} does not exist'.format(path))
     try:

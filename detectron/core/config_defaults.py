@@ -76,6 +76,9 @@ __C.DATA_LOADER = CfgNode()
 __C.DATA_LOADER.NUM_THREADS = 4
 __C.DATA_LOADER.MINIBATCH_QUEUE_SIZE = 64
 __C.DATA_LOADER.BLOBS_QUEUE_CAPACITY = 8
+# port: seconds a loader worker may take to deliver a batch before the run stops naming its images (a stalled
+# mount); 0 = wait forever. Only with DATA_LOADER.NUM_THREADS > 0 (the main process cannot time itself out)
+__C.DATA_LOADER.TIMEOUT_S = 600
 
 # ---------------------------------------------------------------------------------------------
 # Inference

@@ -286,6 +286,7 @@ DOMAINS = {
     'DATA_LOADER.NUM_THREADS': at_least(0, '0: load in the main process'),
     'DATA_LOADER.MINIBATCH_QUEUE_SIZE': at_least(1),
     'DATA_LOADER.BLOBS_QUEUE_CAPACITY': at_least(1),
+    'DATA_LOADER.TIMEOUT_S': at_least(0, '0: no timeout'),
     # Inference
     'TEST.SCALE': at_least(1),
     'TEST.MAX_SIZE': at_least(1),

@@ -13,9 +13,10 @@ Backend gloo on CUDA is a check mode: ranks may then outnumber the visible GPUs 
 round-robin (local rank r on GPU r % count), as NCCL refuses two ranks on one GPU. It runs every
 multi-GPU code path on any machine and measures no scaling.
 
-No process of a job outlives its launcher: spawned workers (and, through `die_with_parent` in their
-worker_init_fn, DataLoader workers) ask Linux to kill them when their parent dies, whatever the signal
-that ended it; a SIGTERM or SIGINT to the launcher stops its workers and raises errors.JobInterrupted.
+No process of a job outlives its launcher: spawned workers, ranks that torchrun's agent started
+(`die_with_torchrun_agent`) and, through `die_with_parent` in their worker_init_fn, DataLoader workers
+ask Linux to kill them when their parent dies, whatever the signal that ended it; a SIGTERM or SIGINT
+to the launcher stops its workers and raises errors.JobInterrupted.
 
 Nothing here reads the config; the engines pass plain values.
 """
@@ -42,7 +43,7 @@ import torch.multiprocessing
 from detectron.utils import comm
 from detectron.utils.errors import (DetectronError, JobInterrupted, LaunchError, as_loader_worker_error,
                                     termination_signals_raise)
-from detectron.utils.lifetime import die_with_parent
+from detectron.utils.lifetime import die_with_parent, die_with_torchrun_agent
 from detectron.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ def _launch(main_fn, num_processes, args, backend, dist_url, timeout, device_typ
     share_gpus = backend == 'gloo' and device_type == 'cuda'
     job = job_from_environment()
     if job is not None:
+        # A rank that torchrun's agent started dies with the agent, even a SIGKILLed one.
+        die_with_torchrun_agent()
         resolve_num_gpus(num_processes, explicit=True, job=job)
         _check_visible_gpus(device_type, 1 if share_gpus else job.local_rank + 1,
                             'LOCAL_RANK {} (from {})'.format(job.local_rank, job.source))
@@ -164,13 +167,29 @@ def job_from_environment(environ=None):
     environ = os.environ if environ is None else environ
     if any(name in environ for name in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')):
         _require_variables(environ, TORCHRUN_VARIABLES, 'torchrun-style')
-        return JobSpec(int(environ['RANK']), int(environ['WORLD_SIZE']), int(environ['LOCAL_RANK']),
-                       'torchrun')
-    if int(environ.get('SLURM_NTASKS', '1')) > 1:
+        return _job_spec(environ, ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'), 'torchrun')
+    if _integer_variable(environ, 'SLURM_NTASKS', default='1') > 1:
         _require_variables(environ, SLURM_VARIABLES, 'SLURM')
-        return JobSpec(int(environ['SLURM_PROCID']), int(environ['SLURM_NTASKS']),
-                       int(environ['SLURM_LOCALID']), 'SLURM')
+        return _job_spec(environ, ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_LOCALID'), 'SLURM')
     return None
+
+
+def _job_spec(environ, names, source):
+    rank, world_size, local_rank = (_integer_variable(environ, name) for name in names)
+    if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
+        raise LaunchError('the environment describes a {} job with {}={}, {}={}, {}={}: a rank needs '
+                          '0 <= rank < world size and a local rank >= 0; fix or unset them'.format(
+                              source, names[0], rank, names[1], world_size, names[2], local_rank))
+    return JobSpec(rank, world_size, local_rank, source)
+
+
+def _integer_variable(environ, name, default=None):
+    value = environ.get(name, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise LaunchError('environment variable {}={!r} is not an integer; a distributed launcher sets it to '
+                          'a number: fix or unset it (docs/MULTI_GPU.md)'.format(name, value)) from None
 
 
 def launched_rank():

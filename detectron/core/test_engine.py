@@ -52,6 +52,7 @@ def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=Fa
     finished by finalize_cfg, which model_type is bound to); returns {dataset: {'box': metrics}}
     ({'box': ..., 'mask': ...} for a model with masks)."""
     if ind_range is not None:
+        refuse_range_in_parallel(ind_range, multi_gpu_testing)
         if len(cfg.TEST.DATASETS) != 1:
             raise ConfigValueError('--range needs exactly one TEST.DATASETS entry, got {}; set TEST.DATASETS to '
                                    'the one dataset to slice'.format(cfg.TEST.DATASETS))
@@ -83,6 +84,18 @@ def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=Fa
     if results:
         task_evaluation.log_copy_paste_friendly_results(results)
     return results
+
+
+def refuse_range_in_parallel(ind_range, multi_gpu_testing):
+    """--range tests one slice in one process (Detectron's child processes): with --multi-gpu-testing, or in a
+    job of several processes that a launcher started, it would be ignored or tested by every rank at once."""
+    job = launch.job_from_environment()
+    if multi_gpu_testing or (job is not None and job.world_size > 1):
+        how = ('--multi-gpu-testing' if multi_gpu_testing else
+               'a job of {} processes started by {}'.format(job.world_size, job.source))
+        raise ConfigValueError('--range {} {} tests one slice of the images in one process and cannot be combined with '
+                               '{}; drop --range to test every image on all processes, or run one process per '
+                               'slice'.format(ind_range[0], ind_range[1], how))
 
 
 def _parallel_testing(multi_gpu_testing):
@@ -200,7 +213,8 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     start, end = ind_range if ind_range is not None else (0, total)
     # The loader's workers start reading images while the model loads.
     images = iter(build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS,
-                                    model_type.test_inputs(), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX)))
+                                    model_type.test_inputs(), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX),
+                                    timeout=cfg.DATA_LOADER.TIMEOUT_S))
     device = comm.get_device()
     triton_cache.start_key_hashing(device)
     model = model or load_test_model(model_type, weights_file, device)

@@ -33,7 +33,7 @@ from detectron.ops import triton_cache
 from detectron.roi_data.loader import build_train_loader
 from detectron.roi_data.samplers import GroupedDistributedBatchSampler
 from detectron.utils import comm
-from detectron.utils.errors import ConfigValueError
+from detectron.utils.errors import ConfigValueError, OutputDirError
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.random_streams import preserved_random_streams
@@ -57,8 +57,35 @@ def train_model():
         return {'final': final_path}
     # A second run on this directory is refused (its PID named); temporaries of dead runs go.
     with run_lock.exclusive_run(output_dir):
+        if not cfg.TRAIN.AUTO_RESUME:
+            refuse_other_runs_checkpoints(output_dir)
         launch.launch(train_worker, cfg.NUM_GPUS, args=(cfg.clone(),), backend=cfg.DIST_BACKEND)
     return {'final': final_path}
+
+
+def refuse_other_runs_checkpoints(output_dir):
+    """TRAIN.AUTO_RESUME False starts at iteration 0: over an earlier run's checkpoints it would overwrite
+    some of them and leave its newer ones beside the new run's, so it is refused. Every rank sees the same
+    files: none writes a checkpoint before all have joined the job."""
+    found = checkpointer.checkpoints_newest_first(output_dir)
+    if found:
+        names = [os.path.basename(path) for path in found]
+        raise OutputDirError(
+            '{} holds checkpoints of an earlier run ({}{}) and TRAIN.AUTO_RESUME is False: this run would overwrite '
+            'some and leave the others beside its own; set TRAIN.AUTO_RESUME True to resume that run, or set another '
+            'OUTPUT_DIR, or remove those files'.format(output_dir, ', '.join(names[:5]),
+                                                      ' and {} more'.format(len(names) - 5) if len(names) > 5 else ''))
+
+
+def check_resumable(path, start_iter, max_iter):
+    """A checkpoint past SOLVER.MAX_ITER cannot be continued: training would write model_final.pth holding its
+    weights under a smaller iteration."""
+    if start_iter > max_iter:
+        raise ConfigValueError(
+            '{} holds iteration {}, past SOLVER.MAX_ITER {} (iterations 0 to {}): there is nothing left to train and '
+            'model_final.pth would hold later weights than it says; raise SOLVER.MAX_ITER above {} to continue that '
+            'run, or set another OUTPUT_DIR to start a new one'.format(path, start_iter - 1, max_iter, max_iter - 1,
+                                                                        start_iter - 1))
 
 
 def train_worker(cfg_snapshot):
@@ -209,6 +236,7 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
         last, start_iter, extra = checkpointer.resume_from_last(output_dir, model, optimizer,
                                                               sampler_state=_sampler_state())
         if last:
+            check_resumable(last, start_iter, cfg.SOLVER.MAX_ITER)
             return start_iter, extra
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
@@ -235,7 +263,8 @@ def training_batches(model_type, start_iter, device):
         start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
     loader = build_train_loader(
         model_type.training_dataset(roidb, device), sampler, model_type.collate(device),
-        num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
+        num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE,
+        timeout=cfg.DATA_LOADER.TIMEOUT_S)
     batches = iter(loader)
     triton_cache.start_key_hashing(device)  # while the workers make the first batch
     # Starting a DataLoader draws its workers' base seed from torch's global generator. A resumed

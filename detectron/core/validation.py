@@ -18,7 +18,8 @@ def validation_loss(model_type, model, device):
     batch_size = cfg.TRAIN.IMS_PER_BATCH
     batches = [list(range(i, min(i + batch_size, end))) for i in range(start, end, batch_size)]
     loader = build_train_loader(dataset, batches, model_type.collate(device),
-                                num_workers=min(cfg.DATA_LOADER.NUM_THREADS, len(batches)))
+                                num_workers=min(cfg.DATA_LOADER.NUM_THREADS, len(batches)),
+                                timeout=cfg.DATA_LOADER.TIMEOUT_S)
     to_device = model_type.batch_to_device(device)
     losses = model_type.validation_losses()
     sums = {}

@@ -64,6 +64,21 @@ def _results_path(output_dir, prefix, dataset_name, use_salt):
 
 # COCOeval iouType -> (name in the log, file of the pickled COCOeval), as Detectron's.
 _EVAL_OUTPUTS = {'bbox': ('Bbox', 'detection_results.pkl'), 'segm': ('Segmentation', 'segmentation_results.pkl')}
+_RESULTS_PREFIXES = {'bbox': 'bbox_', 'segm': 'segmentations_'}
+
+
+def remove_stale_results(output_dir, dataset_name, iou_type):
+    """Remove the results json and pickled COCOeval of task iou_type ('bbox' or 'segm') that an earlier test of
+    dataset_name left in output_dir, so that no file beside a new test's outputs describes other detections
+    (a box-only test after a mask test in one OUTPUT_DIR). Returns the removed paths."""
+    paths = [_results_path(output_dir, _RESULTS_PREFIXES[iou_type], dataset_name, use_salt=False),
+             os.path.join(output_dir, _EVAL_OUTPUTS[iou_type][1])]
+    removed = [path for path in paths if os.path.isfile(path)]
+    for path in removed:
+        os.remove(path)
+    if removed:
+        logger.info('Removed %s of an earlier test: this one has no %s results', ', '.join(removed), iou_type)
+    return removed
 
 
 def _evaluate_results_file(json_dataset, res_file, num_results, output_dir, iou_type, cleanup):

@@ -21,6 +21,8 @@ def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True,
         results[dataset.name].update(evaluate_masks(dataset, all_boxes, all_segms, output_dir, competition_mode)
                                      [dataset.name])
         logger.info('Evaluating segmentations is done!')
+    else:
+        json_dataset_evaluator.remove_stale_results(output_dir, dataset.name, 'segm')
     return results
 
 

@@ -12,6 +12,10 @@ worker built them, and a resumed run draws the same as an uninterrupted one.
 Unreadable images: a worker returns the DatasetError instead of raising it, and the loader raises
 it in the main process. Raised in a worker, DataLoader would re-raise it with the worker's whole
 traceback as its message, and the user should read one line naming the file.
+
+Stalled reads: a worker that delivers no batch within `timeout` seconds (DATA_LOADER.TIMEOUT_S; an image on
+a hung network mount never finishes reading) ends the run with one LoaderWorkerError line naming the
+images it was reading; DataLoader then stops its workers.
 """
 
 import functools
@@ -22,7 +26,7 @@ import sys
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
 
 from detectron.roi_data.minibatch import read_entry_image
 from detectron.roi_data.shared_memory import empty_for_main_process
@@ -76,6 +80,10 @@ class TrainingDataset(Dataset):
     def __len__(self):
         return len(self._entries)
 
+    def image_of(self, key):
+        """The image file of a (iteration, roidb index) key (for the stalled-read error)."""
+        return self._entries[key[1]].get('image', 'roidb entry {}'.format(key[1]))
+
     def __getitem__(self, key):
         iteration, index = key
         try:
@@ -116,10 +124,11 @@ class RaisingLoader:
     once; otherwise they start with the first item asked for (DataLoader's start draws its base seed
     from torch's generator, which a training run draws from too: resumed runs replay that order)."""
 
-    def __init__(self, data_loader, groups=False, eager=False):
+    def __init__(self, data_loader, groups=False, eager=False, numbered=None):
         self.data_loader = data_loader
         self.groups = groups
         self.eager = eager
+        self.numbered = numbered  # the NumberedIndices the DataLoader draws from, if any
 
     def __iter__(self):
         if not self.eager:
@@ -129,9 +138,11 @@ class RaisingLoader:
         return self._raising(items)
 
     def _raising(self, items):
+        iterator = None
         try:
             with dead_loader_workers_as_errors():
-                for item in items:
+                iterator = iter(items)
+                for item in iterator:
                     if isinstance(item, DatasetError):
                         raise item
                     item = item.unpacked() if isinstance(item, SharedLeaves) else item
@@ -140,6 +151,57 @@ class RaisingLoader:
             # A worker killed while its batch was being received (torch's SIGCHLD error follows).
             raise LoaderWorkerError('a DataLoader worker died while sending a batch ({}: {}) {}'.format(
                 type(err).__name__, err, DEAD_WORKER_HINT)) from None
+        except RuntimeError as err:
+            if not str(err).startswith('DataLoader timed out'):
+                raise
+            raise LoaderWorkerError(stalled_batch_message(self.data_loader, iterator, self.numbered)) from None
+
+
+# DataLoader's timeout error names no file; the loader's names the images that stalled.
+_MAX_NAMED_IMAGES = 4
+
+
+class NumberedIndices:
+    """A DataLoader's sampler or batch sampler that remembers what it handed out, by position in the current
+    pass: DataLoader numbers its tasks in the same order (its iterator's `_rcvd_idx` is the one it waits
+    for), so a timed-out wait can name the images of the batch it waited for. Keeps the last `window`."""
+
+    def __init__(self, indices, window=4096):
+        self.indices = indices
+        self.window = window
+        self.issued = {}
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __iter__(self):
+        self.issued = {}
+        for position, item in enumerate(self.indices):
+            self.issued[position] = item
+            self.issued.pop(position - self.window, None)
+            yield item
+
+
+def stalled_batch_message(data_loader, iterator, numbered):
+    """One sentence for a DataLoader that timed out: its worker, the images of the batch it owes, the key."""
+    waited_for = getattr(iterator, '_rcvd_idx', None)
+    task = getattr(iterator, '_task_info', {}).get(waited_for)
+    worker = task[0] if task else None
+    keys = numbered.issued.get(waited_for) if numbered is not None else None
+    keys = [] if keys is None else keys if isinstance(keys, list) else [keys]
+    image_of = getattr(data_loader.dataset, 'image_of', None)
+    images = [str(image_of(key)) for key in keys] if image_of is not None else []
+    workers = getattr(iterator, '_workers', [])
+    who = ('DataLoader worker {} (pid {})'.format(worker, workers[worker].pid)
+           if worker is not None and worker < len(workers) else 'a DataLoader worker')
+    reading = ('; the batch it owes holds {}{}'.format(', '.join(images[:_MAX_NAMED_IMAGES]),
+                                                  ' and {} more'.format(len(images) - _MAX_NAMED_IMAGES)
+                                                  if len(images) > _MAX_NAMED_IMAGES else '')
+               if images else '')
+    return ('{} delivered no batch in {:g} s (DATA_LOADER.TIMEOUT_S){}: a read that never finishes (e.g. a file on '
+            'a stalled network mount, or a pipe); check those files and their filesystem, or raise '
+            'DATA_LOADER.TIMEOUT_S for slow storage; the loader workers were stopped'.format(
+                who, data_loader.timeout, reading))
 
 
 def _init_worker(worker_id):
@@ -175,22 +237,31 @@ def _single_threaded_opencv_before_fork(num_workers):
         cv2.setNumThreads(1)
 
 
-def build_train_loader(dataset, batch_sampler, collate, num_workers, start_iter=0):
+def build_train_loader(dataset, batch_sampler, collate, num_workers, start_iter=0, timeout=0):
     """Iterable of training batches: collate(list of dataset samples) for each sampler batch.
+
+    timeout: seconds a worker may take over a batch (DATA_LOADER.TIMEOUT_S; 0: forever; only with workers).
 
     batch_sampler: iterable of roidb index lists for this process (GroupedDistributedBatchSampler),
     started at start_iter; start_iter must match so resumed runs draw the same samples.
     """
     _single_threaded_opencv_before_fork(num_workers)
+    numbered = NumberedIndices(IterationTaggedBatches(batch_sampler, start_iter))
     return RaisingLoader(DataLoader(
         dataset,
-        batch_sampler=IterationTaggedBatches(batch_sampler, start_iter),
+        batch_sampler=numbered,
         collate_fn=functools.partial(_collate_or_error, collate=collate),
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
         worker_init_fn=_init_worker,
-    ))
+        timeout=_worker_timeout(num_workers, timeout),
+    ), numbered=numbered)
+
+
+def _worker_timeout(num_workers, timeout):
+    # DataLoader refuses a timeout without workers: the main process reads, and cannot time itself out.
+    return float(timeout) if num_workers > 0 and timeout and timeout > 0 else 0
 
 
 class InferenceImageDataset(Dataset):
@@ -206,6 +277,10 @@ class InferenceImageDataset(Dataset):
 
     def __len__(self):
         return len(self._entries)
+
+    def image_of(self, index):
+        """The image file of a roidb index (for the stalled-read error)."""
+        return self._entries[index]['image']
 
     def __getitem__(self, index):
         return self._items([index], group=False)
@@ -335,23 +410,27 @@ def image_only(im):
     return {'image': im}
 
 
-def build_test_loader(roidb, indices, num_workers, prepare=image_only, group=1):
+def build_test_loader(roidb, indices, num_workers, prepare=image_only, group=1, timeout=0):
     """Iterable of (prepare(BGR uint8 HxWx3 image), roidb index) for `indices`, in their order,
     the samples' arrays as prepare made them (numpy). With CUDA the large ones come in pinned
     memory (asynchronous uploads), received ahead by DataLoader's pin-memory thread. The workers
     start reading when the loader is iterated (test_net does so before loading the model). A worker makes
     `group` consecutive samples at a time and sends them in one shared tensor: the main process
-    pays a connection per tensor it receives (BENCHMARKS.md, "Real loops")."""
+    pays a connection per tensor it receives (BENCHMARKS.md, "Real loops"). timeout: as
+    build_train_loader's."""
     _single_threaded_opencv_before_fork(num_workers)
+    indices = list(indices)
+    # The same batches as batch_size=group would make, numbered for the stalled-read error.
+    numbered = NumberedIndices(BatchSampler(indices, group, drop_last=False) if group > 1 else indices)
     return RaisingLoader(DataLoader(
         InferenceImageDataset(roidb, prepare),
-        sampler=list(indices),
-        batch_size=group if group > 1 else None,
+        **({'batch_sampler': numbered} if group > 1 else {'sampler': numbered, 'batch_size': None}),
         collate_fn=_unchanged,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         worker_init_fn=_init_worker,
-    ), groups=group > 1, eager=True)
+        timeout=_worker_timeout(num_workers, timeout),
+    ), groups=group > 1, eager=True, numbered=numbered)
 
 
 def to_device(batch, device):

@@ -1,5 +1,5 @@
-"""No process of a job outlives its launcher: a spawned worker or a DataLoader worker asks Linux to kill
-it when its parent dies, whatever the signal that ended the parent."""
+"""No process of a job outlives its launcher: a spawned worker, a DataLoader worker or a rank that torchrun's
+agent started asks Linux to kill it when its parent dies, whatever the signal that ended the parent."""
 import ctypes
 import logging
 import multiprocessing
@@ -20,7 +20,29 @@ def die_with_parent(sig=signal.SIGKILL):
     that started this process ends, so start workers from a thread that lives as long as they should.
     """
     parent = multiprocessing.parent_process()
-    if parent is None or not sys.platform.startswith('linux'):
+    if parent is None:
+        return False
+    return _die_with(parent.pid, sig)
+
+
+def die_with_torchrun_agent(sig=signal.SIGKILL):
+    """For a rank that torchrun's agent started (TORCHELASTIC_RUN_ID in the environment): have Linux send
+    `sig` to this process when the agent dies, so that a SIGKILLed agent leaves no rank training on (its
+    DataLoader workers follow it through die_with_parent). Returns whether it is set up.
+
+    The agent is the parent this process had when the detectron package was first imported
+    (detectron.PARENT_PID_AT_START); if the parent is another one by now, the agent is gone and this
+    process ends at once. Elsewhere (no torchrun agent, not Linux) it does nothing and returns False:
+    a process started by hand or by a script must not die with the shell that started it.
+    """
+    if 'TORCHELASTIC_RUN_ID' not in os.environ:
+        return False
+    import detectron
+    return _die_with(detectron.PARENT_PID_AT_START, sig)
+
+
+def _die_with(parent_pid, sig):
+    if not sys.platform.startswith('linux'):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
@@ -29,6 +51,6 @@ def die_with_parent(sig=signal.SIGKILL):
         return False
     # The parent may have died before prctl: then no signal will ever come, and this process was
     # already handed to another parent (init or a subreaper).
-    if os.getppid() != parent.pid:
+    if os.getppid() != parent_pid:
         os.kill(os.getpid(), sig)
     return True
