@@ -23,7 +23,8 @@ from detectron.datasets import json_dataset_evaluator, task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.utils.errors import LaunchError, WeightsError
 
-from support.processes import DEADLINE_S, alive, descendants, job_env, survivors_after, wait_for_files
+from support.processes import (DEADLINE_S, alive, descendants, job_env, session_processes, survivors_after,
+                               wait_for_files)
 from support.tiny_runs import REPO, SHAPES_CFG, TINY_OVERRIDES, TRAIN_SUBDIR, write_tiny_datasets
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc, FIFOs, parent-death signals'),
@@ -35,20 +36,6 @@ def _tool_command(tool, catalog, output_dir, *overrides):
             + ['DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir)] + [str(o) for o in overrides])
 
 
-def _session_processes(session):
-    found = []
-    for name in os.listdir('/proc'):
-        if name.isdigit():
-            try:
-                with open('/proc/{}/stat'.format(name)) as f:
-                    fields = f.read().rsplit(')', 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session and alive(int(name)):
-                found.append(int(name))
-    return found
-
-
 def _one_error_line(command, env=None, timeout=300):
     """Run a tool in its own session; assert exit 2, no traceback, one `error:` line last, nothing left
     running DEADLINE_S later; return the line."""
@@ -56,9 +43,9 @@ def _one_error_line(command, env=None, timeout=300):
                                env=env or job_env(), start_new_session=True)
     try:
         _, err = process.communicate(timeout=timeout)
-        left = survivors_after(_session_processes(process.pid), DEADLINE_S)
+        left = survivors_after(session_processes(process.pid), DEADLINE_S)
     finally:
-        for pid in _session_processes(process.pid):
+        for pid in session_processes(process.pid):
             os.kill(pid, signal.SIGKILL)
     assert left == [], left
     assert process.returncode == 2, err

@@ -25,7 +25,7 @@ from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.minibatch import read_entry_image
 from detectron.utils.errors import DatasetError
 
-from support.processes import DEADLINE_S, alive, job_env, survivors_after
+from support.processes import DEADLINE_S, job_env, session_processes, survivors_after
 from support.tiny_runs import (MASK_OVERRIDES, REPO, SHAPES_CFG, TINY_OVERRIDES, register_annotations,
                                write_tiny_datasets)
 
@@ -292,21 +292,6 @@ def test_a_test_image_of_another_size_than_its_record_is_one_line(tiny, num_work
 
 # --- end to end: tools/train_net.py and tools/test_net.py -----------------------------------------
 
-def _session_processes(session):
-    """Pids of living processes of a session (the tool was started as its leader)."""
-    found = []
-    for name in os.listdir('/proc'):
-        if name.isdigit():
-            try:
-                with open('/proc/{}/stat'.format(name)) as f:
-                    fields = f.read().rsplit(')', 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session and alive(int(name)):
-                found.append(int(name))
-    return found
-
-
 def _command_line(pid):
     try:
         with open('/proc/{}/cmdline'.format(pid), 'rb') as f:
@@ -323,9 +308,9 @@ def _run_tool(tool, catalog, output_dir, *overrides):
     try:
         _, err = process.communicate(timeout=300)
         # The promise of docs/RELIABILITY.md: every process of the job gone within DEADLINE_S of the launcher.
-        left = survivors_after(_session_processes(process.pid), DEADLINE_S)
+        left = survivors_after(session_processes(process.pid), DEADLINE_S)
     finally:
-        for pid in _session_processes(process.pid):
+        for pid in session_processes(process.pid):
             os.kill(pid, 9)
     assert left == [], [_command_line(pid) for pid in left]
     assert process.returncode == 2, err

@@ -65,3 +65,18 @@ def survivors_after(pids, deadline_s):
             return []
         time.sleep(0.1)
     return [pid for pid in pids if alive(pid)]
+
+
+def session_processes(session):
+    """Pids of living processes of a session (a tool started as its leader)."""
+    found = []
+    for name in os.listdir('/proc'):
+        if name.isdigit():
+            try:
+                with open('/proc/{}/stat'.format(name)) as f:
+                    fields = f.read().rsplit(')', 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session and alive(int(name)):
+                found.append(int(name))
+    return found
