@@ -5,6 +5,7 @@ The full disk is a real one: a small tmpfs mounted in a private mount namespace 
 the test needs to be allowed to mount (root, or user namespaces); elsewhere it is skipped."""
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -149,6 +150,16 @@ _FORKING_SAVER = textwrap.dedent('''
 ''')
 
 
+def _line_within(saver, pid, seconds, what):
+    """The saver's next line; a try whose process has not stopped after `seconds` is killed and the
+    test fails saying so (a signal that did not stop the save must not hang the suite)."""
+    ready, _, _ = select.select([saver.stdout], [], [], seconds)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail('the saving process {} did not stop within {} s of {}'.format(pid, seconds, what))
+    return saver.stdout.readline()
+
+
 @pytest.mark.slow
 @pytest.mark.processes
 @pytest.mark.parametrize('sig, tries', [(signal.SIGTERM, 6), (signal.SIGINT, 4)])
@@ -165,7 +176,7 @@ def test_a_signal_while_a_checkpoint_is_written_is_one_line_and_leaves_the_last_
             assert saver.stdout.readline().strip() == 'saved'
             time.sleep(rng.uniform(0.0, 0.2))
             os.kill(pid, sig)
-            assert int(saver.stdout.readline()) == 128 + sig
+            assert int(_line_within(saver, pid, 60, sig.name)) == 128 + sig
             assert stderr_path.read_text().strip().splitlines() == [STOPPED.format(sig.name)]
             assert not any('.tmp.' in name for name in os.listdir(tmp_path))
             assert read_torch_file(str(path))['iteration'] >= 0  # complete, its digest matches
