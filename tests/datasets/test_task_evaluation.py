@@ -48,6 +48,8 @@ def test_box_results_match_hand_computed_values(register_coco, tmp_path):
 def test_copy_paste_block(register_coco, tmp_path, caplog):
     register_coco('one_box', ONE_BOX)
     results = _evaluate('one_box', [[], [DETECTION]], tmp_path)
+    # Only the block: the evaluation's own lines are captured too when an earlier test left the loggers at INFO.
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger='detectron.datasets.task_evaluation'):
         task_evaluation.log_copy_paste_friendly_results(results)
     assert caplog.messages == [
