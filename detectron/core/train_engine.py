@@ -36,7 +36,6 @@ from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, OutputDirError
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
-from detectron.utils.random_streams import preserved_random_streams
 from detectron.utils.lr_policy import LRSchedule
 
 logger = logging.getLogger(__name__)
@@ -143,8 +142,7 @@ def evaluation_hooks(model_type, metrics, output_dir):
     device = comm.get_device()
 
     def validate(model, iteration):
-        with preserved_random_streams():
-            return validation_loss(model_type, model, device)
+        return validation_loss(model_type, model, device)
 
     def evaluate(model, iteration):
         return evaluation_metrics(evaluate_during_training(model_type, model, iteration,

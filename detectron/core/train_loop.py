@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-HOOK_EVENTS = ('before_train', 'before_step', 'after_step', 'after_train')
+AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}  # SOLVER.AMP.DTYPE
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class TrainLoop:
         self.hooks = list(hooks)
         self.batch_to_device = batch_to_device or (lambda batch: batch)
         self.out_of_memory = out_of_memory
-        self.amp_dtype = {'float16': torch.float16, 'bfloat16': torch.bfloat16}[step.amp_dtype]
+        self.amp_dtype = AMP_DTYPES[step.amp_dtype]
         self.scaler = self._make_scaler()
         self.iter = start_iter - 1
         self.total, self.outputs, self.data_time, self.grad_norm = None, {}, 0.0, None
