@@ -156,7 +156,7 @@ class GeneralizedRCNN(nn.Module):
         conv5 = self.box_head.conv5(box_features)
         return dict(self.box_outs(self.box_head.pool(conv5)), conv5=conv5)
 
-    def _pooled(self, features, rois, resolution, sampling_ratio, method):
+    def _pooled(self, features, rois, resolution, sampling_ratio, method='RoIAlign'):
         p = self.params
         if len(p.roi_spatial_scales) == 1:
             return single_level_roi_transform(features[0], rois, method, p.roi_spatial_scales[0], resolution,
