@@ -10,7 +10,7 @@ from torchvision.ops import roi_align
 
 from detectron.core.config import (assert_and_infer_cfg, cfg, load_yaml_file, merge_cfg_from_cfg, merge_cfg_from_file,
                                    merge_cfg_from_list)
-from detectron.modeling import FPN, model_builder, rpn_heads
+from detectron.modeling import FPN, generalized_rcnn, mask_rcnn_heads, model_builder, rpn_heads
 from detectron.modeling.ResNet import ResNetRoIConv5Head, add_ResNet50_conv4_body
 from detectron.modeling.mask_rcnn_heads import MaskRCNNHead
 from detectron.ops.roi_pooling import single_level_roi_transform
@@ -264,3 +264,22 @@ def test_x152_config_builds_without_test_time_augmentation():
     model = model_builder.create(cfg)
     assert len(model.conv_body.body.res4) == 36 and model.conv_body.body.res4[0].branch2b.groups == 32
     assert model.conv_body.fpn_inner[2].in_channels == 1024 and model.mask_head.num_convs == 4
+
+
+def test_v0upshare_training_logits_are_the_res5_map_of_the_mask_rois(monkeypatch):
+    # Detectron's SampleAs on res5_2_sum: the same logits as pooling the mask RoIs again through the shared res5.
+    torch.manual_seed(0)
+    model = _model('e2e_mask_rcnn_R-50-C4_1x.yaml').train()
+    seen = {}
+    original_targets, original_loss = generalized_rcnn.mask_targets, mask_rcnn_heads.mask_loss
+    monkeypatch.setattr(generalized_rcnn, 'mask_targets',
+                        lambda *a, **k: seen.setdefault('targets', original_targets(*a, **k)))
+    monkeypatch.setattr(mask_rcnn_heads, 'mask_loss', lambda logits, *a, **k: (
+        seen.setdefault('logits', logits), original_loss(logits, *a, **k))[1])
+    model.conv_body.register_forward_hook(lambda module, args, out: seen.setdefault('features', out))
+    images, im_info = torch.randn(2, 3, 64, 96), torch.tensor([[64.0, 96.0, 1.0], [64.0, 96.0, 1.0]])
+    model(images, im_info, _mask_targets())
+    targets = seen['targets']
+    assert len(targets.rows) > 0
+    with torch.no_grad():
+        torch.testing.assert_close(seen['logits'], model.mask_logits(seen['features'], targets.rois))
