@@ -86,9 +86,11 @@ def test_mask_heads_not_built_are_refused(key, value, message):
 _PRECOMPUTED = os.path.join('04_2018_gn_baselines', 'mask_rcnn_R-50-FPN_1x_gn.yaml')
 _SHIPPED = sorted(os.path.relpath(os.path.join(d, f), CONFIGS) for d, _, files in os.walk(CONFIGS)
                   for f in files if f.endswith('.yaml'))
+# Detectron's X-152 file asks for test-time augmentation (issue 47 item 4): refused until it is ported.
+_TEST_TIME_AUG = os.path.join('12_2017_baselines', 'e2e_mask_rcnn_X-152-32x8d-FPN-IN5k_1.44x.yaml')
 
 
-@pytest.mark.parametrize('name', [n for n in _SHIPPED if n != _PRECOMPUTED])
+@pytest.mark.parametrize('name', [n for n in _SHIPPED if n not in (_PRECOMPUTED, _TEST_TIME_AUG)])
 def test_every_shipped_config_finalizes(name):
     finalize_cfg(os.path.join(CONFIGS, name), [])
     assert cfg.is_frozen()
@@ -98,6 +100,24 @@ def test_the_precomputed_proposals_gn_baseline_is_one_error():
     assert _PRECOMPUTED in _SHIPPED
     with pytest.raises(ConfigValueError, match='only end-to-end Faster R-CNN with FPN is supported'):
         finalize_cfg(os.path.join(CONFIGS, _PRECOMPUTED), [])
+
+
+def test_the_x152_baseline_is_one_test_time_augmentation_error():
+    with pytest.raises(ConfigValueError, match='TEST.BBOX_AUG.ENABLED True is not acted on'):
+        finalize_cfg(os.path.join(CONFIGS, _TEST_TIME_AUG), [])
+
+
+@pytest.mark.parametrize('name, mask', [('e2e_faster_rcnn_R-50-C4_1x.yaml', False), ('e2e_mask_rcnn_R-50-C4_2x.yaml', True)])
+def test_c4_baselines_hold_detectrons_values(name, mask):
+    _load(os.path.join('12_2017_baselines', name))
+    assert (cfg.MODEL.CONV_BODY, cfg.FAST_RCNN.ROI_BOX_HEAD) == ('ResNet.add_ResNet50_conv4_body',
+                                                                  'ResNet.add_ResNet_roi_conv5_head')
+    assert (tuple(cfg.RPN.SIZES), cfg.RPN.STRIDE, cfg.FPN.FPN_ON, cfg.MODEL.MASK_ON) == ((32, 64, 128, 256, 512), 16,
+                                                                                         False, mask)
+    assert (cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N, cfg.TRAIN.IMS_PER_BATCH) == (6000, 1000, 1)
+    assert cfg.TRAIN.WEIGHTS == 'https://dl.fbaipublicfiles.com/detectron/ImageNetPretrained/MSRA/R-50.pkl'
+    if mask:
+        assert (cfg.MRCNN.ROI_MASK_HEAD, cfg.MRCNN.RESOLUTION) == ('mask_rcnn_heads.mask_rcnn_fcn_head_v0upshare', 14)
 
 
 def test_mask_configs_hold_the_reference_values():
