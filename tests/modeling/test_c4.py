@@ -10,7 +10,7 @@ from torchvision.ops import roi_align
 
 from detectron.core.config import (assert_and_infer_cfg, cfg, load_yaml_file, merge_cfg_from_cfg, merge_cfg_from_file,
                                    merge_cfg_from_list)
-from detectron.modeling import FPN, generalized_rcnn, mask_rcnn_heads, model_builder, rpn_heads
+from detectron.modeling import FPN, generalized_rcnn, mask_rcnn_heads, model_builder, rcnn_builder, rpn_heads
 from detectron.modeling.ResNet import ResNetRoIConv5Head, add_ResNet50_conv4_body
 from detectron.modeling.mask_rcnn_heads import MaskRCNNHead
 from detectron.ops.roi_pooling import single_level_roi_transform
@@ -283,3 +283,23 @@ def test_v0upshare_training_logits_are_the_res5_map_of_the_mask_rois(monkeypatch
     assert len(targets.rows) > 0
     with torch.no_grad():
         torch.testing.assert_close(seen['logits'], model.mask_logits(seen['features'], targets.rois))
+
+
+def test_the_kl_head_sits_on_the_res5_head():
+    torch.manual_seed(0)
+    model = _model('e2e_faster_rcnn_R-50-C4_1x.yaml', 'PRED_STD', 'True', 'PRED_STD_LOG', 'True', 'XYXY', 'True').train()
+    assert model.box_outs.bbox_pred_std.in_features == 2048 and model.box_outs.bbox_pred_std.out_features == 16
+    targets = [{k: v for k, v in t.items() if not k.startswith('segm')} for t in _mask_targets()]
+    losses = model(torch.randn(2, 3, 64, 96), torch.tensor([[64.0, 96.0, 1.0], [64.0, 96.0, 1.0]]), targets)
+    losses['loss_bbox'].backward()
+    assert torch.isfinite(losses['loss_bbox']) and model.box_outs.bbox_pred_std.weight.grad.abs().sum() > 0
+
+
+def test_c4_images_are_not_padded_to_a_stride():
+    # Detectron's get_max_shape pads to FPN.COARSEST_STRIDE only with FPN.
+    merge_cfg_from_file(os.path.join(BASELINES, 'e2e_faster_rcnn_R-50-C4_1x.yaml'))
+    merge_cfg_from_list(['NUM_GPUS', '1'])
+    assert_and_infer_cfg()
+    model_type = model_builder.build_model_type(cfg)
+    assert model_type.collate(torch.device('cpu')).keywords['stride'] == 1
+    assert rcnn_builder.image_params(cfg).stride == 1
