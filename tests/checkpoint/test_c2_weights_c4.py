@@ -8,7 +8,7 @@ import torch
 
 from detectron.checkpoint.c2_weights import load_detectron_weights, load_weights, state_dict_to_detectron_blobs
 from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
-from detectron.modeling import model_builder
+from detectron.modeling import FPN, model_builder
 from detectron.utils.io import save_object
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,3 +117,12 @@ def test_missing_and_unused_c4_blobs_are_reported(c4_mask_model):
     blobs['conv_rpn_fpn2_w'] = blobs.pop('conv_rpn_w')  # an FPN RPN's blob does not fit the single-scale RPN
     missing, unused = load_detectron_weights(c4_mask_model, blobs)
     assert (missing, unused) == (['rpn.conv_rpn.weight'], ['conv_rpn_fpn2_w'])
+
+
+def test_x152_fpn_names_follow_its_block_counts():
+    # Detectron names FPN's convs after each stage's last block: res3_7_sum and res4_35_sum in R-152.
+    body = FPN.add_fpn_ResNet152_conv5_body(num_groups=32, width_per_group=1, stride_1x1=False, fpn_dim=8)
+    names = set(state_dict_to_detectron_blobs({'conv_body.' + k: v for k, v in body.state_dict().items()}))
+    assert {'fpn_inner_res3_7_sum_lateral_w', 'fpn_inner_res4_35_sum_lateral_b', 'fpn_res4_35_sum_w',
+            'fpn_inner_res5_2_sum_w', 'res4_35_branch2b_w', 'res3_7_branch2c_bn_s'} <= names
+    assert not any(n.startswith('res5_3') or n.startswith('res4_36') for n in names)
