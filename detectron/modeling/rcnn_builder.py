@@ -168,9 +168,9 @@ def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh,
 
 
 def image_stride(cfg):
-    """The multiple image blobs are padded to: FPN.COARSEST_STRIDE with FPN; none (1) for a C4 body,
-    as Detectron's get_max_shape."""
-    return cfg.FPN.COARSEST_STRIDE if cfg.FPN.FPN_ON else 1
+    """The multiple image blobs are padded to: FPN.COARSEST_STRIDE, or none (1) for a C4 body (which
+    needs FPN.FPN_ON False: Detectron's get_max_shape pads only with FPN)."""
+    return 1 if is_c4(cfg) else cfg.FPN.COARSEST_STRIDE
 
 
 def is_c4(cfg):
