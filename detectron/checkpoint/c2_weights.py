@@ -281,18 +281,28 @@ def _pick_blobs(blobs, model_state_keys):
 
 def convert_detectron_blobs(blobs):
     """Convert, without a model, every blob that has a counterpart in the port to its full-model
-    key (`conv_body.body.*`, `rpn.*`, ...), e.g. to write a .pth file.
+    key (`conv_body.body.*`, `rpn.*`, ...; `box_head.res5.*` for a C4 model's res5), e.g. to write a .pth file.
 
     Returns (state_dict, ignored blob names, unconverted blob names).
     """
     state_dict, ignored, unconverted = collections.OrderedDict(), [], []
+    c4 = _is_c4_model_file(blobs)
     for name, blob in blobs.items():
         key = None if is_ignored_blob(name) else detectron_name_to_key(name)
+        if c4 and key is not None and key.startswith('conv_body.body.res5.'):
+            key = 'box_head.' + key[len('conv_body.body.'):]
         if key is not None:
             state_dict[key] = _blob_to_tensor(blob, name)
         else:
             (ignored if is_ignored_blob(name) else unconverted).append(name)
     return state_dict, sorted(ignored), sorted(unconverted)
+
+
+def _is_c4_model_file(blobs):
+    """Whether blobs are a detector without FPN (Detectron's C4 models): box outputs or a single-scale RPN and
+    no `fpn_*` blob; its res5 blobs are the RoI head's. An ImageNet file tells nothing: its res5 stays the body's."""
+    return (not any(name.startswith('fpn_') for name in blobs)
+            and any(name in blobs for name in ('cls_score_w', 'conv_rpn_w')))
 
 
 def _blob_to_tensor(blob, name):

@@ -1,6 +1,7 @@
 """Detectron .pkl files of the C4 models (e2e_mask_rcnn_R-50-C4) load by blob name: the res5 RoI head takes
 `res5_*`, the single-scale RPN `conv_rpn_*` (no `_fpn2`), the v0upshare head `conv5_mask` / `mask_fcn_logits`."""
 import os
+import runpy
 
 import numpy as np
 import pytest
@@ -126,3 +127,15 @@ def test_x152_fpn_names_follow_its_block_counts():
     assert {'fpn_inner_res3_7_sum_lateral_w', 'fpn_inner_res4_35_sum_lateral_b', 'fpn_res4_35_sum_w',
             'fpn_inner_res5_2_sum_w', 'res4_35_branch2b_w', 'res3_7_branch2c_bn_s'} <= names
     assert not any(n.startswith('res5_3') or n.startswith('res4_36') for n in names)
+
+
+def test_a_converted_c4_pkl_loads_by_key(c4_mask_model, tmp_path, capsys):
+    # tools/convert_pkl_to_pth: a C4 model's file (box outputs, no fpn_* blob) puts res5 in the RoI head.
+    blobs = _random(c4_mask_rcnn_shapes(), seed=3)
+    pkl, pth = str(tmp_path / 'c4.pkl'), str(tmp_path / 'c4.pth')
+    save_object({'blobs': blobs}, pkl)
+    runpy.run_path(os.path.join(REPO, 'tools', 'convert_pkl_to_pth.py'), run_name='convert')['main']([pkl, pth])
+    assert 'not converted (0, no counterpart in the port): none' in capsys.readouterr().out
+    assert load_weights(c4_mask_model, pth) == ([], [])
+    assert torch.equal(c4_mask_model.box_head.res5[2].branch2a.weight, torch.from_numpy(blobs['res5_2_branch2a_w']))
+    assert torch.equal(c4_mask_model.rpn.conv_rpn.bias, torch.from_numpy(blobs['conv_rpn_b']))
