@@ -56,16 +56,6 @@ def c4_mask_rcnn_shapes():
             'mask_fcn_logits_w': (NUM_CLASSES, DIM_REDUCED, 1, 1), 'mask_fcn_logits_b': (NUM_CLASSES,)}
 
 
-# Our key of some blobs, by hand.
-HAND_MAPPED = {
-    'res5_0_branch1_w': 'box_head.res5.0.branch1.weight', 'res5_2_branch2c_bn_s': 'box_head.res5.2.branch2c_bn.weight',
-    'res4_5_branch2b_w': 'conv_body.body.res4.5.branch2b.weight', 'res_conv1_bn_b': 'conv_body.body.res_conv1_bn.bias',
-    'conv_rpn_w': 'rpn.conv_rpn.weight', 'rpn_bbox_pred_b': 'rpn.rpn_bbox_pred.bias',
-    'cls_score_w': 'box_outs.cls_score.weight', 'conv5_mask_w': 'mask_head.conv5_mask.weight',
-    'mask_fcn_logits_b': 'mask_head.mask_fcn_logits.bias',
-}
-
-
 @pytest.fixture(scope='module')
 def c4_mask_model():
     merge_cfg_from_file(os.path.join(REPO, 'configs', '12_2017_baselines', 'e2e_mask_rcnn_R-50-C4_1x.yaml'))
@@ -75,6 +65,16 @@ def c4_mask_model():
     model = model_builder.create(cfg)
     cfg.defrost()
     return model
+
+
+# Our key of some blobs, by hand.
+HAND_MAPPED = {
+    'res5_0_branch1_w': 'box_head.res5.0.branch1.weight', 'res5_2_branch2c_bn_s': 'box_head.res5.2.branch2c_bn.weight',
+    'res4_5_branch2b_w': 'conv_body.body.res4.5.branch2b.weight', 'res_conv1_bn_b': 'conv_body.body.res_conv1_bn.bias',
+    'conv_rpn_w': 'rpn.conv_rpn.weight', 'rpn_bbox_pred_b': 'rpn.rpn_bbox_pred.bias',
+    'cls_score_w': 'box_outs.cls_score.weight', 'conv5_mask_w': 'mask_head.conv5_mask.weight',
+    'mask_fcn_logits_b': 'mask_head.mask_fcn_logits.bias',
+}
 
 
 def _random(shapes, seed=0):
