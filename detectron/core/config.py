@@ -101,10 +101,6 @@ _NOT_ACTED_ON = {
     'TEST.KPS_AUG.': 'keypoint heads are not ported',
     'KRCNN.': 'keypoint heads are not ported',
     'RETINANET.': 'RetinaNet is not ported',
-    'RPN.SIZES': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
-    'RPN.STRIDE': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
-    'RPN.ASPECT_RATIOS': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and '
-                         'FPN.RPN_ASPECT_RATIOS',
     'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
@@ -123,6 +119,10 @@ _NOT_ACTED_ON = {
     'EPS': 'no computation of this port reads it (each formula names its own epsilon)',
     'ROOT_DIR': 'paths are read relative to the working directory',
 }
+
+# Keys of the single-scale RPN (the conv4 bodies), which Detectron ignores with FPN: refused there unless at
+# their defaults.
+_SINGLE_SCALE_RPN_KEYS = ('RPN.SIZES', 'RPN.STRIDE', 'RPN.ASPECT_RATIOS')
 
 # Spellings from detectron2-era guides, stored under Detectron's key.
 _KEY_ALIASES = {
@@ -391,6 +391,7 @@ def _raise_key_rename_error(full_key):
 def _check_cfg():
     check_domains()
     _check_acted_on()
+    _check_single_scale_rpn_keys()
     _check_rank_ims_per_batch()
     _check_dependent_domains()
     # The short spellings users type from mixed-precision guides.
@@ -425,6 +426,17 @@ def _check_acted_on():
         value = leaf_value(__C, full_key)
         if reason and value != leaf_value(_DEFAULTS, full_key):
             raise ConfigValueError('{} {!r} is not acted on by this port: {}'.format(full_key, value, reason))
+
+
+def _check_single_scale_rpn_keys():
+    if not __C.FPN.FPN_ON:
+        return
+    for full_key in _SINGLE_SCALE_RPN_KEYS:
+        value = leaf_value(__C, full_key)
+        if value != leaf_value(_DEFAULTS, full_key):
+            raise ConfigValueError('{} {!r} is not acted on with FPN.FPN_ON: it serves the single-scale RPN of the conv4 '
+                                   'bodies; an FPN RPN\'s anchors come from FPN.RPN_ANCHOR_START_SIZE and '
+                                   'FPN.RPN_ASPECT_RATIOS'.format(full_key, value))
 
 
 def _check_dependent_domains():

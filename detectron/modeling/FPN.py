@@ -106,6 +106,12 @@ def add_fpn_ResNet101_conv5_body(**kwargs):
     return fpn_resnet_body(101, **kwargs)
 
 
+def add_fpn_ResNet152_conv5_body(**kwargs):
+    """R-152-FPN body (X-152-32x8d with RESNETS.NUM_GROUPS 32, WIDTH_PER_GROUP 8); kwargs as
+    `add_fpn_ResNet50_conv5_body`."""
+    return fpn_resnet_body(152, **kwargs)
+
+
 def add_fpn_ResNet18_conv5_body(**kwargs):
     """R-18-FPN body (basic blocks, not in Detectron); kwargs as `add_fpn_ResNet50_conv5_body`."""
     return fpn_resnet_body(18, **kwargs)

@@ -1,4 +1,5 @@
-"""Faster R-CNN with FPN (Detectron's `generalized_rcnn`), optionally with the KL-Loss box head.
+"""Faster R-CNN with FPN or on a C4 body (Detectron's `generalized_rcnn`), optionally with the KL-Loss
+box head.
 
 The model is assembled from small modules (body, RPN head, box head, box outputs) plus the
 target/proposal functions; all hyper-parameters arrive as plain values from `model_builder`.
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from detectron.modeling import fast_rcnn_heads, mask_rcnn_heads, rpn_heads
-from detectron.ops.roi_pooling import roi_feature_transform
+from detectron.ops.roi_pooling import roi_feature_transform, single_level_roi_transform
 from detectron.roi_data.fast_rcnn import sample_rois
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.rpn import rpn_targets
@@ -33,6 +34,10 @@ class MaskParams:
     roi_sampling_ratio: int = 2
     cls_specific: bool = True
     weight_loss: float = 1.0
+    roi_xform_method: str = 'RoIAlign'  # MRCNN.ROI_XFORM_METHOD (a C4 body's one map; FPN pools with RoIAlign)
+    # v0upshare: the mask head runs on the box head's res5 (its map of the fg RoIs in training, recomputed
+    # on the detections at test time) instead of pooled features
+    shares_box_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class RCNNParams:
     """Everything the R-CNN needs besides its modules (Detectron's cfg values, read by the builder)."""
     num_classes: int
     anchor_strides: tuple = (4, 8, 16, 32, 64)
-    anchor_sizes: tuple = (32, 64, 128, 256, 512)
+    anchor_sizes: tuple = (32, 64, 128, 256, 512)  # per level, a size or a tuple of sizes (rpn_heads.fpn_anchors)
     aspect_ratios: tuple = (0.5, 1.0, 2.0)
     train_proposals: ProposalParams = ProposalParams(12000, 2000, 0.7, 0.0)
     test_proposals: ProposalParams = ProposalParams(1000, 1000, 0.7, 0.0)
@@ -64,6 +69,10 @@ class RCNNParams:
     roi_spatial_scales: tuple = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
     roi_canonical_scale: int = 224
     roi_canonical_level: int = 4
+    # Detectron's single-scale RPN (C4 bodies): the proposals of each image on their own (no collect
+    # across the batch) and the losses loss_rpn_cls / loss_rpn_bbox
+    single_scale_rpn: bool = False
+    roi_xform_method: str = 'RoIAlign'  # FAST_RCNN.ROI_XFORM_METHOD, with one RoI level (C4)
     train_cuda_graphs: bool = False  # on a GPU, replay body_and_rpn_head's forward and backward in training
     # Padded batch shapes that get graphs (the rest run eagerly). All shapes share one memory pool,
     # so a shape costs about its static outputs and gradients.
@@ -127,22 +136,31 @@ class GeneralizedRCNN(nn.Module):
         args = ([x.detach() for x in logits], [x.detach() for x in deltas], anchors, im_info,
                 proposal_params.pre_nms_top_n, proposal_params.post_nms_top_n, proposal_params.nms_thresh,
                 proposal_params.min_size)
+        # The single-scale RPN keeps each image's proposals apart, which the fixed-size path does not.
+        collect = training and not self.params.single_scale_rpn
         with torch.no_grad():
-            if training and fixed_size_training_rois(im_info.device):
+            if collect and fixed_size_training_rois(im_info.device):
                 rois, _, valid = rpn_heads.collected_proposals_fixed_size(
                     *args, xyxy=self.params.xyxy, clips=self.params.bbox_xform_clips)
                 return rois, valid
-            rois, _ = rpn_heads.generate_proposals(*args, xyxy=self.params.xyxy, collect_across_batch=training,
+            rois, _ = rpn_heads.generate_proposals(*args, xyxy=self.params.xyxy, collect_across_batch=collect,
                                                    clips=self.params.bbox_xform_clips)
         return rois, None
 
-    def _box_outputs(self, features, rois):
+    def _box_outputs(self, features, rois, keep_conv5=False):
+        """The box outputs of rois; with keep_conv5 also the res5 RoI head's map under 'conv5'."""
         p = self.params
-        box_features = self._pooled(features, rois, p.roi_resolution, p.roi_sampling_ratio)
-        return self.box_outs(self.box_head(box_features))
+        box_features = self._pooled(features, rois, p.roi_resolution, p.roi_sampling_ratio, p.roi_xform_method)
+        if not keep_conv5:
+            return self.box_outs(self.box_head(box_features))
+        conv5 = self.box_head.conv5(box_features)
+        return dict(self.box_outs(self.box_head.pool(conv5)), conv5=conv5)
 
-    def _pooled(self, features, rois, resolution, sampling_ratio):
+    def _pooled(self, features, rois, resolution, sampling_ratio, method='RoIAlign'):
         p = self.params
+        if len(p.roi_spatial_scales) == 1:
+            return single_level_roi_transform(features[0], rois, method, p.roi_spatial_scales[0], resolution,
+                                              sampling_ratio)
         return roi_feature_transform(
             features[:len(p.roi_spatial_scales)], rois, spatial_scales=p.roi_spatial_scales,
             output_size=resolution, sampling_ratio=sampling_ratio,
@@ -150,11 +168,12 @@ class GeneralizedRCNN(nn.Module):
 
     def mask_logits(self, features, rois):
         """Mask logits (R, C, M, M) of `rois` (R, 5) (batch index, x1, y1, x2, y2 in network-input
-        coordinates): the FPN features (the list the box head pools from) RoIAligned on each RoI's
-        level at MRCNN.ROI_XFORM_RESOLUTION, through the mask head. C is MODEL.NUM_CLASSES with
-        MRCNN.CLS_SPECIFIC_MASK, else 1."""
+        coordinates): the features (the list the box head pools from) pooled at MRCNN.ROI_XFORM_RESOLUTION
+        (FPN: RoIAligned on each RoI's level), through the mask head (v0upshare: through the box head's
+        res5 first, as Detectron's test net). C is MODEL.NUM_CLASSES with MRCNN.CLS_SPECIFIC_MASK, else 1."""
         m = self.params.mask
-        return self.mask_head(self._pooled(features, rois, m.roi_resolution, m.roi_sampling_ratio))
+        pooled = self._pooled(features, rois, m.roi_resolution, m.roi_sampling_ratio, m.roi_xform_method)
+        return self.mask_head(self.box_head.conv5(pooled) if m.shares_box_head else pooled)
 
     def _losses(self, features, logits, deltas, anchors, im_info, targets):
         p = self.params
@@ -165,8 +184,11 @@ class GeneralizedRCNN(nn.Module):
             anchors, gt_boxes, gt_crowd, im_info, positive_overlap=p.rpn_positive_overlap,
             negative_overlap=p.rpn_negative_overlap, fg_fraction=p.rpn_fg_fraction,
             batch_size_per_im=p.rpn_batch_size_per_im, straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
-        losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
-                                      batch_size_per_im=p.rpn_batch_size_per_im)
+        if p.single_scale_rpn:
+            losses = rpn_heads.single_scale_rpn_losses(logits, deltas, rpn_t)
+        else:
+            losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
+                                          batch_size_per_im=p.rpn_batch_size_per_im)
         proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
         sampled = sample_rois(
             proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
@@ -177,7 +199,8 @@ class GeneralizedRCNN(nn.Module):
             # Before the box head is queued: mask_targets' host sync then waits for little.
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
                               cls_specific=p.mask.cls_specific)
-        out = self._box_outputs(features, sampled.rois)
+        shares_res5 = self.mask_head is not None and p.mask.shares_box_head
+        out = self._box_outputs(features, sampled.rois, keep_conv5=shares_res5)
         box_targets = (sampled.bbox_targets, sampled.bbox_inside_weights, sampled.bbox_outside_weights)
         losses.update(fast_rcnn_heads.fast_rcnn_losses(
             out['cls_score'], out['bbox_pred'], sampled.labels, *box_targets, valid=sampled.valid))
@@ -185,8 +208,9 @@ class GeneralizedRCNN(nn.Module):
             losses['loss_bbox'] = fast_rcnn_heads.kl_loss(
                 out['bbox_pred'], out['bbox_pred_std'], *box_targets, valid=sampled.valid)
         if self.mask_head is not None:
-            losses['loss_mask'] = mask_rcnn_heads.mask_loss(self.mask_logits(features, mt.rois), mt.classes,
-                                                            mt.masks, weight=p.mask.weight_loss)
+            # v0upshare trains on the box head's res5 map of the mask RoIs (Detectron's SampleAs).
+            logits = self.mask_head(out['conv5'][mt.rows]) if shares_res5 else self.mask_logits(features, mt.rois)
+            losses['loss_mask'] = mask_rcnn_heads.mask_loss(logits, mt.classes, mt.masks, weight=p.mask.weight_loss)
         return losses
 
     def _inference(self, features, logits, deltas, anchors, im_info):

@@ -1,4 +1,4 @@
-"""cfg -> Faster R-CNN with FPN (MODEL.TYPE generalized_rcnn): the model, its training batches
+"""cfg -> Faster R-CNN with FPN or on a C4 body (MODEL.TYPE generalized_rcnn): the model, its training batches
 (Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
 soft-NMS or KL-Loss's variance voting)."""
 import functools
@@ -7,13 +7,14 @@ import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
-from detectron.modeling import FPN, rcnn_inference
+from detectron.modeling import FPN, ResNet, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
-from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, MaskRCNNHead
+from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, SHARED_RES5_MASK_HEAD, MaskRCNNHead
 from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
+from detectron.ops.roi_pooling import ROI_XFORM_METHODS
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
 from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
                                           prepare_training_entry, prepare_unresized_training_entry)
@@ -21,13 +22,22 @@ from detectron.utils import blob as blob_utils
 from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
 
-_CONV_BODIES = {
+_FPN_BODIES = {
     'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
     'FPN.add_fpn_ResNet101_conv5_body': FPN.add_fpn_ResNet101_conv5_body,
+    'FPN.add_fpn_ResNet152_conv5_body': FPN.add_fpn_ResNet152_conv5_body,
     'FPN.add_fpn_ResNet18_conv5_body': FPN.add_fpn_ResNet18_conv5_body,
     'FPN.add_fpn_ResNet34_conv5_body': FPN.add_fpn_ResNet34_conv5_body,
 }
+# Detectron's conv4 bodies: one map (res4, stride 16) for the single-scale RPN and the res5 RoI head.
+_C4_BODIES = {
+    'ResNet.add_ResNet50_conv4_body': ResNet.add_ResNet50_conv4_body,
+    'ResNet.add_ResNet101_conv4_body': ResNet.add_ResNet101_conv4_body,
+}
+_CONV_BODIES = {**_FPN_BODIES, **_C4_BODIES}
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
+_C4_BOX_HEAD = 'ResNet.add_ResNet_roi_conv5_head'
+_C4_STRIDE = 16
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
 # (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
@@ -106,11 +116,11 @@ class GeneralizedRCNNType(ModelType):
     def collate(self, device):
         if resizes_on_device(self.cfg, device):
             return collate_unresized
-        return functools.partial(collate_minibatch, stride=self.cfg.FPN.COARSEST_STRIDE)
+        return functools.partial(collate_minibatch, stride=image_stride(self.cfg))
 
     def batch_to_device(self, device):
         return functools.partial(_batch_to_device, device=device, pixel_means=tuple(self.cfg.PIXEL_MEANS),
-                                 stride=self.cfg.FPN.COARSEST_STRIDE)
+                                 stride=image_stride(self.cfg))
 
     def test_inputs(self):
         # The image is resized on the model's device (blob.get_image_blob_t), not in the workers.
@@ -157,6 +167,17 @@ def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh,
                                         mask_thresh=mask_thresh, **graphs)
 
 
+def image_stride(cfg):
+    """The multiple image blobs are padded to: FPN.COARSEST_STRIDE, or none (1) for a C4 body (which
+    needs FPN.FPN_ON False: Detectron's get_max_shape pads only with FPN)."""
+    return 1 if is_c4(cfg) else cfg.FPN.COARSEST_STRIDE
+
+
+def is_c4(cfg):
+    """Whether MODEL.CONV_BODY is one of Detectron's conv4 bodies (single-scale RPN, res5 RoI head)."""
+    return cfg.MODEL.CONV_BODY in _C4_BODIES
+
+
 def mask_thresh(cfg):
     """rcnn_inference.im_detect_all's mask_thresh: MRCNN.THRESH_BINARIZE of a Mask R-CNN, else None."""
     return cfg.MRCNN.THRESH_BINARIZE if cfg.MODEL.MASK_ON else None
@@ -177,12 +198,62 @@ def check_supported(cfg):
         if leaf_value(cfg, key):
             raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
                                    .format(key, feature))
-    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
-        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
-                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
     if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
         raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
             cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    if cfg.PRED_STD and not cfg.PRED_STD_LOG:
+        raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
+                               'ported: training and variance voting read the head as alpha = log(sigma^2); set '
+                               'PRED_STD_LOG True, as KL-Loss\'s configs do')
+    _check_one_norm(cfg.RESNETS)
+    if is_c4(cfg):
+        _check_c4(cfg)
+    else:
+        _check_fpn(cfg)
+
+
+def _check_c4(cfg):
+    """A conv4 body: Detectron's single-scale RPN on res4 and the res5 RoI head (and its v0upshare mask head)."""
+    flags = {key: leaf_value(cfg, key) for key in ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN', 'FPN.MULTILEVEL_ROIS')}
+    if not cfg.MODEL.FASTER_RCNN or any(flags.values()):
+        raise ConfigValueError('MODEL.CONV_BODY {} is a conv4 body (one map, stride 16) for end-to-end Faster R-CNN: '
+                               'set MODEL.FASTER_RCNN True and FPN.FPN_ON, FPN.MULTILEVEL_RPN, FPN.MULTILEVEL_ROIS False'
+                               .format(cfg.MODEL.CONV_BODY))
+    if cfg.FAST_RCNN.ROI_BOX_HEAD != _C4_BOX_HEAD:
+        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' does not fit the conv4 body {}: use '{}'".format(
+            cfg.FAST_RCNN.ROI_BOX_HEAD, cfg.MODEL.CONV_BODY, _C4_BOX_HEAD))
+    if cfg.RPN.STRIDE != _C4_STRIDE:
+        raise ConfigValueError('RPN.STRIDE {} must be the conv4 body\'s stride {}: Detectron lays the training anchors '
+                               'out at RPN.STRIDE and the proposals at the body\'s stride'.format(cfg.RPN.STRIDE,
+                                                                                                 _C4_STRIDE))
+    _check_choice(cfg, 'FAST_RCNN.ROI_XFORM_METHOD', ROI_XFORM_METHODS)
+    if cfg.MODEL.MASK_ON:
+        mrcnn = cfg.MRCNN
+        if mrcnn.ROI_MASK_HEAD != SHARED_RES5_MASK_HEAD:
+            raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported on a conv4 body; "
+                                   f"use '{SHARED_RES5_MASK_HEAD}'")
+        _check_choice(cfg, 'MRCNN.ROI_XFORM_METHOD', ROI_XFORM_METHODS)
+        _check_mrcnn_built(cfg, {key: value for key, value in _MRCNN_BUILT.items() if key != 'MRCNN.ROI_XFORM_METHOD'},
+                           'v0upshare')
+        if mrcnn.ROI_XFORM_RESOLUTION != cfg.FAST_RCNN.ROI_XFORM_RESOLUTION:
+            raise ConfigValueError(f'MRCNN.ROI_XFORM_RESOLUTION {mrcnn.ROI_XFORM_RESOLUTION} must equal '
+                                   f'FAST_RCNN.ROI_XFORM_RESOLUTION {cfg.FAST_RCNN.ROI_XFORM_RESOLUTION}: the v0upshare '
+                                   f'mask head shares the box head\'s res5')
+        masks = 2 * ResNet.ROI_CONV5_POOLED_SIZE
+        if mrcnn.RESOLUTION != masks:
+            raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be {masks}: the v0upshare head upsamples '
+                                   f'the 7 x 7 res5 map once by 2')
+
+
+def _check_choice(cfg, key, choices):
+    if leaf_value(cfg, key) not in choices:
+        raise ConfigValueError("{} '{}' is not supported; use one of {}".format(key, leaf_value(cfg, key), choices))
+
+
+def _check_fpn(cfg):
+    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
+        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
+                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
     if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
@@ -190,11 +261,6 @@ def check_supported(cfg):
     if levels != _FPN_LEVELS:
         raise ConfigValueError('FPN.RPN_MIN_LEVEL / RPN_MAX_LEVEL / ROI_MIN_LEVEL / ROI_MAX_LEVEL {} are not supported: '
                                'the FPN body gives P2..P6; use {}'.format(levels, _FPN_LEVELS))
-    if cfg.PRED_STD and not cfg.PRED_STD_LOG:
-        raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
-                               'ported: training and variance voting read the head as alpha = log(sigma^2); set '
-                               'PRED_STD_LOG True, as KL-Loss\'s configs do')
-    _check_one_norm(cfg.RESNETS)
     if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
@@ -207,15 +273,20 @@ def _check_mask_head(cfg):
     if mrcnn.ROI_MASK_HEAD not in MASK_HEADS:
         raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported; "
                                f'use one of {sorted(MASK_HEADS)}')
-    for key, value in _MRCNN_BUILT.items():
-        if leaf_value(cfg, key) != value:
-            raise ConfigValueError(f'{key} {leaf_value(cfg, key)!r} is not supported: the v1up4convs heads are built '
-                                   f'with {value!r}')
-    if mrcnn.CONV_INIT not in CONV_INITS:
-        raise ConfigValueError(f"MRCNN.CONV_INIT '{mrcnn.CONV_INIT}' is not supported; use one of {list(CONV_INITS)}")
+    _check_mrcnn_built(cfg, _MRCNN_BUILT, 'v1up4convs')
     if mrcnn.RESOLUTION != 2 * mrcnn.ROI_XFORM_RESOLUTION:
         raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be twice MRCNN.ROI_XFORM_RESOLUTION '
                                f'{mrcnn.ROI_XFORM_RESOLUTION}: the head upsamples its pooled features once by 2')
+
+
+def _check_mrcnn_built(cfg, built, heads):
+    for key, value in built.items():
+        if leaf_value(cfg, key) != value:
+            raise ConfigValueError(f'{key} {leaf_value(cfg, key)!r} is not supported: the {heads} heads are built '
+                                   f'with {value!r}')
+    if cfg.MRCNN.CONV_INIT not in CONV_INITS:
+        raise ConfigValueError(f"MRCNN.CONV_INIT '{cfg.MRCNN.CONV_INIT}' is not supported; use one of "
+                               f"{list(CONV_INITS)}")
 
 
 def _check_one_norm(resnets):
@@ -231,12 +302,15 @@ def _check_one_norm(resnets):
 def build_model(cfg):
     conv_body = build_conv_body(cfg)
     num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
-    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS))
+    num_anchors = (len(cfg.RPN.SIZES) * len(cfg.RPN.ASPECT_RATIOS) if is_c4(cfg)
+                   else len(cfg.FPN.RPN_ASPECT_RATIOS))
+    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=num_anchors)
     box_head = build_box_head(cfg, conv_body.out_channels)
     box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
                                cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
                                pred_std=cfg.PRED_STD)
-    mask_head = build_mask_head(cfg, conv_body.out_channels) if cfg.MODEL.MASK_ON else None
+    mask_head = build_mask_head(cfg, box_head.dim_out if is_c4(cfg) else conv_body.out_channels) \
+        if cfg.MODEL.MASK_ON else None
     return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head)
 
 
@@ -248,6 +322,8 @@ def _gn_groups(cfg):
 
 def build_box_head(cfg, dim_in):
     fast = cfg.FAST_RCNN
+    if fast.ROI_BOX_HEAD == _C4_BOX_HEAD:
+        return ResNet.ResNetRoIConv5Head(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, **_resnet_block_kwargs(cfg))
     if fast.ROI_BOX_HEAD == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
         return RoiXConv1FCGNHead(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, conv_dim=fast.CONV_HEAD_DIM,
                                  num_convs=fast.NUM_STACKED_CONVS, hidden_dim=fast.MLP_HEAD_DIM,
@@ -256,7 +332,8 @@ def build_box_head(cfg, dim_in):
 
 
 def build_mask_head(cfg, dim_in):
-    num_convs, use_gn = MASK_HEADS[cfg.MRCNN.ROI_MASK_HEAD]
+    """The mask head on dim_in channels: pooled features, or the res5 map of the C4 box head (v0upshare)."""
+    num_convs, use_gn = (0, False) if is_c4(cfg) else MASK_HEADS[cfg.MRCNN.ROI_MASK_HEAD]
     return MaskRCNNHead(dim_in, cfg.MODEL.NUM_CLASSES if cfg.MRCNN.CLS_SPECIFIC_MASK else 1, num_convs=num_convs,
                         dim_reduced=cfg.MRCNN.DIM_REDUCED, use_gn=use_gn, gn_groups=_gn_groups(cfg),
                         gn_eps=cfg.GROUP_NORM.EPSILON, conv_init=cfg.MRCNN.CONV_INIT)
@@ -271,28 +348,45 @@ def _norm_kind(cfg):
     return 'affine'
 
 
+def _resnet_block_kwargs(cfg):
+    """The ResNet block settings shared by the bodies and the res5 RoI head."""
+    return dict(gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
+                gn_eps=cfg.GROUP_NORM.EPSILON, stride_1x1=cfg.RESNETS.STRIDE_1X1, norm=_norm_kind(cfg),
+                num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP)
+
+
 def build_conv_body(cfg):
-    body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
+    fpn_kwargs = {} if is_c4(cfg) else dict(
         fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
-        gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
-        gn_eps=cfg.GROUP_NORM.EPSILON, coarsest_stride=cfg.FPN.COARSEST_STRIDE,
-        stride_1x1=cfg.RESNETS.STRIDE_1X1, freeze_at=cfg.TRAIN.FREEZE_AT, norm=_norm_kind(cfg),
-        num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP,
-        checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
+        coarsest_stride=cfg.FPN.COARSEST_STRIDE)
+    body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
+        freeze_at=cfg.TRAIN.FREEZE_AT, checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
+        **_resnet_block_kwargs(cfg), **fpn_kwargs)
     if cfg.TRAIN.FREEZE_CONV_BODY:  # Detectron's StopGradient on the body's outputs: ResNet and FPN stay as loaded
         body.requires_grad_(False)
     return body
 
 
-def rcnn_params(cfg, num_rpn_levels):
+def _levels(cfg, num_rpn_levels):
+    """RCNNParams' anchor and RoI-level fields: FPN's levels, or the one map of a C4 body with every
+    RPN.SIZES on it (Detectron's add_single_scale_rpn_outputs)."""
+    if is_c4(cfg):
+        return dict(anchor_strides=(cfg.RPN.STRIDE,), anchor_sizes=(tuple(cfg.RPN.SIZES),),
+                    aspect_ratios=tuple(cfg.RPN.ASPECT_RATIOS), roi_spatial_scales=(1.0 / _C4_STRIDE,),
+                    single_scale_rpn=True)
     rpn_levels = range(cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL + 1)
     roi_levels = range(cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL + 1)
     start = cfg.FPN.RPN_ANCHOR_START_SIZE
+    return dict(anchor_strides=tuple(2 ** lvl for lvl in rpn_levels),
+                anchor_sizes=tuple(start * 2 ** i for i in range(num_rpn_levels)),
+                aspect_ratios=tuple(cfg.FPN.RPN_ASPECT_RATIOS),
+                roi_spatial_scales=tuple(1.0 / 2 ** lvl for lvl in roi_levels))
+
+
+def rcnn_params(cfg, num_rpn_levels):
     return RCNNParams(
         num_classes=cfg.MODEL.NUM_CLASSES,
-        anchor_strides=tuple(2 ** lvl for lvl in rpn_levels),
-        anchor_sizes=tuple(start * 2 ** i for i in range(num_rpn_levels)),
-        aspect_ratios=tuple(cfg.FPN.RPN_ASPECT_RATIOS),
+        **_levels(cfg, num_rpn_levels),
         train_proposals=ProposalParams(cfg.TRAIN.RPN_PRE_NMS_TOP_N, cfg.TRAIN.RPN_POST_NMS_TOP_N,
                                        cfg.TRAIN.RPN_NMS_THRESH, cfg.TRAIN.RPN_MIN_SIZE),
         test_proposals=ProposalParams(cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N,
@@ -314,7 +408,7 @@ def rcnn_params(cfg, num_rpn_levels):
         pred_std=cfg.PRED_STD,
         roi_resolution=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
         roi_sampling_ratio=cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO,
-        roi_spatial_scales=tuple(1.0 / 2 ** lvl for lvl in roi_levels),
+        roi_xform_method=cfg.FAST_RCNN.ROI_XFORM_METHOD,
         roi_canonical_scale=cfg.FPN.ROI_CANONICAL_SCALE,
         roi_canonical_level=cfg.FPN.ROI_CANONICAL_LEVEL,
         # Checkpointed stages recompute their forward inside the backward: left to run eagerly.
@@ -322,13 +416,15 @@ def rcnn_params(cfg, num_rpn_levels):
         train_max_graphs=cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES,
         mask=MaskParams(resolution=cfg.MRCNN.RESOLUTION, roi_resolution=cfg.MRCNN.ROI_XFORM_RESOLUTION,
                         roi_sampling_ratio=cfg.MRCNN.ROI_XFORM_SAMPLING_RATIO,
-                        cls_specific=cfg.MRCNN.CLS_SPECIFIC_MASK, weight_loss=cfg.MRCNN.WEIGHT_LOSS_MASK),
+                        cls_specific=cfg.MRCNN.CLS_SPECIFIC_MASK, weight_loss=cfg.MRCNN.WEIGHT_LOSS_MASK,
+                        roi_xform_method=cfg.MRCNN.ROI_XFORM_METHOD,
+                        shares_box_head=cfg.MRCNN.ROI_MASK_HEAD == SHARED_RES5_MASK_HEAD),
     )
 
 
 def image_params(cfg):
     return rcnn_inference.ImageParams(scale=cfg.TEST.SCALE, max_size=cfg.TEST.MAX_SIZE,
-                                      pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE)
+                                      pixel_means=cfg.PIXEL_MEANS, stride=image_stride(cfg))
 
 
 def decode_params(cfg):

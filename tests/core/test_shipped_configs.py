@@ -95,6 +95,19 @@ def test_every_config_of_ours_finalizes(name):
     assert cfg.is_frozen()
 
 
+@pytest.mark.parametrize('name, mask', [('e2e_faster_rcnn_R-50-C4_1x.yaml', False), ('e2e_mask_rcnn_R-50-C4_2x.yaml', True)])
+def test_c4_baselines_hold_detectrons_values(name, mask):
+    _load(os.path.join('12_2017_baselines', name))
+    assert (cfg.MODEL.CONV_BODY, cfg.FAST_RCNN.ROI_BOX_HEAD) == ('ResNet.add_ResNet50_conv4_body',
+                                                                  'ResNet.add_ResNet_roi_conv5_head')
+    assert (tuple(cfg.RPN.SIZES), cfg.RPN.STRIDE, cfg.FPN.FPN_ON, cfg.MODEL.MASK_ON) == ((32, 64, 128, 256, 512), 16,
+                                                                                         False, mask)
+    assert (cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N, cfg.TRAIN.IMS_PER_BATCH) == (6000, 1000, 1)
+    assert cfg.TRAIN.WEIGHTS == 'https://dl.fbaipublicfiles.com/detectron/ImageNetPretrained/MSRA/R-50.pkl'
+    if mask:
+        assert (cfg.MRCNN.ROI_MASK_HEAD, cfg.MRCNN.RESOLUTION) == ('mask_rcnn_heads.mask_rcnn_fcn_head_v0upshare', 14)
+
+
 def test_mask_configs_hold_the_reference_values():
     _load('e2e_mask_rcnn_R-50-FPN_2x_log.yaml')  # KL-Loss's file
     assert (cfg.MODEL.MASK_ON, cfg.XYXY, cfg.PRED_STD, cfg.PRED_STD_LOG, cfg.STD_NMS) == (True, True, True, True, False)
