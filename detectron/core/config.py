@@ -100,12 +100,10 @@ _NOT_ACTED_ON = {
     'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
     'TEST.KPS_AUG.': 'keypoint heads are not ported',
     'KRCNN.': 'keypoint heads are not ported',
-    'RETINANET.': 'RetinaNet is not ported',
     'RPN.SIZES': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
     'RPN.STRIDE': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
     'RPN.ASPECT_RATIOS': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and '
                          'FPN.RPN_ASPECT_RATIOS',
-    'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
     'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',

@@ -30,8 +30,9 @@ _CONV_BODIES = {
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
-# (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models'}
+# (Test-time augmentation is refused for every model: core/config.py's _NOT_ACTED_ON.)
+_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models',
+                'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
                 'MRCNN.USE_FC_OUTPUT': False}
@@ -180,9 +181,7 @@ def check_supported(cfg):
     if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
         raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
                                'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
-    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
-        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
-            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    check_conv_body(cfg)
     if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
@@ -194,12 +193,19 @@ def check_supported(cfg):
         raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
                                'ported: training and variance voting read the head as alpha = log(sigma^2); set '
                                'PRED_STD_LOG True, as KL-Loss\'s configs do')
-    _check_one_norm(cfg.RESNETS)
     if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
         _check_mask_head(cfg)
+
+
+def check_conv_body(cfg):
+    """ConfigValueError unless MODEL.CONV_BODY and the RESNETS functions name a body this port builds."""
+    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
+        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
+            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    _check_one_norm(cfg.RESNETS)
 
 
 def _check_mask_head(cfg):
@@ -271,14 +277,15 @@ def _norm_kind(cfg):
     return 'affine'
 
 
-def build_conv_body(cfg):
+def build_conv_body(cfg, **fpn_levels):
+    """The FPN body cfg names; fpn_levels: FPNBody's min_level / max_level (P2..P6 by default)."""
     body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
         fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
         gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
         gn_eps=cfg.GROUP_NORM.EPSILON, coarsest_stride=cfg.FPN.COARSEST_STRIDE,
         stride_1x1=cfg.RESNETS.STRIDE_1X1, freeze_at=cfg.TRAIN.FREEZE_AT, norm=_norm_kind(cfg),
         num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP,
-        checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
+        checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS, extra_conv_levels=cfg.FPN.EXTRA_CONV_LEVELS, **fpn_levels)
     if cfg.TRAIN.FREEZE_CONV_BODY:  # Detectron's StopGradient on the body's outputs: ResNet and FPN stay as loaded
         body.requires_grad_(False)
     return body
