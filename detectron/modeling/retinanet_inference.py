@@ -55,8 +55,9 @@ def im_detect_bbox(model, im, image_params, params):
 
 def candidate_detections(anchors, logits, deltas, params):
     """The first image's candidates over all levels: (boxes (K, 4) decoded in network-input
-    coordinates, scores (K,), classes (K,) in 1..C), float32 on the logits' device."""
-    all_boxes, all_scores, all_classes = [], [], []
+    coordinates, scores (K,), classes (K,) in 1..C), float32 on the logits' device. The levels'
+    thresholds are applied once, at the end: one host synchronisation per image."""
+    all_boxes, all_scores, all_classes, all_kept = [], [], [], []
     last = len(logits) - 1
     for i, (level_anchors, level_logits, level_deltas) in enumerate(zip(anchors, logits, deltas)):
         num_anchors = level_anchors.shape[2]
@@ -64,9 +65,7 @@ def candidate_detections(anchors, logits, deltas, params):
         num_fg = probs.shape[1]
         flat = probs.reshape(-1)
         top_scores, top_idx = flat.topk(min(params.pre_nms_top_n, flat.numel()))
-        threshold = params.inference_th if i < last else 0.0
-        keep = top_scores > threshold
-        top_scores, top_idx = top_scores[keep], top_idx[keep]
+        all_kept.append(top_scores > (params.inference_th if i < last else 0.0))
         anchor_idx, cls = top_idx // num_fg, top_idx % num_fg
         box_deltas = anchor_major(level_deltas[:1].float(), num_anchors)[0][anchor_idx]
         if params.class_specific_bbox:
@@ -78,7 +77,8 @@ def candidate_detections(anchors, logits, deltas, params):
         all_boxes.append(boxes)
         all_scores.append(top_scores)
         all_classes.append(cls + 1)
-    return torch.cat(all_boxes), torch.cat(all_scores), torch.cat(all_classes)
+    kept = torch.cat(all_kept)
+    return torch.cat(all_boxes)[kept], torch.cat(all_scores)[kept], torch.cat(all_classes)[kept]
 
 
 def class_wise_nms(boxes, scores, classes, params):

@@ -1,7 +1,9 @@
 """MODEL.TYPE retinanet through the unchanged engines: it trains, tests and is evaluated on the tiny datasets;
 its settings are read or refused by name; Detectron's shipped retinanet configs build."""
 import os
+import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -78,3 +80,24 @@ def test_an_r_cnn_with_retinanet_on_is_one_error():
     with pytest.raises(ConfigValueError, match=r'RETINANET.RETINANET_ON True asks for RetinaNet \(MODEL.TYPE retinanet'):
         finalize_cfg(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml'),
                      ['RETINANET.RETINANET_ON', 'True'])
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+def test_two_gloo_workers_train_and_test_as_one_process(tiny_catalog, tmp_path, one_thread_per_process):
+    use_retinanet(tiny_catalog, tmp_path / 'multi', 'NUM_GPUS', '2', 'TRAIN.IMS_PER_BATCH', '1', 'SOLVER.MAX_ITER',
+                  '2')
+    weights = train_engine.train_model()['final']
+    final = torch.load(weights, weights_only=True)
+    assert (final['iteration'], final['world_size']) == (1, 2)
+    multi = test_engine.run_inference(model_builder.build_model_type(cfg), weights, multi_gpu_testing=True)
+    use_retinanet(tiny_catalog, tmp_path / 'single')
+    single = test_engine.run_inference(model_builder.build_model_type(cfg), weights)
+    assert multi == single and set(single['tiny_val']['box']) >= {'AP', 'AP50'}
+    detections = [os.path.join(tmp_path / run, 'test', 'tiny_val', 'retinanet', 'detections.pkl')
+                  for run in ('multi', 'single')]
+    with open(detections[0], 'rb') as f, open(detections[1], 'rb') as g:
+        multi_boxes, single_boxes = pickle.load(f)['all_boxes'], pickle.load(g)['all_boxes']
+    for multi_class, single_class in zip(multi_boxes[1:], single_boxes[1:]):
+        for a, b in zip(multi_class, single_class):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
