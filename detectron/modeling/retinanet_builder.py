@@ -41,9 +41,6 @@ class RetinaNetType(GeneralizedRCNNType):
             raise ConfigValueError('RetinaNet is built on FPN levels P3..P7 with the extra P6/P7 convolutions: set '
                                    'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.EXTRA_CONV_LEVELS True and FPN.RPN_MIN_LEVEL '
                                    '/ RPN_MAX_LEVEL {} (got {})'.format(_LEVELS, levels))
-        if cfg.FPN.COARSEST_STRIDE % 2 ** _LEVELS[1]:
-            raise ConfigValueError('FPN.COARSEST_STRIDE {} must be a multiple of 128, the stride of P7'.format(
-                cfg.FPN.COARSEST_STRIDE))
         if cfg.TEST.IMS_PER_BATCH != 1:
             raise ConfigValueError('TEST.IMS_PER_BATCH {} asks RetinaNet to detect on several images per call; it tests '
                                    'one image at a time, as Detectron: set it to 1'.format(cfg.TEST.IMS_PER_BATCH))
