@@ -183,7 +183,7 @@ def assert_and_infer_cfg(make_immutable=True):
     """
     if __C.MODEL.RPN_ONLY or __C.MODEL.FASTER_RCNN:
         __C.RPN.RPN_ON = True
-    if __C.RPN.RPN_ON:
+    if __C.RPN.RPN_ON or __C.RETINANET.RETINANET_ON:
         __C.TEST.PRECOMPUTED_PROPOSALS = False
     _check_cfg()
     if make_immutable:
