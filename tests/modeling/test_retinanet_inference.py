@@ -83,3 +83,15 @@ def test_im_detect_bbox_maps_boxes_back_to_the_image_and_fills_cls_boxes():
     first = np_decode(np.array([[0, 0, 15, 15]], float), np.array([[0.1, 0.0, 0.0, 0.0]]))[0] / 2
     np.testing.assert_allclose(cls_boxes[1][0], [first[0], first[1], first[2], first[3], 0.9], atol=1e-4)
     assert (cls_boxes[2][:, [0, 2]] <= 19).all() and (cls_boxes[2][:, [1, 3]] <= 9).all()
+
+
+def test_class_specific_deltas_are_read_for_the_candidates_class():
+    anchors = [torch.tensor([[[[0, 0, 15, 15]]]], dtype=torch.float32)]
+    logits = [torch.tensor([[[[_logit(0.1)]], [[_logit(0.8)]]]])]  # A = 1, C = 2: class 2 wins
+    deltas = torch.zeros(1, 8, 1, 1)
+    deltas[0, 4] = 0.5  # class 2's dx (channels: class-major, then coordinate)
+    params = RetinaNetTestParams(num_classes=3, pre_nms_top_n=1, inference_th=0.05, class_specific_bbox=True)
+    boxes, _, classes = candidate_detections(anchors, logits, [deltas], params)
+    assert classes.tolist() == [2]
+    np.testing.assert_allclose(boxes.numpy(), np_decode(np.array([[0, 0, 15, 15]], float),
+                                                        np.array([[0.5, 0, 0, 0]])), atol=1e-4)
