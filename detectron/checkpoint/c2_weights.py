@@ -142,6 +142,14 @@ _KEY_RULES = [
                                              _NORM_SUFFIX['gn'][m.group(2)])),
     (re.compile(r'^rpn\.(conv_rpn|rpn_cls_logits|rpn_bbox_pred)\.(weight|bias)$'),
      lambda m, _, norm: '{}_fpn2{}'.format(m.group(1), _PARAM_SUFFIX[m.group(2)])),
+    # FPN.EXTRA_CONV_LEVELS: `fpn_6` on C5, `fpn_7` on its ReLU; RetinaNet's towers and predictors, defined
+    # on P3 (`retnet_cls_conv_n<i>_fpn3`, `retnet_bbox_pred_fpn3`) and shared by the coarser levels.
+    (re.compile(_FPN + r'fpn_extra\.(\d)\.(weight|bias)$'),
+     lambda m, _, norm: 'fpn_{}{}'.format(int(m.group(1)) + _COARSEST_STAGE + 1, _PARAM_SUFFIX[m.group(2)])),
+    (re.compile(r'^head\.(cls|bbox)_tower\.(\d+)\.(weight|bias)$'),
+     lambda m, _, norm: 'retnet_{}_conv_n{}_fpn3{}'.format(m.group(1), m.group(2), _PARAM_SUFFIX[m.group(3)])),
+    (re.compile(r'^head\.(cls|bbox)_pred\.(weight|bias)$'),
+     lambda m, _, norm: 'retnet_{}_pred_fpn3{}'.format(m.group(1), _PARAM_SUFFIX[m.group(2)])),
     (re.compile(r'^(?:box_head|box_outs)\.(fc6|fc7|cls_score|bbox_pred|bbox_pred_std)\.'
                 r'(weight|bias)$'),
      lambda m, _, norm: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
@@ -175,6 +183,12 @@ _BLOB_RULES = [
                                                      _BLOB_PARAM[m.group(3)])),
     (re.compile(r'^(conv_rpn|rpn_cls_logits|rpn_bbox_pred)(?:_fpn2)?_([wb])$'),
      lambda m: 'rpn.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^fpn_(\d)_([wb])$'),
+     lambda m: 'conv_body.fpn_extra.{}.{}'.format(int(m.group(1)) - _COARSEST_STAGE - 1, _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^retnet_(cls|bbox)_conv_n(\d+)_fpn3_([wb])$'),
+     lambda m: 'head.{}_tower.{}.{}'.format(m.group(1), m.group(2), _BLOB_PARAM[m.group(3)])),
+    (re.compile(r'^retnet_(cls|bbox)_pred_fpn3_([wb])$'),
+     lambda m: 'head.{}_pred.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
     (re.compile(r'^(fc6|fc7)_([wb])$'),
      lambda m: 'box_head.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
     (re.compile(r'^(cls_score|bbox_pred|bbox_pred_std)_([wb])$'),

@@ -100,8 +100,6 @@ _NOT_ACTED_ON = {
     'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
     'TEST.KPS_AUG.': 'keypoint heads are not ported',
     'KRCNN.': 'keypoint heads are not ported',
-    'RETINANET.': 'RetinaNet is not ported',
-    'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
     'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',
@@ -185,7 +183,7 @@ def assert_and_infer_cfg(make_immutable=True):
     """
     if __C.MODEL.RPN_ONLY or __C.MODEL.FASTER_RCNN:
         __C.RPN.RPN_ON = True
-    if __C.RPN.RPN_ON:
+    if __C.RPN.RPN_ON or __C.RETINANET.RETINANET_ON:
         __C.TEST.PRECOMPUTED_PROPOSALS = False
     _check_cfg()
     if make_immutable:

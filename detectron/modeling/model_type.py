@@ -10,7 +10,8 @@ from detectron.roi_data.loader import to_device
 
 # The modules whose ModelType subclasses register themselves, imported on the first lookup
 # (registered_model_types): a new model type is a new module and one line here.
-MODEL_TYPE_MODULES = ('detectron.modeling.rcnn_builder', 'detectron.modeling.centernet_builder')
+MODEL_TYPE_MODULES = ('detectron.modeling.rcnn_builder', 'detectron.modeling.centernet_builder',
+                      'detectron.modeling.retinanet_builder')
 
 _REGISTRY = {}
 

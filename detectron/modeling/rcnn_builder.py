@@ -40,8 +40,9 @@ _C4_BOX_HEAD = 'ResNet.add_ResNet_roi_conv5_head'
 _C4_STRIDE = 16
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
-# (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models'}
+# (Test-time augmentation is refused for every model: core/config.py's _NOT_ACTED_ON.)
+_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models',
+                'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
                 'MRCNN.USE_FC_OUTPUT': False}
@@ -198,14 +199,11 @@ def check_supported(cfg):
         if leaf_value(cfg, key):
             raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
                                    .format(key, feature))
-    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
-        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
-            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    check_conv_body(cfg)
     if cfg.PRED_STD and not cfg.PRED_STD_LOG:
         raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
                                'ported: training and variance voting read the head as alpha = log(sigma^2); set '
                                'PRED_STD_LOG True, as KL-Loss\'s configs do')
-    _check_one_norm(cfg.RESNETS)
     if is_c4(cfg):
         _check_c4(cfg)
     else:
@@ -266,6 +264,14 @@ def _check_fpn(cfg):
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
         _check_mask_head(cfg)
+
+
+def check_conv_body(cfg):
+    """ConfigValueError unless MODEL.CONV_BODY and the RESNETS functions name a body this port builds."""
+    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
+        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
+            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    _check_one_norm(cfg.RESNETS)
 
 
 def _check_mask_head(cfg):
@@ -355,10 +361,11 @@ def _resnet_block_kwargs(cfg):
                 num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP)
 
 
-def build_conv_body(cfg):
+def build_conv_body(cfg, **fpn_levels):
+    """The body cfg names; fpn_levels: an FPN body's min_level / max_level (P2..P6 by default)."""
     fpn_kwargs = {} if is_c4(cfg) else dict(
         fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
-        coarsest_stride=cfg.FPN.COARSEST_STRIDE)
+        coarsest_stride=cfg.FPN.COARSEST_STRIDE, extra_conv_levels=cfg.FPN.EXTRA_CONV_LEVELS, **fpn_levels)
     body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
         freeze_at=cfg.TRAIN.FREEZE_AT, checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
         **_resnet_block_kwargs(cfg), **fpn_kwargs)

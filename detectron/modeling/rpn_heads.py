@@ -65,7 +65,12 @@ _CACHED_LEVELS = 160
 
 @functools.lru_cache(maxsize=_CACHED_LEVELS)
 def _level_anchors(height, width, stride, sizes, aspect_ratios, device):
-    cell = _cell_anchors(stride, sizes, aspect_ratios, device)
+    return grid_anchors(_cell_anchors(stride, sizes, aspect_ratios, device), height, width, stride)
+
+
+def grid_anchors(cell, height, width, stride):
+    """(H, W, A, 4): the (A, 4) cell anchors shifted by (x * stride, y * stride) for every cell."""
+    device = cell.device
     shift_x = torch.arange(width, device=device, dtype=torch.float32) * stride
     shift_y = torch.arange(height, device=device, dtype=torch.float32) * stride
     shift_y, shift_x = torch.meshgrid(shift_y, shift_x, indexing='ij')
