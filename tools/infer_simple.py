@@ -17,9 +17,10 @@ import torch
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.core.test import im_detect_all
-from detectron.core.test_engine import boxes_and_segms, load_test_model
+from detectron.core.test_engine import load_test_model
 from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
+from detectron.datasets.test_results import boxes_and_segms
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.cli import parse_args_anywhere

@@ -1,12 +1,15 @@
 """cfg -> Faster R-CNN with FPN (MODEL.TYPE generalized_rcnn): the model, its training batches
 (Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
-soft-NMS or KL-Loss's variance voting)."""
+soft-NMS or KL-Loss's variance voting); also Detectron's RPN-only models (MODEL.RPN_ONLY: proposals
+and their recall) and Fast R-CNN on precomputed proposals (MODEL.FASTER_RCNN False: TRAIN/TEST.PROPOSAL_FILES)."""
 import functools
 
+import numpy as np
 import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
+from detectron.datasets.test_results import ProposalResults
 from detectron.modeling import FPN, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
@@ -15,8 +18,8 @@ from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_s
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
-from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
-                                          prepare_training_entry, prepare_unresized_training_entry)
+from detectron.roi_data.minibatch import (PROPOSAL_KEYS, TRAINING_KEYS, UnresizedImages, collate_minibatch,
+                                          collate_unresized, prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
 from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
@@ -31,7 +34,7 @@ _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xcon
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
 # (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models'}
+_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
                 'MRCNN.USE_FC_OUTPUT': False}
@@ -73,7 +76,7 @@ class GeneralizedRCNNType(ModelType):
     def training_roidb(self):
         cfg = self.cfg
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
-                                            segms=cfg.MODEL.MASK_ON)
+                                            segms=cfg.MODEL.MASK_ON, **_training_proposals(cfg))
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -81,7 +84,9 @@ class GeneralizedRCNNType(ModelType):
     def validation_dataset(self, device):
         # The training losses on the validation images: unflipped, at the test scale.
         cfg = self.cfg
-        roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON)
+        proposals = _training_proposals(cfg, cfg.TEST.PROPOSAL_FILES)
+        roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON,
+                                            **proposals)
         return self._samples(roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
 
     def validation_losses(self):
@@ -100,7 +105,7 @@ class GeneralizedRCNNType(ModelType):
         else:
             prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
                                         pixel_means=cfg.PIXEL_MEANS)
-        keys = TRAINING_KEYS + ('segms',) if cfg.MODEL.MASK_ON else TRAINING_KEYS
+        keys = TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ()) + (() if has_rpn(cfg) else PROPOSAL_KEYS)
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
     def collate(self, device):
@@ -126,8 +131,35 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self):
         cfg = self.cfg
+        if cfg.MODEL.RPN_ONLY:
+            return functools.partial(_detect_proposals, image_params=image_params(cfg), graphs=test_graphs(cfg))
+        proposals = {} if has_rpn(cfg) else {'dedup_boxes': cfg.DEDUP_BOXES}
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
+                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
+                                 **proposals)
+
+    def test_results(self):
+        if self.cfg.MODEL.RPN_ONLY:
+            return ProposalResults(class_specific_ar=self.cfg.TEST.CLASS_SPECIFIC_AR)
+        return super().test_results()
+
+    def best_metric(self):
+        return ('box_proposal/AR@1000', 'max') if self.cfg.MODEL.RPN_ONLY else super().best_metric()
+
+
+def has_rpn(cfg):
+    """Whether the model has an RPN (end-to-end or RPN-only), else it is a Fast R-CNN on proposal files
+    (RPN.RPN_ON as assert_and_infer_cfg infers it, read before it runs too)."""
+    return cfg.MODEL.FASTER_RCNN or cfg.MODEL.RPN_ONLY
+
+
+def _training_proposals(cfg, files=None):
+    """combined_roidb_for_training's proposal arguments: a Fast R-CNN's files (TRAIN.PROPOSAL_FILES)."""
+    if has_rpn(cfg):
+        return {}
+    return {'proposal_files': tuple(cfg.TRAIN.PROPOSAL_FILES if files is None else files),
+            'crowd_filter_thresh': cfg.TRAIN.CROWD_FILTER_THRESH, 'cache_dir': cfg.DOWNLOAD_CACHE,
+            'roi_thresholds': (cfg.TRAIN.FG_THRESH, cfg.TRAIN.BG_THRESH_HI, cfg.TRAIN.BG_THRESH_LO)}
 
 
 def resizes_on_device(cfg, device):
@@ -152,9 +184,20 @@ def _validation_losses(model, batch):
         return model(*batch, body=model.body_and_rpn_head)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs):
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, dedup_boxes=None):
+    if dedup_boxes is None:
+        return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
+                                            mask_thresh=mask_thresh, **graphs)
+    if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
+        cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
+        return cls_boxes if mask_thresh is None else (cls_boxes, [[] for _ in cls_boxes])
     return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        mask_thresh=mask_thresh, **graphs)
+                                        mask_thresh=mask_thresh, proposals=sample['proposals'],
+                                        dedup_boxes=dedup_boxes, **graphs)
+
+
+def _detect_proposals(model, sample, image_params, graphs):
+    return rcnn_inference.im_proposals(model, sample['image'], image_params, **graphs)
 
 
 def mask_thresh(cfg):
@@ -177,9 +220,7 @@ def check_supported(cfg):
         if leaf_value(cfg, key):
             raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
                                    .format(key, feature))
-    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
-        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
-                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
+    _check_form(cfg)
     if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
         raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
             cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
@@ -200,6 +241,33 @@ def check_supported(cfg):
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
         _check_mask_head(cfg)
+
+
+def _check_form(cfg):
+    """End-to-end Faster R-CNN, RPN-only, or Fast R-CNN on proposal files (neither), each with FPN."""
+    fpn = cfg.FPN
+    if cfg.MODEL.RPN_ONLY:
+        if cfg.MODEL.MASK_ON:
+            raise ConfigValueError('MODEL.RPN_ONLY True builds no box or mask head: set MODEL.MASK_ON False')
+        needed = {'FPN.FPN_ON': fpn.FPN_ON, 'FPN.MULTILEVEL_RPN': fpn.MULTILEVEL_RPN}
+    elif cfg.MODEL.FASTER_RCNN:
+        needed = {'FPN.FPN_ON': fpn.FPN_ON, 'FPN.MULTILEVEL_RPN': fpn.MULTILEVEL_RPN,
+                  'FPN.MULTILEVEL_ROIS': fpn.MULTILEVEL_ROIS}
+    elif cfg.RPN.RPN_ON:
+        raise ConfigValueError('RPN.RPN_ON True with MODEL.FASTER_RCNN and MODEL.RPN_ONLY False (an RPN beside a '
+                               'Fast R-CNN that does not use its proposals) is not supported: set MODEL.FASTER_RCNN '
+                               'True, or RPN.RPN_ON False for a Fast R-CNN on TRAIN/TEST.PROPOSAL_FILES')
+    else:
+        needed = {'FPN.FPN_ON': fpn.FPN_ON, 'FPN.MULTILEVEL_ROIS': fpn.MULTILEVEL_ROIS}
+    missing = [key for key, value in needed.items() if not value]
+    if missing:
+        raise ConfigValueError('only FPN bodies are built: set {} True'.format(', '.join(missing)))
+    files = {'TRAIN.PROPOSAL_FILES': cfg.TRAIN.PROPOSAL_FILES, 'TEST.PROPOSAL_FILES': cfg.TEST.PROPOSAL_FILES}
+    given = [key for key, value in files.items() if value]
+    if has_rpn(cfg) and given:
+        raise ConfigValueError('{} {} serve a Fast R-CNN (MODEL.FASTER_RCNN False), but this model makes its own '
+                               'proposals with an RPN: remove {}'.format(given[0], tuple(files[given[0]]),
+                                                                        ' and '.join(given)))
 
 
 def _check_mask_head(cfg):
@@ -231,11 +299,13 @@ def _check_one_norm(resnets):
 def build_model(cfg):
     conv_body = build_conv_body(cfg)
     num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
-    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS))
-    box_head = build_box_head(cfg, conv_body.out_channels)
-    box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
-                               cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
-                               pred_std=cfg.PRED_STD)
+    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS)) if has_rpn(cfg) else None
+    box_head = box_outs = None
+    if not cfg.MODEL.RPN_ONLY:
+        box_head = build_box_head(cfg, conv_body.out_channels)
+        box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
+                                   cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
+                                   pred_std=cfg.PRED_STD)
     mask_head = build_mask_head(cfg, conv_body.out_channels) if cfg.MODEL.MASK_ON else None
     return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head)
 
@@ -311,6 +381,7 @@ def rcnn_params(cfg, num_rpn_levels):
         cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
         xyxy=cfg.XYXY,
         bbox_xform_clips=(cfg.BBOX_XFORM_CLIP, cfg.BBOX_XFORM_CLIPe),
+        bbox_thresh=cfg.TRAIN.BBOX_THRESH,
         pred_std=cfg.PRED_STD,
         roi_resolution=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
         roi_sampling_ratio=cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO,
