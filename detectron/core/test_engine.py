@@ -170,8 +170,9 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     """Detect with model_type's model on the images of `name` (or its [start, end) slice); returns
     (roidb slice, results: model_type.test_results()'s value, e.g. (all_boxes, all_segms)). dataset: its
     JsonDataset when the caller has one already; model: the model to test, already prepared for inference,
-    instead of loading weights_file. With TEST.PRECOMPUTED_PROPOSALS (a model without RPN) each image's
-    proposals from its TEST.PROPOSAL_FILES entry go with it to the detector (sample 'proposals').
+    instead of loading weights_file. For a model that detects on precomputed proposals (a Fast R-CNN) each
+    image's proposals from the file model_type.test_proposal_files() names go with it to the detector
+    (sample 'proposals').
 
     Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs,
     and go to the model type's batch detector TEST.IMS_PER_BATCH at a time; with cfg.VIS the
@@ -183,7 +184,8 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     dataset = dataset or JsonDataset(name)
     dataset.check_model_classes(model_type.output_classes())
     # masks: ground truth checked before detection
-    roidb = dataset.get_roidb(segms=cfg.MODEL.MASK_ON, **_test_proposals(name))
+    proposals = _test_proposals(model_type, name)
+    roidb = dataset.get_roidb(segms=cfg.MODEL.MASK_ON, **proposals)
     total = len(roidb)
     if not total:  # COCO's evaluation would report AP -1 everywhere
         raise DatasetError('dataset {} ({}) lists no images: there is nothing to test; check TEST.DATASETS and '
@@ -192,7 +194,7 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     # The loader's workers start reading images while the model loads.
     images = iter(build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS,
                                     model_type.test_inputs(), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX),
-                                    timeout=cfg.DATA_LOADER.TIMEOUT_S, proposals=cfg.TEST.PRECOMPUTED_PROPOSALS))
+                                    timeout=cfg.DATA_LOADER.TIMEOUT_S, proposals=bool(proposals)))
     device = comm.get_device()
     triton_cache.start_key_hashing(device)
     model = model or load_test_model(model_type, weights_file, device)
@@ -227,19 +229,13 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     return roidb[start:end], stored.value
 
 
-def _test_proposals(name):
-    """get_roidb's proposal arguments for dataset `name`: its entry of TEST.PROPOSAL_FILES (one per
-    TEST.DATASETS entry, as Detectron's get_inference_dataset) with TEST.PROPOSAL_LIMIT, when the
-    model takes precomputed proposals."""
-    if not cfg.TEST.PRECOMPUTED_PROPOSALS:
+def _test_proposals(model_type, name):
+    """get_roidb's proposal arguments for dataset `name`: the proposal file model_type names for it (a Fast
+    R-CNN's TEST.PROPOSAL_FILES entry, as Detectron's get_inference_dataset) with TEST.PROPOSAL_LIMIT."""
+    files = model_type.test_proposal_files()
+    if not files:
         return {}
-    files, names = cfg.TEST.PROPOSAL_FILES, cfg.TEST.DATASETS
-    if len(files) != len(names) or name not in names:
-        raise ConfigValueError('TEST.PROPOSAL_FILES {} must name one proposal file per TEST.DATASETS entry {} for a '
-                               'model without RPN (an RPN-only model\'s test_net writes rpn_proposals.pkl)'
-                               .format(tuple(files), tuple(names)))
-    return {'proposals': load_proposals(files[names.index(name)], cfg.DOWNLOAD_CACHE),
-            'proposal_limit': cfg.TEST.PROPOSAL_LIMIT}
+    return {'proposals': load_proposals(files[name], cfg.DOWNLOAD_CACHE), 'proposal_limit': cfg.TEST.PROPOSAL_LIMIT}
 
 
 def _batches(samples, size):

@@ -163,6 +163,12 @@ class ModelType:
         """How its boxes go into the COCO results json (Detectron's +1 widths by default)."""
         return DETECTRON_RESULTS
 
+    def test_proposal_files(self):
+        """{TEST.DATASETS entry: its proposal file (path or URL)} for a model that detects on precomputed
+        proposals: test_net reads each dataset's file into its roidb and puts every image's proposals in
+        its test sample ('proposals'). None by default."""
+        return {}
+
     def test_results(self):
         """What test_net keeps of the detector's results, how the slices of several processes merge, the
         files they are written to and their evaluation (datasets/test_results.py): by default Detectron's

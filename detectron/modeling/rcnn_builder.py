@@ -143,6 +143,17 @@ class GeneralizedRCNNType(ModelType):
             return ProposalResults(class_specific_ar=self.cfg.TEST.CLASS_SPECIFIC_AR)
         return super().test_results()
 
+    def test_proposal_files(self):
+        cfg = self.cfg
+        if has_rpn(cfg):
+            return {}
+        files, names = tuple(cfg.TEST.PROPOSAL_FILES), tuple(cfg.TEST.DATASETS)
+        if len(files) != len(names):
+            raise ConfigValueError('TEST.PROPOSAL_FILES {} must name one proposal file per TEST.DATASETS entry {} for '
+                                   'a Fast R-CNN (MODEL.FASTER_RCNN False; an RPN-only model\'s test_net writes '
+                                   'rpn_proposals.pkl)'.format(files, names))
+        return dict(zip(names, files))
+
     def best_metric(self):
         return ('box_proposal/AR@1000', 'max') if self.cfg.MODEL.RPN_ONLY else super().best_metric()
 

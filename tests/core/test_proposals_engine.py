@@ -25,8 +25,8 @@ RPN_ONLY = ['MODEL.RPN_ONLY', 'True', 'MODEL.FASTER_RCNN', 'False', 'SOLVER.MAX_
 
 
 def _fast_rcnn(proposal_file, *overrides):
-    # RPN_ON and PRECOMPUTED_PROPOSALS as a fresh process infers them (the module's RPN-only run changed them).
-    return ['MODEL.RPN_ONLY', 'False', 'RPN.RPN_ON', 'False', 'TEST.PRECOMPUTED_PROPOSALS', 'True',
+    # RPN_ON as a fresh process leaves it (the module's RPN-only run inferred it True).
+    return ['MODEL.RPN_ONLY', 'False', 'RPN.RPN_ON', 'False',
             'MODEL.FASTER_RCNN', 'False', 'SOLVER.MAX_ITER', '2', 'TRAIN.PROPOSAL_FILES', "('{}',)".format(proposal_file),
             'TEST.PROPOSAL_FILES', "('{}',)".format(proposal_file), 'TRAIN.DATASETS', "('tiny_val',)",
             'TEST.PROPOSAL_LIMIT', '40'] + list(overrides)
