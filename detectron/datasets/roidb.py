@@ -43,8 +43,8 @@ def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1,
     filtered = filter_for_training(roidb, *roi_thresholds)
     if not filtered:
         raise DatasetError(
-            'No training images with usable RoIs in TRAIN.DATASETS {}: none of the {} images has a non-crowd box of '
-            'positive width, height and area or a usable proposal (check the annotation files, and '
+            'No training images with usable annotations in TRAIN.DATASETS {}: none of the {} images has a '
+            'non-crowd box of positive width, height and area (check the annotation files, and '
             'TRAIN.GT_MIN_AREA {})'.format(tuple(dataset_names), len(roidb) // (2 if use_flipped else 1),
                                           gt_min_area))
     return filtered

@@ -235,7 +235,7 @@ def check_supported(cfg):
     if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
         raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
             cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
-    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
+    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS and not cfg.MODEL.RPN_ONLY:  # RPN-only: no box head
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
     levels = (cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL, cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL)
@@ -247,7 +247,7 @@ def check_supported(cfg):
                                'ported: training and variance voting read the head as alpha = log(sigma^2); set '
                                'PRED_STD_LOG True, as KL-Loss\'s configs do')
     _check_one_norm(cfg.RESNETS)
-    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
+    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign' and not cfg.MODEL.RPN_ONLY:
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
