@@ -22,6 +22,7 @@ def load_proposals(path_or_url, cache_dir):
     """{'boxes', 'scores', 'ids'} lists of a proposal file (a local path or a URL cached in cache_dir);
     Python 2 pickles (bytes keys, latin1 numpy data) are read as Detectron wrote them."""
     path = cache_url(path_or_url, cache_dir)
+    logger.info('Loading proposals from: %s', path_or_url)
     try:
         content = load_object(path)
     except FileNotFoundError:

@@ -199,6 +199,9 @@ def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh,
     if dedup_boxes is None:
         return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
                                             mask_thresh=mask_thresh, **graphs)
+    if 'proposals' not in sample:
+        raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it with '
+                               'tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
     if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
         cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
         return cls_boxes if mask_thresh is None else (cls_boxes, [[] for _ in cls_boxes])
