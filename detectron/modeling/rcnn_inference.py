@@ -104,10 +104,11 @@ def _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals=N
         with torch.no_grad():
             return model(blob, im_info, **graphed), im_scale
     proposals = torch.as_tensor(proposals, dtype=torch.float32, device=blob.device).reshape(-1, 4)
-    rois = torch.cat((proposals.new_zeros(len(proposals), 1), proposals * im_scale), dim=1)
+    # float64 rois, as Detectron's numpy projection (_project_im_rois), for the dedup hash.
+    rois = torch.cat((proposals.new_zeros(len(proposals), 1, dtype=torch.float64), proposals.double() * im_scale), dim=1)
     index, inverse = dedup_rois(rois, dedup_boxes)
     with torch.no_grad():
-        out = model(blob, im_info, proposals=rois[index], **graphed)
+        out = model(blob, im_info, proposals=rois[index].float(), **graphed)
     out = {k: v[inverse] if k in _PER_ROI_OUTPUTS else v for k, v in out.items()}
     # As Detectron, a proposal decodes from the first proposal of its duplicates.
     out['im_boxes'] = proposals[index][inverse]
