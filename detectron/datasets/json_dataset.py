@@ -87,11 +87,10 @@ class JsonDataset(object):
             entry_segms = self._usable_segms(anns, entry, rle_objects) if segms else None
             if gt:
                 invalid_boxes += self._add_gt_annotations(entry, anns, gt_min_area, entry_segms)
+            _add_class_assignments(entry)
         if proposals is not None:
             proposal_files.add_proposals_from_file(roidb, proposals, self.name, top_k=proposal_limit,
                                                    crowd_thresh=crowd_filter_thresh)
-        for entry in roidb:
-            _add_class_assignments(entry)
         self._warn_dropped(gt, segms, invalid_boxes, rle_objects)
         return roidb
 

@@ -49,8 +49,9 @@ def save_proposals(path, boxes, scores, ids, cfg_yaml):
 def add_proposals_from_file(roidb, proposals, dataset_name, min_proposal_size=2, top_k=-1, crowd_thresh=0):
     """Detectron's _add_proposals_from_file: each entry's proposals (of load_proposals) clipped to its
     image, duplicates removed (Detectron's unique_boxes), boxes of side <= min_proposal_size dropped,
-    the first top_k kept (top_k > 0), appended after its gt boxes; with crowd_thresh > 0 the
-    proposals covering a crowd region by more than it get overlap -1 with every class."""
+    the first top_k kept (top_k > 0), appended after its gt boxes (with max_overlaps / max_classes: the
+    roidb's class assignments are made before); with crowd_thresh > 0 the proposals covering a crowd region
+    by more than it get overlap -1."""
     by_id = {image_id: i for i, image_id in enumerate(proposals['ids'])}
     missing = [entry['id'] for entry in roidb if entry['id'] not in by_id]
     if missing:
@@ -77,30 +78,35 @@ def unique_boxes(boxes, scale=1.0):
 
 
 def merge_proposal_boxes_into_roidb(roidb, box_list):
-    """Append box_list[i] to roidb[i] as class-0 boxes whose gt_overlaps row holds, in the column of
-    the class of the gt box (crowd included) overlapping it most, that IoU when above 0."""
+    """Append box_list[i] to roidb[i] (whose max_overlaps / max_classes the gt rows have) as class-0 boxes whose
+    max overlap is their IoU with the gt box (crowd included) overlapping them most, with its class, when above 0.
+    Detectron kept these in a sparse gt_overlaps row per box; only its maximum is ever read, and a dense row of
+    every class would take 81 x 4 bytes per proposal (about 80 GB for COCO's training proposals)."""
     for entry, boxes in zip(roidb, box_list):
         num_boxes = len(boxes)
-        gt_overlaps = np.zeros((num_boxes, entry['gt_overlaps'].shape[1]), dtype=entry['gt_overlaps'].dtype)
+        max_overlaps = np.zeros(num_boxes, dtype=entry['max_overlaps'].dtype)
+        max_classes = np.zeros(num_boxes, dtype=entry['max_classes'].dtype)
         box_to_gt = -np.ones(num_boxes, dtype=entry['box_to_gt_ind_map'].dtype)
         gt_inds = np.where(entry['gt_classes'] > 0)[0]
         if len(gt_inds) and num_boxes:
             overlaps = box_utils.bbox_overlaps(boxes.astype(np.float32), entry['boxes'][gt_inds].astype(np.float32))
             best, best_iou = overlaps.argmax(axis=1), overlaps.max(axis=1)
             hit = np.where(best_iou > 0)[0]
-            gt_overlaps[hit, entry['gt_classes'][gt_inds[best[hit]]]] = best_iou[hit]
+            max_overlaps[hit] = best_iou[hit]
+            max_classes[hit] = entry['gt_classes'][gt_inds[best[hit]]]
             box_to_gt[hit] = gt_inds[best[hit]]
         entry['boxes'] = np.append(entry['boxes'], boxes.astype(entry['boxes'].dtype), axis=0)
         entry['gt_classes'] = np.append(entry['gt_classes'], np.zeros(num_boxes, entry['gt_classes'].dtype))
         entry['seg_areas'] = np.append(entry['seg_areas'], np.zeros(num_boxes, entry['seg_areas'].dtype))
-        entry['gt_overlaps'] = np.append(entry['gt_overlaps'], gt_overlaps, axis=0)
         entry['is_crowd'] = np.append(entry['is_crowd'], np.zeros(num_boxes, entry['is_crowd'].dtype))
         entry['box_to_gt_ind_map'] = np.append(entry['box_to_gt_ind_map'], box_to_gt)
+        entry['max_overlaps'] = np.append(entry['max_overlaps'], max_overlaps)
+        entry['max_classes'] = np.append(entry['max_classes'], max_classes)
 
 
 def filter_crowd_proposals(roidb, crowd_thresh):
     """Proposals covering a crowd box by more than crowd_thresh (COCO's crowd IoU: the intersection
-    over the proposal's area) get overlap -1 with every class: never sampled."""
+    over the proposal's area) get max overlap -1 (class 0): never sampled."""
     for entry in roidb:
         crowd_inds = np.where(entry['is_crowd'])[0]
         non_gt_inds = np.where(entry['gt_classes'] == 0)[0]
@@ -109,11 +115,13 @@ def filter_crowd_proposals(roidb, crowd_thresh):
         crowd_boxes = box_utils.xyxy_to_xywh(entry['boxes'][crowd_inds].astype(np.float64))
         non_gt_boxes = box_utils.xyxy_to_xywh(entry['boxes'][non_gt_inds].astype(np.float64))
         ious = COCOmask.iou(non_gt_boxes, crowd_boxes, [1] * len(crowd_inds))
-        entry['gt_overlaps'][non_gt_inds[ious.max(axis=1) > crowd_thresh]] = -1
+        bad = non_gt_inds[ious.max(axis=1) > crowd_thresh]
+        entry['max_overlaps'][bad] = -1
+        entry['max_classes'][bad] = 0
 
 
 def proposal_rows(entry):
     """The proposal boxes (class-0 rows) of a roidb entry that can be sampled, in original image coordinates:
     the crowd-filtered ones (overlap -1, which TRAIN.BG_THRESH_LO and BBOX_THRESH in [0, 1] never take) left out."""
-    rows = (np.asarray(entry['gt_classes']) == 0) & (np.asarray(entry['gt_overlaps']).max(axis=1) >= 0)
+    rows = (np.asarray(entry['gt_classes']) == 0) & (np.asarray(entry['max_overlaps']) >= 0)
     return np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[rows]

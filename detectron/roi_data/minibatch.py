@@ -105,7 +105,7 @@ def _stderr_captured():
 # The roidb fields a training worker needs (Mask R-CNN adds 'segms', a Fast R-CNN PROPOSAL_KEYS); the rest
 # stays behind.
 TRAINING_KEYS = ('image', 'flipped', 'height', 'width', 'boxes', 'gt_classes', 'is_crowd')
-PROPOSAL_KEYS = ('gt_overlaps',)
+PROPOSAL_KEYS = ('max_overlaps',)
 
 
 def _is_truncated_jpeg(data):
@@ -137,7 +137,7 @@ def gt_targets(entry):
     boxes to the training device (mask_rcnn.mask_targets): 'segm_boxes' (G, 4) float32, their tight
     boxes (segms.polys_to_boxes), and 'segm_edges', 'segm_polygon_edges', 'segm_object_polygons'
     (segms.packed_polygons), coordinates as float32 in the original image (flipped with the entry); with
-    'gt_overlaps' in the entry (a Fast R-CNN's roidb of proposal files) 'proposals' (P, 4) float32, the
+    'max_overlaps' in the entry (a Fast R-CNN's roidb of proposal files) 'proposals' (P, 4) float32, the
     proposals it can sample (proposal_files.proposal_rows)."""
     is_gt = np.asarray(entry['gt_classes']) > 0
     targets = {
@@ -145,7 +145,7 @@ def gt_targets(entry):
         'classes': torch.from_numpy(np.asarray(entry['gt_classes'], dtype=np.int64)[is_gt]),
         'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
     }
-    if 'gt_overlaps' in entry:
+    if 'max_overlaps' in entry:
         targets['proposals'] = torch.from_numpy(proposal_rows(entry))
     if 'segms' in entry:
         targets.update(polygon_targets([segm for segm, crowd, keep in zip(entry['segms'], entry['is_crowd'], is_gt)

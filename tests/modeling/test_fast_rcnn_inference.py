@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from detectron.core import test as test_lib
 from detectron.core.config import cfg
 from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
 from detectron.utils.errors import ConfigValueError
@@ -52,6 +53,13 @@ def test_detections_on_proposals_map_duplicates_back(tiny_catalog, tmp_path):
     for row in (0, 1, 3):
         torch.testing.assert_close(plain_scores[row], scores[row])
         torch.testing.assert_close(plain_boxes[row], boxes[row])
+    # core/test.py's Detectron-named im_detect_bbox takes them as `boxes`, with DEDUP_BOXES from the cfg.
+    model.forward = forward
+    np_scores, np_boxes, np_scale = test_lib.im_detect_bbox(model_builder.build_model_type(cfg), model, im,
+                                                             cfg.TEST.SCALE, cfg.TEST.MAX_SIZE, boxes=proposals)
+    np.testing.assert_array_equal(np_scores, scores.numpy())
+    np.testing.assert_array_equal(np_boxes, boxes.numpy())
+    assert np_scale == im_scale
 
 
 def test_rpn_only_model_gives_proposals_by_descending_score(tiny_catalog, tmp_path):
