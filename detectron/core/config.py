@@ -81,21 +81,13 @@ _RENAMED_KEYS = {
 # below it). Each stays loadable at its default, so Detectron's configs merge as they are; any other
 # value is one error line naming the key and why (tests/core/test_config_keys.py: every key is read or
 # listed here).
-_PRECOMPUTED_PROPOSALS = 'it serves Fast R-CNN on precomputed proposals, which this port does not build'
 _NOT_ACTED_ON = {
-    'TRAIN.BBOX_THRESH': _PRECOMPUTED_PROPOSALS,
-    'TRAIN.CROWD_FILTER_THRESH': _PRECOMPUTED_PROPOSALS,
-    'TRAIN.PROPOSAL_FILES': _PRECOMPUTED_PROPOSALS,
-    'TEST.PROPOSAL_FILES': _PRECOMPUTED_PROPOSALS,
-    'TEST.PROPOSAL_LIMIT': _PRECOMPUTED_PROPOSALS,
-    'DEDUP_BOXES': _PRECOMPUTED_PROPOSALS,
     'TRAIN.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
     'TEST.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
     'TRAIN.COPY_WEIGHTS': 'Detectron\'s class-remapping weight copy is not ported; TRAIN.WEIGHTS loads by name',
     'DATA_LOADER.MINIBATCH_QUEUE_SIZE': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
     'DATA_LOADER.BLOBS_QUEUE_CAPACITY': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
     'TEST.FORCE_JSON_DATASET_EVAL': 'every dataset is evaluated by the COCO json evaluator here; remove the key',
-    'TEST.CLASS_SPECIFIC_AR': 'proposal recall evaluation (RPN-only models) is not ported',
     'TEST.BBOX_AUG.': 'test-time box augmentation is not ported',
     'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
     'TEST.KPS_AUG.': 'keypoint heads are not ported',

@@ -63,6 +63,7 @@ class RCNNParams:
     cls_agnostic_bbox_reg: bool = False
     xyxy: bool = False
     bbox_xform_clips: tuple = (box_utils.DEFAULT_XFORM_CLIP, box_utils.DEFAULT_XFORM_CLIP_XYXY)  # the RPN decode's
+    bbox_thresh: float = 0.5  # TRAIN.BBOX_THRESH: RoIs at least this close to a gt box get regression targets
     pred_std: bool = False
     roi_resolution: int = 7
     roi_sampling_ratio: int = 2
@@ -82,6 +83,11 @@ class RCNNParams:
 
 class GeneralizedRCNN(nn.Module):
     """`model(images, im_info, targets)` -> losses in training; raw head outputs in inference.
+
+    Detectron's three R-CNN forms: end-to-end (body, RPN, box head), RPN-only (box_head and box_outs
+    None: the RPN losses, and proposals with their scores at test: 'rois', 'rpn_scores'), and Fast
+    R-CNN on precomputed proposals (rpn None: each target's 'proposals' in training, the `proposals`
+    rois argument at test).
 
     `body_and_rpn_head(images)` is the part of the forward with fixed shapes for a given image size
     (no host synchronisation), so the test path can replay it from a CUDA graph: `model(images,
@@ -106,20 +112,26 @@ class GeneralizedRCNN(nn.Module):
         losses of the step are the same bit for bit (BENCHMARKS.md, "Training speed"). RoIAlign and the box head
         read the features as they come."""
         self.conv_body.to(memory_format=torch.channels_last)
-        self.rpn.to(memory_format=torch.channels_last)
+        if self.rpn is not None:
+            self.rpn.to(memory_format=torch.channels_last)
         self.channels_last = True
 
-    def forward(self, images, im_info, targets=None, body=None):
+    def forward(self, images, im_info, targets=None, body=None, proposals=None):
+        """proposals: a Fast R-CNN's test rois (R, 5) (batch index, box in network-input coordinates)."""
         if body is None and self.training and self.params.train_cuda_graphs:
             body = graphed_training_method(self, 'body_and_rpn_head', GeneralizedRCNN.body_and_rpn_head,
                                            max_graphs=self.params.train_max_graphs)
-        features, logits, deltas = _split_in_three((body or self.body_and_rpn_head)(images))
-        anchors = rpn_heads.fpn_anchors(
-            [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,
-            self.params.aspect_ratios, device=images.device)
+        flat = (body or self.body_and_rpn_head)(images)
+        if self.rpn is None:
+            features, logits, deltas, anchors = list(flat), None, None, None
+        else:
+            features, logits, deltas = _split_in_three(flat)
+            anchors = rpn_heads.fpn_anchors(
+                [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,
+                self.params.aspect_ratios, device=images.device)
         if self.training:
             return self._losses(features, logits, deltas, anchors, im_info, targets)
-        return self._inference(features, logits, deltas, anchors, im_info)
+        return self._inference(features, logits, deltas, anchors, im_info, proposals)
 
     def body_and_rpn_head(self, images):
         """The FPN features, RPN logits and RPN deltas of every level, as one flat tuple (the three
@@ -127,12 +139,15 @@ class GeneralizedRCNN(nn.Module):
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         features = self.conv_body(images)
+        if self.rpn is None:
+            return tuple(features)
         logits, deltas = self.rpn(features)
         return tuple(features) + tuple(logits) + tuple(deltas)
 
     def _proposals(self, logits, deltas, anchors, im_info, proposal_params, training):
         """(rois, valid): the RPN proposals, collected over the batch in training; with
-        fixed_size_training_rois in fixed-size tensors whose real rows valid flags, else valid is None."""
+        fixed_size_training_rois in fixed-size tensors whose real rows valid flags, else valid is None
+        (at test: their scores)."""
         args = ([x.detach() for x in logits], [x.detach() for x in deltas], anchors, im_info,
                 proposal_params.pre_nms_top_n, proposal_params.post_nms_top_n, proposal_params.nms_thresh,
                 proposal_params.min_size)
@@ -143,9 +158,9 @@ class GeneralizedRCNN(nn.Module):
                 rois, _, valid = rpn_heads.collected_proposals_fixed_size(
                     *args, xyxy=self.params.xyxy, clips=self.params.bbox_xform_clips)
                 return rois, valid
-            rois, _ = rpn_heads.generate_proposals(*args, xyxy=self.params.xyxy, collect_across_batch=collect,
-                                                   clips=self.params.bbox_xform_clips)
-        return rois, None
+            rois, scores = rpn_heads.generate_proposals(*args, xyxy=self.params.xyxy, collect_across_batch=collect,
+                                                        clips=self.params.bbox_xform_clips)
+        return rois, None if training else scores
 
     def _box_outputs(self, features, rois, keep_conv5=False):
         """The box outputs of rois; with keep_conv5 also the res5 RoI head's map under 'conv5'."""
@@ -180,21 +195,28 @@ class GeneralizedRCNN(nn.Module):
         gt_boxes = [t['boxes'] for t in targets]
         gt_classes = [t['classes'] for t in targets]
         gt_crowd = [t['is_crowd'] for t in targets]
-        rpn_t = rpn_targets(
-            anchors, gt_boxes, gt_crowd, im_info, positive_overlap=p.rpn_positive_overlap,
-            negative_overlap=p.rpn_negative_overlap, fg_fraction=p.rpn_fg_fraction,
-            batch_size_per_im=p.rpn_batch_size_per_im, straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
-        if p.single_scale_rpn:
-            losses = rpn_heads.single_scale_rpn_losses(logits, deltas, rpn_t)
+        if self.rpn is None:  # Fast R-CNN: the proposals of the roidb (proposal_files.proposal_rows)
+            losses, proposals, proposal_valid = {}, _target_rois(targets, im_info[:, 2]), None
         else:
-            losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
-                                          batch_size_per_im=p.rpn_batch_size_per_im)
-        proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
+            rpn_t = rpn_targets(
+                anchors, gt_boxes, gt_crowd, im_info, positive_overlap=p.rpn_positive_overlap,
+                negative_overlap=p.rpn_negative_overlap, fg_fraction=p.rpn_fg_fraction,
+                batch_size_per_im=p.rpn_batch_size_per_im, straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
+            if p.single_scale_rpn:
+                losses = rpn_heads.single_scale_rpn_losses(logits, deltas, rpn_t)
+            else:
+                losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
+                                              batch_size_per_im=p.rpn_batch_size_per_im)
+            if self.box_head is None:  # RPN-only
+                return losses
+            proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals,
+                                                        training=True)
         sampled = sample_rois(
             proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
             batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
             bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
-            cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy, proposal_valid=proposal_valid)
+            bbox_thresh=p.bbox_thresh, cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy,
+            proposal_valid=proposal_valid)
         if self.mask_head is not None:
             # Before the box head is queued: mask_targets' host sync then waits for little.
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
@@ -213,8 +235,14 @@ class GeneralizedRCNN(nn.Module):
             losses['loss_mask'] = mask_rcnn_heads.mask_loss(logits, mt.classes, mt.masks, weight=p.mask.weight_loss)
         return losses
 
-    def _inference(self, features, logits, deltas, anchors, im_info):
-        rois, _ = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals, training=False)
+    def _inference(self, features, logits, deltas, anchors, im_info, proposals):
+        if self.rpn is None:
+            rois = proposals
+        else:
+            rois, scores = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals,
+                                           training=False)
+            if self.box_head is None:
+                return {'rois': rois, 'rpn_scores': scores}
         out = self._box_outputs(features, rois)
         result = {'rois': rois, 'cls_prob': out['cls_prob'].float(),
                   'bbox_pred': out['bbox_pred'].float()}
@@ -233,6 +261,12 @@ def fixed_size_training_rois(device):
     launches the rest of the step (BENCHMARKS.md, "Training speed"); the CPU runs the compact ones
     and Detectron's own NMS kernel."""
     return device.type == 'cuda'
+
+
+def _target_rois(targets, im_scales):
+    """The targets' 'proposals' (original coordinates) as rois (R, 5) of the network input."""
+    return torch.cat([torch.cat((torch.full_like(t['proposals'][:, :1], i), t['proposals'] * im_scales[i]), dim=1)
+                      for i, t in enumerate(targets)])
 
 
 def _split_in_three(flat):

@@ -1,12 +1,16 @@
 """cfg -> Faster R-CNN with FPN or on a C4 body (MODEL.TYPE generalized_rcnn): the model, its training batches
 (Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
-soft-NMS or KL-Loss's variance voting)."""
+soft-NMS or KL-Loss's variance voting); also Detectron's RPN-only models (MODEL.RPN_ONLY: proposals
+and their recall) and Fast R-CNN on precomputed proposals (MODEL.FASTER_RCNN False: TRAIN/TEST.PROPOSAL_FILES)."""
 import functools
+import logging
 
+import numpy as np
 import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
+from detectron.datasets.test_results import ProposalResults
 from detectron.modeling import FPN, ResNet, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
@@ -16,11 +20,13 @@ from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.ops.roi_pooling import ROI_XFORM_METHODS
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
-from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
-                                          prepare_training_entry, prepare_unresized_training_entry)
+from detectron.roi_data.minibatch import (PROPOSAL_KEYS, TRAINING_KEYS, UnresizedImages, collate_minibatch,
+                                          collate_unresized, prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
 from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
+
+logger = logging.getLogger(__name__)
 
 _FPN_BODIES = {
     'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
@@ -41,8 +47,7 @@ _C4_STRIDE = 16
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
 # (Test-time augmentation is refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models',
-                'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
+_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
                 'MRCNN.USE_FC_OUTPUT': False}
@@ -84,7 +89,7 @@ class GeneralizedRCNNType(ModelType):
     def training_roidb(self):
         cfg = self.cfg
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
-                                            segms=cfg.MODEL.MASK_ON)
+                                            segms=cfg.MODEL.MASK_ON, **_training_proposals(cfg))
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -92,7 +97,9 @@ class GeneralizedRCNNType(ModelType):
     def validation_dataset(self, device):
         # The training losses on the validation images: unflipped, at the test scale.
         cfg = self.cfg
-        roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON)
+        proposals = _training_proposals(cfg, cfg.TEST.PROPOSAL_FILES)
+        roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON,
+                                            **proposals)
         return self._samples(roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
 
     def validation_losses(self):
@@ -111,7 +118,7 @@ class GeneralizedRCNNType(ModelType):
         else:
             prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
                                         pixel_means=cfg.PIXEL_MEANS)
-        keys = TRAINING_KEYS + ('segms',) if cfg.MODEL.MASK_ON else TRAINING_KEYS
+        keys = TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ()) + (() if has_rpn(cfg) else PROPOSAL_KEYS)
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
     def collate(self, device):
@@ -137,8 +144,72 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self):
         cfg = self.cfg
+        if cfg.MODEL.RPN_ONLY:
+            return functools.partial(_detect_proposals, image_params=image_params(cfg), graphs=test_graphs(cfg))
+        proposals = {} if has_rpn(cfg) else {'dedup_boxes': cfg.DEDUP_BOXES}
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
+                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
+                                 **proposals)
+
+    def test_results(self):
+        if self.cfg.MODEL.RPN_ONLY:
+            return ProposalResults(class_specific_ar=self.cfg.TEST.CLASS_SPECIFIC_AR)
+        return super().test_results()
+
+    def test_proposal_files(self):
+        cfg = self.cfg
+        if has_rpn(cfg):
+            return {}
+        files, names = tuple(cfg.TEST.PROPOSAL_FILES), tuple(cfg.TEST.DATASETS)
+        if len(files) != len(names):
+            raise ConfigValueError('TEST.PROPOSAL_FILES {} must name one proposal file per TEST.DATASETS entry {} for '
+                                   'a Fast R-CNN (MODEL.FASTER_RCNN False; an RPN-only model\'s test_net writes '
+                                   'rpn_proposals.pkl)'.format(files, names))
+        return dict(zip(names, files))
+
+    def best_metric(self):
+        return ('box_proposal/AR@1000', 'max') if self.cfg.MODEL.RPN_ONLY else super().best_metric()
+
+
+def has_rpn(cfg):
+    """Whether the model has an RPN (end-to-end or RPN-only), else it is a Fast R-CNN on proposal files
+    (RPN.RPN_ON as assert_and_infer_cfg infers it, read before it runs too)."""
+    return cfg.MODEL.FASTER_RCNN or cfg.MODEL.RPN_ONLY
+
+
+
+# Detectron's deprecated MODEL.TYPE names (its model_builder.py): each builds generalized_rcnn, said once
+# with the keys that choose the form today; outputs still go under .../<MODEL.TYPE>/ as Detectron's did.
+_DEPRECATED_TYPES = {
+    'fast_rcnn': '', 'faster_rcnn': ' with MODEL.FASTER_RCNN True', 'mask_rcnn': ' with MODEL.MASK_ON True',
+    'keypoint_rcnn': ' with MODEL.KEYPOINTS_ON True', 'rpn': ' with MODEL.RPN_ONLY True',
+    'mask_and_keypoint_rcnn': ' with MODEL.MASK_ON True and MODEL.KEYPOINTS_ON True',
+    'fpn_rpn': ' with MODEL.RPN_ONLY True and FPN enabled via configs',
+}
+
+
+def _register_deprecated_type(name, advice):
+    class DeprecatedRCNNType(GeneralizedRCNNType):
+        deprecated = True
+
+        def check(self):
+            logger.warning('Deprecated: use MODEL.TYPE generalized_rcnn%s (MODEL.TYPE %s builds the same model)',
+                           advice, name)
+            super().check()
+    DeprecatedRCNNType.__qualname__ = 'DeprecatedRCNNType[{}]'.format(name)
+    register_model_type(name)(DeprecatedRCNNType)
+
+
+for _name, _advice in _DEPRECATED_TYPES.items():
+    _register_deprecated_type(_name, _advice)
+
+def _training_proposals(cfg, files=None):
+    """combined_roidb_for_training's proposal arguments: a Fast R-CNN's files (TRAIN.PROPOSAL_FILES)."""
+    if has_rpn(cfg):
+        return {}
+    return {'proposal_files': tuple(cfg.TRAIN.PROPOSAL_FILES if files is None else files),
+            'crowd_filter_thresh': cfg.TRAIN.CROWD_FILTER_THRESH, 'cache_dir': cfg.DOWNLOAD_CACHE,
+            'roi_thresholds': (cfg.TRAIN.FG_THRESH, cfg.TRAIN.BG_THRESH_HI, cfg.TRAIN.BG_THRESH_LO)}
 
 
 def resizes_on_device(cfg, device):
@@ -163,9 +234,23 @@ def _validation_losses(model, batch):
         return model(*batch, body=model.body_and_rpn_head)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs):
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, dedup_boxes=None):
+    if dedup_boxes is None:
+        return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
+                                            mask_thresh=mask_thresh, **graphs)
+    if 'proposals' not in sample:
+        raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it with '
+                               'tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
+    if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
+        cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
+        return cls_boxes if mask_thresh is None else (cls_boxes, [[] for _ in cls_boxes])
     return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        mask_thresh=mask_thresh, **graphs)
+                                        mask_thresh=mask_thresh, proposals=sample['proposals'],
+                                        dedup_boxes=dedup_boxes, **graphs)
+
+
+def _detect_proposals(model, sample, image_params, graphs):
+    return rcnn_inference.im_proposals(model, sample['image'], image_params, **graphs)
 
 
 def image_stride(cfg):
@@ -204,6 +289,7 @@ def check_supported(cfg):
         raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
                                'ported: training and variance voting read the head as alpha = log(sigma^2); set '
                                'PRED_STD_LOG True, as KL-Loss\'s configs do')
+    _check_form(cfg)
     if is_c4(cfg):
         _check_c4(cfg)
     else:
@@ -213,11 +299,10 @@ def check_supported(cfg):
 def _check_c4(cfg):
     """A conv4 body: Detectron's single-scale RPN on res4 and the res5 RoI head (and its v0upshare mask head)."""
     flags = {key: leaf_value(cfg, key) for key in ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN', 'FPN.MULTILEVEL_ROIS')}
-    if not cfg.MODEL.FASTER_RCNN or any(flags.values()):
-        raise ConfigValueError('MODEL.CONV_BODY {} is a conv4 body (one map, stride 16) for end-to-end Faster R-CNN: '
-                               'set MODEL.FASTER_RCNN True and FPN.FPN_ON, FPN.MULTILEVEL_RPN, FPN.MULTILEVEL_ROIS False'
-                               .format(cfg.MODEL.CONV_BODY))
-    if cfg.FAST_RCNN.ROI_BOX_HEAD != _C4_BOX_HEAD:
+    if any(flags.values()):
+        raise ConfigValueError('MODEL.CONV_BODY {} is a conv4 body (one map, stride 16): set FPN.FPN_ON, '
+                               'FPN.MULTILEVEL_RPN, FPN.MULTILEVEL_ROIS False'.format(cfg.MODEL.CONV_BODY))
+    if cfg.FAST_RCNN.ROI_BOX_HEAD != _C4_BOX_HEAD and not cfg.MODEL.RPN_ONLY:
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' does not fit the conv4 body {}: use '{}'".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, cfg.MODEL.CONV_BODY, _C4_BOX_HEAD))
     if cfg.RPN.STRIDE != _C4_STRIDE:
@@ -249,17 +334,17 @@ def _check_choice(cfg, key, choices):
 
 
 def _check_fpn(cfg):
-    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
-        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
-                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
-    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
+    missing = [key for key in _fpn_flags_needed(cfg) if not leaf_value(cfg, key)]
+    if missing:
+        raise ConfigValueError('only FPN bodies are built: set {} True'.format(', '.join(missing)))
+    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS and not cfg.MODEL.RPN_ONLY:  # RPN-only: no box head
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
     levels = (cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL, cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL)
     if levels != _FPN_LEVELS:
         raise ConfigValueError('FPN.RPN_MIN_LEVEL / RPN_MAX_LEVEL / ROI_MIN_LEVEL / ROI_MAX_LEVEL {} are not supported: '
                                'the FPN body gives P2..P6; use {}'.format(levels, _FPN_LEVELS))
-    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
+    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign' and not cfg.MODEL.RPN_ONLY:
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
@@ -272,6 +357,31 @@ def check_conv_body(cfg):
         raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
             cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
     _check_one_norm(cfg.RESNETS)
+
+
+def _check_form(cfg):
+    """End-to-end Faster R-CNN, RPN-only, or Fast R-CNN on proposal files (neither)."""
+    if cfg.MODEL.RPN_ONLY and cfg.MODEL.MASK_ON:
+        raise ConfigValueError('MODEL.RPN_ONLY True builds no box or mask head: set MODEL.MASK_ON False')
+    if not cfg.MODEL.RPN_ONLY and not cfg.MODEL.FASTER_RCNN and cfg.RPN.RPN_ON:
+        raise ConfigValueError('RPN.RPN_ON True with MODEL.FASTER_RCNN and MODEL.RPN_ONLY False (an RPN beside a '
+                               'Fast R-CNN that does not use its proposals) is not supported: set MODEL.FASTER_RCNN '
+                               'True, or RPN.RPN_ON False for a Fast R-CNN on TRAIN/TEST.PROPOSAL_FILES')
+    files = {'TRAIN.PROPOSAL_FILES': cfg.TRAIN.PROPOSAL_FILES, 'TEST.PROPOSAL_FILES': cfg.TEST.PROPOSAL_FILES}
+    given = [key for key, value in files.items() if value]
+    if has_rpn(cfg) and given:
+        raise ConfigValueError('{} {} serve a Fast R-CNN (MODEL.FASTER_RCNN False), but this model makes its own '
+                               'proposals with an RPN: remove {}'.format(given[0], tuple(files[given[0]]),
+                                                                        ' and '.join(given)))
+
+
+def _fpn_flags_needed(cfg):
+    """The FPN flags an FPN body's model needs: the RPN's levels and/or the RoIs' levels."""
+    if cfg.MODEL.RPN_ONLY:
+        return ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN')
+    if cfg.MODEL.FASTER_RCNN:
+        return ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN', 'FPN.MULTILEVEL_ROIS')
+    return ('FPN.FPN_ON', 'FPN.MULTILEVEL_ROIS')
 
 
 def _check_mask_head(cfg):
@@ -310,11 +420,13 @@ def build_model(cfg):
     num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
     num_anchors = (len(cfg.RPN.SIZES) * len(cfg.RPN.ASPECT_RATIOS) if is_c4(cfg)
                    else len(cfg.FPN.RPN_ASPECT_RATIOS))
-    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=num_anchors)
-    box_head = build_box_head(cfg, conv_body.out_channels)
-    box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
-                               cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
-                               pred_std=cfg.PRED_STD)
+    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=num_anchors) if has_rpn(cfg) else None
+    box_head = box_outs = None
+    if not cfg.MODEL.RPN_ONLY:
+        box_head = build_box_head(cfg, conv_body.out_channels)
+        box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
+                                   cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
+                                   pred_std=cfg.PRED_STD)
     mask_head = build_mask_head(cfg, box_head.dim_out if is_c4(cfg) else conv_body.out_channels) \
         if cfg.MODEL.MASK_ON else None
     return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head)
@@ -412,6 +524,7 @@ def rcnn_params(cfg, num_rpn_levels):
         cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
         xyxy=cfg.XYXY,
         bbox_xform_clips=(cfg.BBOX_XFORM_CLIP, cfg.BBOX_XFORM_CLIPe),
+        bbox_thresh=cfg.TRAIN.BBOX_THRESH,
         pred_std=cfg.PRED_STD,
         roi_resolution=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
         roi_sampling_ratio=cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO,
