@@ -7,11 +7,11 @@ import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
-from detectron.modeling import FPN, rcnn_inference
+from detectron.modeling import FPN, rcnn_export, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
 from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, MaskRCNNHead
-from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting, register_model_type
+from detectron.modeling.model_type import Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
@@ -129,6 +129,16 @@ class GeneralizedRCNNType(ModelType):
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
 
+
+    def exporter(self, model):
+        cfg = self.cfg
+        params = rcnn_export.RCNNGraphParams(image_params(cfg), decode_params(cfg), nms_params(cfg), mask_thresh(cfg))
+        rcnn_export.check_exportable(params)
+        names = rcnn_export.output_names(model)
+        return Exporter(rcnn_export.RCNNGraph(model, params), functools.partial(rcnn_export.graph_inputs, params=params),
+                        functools.partial(rcnn_export.graph_detections, params=params,
+                                          num_classes=cfg.MODEL.NUM_CLASSES),
+                        rcnn_export.RCNN_INPUT_NAMES, names, rcnn_export.dynamic_axes(names))
 
 def resizes_on_device(cfg, device):
     """TRAIN.RESIZE_ON_DEVICE on a GPU: the loader workers read and flip, the device does the rest.

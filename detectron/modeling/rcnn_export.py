@@ -19,10 +19,9 @@ from detectron.modeling import mask_inference, rcnn_inference, rpn_heads
 from detectron.ops import graph_ops
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
+from detectron.utils.errors import ConfigValueError
 
 RCNN_INPUT_NAMES = ('blob', 'im_info', 'im_hw')
-RCNN_DYNAMIC_AXES = {'blob': {2: 'height', 3: 'width'}, 'boxes': {0: 'detections'}, 'scores': {0: 'detections'},
-                     'classes': {0: 'detections'}, 'sigmas': {0: 'detections'}, 'masks': {0: 'detections'}}
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,11 @@ def output_names(model):
     if model.mask_head is not None:
         names.append('masks')
     return tuple(names)
+
+
+def dynamic_axes(output_names):
+    """ONNX's dynamic axes: the blob's size and the number of detections."""
+    return {'blob': {2: 'height', 3: 'width'}, **{name: {0: 'detections'} for name in output_names}}
 
 
 class RCNNGraph(nn.Module):
@@ -171,11 +175,11 @@ def graph_detections(outputs, sample, params, num_classes):
 
 
 def check_exportable(params):
-    """ValueError for test settings the graph does not run (they stay on the eager path)."""
+    """ConfigValueError for test settings the graph does not run (they stay on the eager path)."""
     nms = params.nms
     unsupported = [name for name, on in (('TEST.SOFT_NMS.ENABLED', nms.soft_nms), ('TEST.BBOX_VOTE.ENABLED',
                                                                                     nms.bbox_vote),
                                          ('TEST.STD_NMS', nms.std_nms)) if on]
     if unsupported:
-        raise ValueError('the exported R-CNN runs greedy NMS only; set {} False to export'.format(
+        raise ConfigValueError('the exported R-CNN runs greedy NMS only; set {} False to export'.format(
             ' and '.join(unsupported)))
