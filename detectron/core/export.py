@@ -72,7 +72,7 @@ def onnx_detector(exporter, path):
 class Comparison:
     """What match_detections found over one or more images."""
     matched: int = 0
-    unmatched: list = field(default_factory=list)  # (side, class, score, at_cut) of each unmatched detection
+    unmatched: list = field(default_factory=list)  # (side, class, score, tied) of each unmatched detection
     max_score_diff: float = 0.0
     max_box_diff: float = 0.0
     min_mask_iou: float = 1.0
@@ -98,8 +98,10 @@ def compare(reference, exported, comparison=None, score_tol=SCORE_TOL):
     """Add one image's detections to comparison (a new one when None) and return it: reference and
     exported are what detector() returns (cls_boxes, or (cls_boxes, cls_segms)). Detections pair
     up within a class by IoU >= MATCH_IOU, the highest IoU first (then the closest score), so row
-    order does not matter. A detection left without a pair counts as at the cut when its score is
-    within score_tol of the other model's lowest score of the image (a cap or threshold tie)."""
+    order does not matter. A detection left without a pair counts as a tie when its score is within
+    score_tol of the other model's lowest score of the image (the cap or the threshold) or of a
+    detection of its class the other model left without a pair (equal scores at a top-k cut, where
+    either model may keep either)."""
     comparison = comparison or Comparison()
     (ref_boxes, ref_segms), (exp_boxes, exp_segms) = _boxes_and_segms(reference), _boxes_and_segms(exported)
     lowest = {side: min((float(d[:, 4].min()) for d in boxes if len(d)), default=np.inf)
@@ -110,33 +112,49 @@ def compare(reference, exported, comparison=None, score_tol=SCORE_TOL):
             comparison.max_score_diff = max(comparison.max_score_diff, float(abs(ref[i, 4] - exp[j, 4])))
             comparison.max_box_diff = max(comparison.max_box_diff, float(np.abs(ref[i, :4] - exp[j, :4]).max()))
             if ref_segms is not None:
-                iou = mask_util.iou([exp_segms[cls][j]], [ref_segms[cls][i]], [0])
-                comparison.min_mask_iou = min(comparison.min_mask_iou, float(iou[0, 0]) if iou.size else 1.0)
+                comparison.min_mask_iou = min(comparison.min_mask_iou, mask_iou(ref_segms[cls][i], exp_segms[cls][j]))
         comparison.matched += len(pairs)
-        for side, other, dets, paired in (('pytorch', 'exported', ref, {i for i, _ in pairs}),
-                                          ('exported', 'pytorch', exp, {j for _, j in pairs})):
-            for k in sorted(set(range(len(dets))) - paired):
-                score = float(dets[k, 4])
-                comparison.unmatched.append((side, cls, score, score <= lowest[other] + score_tol))
+        left = {'pytorch': _unpaired_scores(ref, {i for i, _ in pairs}),
+                'exported': _unpaired_scores(exp, {j for _, j in pairs})}
+        for side, other in (('pytorch', 'exported'), ('exported', 'pytorch')):
+            for score in left[side]:
+                tied = score <= lowest[other] + score_tol or bool(np.any(np.abs(left[other] - score) <= score_tol))
+                comparison.unmatched.append((side, cls, float(score), tied))
     return comparison
 
 
+def _unpaired_scores(dets, paired):
+    return np.array([dets[k, 4] for k in range(len(dets)) if k not in paired], dtype=np.float64)
+
+
 def match_class(ref, exp, iou_thresh=MATCH_IOU):
-    """[(i, j)]: rows of ref and exp (N, 5) [x1, y1, x2, y2, score] paired greedily by descending IoU
-    (+1 sides, as Detectron's) at least iou_thresh, equal IoUs by the smaller score difference."""
+    """[(i, j)]: rows of ref and exp (N, 5) [x1, y1, x2, y2, score] paired greedily, the pair closest
+    in units of the tolerances first (max(score difference / SCORE_TOL, largest coordinate
+    difference / BOX_TOL)), then by IoU: equal boxes in another row order, or tied scores, pair with
+    their own copy. A pair needs IoU >= iou_thresh (+1 sides, as Detectron's) or boxes within
+    BOX_TOL (an untrained model's inverted boxes have no IoU)."""
     if not len(ref) or not len(exp):
         return []
-    iou = _iou(ref[:, :4].astype(np.float64), exp[:, :4].astype(np.float64))
-    score_diff = np.abs(ref[:, None, 4].astype(np.float64) - exp[None, :, 4])
-    candidates = np.argwhere(iou >= iou_thresh)
-    order = np.lexsort((score_diff[candidates[:, 0], candidates[:, 1]], -iou[candidates[:, 0], candidates[:, 1]]))
+    ref, exp = ref.astype(np.float64), exp.astype(np.float64)
+    iou = _iou(ref[:, :4], exp[:, :4])
+    box_diff = np.abs(ref[:, None, :4] - exp[None, :, :4]).max(axis=2)
+    closeness = np.maximum(np.abs(ref[:, None, 4] - exp[None, :, 4]) / SCORE_TOL, box_diff / BOX_TOL)
+    candidates = np.argwhere((iou >= iou_thresh) | (box_diff <= BOX_TOL))
+    i, j = candidates[:, 0], candidates[:, 1]
     pairs, used_i, used_j = [], set(), set()
-    for i, j in candidates[order]:
-        if i not in used_i and j not in used_j:
-            pairs.append((int(i), int(j)))
-            used_i.add(i)
-            used_j.add(j)
+    for a, b in candidates[np.lexsort((-iou[i, j], closeness[i, j]))]:
+        if a not in used_i and b not in used_j:
+            pairs.append((int(a), int(b)))
+            used_i.add(a)
+            used_j.add(b)
     return pairs
+
+
+def mask_iou(a, b):
+    """IoU of two COCO RLEs; two empty masks agree (1)."""
+    if not mask_util.area(a) and not mask_util.area(b):
+        return 1.0
+    return float(mask_util.iou([a], [b], [0])[0, 0])
 
 
 def _iou(a, b):
@@ -241,8 +259,9 @@ def verify_dataset(model_type, model, detect_exported, name, output_dir):
 def report(comparison, results=None):
     """Log the comparison (and both models' APs); True when it is within the tolerances."""
     at_cut = sum(1 for u in comparison.unmatched if u[3])
-    logger.info('verify: %d detections matched by class and IoU >= %g; %d without a match (%d at the score cut)',
-                comparison.matched, MATCH_IOU, len(comparison.unmatched), at_cut)
+    logger.info('verify: %d detections matched by class and IoU >= %g (or boxes within %g px); %d without a '
+                'match (%d of them ties at a cut)', comparison.matched, MATCH_IOU, BOX_TOL, len(comparison.unmatched),
+                at_cut)
     logger.info('verify: largest score difference %.3g (tolerance %g), largest box difference %.3g px '
                 '(tolerance %g px)', comparison.max_score_diff, SCORE_TOL, comparison.max_box_diff, BOX_TOL)
     if comparison.min_mask_iou < 1.0:
