@@ -43,6 +43,10 @@ def export_model(model_type, model, fmt, output, example):
     # Eval mode on the wrapper too: the ONNX exporter gives the exported module back its own mode.
     exporter.graph.eval()
     inputs = exporter.inputs(example)
+    with torch.no_grad():
+        # One eager run first: the model's caches (anchors, tap positions, tables) then hold real
+        # tensors, not the tracer's or torch.export's fake ones, which later eager calls would read.
+        exporter.graph(*inputs)
     with torch.no_grad(), warnings.catch_warnings():
         # The tracer warns about every shape check it records as a constant; the tests cover what it keeps.
         warnings.simplefilter('ignore')

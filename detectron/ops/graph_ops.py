@@ -20,12 +20,16 @@ from detectron.ops.roi_pooling import map_rois_to_fpn_levels
 def batched_nms(boxes, scores, groups, thresh):
     """Greedy NMS per group with Detectron's +1 areas, suppressing at IoU >= thresh (as
     nms.batched_nms_t): kept indices by descending score, of equal scores the later box first.
-    torchvision offsets each group's boxes while tracing (its coordinate trick), so IoUs round
-    within a few ulps of the per-group ones."""
+    One torchvision nms over the groups' boxes moved apart (torchvision's coordinate trick, written
+    here without its branch on an empty input, on which torch.export cannot guard), so IoUs round
+    within a few ulps of the per-group ones (exactly alike for integer boxes)."""
     n = boxes.shape[0]
     rev = torch.arange(n - 1, -1, -1, device=boxes.device)
-    shifted = torch.cat([boxes[:, :2], boxes[:, 2:4] + 1.0], dim=1)
-    keep = torchvision.ops.batched_nms(shifted[rev], scores[rev], groups[rev], torchvision_nms_thresh(thresh))
+    shifted = torch.cat([boxes[:, :2], boxes[:, 2:4] + 1.0], dim=1)[rev]
+    # The largest coordinate, 0 for no boxes (max of an empty tensor is an error).
+    span = torch.cat([shifted.reshape(-1), shifted.new_zeros(1)]).max() + 1
+    moved = shifted + (groups[rev].to(shifted.dtype) * span)[:, None]
+    keep = torchvision.ops.nms(moved, scores[rev], torchvision_nms_thresh(thresh))
     return n - 1 - keep
 
 
