@@ -81,8 +81,9 @@ class Comparison:
     max_box_diff: float = 0.0
     min_mask_iou: float = 1.0
 
-    def failures(self, score_tol=SCORE_TOL, box_tol=BOX_TOL, mask_iou_min=MASK_IOU_MIN):
+    def failures(self):
         """Lines saying what exceeds the tolerances (none: the exported model agrees)."""
+        score_tol, box_tol, mask_iou_min = SCORE_TOL, BOX_TOL, MASK_IOU_MIN
         lines = []
         if self.max_score_diff > score_tol:
             lines.append('largest score difference {:.3g} > {:g}'.format(self.max_score_diff, score_tol))
@@ -98,7 +99,7 @@ class Comparison:
         return lines
 
 
-def compare(reference, exported, comparison=None, score_tol=SCORE_TOL):
+def compare(reference, exported, comparison=None):
     """Add one image's detections to comparison (a new one when None) and return it: reference and
     exported are what detector() returns (cls_boxes, or (cls_boxes, cls_segms)). Detections pair
     up within a class by IoU >= MATCH_IOU, the highest IoU first (then the closest score), so row
@@ -107,6 +108,7 @@ def compare(reference, exported, comparison=None, score_tol=SCORE_TOL):
     detection of its class the other model left without a pair (equal scores at a top-k cut, where
     either model may keep either)."""
     comparison = comparison or Comparison()
+    score_tol = SCORE_TOL
     (ref_boxes, ref_segms), (exp_boxes, exp_segms) = _boxes_and_segms(reference), _boxes_and_segms(exported)
     lowest = {side: min((float(d[:, 4].min()) for d in boxes if len(d)), default=np.inf)
               for side, boxes in (('pytorch', ref_boxes), ('exported', exp_boxes))}
