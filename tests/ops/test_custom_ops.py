@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from detectron.ops import affine_relu, deform_conv, multilevel_roi_align, upsample_add
+from detectron.ops import affine_relu, deform_conv, multilevel_roi_align, upsample_add, variance_voting
+from detectron.ops import nms as nms_ops
 from detectron.ops.roi_pooling import map_rois_to_fpn_levels, roi_feature_transform
 
 SCALES = [1 / 4, 1 / 8, 1 / 16, 1 / 32]
@@ -82,6 +83,36 @@ def test_dcn_columns_reference_equals_sampled_columns(dtype):
     assert got.dtype == dtype
     assert torch.equal(got, deform_conv.sampled_columns(x, offset, mask, 3, 3, 1, 1).to(dtype))
     torch.library.opcheck(deform_conv.sampled_columns_op, (x, offset, mask, 3, 3, 1, 1, dtype))
+
+
+def _nms_case():
+    """Grouped boxes (G, M, 4) sorted by descending distinct score, counts, and the flat inputs."""
+    gen = torch.Generator().manual_seed(5)
+    xy = torch.randint(0, 60, (120, 2), generator=gen).float()
+    boxes = torch.cat([xy, xy + torch.randint(4, 30, (120, 2), generator=gen).float()], dim=1)
+    scores = torch.randperm(120, generator=gen).float()
+    groups = torch.randint(0, 3, (120,), generator=gen)
+    slots, counts = nms_ops._grouped_by_score(scores, groups)
+    return boxes[slots.clamp(min=0)], counts, slots, boxes, scores, groups
+
+
+def test_greedy_keep_reference_keeps_detectrons_boxes():
+    """The CPU reference of bitmask NMS keeps what Detectron's kernel keeps at IoU >= 0.5."""
+    grouped, counts, slots, boxes, scores, groups = _nms_case()
+    keep = nms_ops.greedy_keep_op(grouped, counts, nms_ops.torchvision_nms_thresh(0.5))
+    assert set(slots[keep].tolist()) == set(nms_ops.batched_nms_t(boxes, scores, groups, 0.5).tolist())
+    torch.library.opcheck(nms_ops.greedy_keep_op, (grouped, counts, nms_ops.torchvision_nms_thresh(0.5)))
+
+
+def test_variance_voting_op_is_the_cpu_kernel():
+    grouped, counts, *_ = _nms_case()
+    scores = torch.rand(grouped.shape[:2], generator=torch.Generator().manual_seed(6))
+    sigmas = torch.rand(grouped.shape, generator=torch.Generator().manual_seed(7)) + 0.1
+    args = (grouped, scores, sigmas, counts, 0.01, 0.02, True, None)
+    for got, expected in zip(variance_voting.soft_nms_with_variance_voting_op(*args),
+                             variance_voting.soft_nms_with_variance_voting_cpu(*args)):
+        assert torch.equal(got, expected)
+    torch.library.opcheck(variance_voting.soft_nms_with_variance_voting_op, args)
 
 
 class _AllOps(torch.nn.Module):
