@@ -7,7 +7,7 @@ Examples:
         --wts outputs/shapes_demo/train/shapes_train/generalized_rcnn/model_final.pth \
         --format onnx --output rcnn.onnx --verify shapes_val
     python tools/export_model.py -c configs/getting_started/shapes_demo_centernet_res18.yaml \
-        --wts model_final.pth --format exported_program --output centernet.pt2
+        --wts model_final.pth --format exported_program --device cuda --output centernet.pt2
 
 --verify takes a registered dataset (then both models' APs are printed too), an image or a folder
 of images; the tool exits with status 1 when the detections differ past the stated tolerances.
@@ -35,6 +35,8 @@ def parse_args(argv):
     parser.add_argument('--verify', default=None, metavar='DATASET_OR_IMAGES',
                         help='compare the ONNX file in onnxruntime with the PyTorch model on a registered dataset, '
                              'an image or a folder of images')
+    parser.add_argument('--device', default='cpu', help="the model's device (cuda: torch.export only, the "
+                        'Triton kernels then in the program as custom ops)')
     parser.add_argument('opts', nargs='*', help='config overrides as KEY VALUE pairs')
     if not argv:
         parser.print_help()
@@ -42,6 +44,9 @@ def parse_args(argv):
     args = parse_args_anywhere(parser, argv)
     if args.verify and args.format != 'onnx':
         parser.error('--verify runs the file in onnxruntime: it needs --format onnx')
+    if args.device != 'cpu' and args.format != 'exported_program':
+        parser.error('--device {} exports with torch.export: it needs --format exported_program (ONNX traces the '
+                     'CPU model)'.format(args.device))
     return args
 
 
@@ -52,7 +57,7 @@ def main(argv):
     from detectron.core import export, test_engine
     from detectron.modeling import model_builder
     model_type = model_builder.build_model_type(cfg)
-    model = test_engine.load_test_model(model_type, args.wts, torch.device('cpu'))
+    model = test_engine.load_test_model(model_type, args.wts, torch.device(args.device))
     exporter = export.export_model(model_type, model, args.format, args.output,
                                    export.example_sample(model_type, args.verify))
     if args.verify and not export.verify(model_type, model, exporter, args.output, args.verify, cfg.OUTPUT_DIR):

@@ -36,13 +36,15 @@ MASK_IOU_MIN = 0.9  # binarised masks: only pixels at the threshold may flip
 def export_model(model_type, model, fmt, output, example):
     """Write model's inference graph to `output`: ONNX (TorchScript tracing, opset ONNX_OPSET,
     dynamic image sizes where the graph has them) or a torch.export program (torch.export.save;
-    shapes of `example`). example: a test_inputs() sample to trace with. Returns the Exporter."""
+    shapes of `example`; on CUDA with the Triton kernels as custom ops). example: a test_inputs()
+    sample to trace with, on the model's device. Returns the Exporter."""
     if fmt not in FORMATS:
         raise ConfigValueError('unknown export format {!r}: use one of {}'.format(fmt, ', '.join(FORMATS)))
     exporter = model_type.exporter(model)
     # Eval mode on the wrapper too: the ONNX exporter gives the exported module back its own mode.
     exporter.graph.eval()
-    inputs = exporter.inputs(example)
+    device = next(exporter.graph.parameters()).device
+    inputs = tuple(x.to(device) for x in exporter.inputs(example))
     with torch.no_grad():
         # One eager run first: the model's caches (anchors, tap positions, tables) then hold real
         # tensors, not the tracer's or torch.export's fake ones, which later eager calls would read.

@@ -71,3 +71,11 @@ def test_verify_needs_onnx(tiny_rcnn, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         _main(weights, overrides, tmp_path, '--format', 'exported_program', '--verify', str(folder))
     assert exit_info.value.code == 2
+
+
+def test_a_cuda_export_needs_torch_export(tiny_rcnn, tmp_path, capfd):
+    weights, overrides, _ = tiny_rcnn
+    with pytest.raises(SystemExit) as exit_info:
+        _main(weights, overrides, tmp_path, '--device', 'cuda')
+    assert exit_info.value.code == 2
+    assert '--device cuda exports with torch.export' in _printed(capfd)
