@@ -1,5 +1,7 @@
 """core/export.py: each model family's graph against its PyTorch detector, eagerly, in onnxruntime
 (ONNX, skipped without the `export` extra) and as a torch.export program; the verification's matching."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +9,7 @@ import torch
 from detectron.core import export
 from detectron.core.config import cfg
 from detectron.modeling import model_builder, rcnn_builder, rcnn_inference
+from detectron.utils.errors import ConfigValueError
 from support.tiny_runs import MASK_OVERRIDES, use_centernet, use_tiny_config
 
 pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
@@ -140,7 +143,6 @@ def test_kl_rcnn_sigmas_are_the_decoded_stds(tiny_catalog, tmp_path):
         boxes, scores, classes, sigmas = exporter.graph(blob, im_info, im_hw)
         out = model(blob, im_info)
     decode = rcnn_builder.decode_params(cfg)
-    import dataclasses
     all_scores, all_boxes, confs = rcnn_inference.decode_detections(
         out, float(im_info[0, 2]), (64, 96), dataclasses.replace(decode, std_nms=True))
     assert len(boxes) > 0
@@ -178,7 +180,6 @@ def test_torch_export_of_the_cpu_models(tiny_catalog, tmp_path, restore_global_c
 
 
 def test_export_refuses_settings_the_graph_does_not_run(tiny_catalog, tmp_path):
-    from detectron.utils.errors import ConfigValueError
     model_type, model = _rcnn(tiny_catalog, tmp_path, 'TEST.SOFT_NMS.ENABLED', 'True')
     with pytest.raises(ConfigValueError, match='greedy NMS only; set TEST.SOFT_NMS.ENABLED False'):
         model_type.exporter(model)
