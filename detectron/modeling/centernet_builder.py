@@ -14,10 +14,10 @@ from detectron.checkpoint.centernet_weights import (is_centernet_checkpoint, loa
 from detectron.checkpoint.checkpointer import Retention
 from detectron.checkpoint.torch_file import read_torch_file
 from detectron.datasets.json_dataset_evaluator import ResultsFormat
-from detectron.modeling import centernet
+from detectron.modeling import centernet, centernet_export
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
 from detectron.modeling.centernet_heads import CenterNetHeads
-from detectron.modeling.model_type import ModelType, checkpoint_setting, register_model_type
+from detectron.modeling.model_type import Exporter, ModelType, checkpoint_setting, register_model_type
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample, ctdet_val_sample
 from detectron.roi_data.loader import TrainingDataset
 from detectron.roi_data.minibatch import read_entry_image
@@ -133,6 +133,13 @@ class CenterNetType(ModelType):
 
     def batch_detector(self):
         return functools.partial(centernet.detect_runs, params=test_params(self.cfg))
+
+    def exporter(self, model):
+        params = test_params(self.cfg)
+        centernet_export.check_exportable(params)
+        return Exporter(centernet_export.CenterNetGraph(model, params), centernet_export.graph_inputs,
+                        functools.partial(centernet_export.graph_detections, params=params),
+                        centernet_export.CENTERNET_INPUT_NAMES, centernet_export.CENTERNET_OUTPUT_NAMES, {})
 
     def prepare_for_training(self, model):
         # Under autocast on CUDA, the trunk and heads stored channels_last as for inference: cuDNN's

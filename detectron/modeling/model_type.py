@@ -3,11 +3,14 @@ the kinds MODEL.TYPE names. A subclass registers itself where it is defined
 (`@register_model_type('name')`); `model_builder.build_model_type(cfg)` makes the one instance,
 bound to cfg, that a tool or worker hands to the engines."""
 import importlib
+from dataclasses import dataclass
+from typing import Callable
 
 from detectron.checkpoint.checkpointer import Retention
 from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
 from detectron.datasets.test_results import DetectionResults
 from detectron.roi_data.loader import to_device
+from detectron.utils.errors import ConfigValueError
 
 # The modules whose ModelType subclasses register themselves, imported on the first lookup
 # (registered_model_types): a new model type is a new module and one line here.
@@ -161,6 +164,11 @@ class ModelType:
         return '; '.join([batch_setting(cfg, 'TRAIN.IMS_PER_BATCH {}'.format(cfg.TRAIN.IMS_PER_BATCH))]
                          + checkpoint_setting(cfg))
 
+    def exporter(self, model):
+        """How `model` (built, loaded, in eval mode on the CPU) leaves the framework: an Exporter
+        (core/export.py exports its graph and verifies it against detector())."""
+        raise ConfigValueError('MODEL.TYPE {} has no export'.format(self.name))
+
     def results_format(self):
         """How its boxes go into the COCO results json (Detectron's +1 widths by default)."""
         return DETECTRON_RESULTS
@@ -189,3 +197,17 @@ def checkpoint_setting(cfg):
     if cfg.TRAIN.CHECKPOINT_ACTIVATIONS:
         return []
     return ['TRAIN.CHECKPOINT_ACTIVATIONS True (recompute backbone activations in the backward)']
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """A model's inference as one graph: `graph` (an nn.Module wrapping the model's own modules),
+    `inputs(sample)` its input tensors for a test_inputs() sample, and `detections(outputs, sample)`
+    the host-side end that turns the graph's outputs (numpy, in output_names' order) into what
+    detector() returns for that sample."""
+    graph: object
+    inputs: Callable
+    detections: Callable
+    input_names: tuple
+    output_names: tuple
+    dynamic_axes: dict

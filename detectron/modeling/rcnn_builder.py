@@ -11,11 +11,11 @@ import torch
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.datasets.test_results import ProposalResults
-from detectron.modeling import FPN, ResNet, rcnn_inference
+from detectron.modeling import FPN, ResNet, rcnn_export, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
 from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, SHARED_RES5_MASK_HEAD, MaskRCNNHead
-from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting, register_model_type
+from detectron.modeling.model_type import Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.ops.roi_pooling import ROI_XFORM_METHODS
@@ -118,7 +118,8 @@ class GeneralizedRCNNType(ModelType):
         else:
             prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
                                         pixel_means=cfg.PIXEL_MEANS)
-        keys = TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ()) + (() if has_rpn(cfg) else PROPOSAL_KEYS)
+        keys = (TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ())
+                + (PROPOSAL_KEYS if reads_proposal_files(cfg) else ()))
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
     def collate(self, device):
@@ -146,7 +147,7 @@ class GeneralizedRCNNType(ModelType):
         cfg = self.cfg
         if cfg.MODEL.RPN_ONLY:
             return functools.partial(_detect_proposals, image_params=image_params(cfg), graphs=test_graphs(cfg))
-        proposals = {} if has_rpn(cfg) else {'dedup_boxes': cfg.DEDUP_BOXES}
+        proposals = {'dedup_boxes': cfg.DEDUP_BOXES} if reads_proposal_files(cfg) else {}
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
                                  **proposals)
@@ -158,7 +159,7 @@ class GeneralizedRCNNType(ModelType):
 
     def test_proposal_files(self):
         cfg = self.cfg
-        if has_rpn(cfg):
+        if not reads_proposal_files(cfg):
             return {}
         files, names = tuple(cfg.TEST.PROPOSAL_FILES), tuple(cfg.TEST.DATASETS)
         if len(files) != len(names):
@@ -169,6 +170,25 @@ class GeneralizedRCNNType(ModelType):
 
     def best_metric(self):
         return ('box_proposal/AR@1000', 'max') if self.cfg.MODEL.RPN_ONLY else super().best_metric()
+
+    def exporter(self, model):
+        cfg = self.cfg
+        if cfg.MODEL.RPN_ONLY or not has_rpn(cfg) or is_c4(cfg):
+            raise ConfigValueError('export builds end-to-end Faster / Mask R-CNN with an FPN body; this model (RPN-only, '
+                                   'Fast R-CNN on proposal files or a C4 body) has no export')
+        params = rcnn_export.RCNNGraphParams(image_params(cfg), decode_params(cfg), nms_params(cfg), mask_thresh(cfg))
+        rcnn_export.check_exportable(params)
+        names = rcnn_export.output_names(model)
+        return Exporter(rcnn_export.RCNNGraph(model, params), functools.partial(rcnn_export.graph_inputs, params=params),
+                        functools.partial(rcnn_export.graph_detections, params=params,
+                                          num_classes=cfg.MODEL.NUM_CLASSES),
+                        rcnn_export.RCNN_INPUT_NAMES, names, rcnn_export.dynamic_axes(names))
+
+
+def reads_proposal_files(cfg):
+    """Detectron's TEST.PRECOMPUTED_PROPOSALS as assert_and_infer_cfg infers it (read before it runs
+    too): a model with neither an RPN nor RetinaNet's dense head detects on proposal files."""
+    return not (has_rpn(cfg) or cfg.RETINANET.RETINANET_ON)
 
 
 def has_rpn(cfg):
@@ -203,9 +223,10 @@ def _register_deprecated_type(name, advice):
 for _name, _advice in _DEPRECATED_TYPES.items():
     _register_deprecated_type(_name, _advice)
 
+
 def _training_proposals(cfg, files=None):
     """combined_roidb_for_training's proposal arguments: a Fast R-CNN's files (TRAIN.PROPOSAL_FILES)."""
-    if has_rpn(cfg):
+    if not reads_proposal_files(cfg):
         return {}
     return {'proposal_files': tuple(cfg.TRAIN.PROPOSAL_FILES if files is None else files),
             'crowd_filter_thresh': cfg.TRAIN.CROWD_FILTER_THRESH, 'cache_dir': cfg.DOWNLOAD_CACHE,

@@ -57,6 +57,8 @@ class RetinaNetType(GeneralizedRCNNType):
     def validation_losses(self):
         return _validation_losses
 
+    exporter = ModelType.exporter  # not exported (yet): the R-CNN graph does not fit it
+
     def detector(self):
         return functools.partial(_detect, image_params=image_params(self.cfg), params=inference_params(self.cfg))
 

@@ -9,6 +9,8 @@ the eager path's arithmetic: float32 products and sums, each eager step's roundi
 activation dtype kept (the affine's result is rounded before the shortcut is added), NaN
 propagated by the ReLU as torch's. Other devices, layouts and dtypes take the eager path.
 """
+from typing import List, Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -27,7 +29,7 @@ def affine_relu(x, weight, bias, residual=None, residual_affine=None):
     (C,) are constants (no gradient flows to them), already in x's dtype. residual_affine, a
     (weight, bias) pair like them, is applied to residual first (a projection shortcut's affine)."""
     if _use_kernel(x, weight, residual):
-        return _AffineReLU.apply(x, weight, bias, residual, *(residual_affine or (None, None)))
+        return affine_relu_op(x, weight, bias, residual, *(residual_affine or (None, None)))
     return eager_affine_relu(x, weight, bias, residual, residual_affine)
 
 
@@ -80,28 +82,90 @@ def _launch(kernel, x, weight, *tensors, **flags):
                  BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, **flags)
 
 
+def _kernel_forward(x, weight, bias, residual, residual_weight, residual_bias):
+    y = torch.empty_like(x)
+    has_residual, residual_affine = residual is not None, residual_weight is not None
+    _launch(_forward_kernel, x, weight, x, residual if has_residual else x, bias, y,
+            residual_weight if residual_affine else weight, residual_bias if residual_affine else bias,
+            HAS_RESIDUAL=has_residual, RESIDUAL_AFFINE=residual_affine)
+    return y
+
+
+def _kernel_backward(grad_y, y, weight, residual_weight, has_residual, residual_affine):
+    """[grad_x] or [grad_x, grad_residual] of the kernel's output y."""
+    grad_y = grad_y.contiguous(memory_format=_memory_format(y))
+    grad_x = torch.empty_like(y)
+    grad_residual = torch.empty_like(y) if has_residual else None
+    _launch(_backward_kernel, y, weight, grad_y, y, grad_x, grad_residual if has_residual else grad_x,
+            residual_weight, HAS_RESIDUAL=has_residual, RESIDUAL_AFFINE=residual_affine)
+    return [grad_x, grad_residual] if has_residual else [grad_x]
+
+
 class _AffineReLU(torch.autograd.Function):
+    """The kernels as an autograd Function (the custom op below is their traceable form)."""
     @staticmethod
     def forward(ctx, x, weight, bias, residual, residual_weight, residual_bias):
-        y = torch.empty_like(x)
-        has_residual, residual_affine = residual is not None, residual_weight is not None
-        _launch(_forward_kernel, x, weight, x, residual if has_residual else x, bias, y,
-                residual_weight if residual_affine else weight, residual_bias if residual_affine else bias,
-                HAS_RESIDUAL=has_residual, RESIDUAL_AFFINE=residual_affine)
-        ctx.has_residual, ctx.residual_affine = has_residual, residual_affine
-        ctx.save_for_backward(y, weight, residual_weight if residual_affine else weight)
+        y = _kernel_forward(x, weight, bias, residual, residual_weight, residual_bias)
+        ctx.has_residual, ctx.residual_affine = residual is not None, residual_weight is not None
+        ctx.save_for_backward(y, weight, residual_weight if ctx.residual_affine else weight)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
         y, weight, residual_weight = ctx.saved_tensors
-        grad_y = grad_y.contiguous(memory_format=_memory_format(y))
-        grad_x = torch.empty_like(y)
-        grad_residual = torch.empty_like(y) if ctx.has_residual else None
-        _launch(_backward_kernel, y, weight, grad_y, y, grad_x,
-                grad_residual if ctx.has_residual else grad_x, residual_weight,
-                HAS_RESIDUAL=ctx.has_residual, RESIDUAL_AFFINE=ctx.residual_affine)
-        return grad_x, None, None, grad_residual, None, None
+        grads = _kernel_backward(grad_y, y, weight, residual_weight, ctx.has_residual, ctx.residual_affine)
+        return grads[0], None, None, grads[1] if ctx.has_residual else None, None, None
+
+
+# torch.library custom ops (torch.export, torch.compile): the kernels on CUDA with Triton, else the
+# plain-torch reference, so that an exported CUDA model also runs where Triton is absent.
+@torch.library.custom_op('detectron::affine_relu', mutates_args=())
+def affine_relu_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: Optional[torch.Tensor],
+                   residual_weight: Optional[torch.Tensor], residual_bias: Optional[torch.Tensor]) -> torch.Tensor:
+    if triton is not None and x.is_cuda:
+        return _kernel_forward(x, weight, bias, residual, residual_weight, residual_bias)
+    residual_affine = None if residual_weight is None else (residual_weight, residual_bias)
+    return eager_affine_relu(x, weight, bias, residual, residual_affine)
+
+
+@affine_relu_op.register_fake
+def _(x, weight, bias, residual, residual_weight, residual_bias):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op('detectron::affine_relu_backward', mutates_args=())
+def affine_relu_backward_op(grad_y: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                            residual_weight: torch.Tensor, has_residual: bool,
+                            residual_affine: bool) -> List[torch.Tensor]:
+    """[grad_x] or [grad_x, grad_residual]: the backward kernel, or the reference's gradients."""
+    if triton is not None and y.is_cuda:
+        return _kernel_backward(grad_y, y, weight, residual_weight, has_residual, residual_affine)
+    passed = grad_y * (y > 0)
+    shape = (1, -1) + (1,) * (y.dim() - 2)
+    grads = [passed * weight.view(shape)]
+    if has_residual:
+        grads.append(passed * residual_weight.view(shape) if residual_affine else passed.clone())
+    return grads
+
+
+@affine_relu_backward_op.register_fake
+def _(grad_y, y, weight, residual_weight, has_residual, residual_affine):
+    return [torch.empty_like(y) for _ in range(2 if has_residual else 1)]
+
+
+def _op_setup_context(ctx, inputs, output):
+    _, weight, _, residual, residual_weight, _ = inputs
+    ctx.has_residual, ctx.residual_affine = residual is not None, residual_weight is not None
+    ctx.save_for_backward(output, weight, residual_weight if ctx.residual_affine else weight)
+
+
+def _op_backward(ctx, grad_y):
+    y, weight, residual_weight = ctx.saved_tensors
+    grads = affine_relu_backward_op(grad_y, y, weight, residual_weight, ctx.has_residual, ctx.residual_affine)
+    return grads[0], None, None, grads[1] if ctx.has_residual else None, None, None
+
+
+affine_relu_op.register_autograd(_op_backward, setup_context=_op_setup_context)
 
 
 def _memory_format(x):

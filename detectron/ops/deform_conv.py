@@ -54,7 +54,7 @@ def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0, 
     out_channels, group_channels, kh, kw = weight.shape
     out_h, out_w = _check_shapes(x, offset, mask, weight, bias, stride, padding, dilation)
     if _use_sampling_kernel(x, offset, mask, weight, stride, padding, dilation):
-        columns = sampled_columns_triton(x, offset, mask, kh, kw, stride[0], padding[0])
+        columns = sampled_columns_op(x, offset, mask, kh, kw, stride[0], padding[0], _columns_dtype(x))
     else:
         columns = sampled_columns(x, offset, mask, kh, kw, stride, padding, dilation)
     groups = channels // group_channels
@@ -180,14 +180,37 @@ def sampled_columns_triton(x, offset, mask, kh, kw, stride, padding):
     three passes over the largest tensor of the up-sampling path. One offset group; offset and mask
     are read through their strides (any layout), x made contiguous (the kernel reads along a
     channel's rows); an empty batch or map launches nothing."""
+    return _triton_columns(x, offset, mask, kh, kw, stride, padding, _columns_dtype(x))
+
+
+def _columns_dtype(x):
+    """The dtype the matmul takes the columns in: autocast's, else float32 (float64 for float64)."""
+    if torch.is_autocast_enabled('cuda'):
+        return torch.get_autocast_dtype('cuda')
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+# A torch.library custom op (torch.export, torch.compile): the Triton kernel on CUDA where Triton is
+# installed, else the grid_sample reference, so that an exported CUDA model also runs without Triton.
+@torch.library.custom_op('detectron::dcn_sampled_columns', mutates_args=())
+def sampled_columns_op(x: torch.Tensor, offset: torch.Tensor, mask: torch.Tensor, kh: int, kw: int, stride: int,
+                       padding: int, dtype: torch.dtype) -> torch.Tensor:
+    """sampled_columns_triton's columns in `dtype` (no gradient: inference only)."""
+    if triton is not None and x.is_cuda:
+        return _triton_columns(x, offset, mask, kh, kw, stride, padding, dtype)
+    return sampled_columns(x, offset, mask, kh, kw, stride, padding).to(dtype)
+
+
+@sampled_columns_op.register_fake
+def _(x, offset, mask, kh, kw, stride, padding, dtype):
+    return x.new_empty((x.shape[0], x.shape[1] * kh * kw, offset.shape[-2] * offset.shape[-1]), dtype=dtype)
+
+
+def _triton_columns(x, offset, mask, kh, kw, stride, padding, dtype):
     x = x.contiguous()
     n, channels, height, width = x.shape
     out_h, out_w = offset.shape[-2:]
     pixels = out_h * out_w
-    if torch.is_autocast_enabled('cuda'):
-        dtype = torch.get_autocast_dtype('cuda')
-    else:
-        dtype = torch.promote_types(x.dtype, torch.float32)
     columns = torch.empty((n, channels * kh * kw, pixels), dtype=dtype, device=x.device)
     if columns.numel() == 0:  # a grid of 0 programs is not a launch
         return columns

@@ -9,7 +9,10 @@ the features' own layout (BENCHMARKS.md, "Training speed"). The arithmetic is to
 (aligned=False, Detectron's RoIAlign): float32 sample positions, the same boundary rules, the sum
 of the samples divided by their count.
 """
+from typing import List
+
 import torch
+from torchvision.ops import roi_align
 
 from detectron.ops.affine_relu import dense_layout
 
@@ -41,35 +44,87 @@ def roi_align_levels(features, rois, levels, spatial_scales, output_size, sampli
     """(R, C, output_size, output_size) in the features' dtype: RoI r aligned on features[levels[r]]
     (levels: int64 indices into features) at spatial_scales[levels[r]]; rois (R, 5) float32 =
     (batch index, x1, y1, x2, y2) in network-input coordinates. Differentiable in the features."""
-    return _RoIAlignLevels.apply(rois, levels, tuple(spatial_scales), output_size, sampling_ratio, *features)
+    return roi_align_levels_op(rois, levels, [float(s) for s in spatial_scales], output_size, sampling_ratio,
+                               list(features))
 
 
 MAX_LEVELS = 4  # the kernels take one pointer per level (FPN's P2..P5)
 
 
-class _RoIAlignLevels(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rois, levels, spatial_scales, output_size, sampling_ratio, *features):
-        rois, levels = rois.contiguous(), levels.contiguous()
-        first = features[0]
+# A torch.library custom op (torch.export, torch.compile): the kernels on CUDA with Triton, else the
+# plain-torch reference (torchvision's roi_align per level), so that an exported CUDA model also runs
+# where Triton is absent.
+@torch.library.custom_op('detectron::roi_align_levels', mutates_args=())
+def roi_align_levels_op(rois: torch.Tensor, levels: torch.Tensor, spatial_scales: List[float], output_size: int,
+                        sampling_ratio: int, features: List[torch.Tensor]) -> torch.Tensor:
+    first = features[0]
+    if triton is not None and rois.is_cuda:
         out = torch.empty((len(rois), first.shape[1], output_size, output_size), dtype=first.dtype,
                           device=first.device)
-        _launch(features, out, rois, levels, spatial_scales, sampling_ratio, backward=False)
-        ctx.save_for_backward(rois, levels)
-        ctx.layouts = [(f.shape, f.stride(), f.dtype) for f in features]
-        ctx.spatial_scales, ctx.sampling_ratio = spatial_scales, sampling_ratio
+        _launch(features, out, rois.contiguous(), levels.contiguous(), spatial_scales, sampling_ratio,
+                backward=False)
         return out
+    return _reference(rois, levels, spatial_scales, output_size, sampling_ratio, features).to(first.dtype)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        rois, levels = ctx.saved_tensors
-        # float32 sums in the features' own strides; rounded to their dtype once, at the end.
-        grads = [torch.empty_strided(shape, stride, dtype=torch.float32, device=grad_out.device).zero_()
-                 for shape, stride, _ in ctx.layouts]
-        _launch(grads, grad_out.contiguous(), rois, levels, ctx.spatial_scales, ctx.sampling_ratio, backward=True)
-        return (None, None, None, None, None) + tuple(
-            grad.to(dtype) if needed else None
-            for grad, (_, _, dtype), needed in zip(grads, ctx.layouts, ctx.needs_input_grad[5:]))
+
+@roi_align_levels_op.register_fake
+def _(rois, levels, spatial_scales, output_size, sampling_ratio, features):
+    return features[0].new_empty((rois.shape[0], features[0].shape[1], output_size, output_size))
+
+
+def _reference(rois, levels, spatial_scales, output_size, sampling_ratio, features):
+    """Float32 (R, C, S, S): RoI r pooled by torchvision's roi_align (aligned=False) on its level."""
+    out = rois.new_zeros((rois.shape[0], features[0].shape[1], output_size, output_size))
+    for k, (feature, scale) in enumerate(zip(features, spatial_scales)):
+        rows = (levels == k).nonzero().squeeze(1)
+        out = out.index_put((rows,), roi_align(feature.float(), rois[rows].float(), output_size, spatial_scale=scale,
+                                               sampling_ratio=sampling_ratio, aligned=False))
+    return out
+
+
+@torch.library.custom_op('detectron::roi_align_levels_backward', mutates_args=())
+def roi_align_levels_backward_op(grad_out: torch.Tensor, rois: torch.Tensor, levels: torch.Tensor,
+                                 spatial_scales: List[float], sampling_ratio: int, sizes: List[int],
+                                 strides: List[int], dtype: torch.dtype) -> List[torch.Tensor]:
+    """The levels' gradients (level k of sizes[4k:4k+4], strides[4k:4k+4]): float32 sums in the
+    levels' own layouts, rounded to dtype once."""
+    layouts = [(sizes[i:i + 4], strides[i:i + 4]) for i in range(0, len(sizes), 4)]
+    grads = [torch.empty_strided(size, stride, dtype=torch.float32, device=grad_out.device).zero_()
+             for size, stride in layouts]
+    if triton is not None and grad_out.is_cuda:
+        _launch(grads, grad_out.contiguous(), rois.contiguous(), levels.contiguous(), spatial_scales,
+                sampling_ratio, backward=True)
+    else:  # torchvision's roi_align backward on each level's RoIs
+        size = grad_out.shape[-1]
+        for k, (grad, scale) in enumerate(zip(grads, spatial_scales)):
+            rows = (levels == k).nonzero().squeeze(1)
+            grad.copy_(torch.ops.torchvision._roi_align_backward(
+                grad_out[rows].float(), rois[rows].float(), scale, size, size, *grad.shape, sampling_ratio, False))
+    return [grad.to(dtype) for grad in grads]
+
+
+@roi_align_levels_backward_op.register_fake
+def _(grad_out, rois, levels, spatial_scales, sampling_ratio, sizes, strides, dtype):
+    return [grad_out.new_empty(sizes[i:i + 4], dtype=dtype) for i in range(0, len(sizes), 4)]
+
+
+def _op_setup_context(ctx, inputs, output):
+    rois, levels, spatial_scales, _, sampling_ratio, features = inputs
+    ctx.save_for_backward(rois, levels)
+    ctx.spatial_scales, ctx.sampling_ratio = spatial_scales, sampling_ratio
+    ctx.sizes = [n for f in features for n in f.shape]
+    ctx.strides = [n for f in features for n in f.stride()]
+    ctx.dtype = features[0].dtype
+
+
+def _op_backward(ctx, grad_out):
+    rois, levels = ctx.saved_tensors
+    grads = roi_align_levels_backward_op(grad_out, rois, levels, ctx.spatial_scales, ctx.sampling_ratio, ctx.sizes,
+                                         ctx.strides, ctx.dtype)
+    return None, None, None, None, None, grads
+
+
+roi_align_levels_op.register_autograd(_op_backward, setup_context=_op_setup_context)
 
 
 def _launch(levels_data, pooled, rois, levels, spatial_scales, sampling_ratio, backward):

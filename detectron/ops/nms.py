@@ -123,7 +123,25 @@ def matrix_batched_nms_t(boxes, scores, idxs, thresh):
 
 def _bitmask_keep(boxes, slots, counts, thresh):
     """Greedy keep flags (G, M) of the grouped boxes by bitmask_nms' kernels."""
-    return bitmask_nms.greedy_keep(boxes[slots.clamp(min=0)], counts, thresh)
+    return greedy_keep_op(boxes[slots.clamp(min=0)], counts, thresh)
+
+
+# A torch.library custom op (torch.export, torch.compile): bitmask_nms' kernels on CUDA with Triton,
+# else the matrix iteration, so that an exported CUDA model also runs where Triton is absent.
+@torch.library.custom_op('detectron::greedy_keep', mutates_args=())
+def greedy_keep_op(grouped: torch.Tensor, counts: torch.Tensor, thresh: float) -> torch.Tensor:
+    """bitmask_nms.greedy_keep's flags (G, M): suppression at IoU > thresh within each group."""
+    if bitmask_nms.available(grouped.device):
+        return bitmask_nms.greedy_keep(grouped, counts, thresh)
+    num_groups, size = grouped.shape[:2]
+    positions = torch.arange(num_groups * size, device=grouped.device).view(num_groups, size)
+    slots = torch.where(positions % size < counts[:, None], positions, -1)
+    return _matrix_keep(grouped.float().reshape(-1, 4), slots, thresh)
+
+
+@greedy_keep_op.register_fake
+def _(grouped, counts, thresh):
+    return grouped.new_empty(grouped.shape[:2], dtype=torch.bool)
 
 
 def _grouped_by_score(scores, idxs):

@@ -30,7 +30,7 @@ def upsample_add(fine, coarse):
     """fine + F.interpolate(coarse, scale_factor=2, mode='nearest') for fine (N, C, 2H, 2W) and
     coarse (N, C, H, W)."""
     if _use_kernel(fine, coarse):
-        return _UpsampleAdd.apply(fine, coarse)
+        return upsample_add_op(fine, coarse)
     return fine + F.interpolate(coarse, scale_factor=2, mode='nearest')
 
 
@@ -52,21 +52,68 @@ def _launch(kernel, like, *tensors):
                  BLOCK_P=_TILE_ELEMENTS // block_c, BLOCK_C=block_c)
 
 
+def _kernel_forward(fine, coarse):
+    out = torch.empty_like(fine)
+    _launch(_forward_kernel, fine, fine, coarse, out)
+    return out
+
+
+def _kernel_backward(grad_out):
+    """(grad_fine, grad_coarse), channels_last."""
+    grad_out = grad_out.contiguous(memory_format=torch.channels_last)
+    n, c, height, width = grad_out.shape
+    grad_coarse = torch.empty((n, c, height // 2, width // 2), dtype=grad_out.dtype,
+                              device=grad_out.device, memory_format=torch.channels_last)
+    _launch(_backward_kernel, grad_coarse, grad_out, grad_coarse)
+    return grad_out, grad_coarse
+
+
 class _UpsampleAdd(torch.autograd.Function):
+    """The kernels as an autograd Function (the custom op below is their traceable form)."""
     @staticmethod
     def forward(ctx, fine, coarse):
-        out = torch.empty_like(fine)
-        _launch(_forward_kernel, fine, fine, coarse, out)
-        return out
+        return _kernel_forward(fine, coarse)
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad_out = grad_out.contiguous(memory_format=torch.channels_last)
-        n, c, height, width = grad_out.shape
-        grad_coarse = torch.empty((n, c, height // 2, width // 2), dtype=grad_out.dtype,
-                                  device=grad_out.device, memory_format=torch.channels_last)
-        _launch(_backward_kernel, grad_coarse, grad_out, grad_coarse)
-        return grad_out, grad_coarse
+        return _kernel_backward(grad_out)
+
+
+# torch.library custom ops (torch.export, torch.compile): the kernels on CUDA with Triton, else the
+# plain-torch reference, so that an exported CUDA model also runs where Triton is absent.
+@torch.library.custom_op('detectron::upsample_add', mutates_args=())
+def upsample_add_op(fine: torch.Tensor, coarse: torch.Tensor) -> torch.Tensor:
+    if triton is not None and fine.is_cuda:
+        return _kernel_forward(fine, coarse)
+    return fine + F.interpolate(coarse, scale_factor=2, mode='nearest')
+
+
+@upsample_add_op.register_fake
+def _(fine, coarse):
+    return torch.empty_like(fine)
+
+
+@torch.library.custom_op('detectron::upsample_add_backward', mutates_args=())
+def upsample_add_backward_op(grad_out: torch.Tensor) -> torch.Tensor:
+    """The coarse input's gradient: each 2x2 block of grad_out summed in float32."""
+    if triton is not None and grad_out.is_cuda:
+        return _kernel_backward(grad_out)[1]
+    n, c, height, width = grad_out.shape
+    blocks = grad_out.float().reshape(n, c, height // 2, 2, width // 2, 2)
+    return blocks.sum(dim=(3, 5)).to(grad_out.dtype).contiguous(memory_format=torch.channels_last)
+
+
+@upsample_add_backward_op.register_fake
+def _(grad_out):
+    n, c, height, width = grad_out.shape
+    return grad_out.new_empty((n, c, height // 2, width // 2)).contiguous(memory_format=torch.channels_last)
+
+
+def _op_backward(ctx, grad_out):
+    return grad_out, upsample_add_backward_op(grad_out)
+
+
+upsample_add_op.register_autograd(_op_backward)
 
 
 if triton is not None:

@@ -13,6 +13,8 @@ IoU of every pair of boxes (KL-Loss computes that matrix once, from the original
 into its vote weight exp(-(1 - IoU)^2 / iou_sigma) and its rescoring factor exp(-IoU^2 / 0.5)
 (or 0 / 1 in hard mode). A step of the loop then loads one row of each.
 """
+from typing import List, Optional
+
 import torch
 
 from detectron.utils import cython_nms
@@ -52,11 +54,29 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, vote_thresh, io
     scores (C, N) float32 by input row. Runs the Triton kernel on CUDA tensors when Triton is
     installed and N <= MAX_TRITON_SET_SIZE, else the compiled CPU kernel.
     """
+    return tuple(soft_nms_with_variance_voting_op(boxes, scores, sigmas, counts, float(vote_thresh),
+                                                  float(iou_sigma), vote, hard_nms_thresh))
+
+
+# A torch.library custom op (torch.export, torch.compile): the Triton kernels on CUDA, the compiled
+# CPU kernel elsewhere (also for a program exported on CUDA and run where Triton is absent).
+@torch.library.custom_op('detectron::soft_nms_with_variance_voting', mutates_args=())
+def soft_nms_with_variance_voting_op(boxes: torch.Tensor, scores: torch.Tensor, sigmas: torch.Tensor,
+                                     counts: torch.Tensor, vote_thresh: float, iou_sigma: float, vote: bool,
+                                     hard_nms_thresh: Optional[float]) -> List[torch.Tensor]:
     if boxes.is_cuda and triton is not None and scores.shape[1] <= MAX_TRITON_SET_SIZE:
-        return soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thresh,
-                                                    iou_sigma, vote, hard_nms_thresh)
-    return soft_nms_with_variance_voting_cpu(boxes, scores, sigmas, counts, vote_thresh,
-                                             iou_sigma, vote, hard_nms_thresh)
+        return list(soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thresh,
+                                                         iou_sigma, vote, hard_nms_thresh))
+    return list(soft_nms_with_variance_voting_cpu(boxes, scores, sigmas, counts, vote_thresh,
+                                                  iou_sigma, vote, hard_nms_thresh))
+
+
+@soft_nms_with_variance_voting_op.register_fake
+def _(boxes, scores, sigmas, counts, vote_thresh, iou_sigma, vote, hard_nms_thresh):
+    num_sets, width = scores.shape
+    return [scores.new_empty((num_sets, width), dtype=torch.int64), scores.new_empty((num_sets,), dtype=torch.int64),
+            scores.new_empty((num_sets, width, 4), dtype=torch.float32),
+            scores.new_empty((num_sets, width), dtype=torch.float32)]
 
 
 def soft_nms_with_variance_voting_cpu(boxes, scores, sigmas, counts, vote_thresh, iou_sigma,

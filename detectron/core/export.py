@@ -1,0 +1,285 @@
+"""Export a model's whole inference (model_type.exporter) to ONNX or a torch.export program, and
+verify the exported file in onnxruntime against the PyTorch model's detector (docs/EXPORT.md).
+
+The verification matches the two detectors' detections by class and IoU (not by row order: equal
+scores may come in either order) and fails past the tolerances below.
+"""
+import glob
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+import pycocotools.mask as mask_util
+import torch
+
+from detectron.core import test_engine
+from detectron.core.config import cfg
+from detectron.datasets import dataset_catalog, task_evaluation
+from detectron.datasets.json_dataset import JsonDataset
+from detectron.utils.errors import ConfigValueError, DatasetError
+
+logger = logging.getLogger(__name__)
+
+ONNX_OPSET = 18
+FORMATS = ('onnx', 'exported_program')
+# A pair of detections is the same detection when class and IoU >= MATCH_IOU agree; it must then
+# agree within these tolerances (float32 kernels of onnxruntime and PyTorch differ by ~1e-6).
+MATCH_IOU = 0.5
+SCORE_TOL = 1e-3
+BOX_TOL = 0.1  # pixels of the original image
+MASK_IOU_MIN = 0.9  # binarised masks: only pixels at the threshold may flip
+
+
+def export_model(model_type, model, fmt, output, example):
+    """Write model's inference graph to `output`: ONNX (TorchScript tracing, opset ONNX_OPSET,
+    dynamic image sizes where the graph has them) or a torch.export program (torch.export.save;
+    shapes of `example`; on CUDA with the Triton kernels as custom ops). example: a test_inputs()
+    sample to trace with, on the model's device. Returns the Exporter."""
+    if fmt not in FORMATS:
+        raise ConfigValueError('unknown export format {!r}: use one of {}'.format(fmt, ', '.join(FORMATS)))
+    exporter = model_type.exporter(model)
+    # Eval mode on the wrapper too: the ONNX exporter gives the exported module back its own mode.
+    exporter.graph.eval()
+    device = next(exporter.graph.parameters()).device
+    inputs = tuple(x.to(device) for x in exporter.inputs(example))
+    with torch.no_grad():
+        # One eager run first: the model's caches (anchors, tap positions, tables) then hold real
+        # tensors, not the tracer's or torch.export's fake ones, which later eager calls would read.
+        exporter.graph(*inputs)
+    with torch.no_grad(), warnings.catch_warnings():
+        # The tracer warns about every shape check it records as a constant; the tests cover what it keeps.
+        warnings.simplefilter('ignore')
+        if fmt == 'onnx':
+            torch.onnx.export(exporter.graph, inputs, output, dynamo=False, opset_version=ONNX_OPSET,
+                              input_names=list(exporter.input_names), output_names=list(exporter.output_names),
+                              dynamic_axes=exporter.dynamic_axes)
+        else:
+            torch.export.save(torch.export.export(exporter.graph, inputs, strict=False), output)
+    logger.info('Wrote %s (%s)', os.path.abspath(output), fmt)
+    return exporter
+
+
+def onnx_detector(exporter, path):
+    """fn(sample) -> the exported file's detections of a test sample, by onnxruntime on the CPU,
+    ended on the host by exporter.detections as detector() returns them."""
+    import onnxruntime
+    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+
+    def detect(sample):
+        feeds = {name: x.numpy() for name, x in zip(exporter.input_names, exporter.inputs(sample))}
+        return exporter.detections(session.run(list(exporter.output_names), feeds), sample)
+    return detect
+
+
+@dataclass
+class Comparison:
+    """What match_detections found over one or more images."""
+    matched: int = 0
+    unmatched: list = field(default_factory=list)  # (side, class, score, tied) of each unmatched detection
+    max_score_diff: float = 0.0
+    max_box_diff: float = 0.0
+    min_mask_iou: float = 1.0
+
+    def failures(self):
+        """Lines saying what exceeds the tolerances (none: the exported model agrees)."""
+        score_tol, box_tol, mask_iou_min = SCORE_TOL, BOX_TOL, MASK_IOU_MIN
+        lines = []
+        if self.max_score_diff > score_tol:
+            lines.append('largest score difference {:.3g} > {:g}'.format(self.max_score_diff, score_tol))
+        if self.max_box_diff > box_tol:
+            lines.append('largest box difference {:.3g} px > {:g} px'.format(self.max_box_diff, box_tol))
+        if self.min_mask_iou < mask_iou_min:
+            lines.append('smallest mask IoU {:.3g} < {:g}'.format(self.min_mask_iou, mask_iou_min))
+        strays = [u for u in self.unmatched if not u[3]]
+        if strays:
+            side, cls, score, _ = max(strays, key=lambda u: u[2])
+            lines.append('{} detections without a match, e.g. class {} score {:.4f} only in the {} model'.format(
+                len(strays), cls, score, side))
+        return lines
+
+
+def compare(reference, exported, comparison=None):
+    """Add one image's detections to comparison (a new one when None) and return it: reference and
+    exported are what detector() returns (cls_boxes, or (cls_boxes, cls_segms)). Detections pair
+    up within a class by IoU >= MATCH_IOU, the highest IoU first (then the closest score), so row
+    order does not matter. A detection left without a pair counts as a tie when its score is within
+    score_tol of the other model's lowest score of the image (the cap or the threshold) or of a
+    detection of its class the other model left without a pair (equal scores at a top-k cut, where
+    either model may keep either)."""
+    comparison = comparison or Comparison()
+    score_tol = SCORE_TOL
+    (ref_boxes, ref_segms), (exp_boxes, exp_segms) = _boxes_and_segms(reference), _boxes_and_segms(exported)
+    lowest = {side: min((float(d[:, 4].min()) for d in boxes if len(d)), default=np.inf)
+              for side, boxes in (('pytorch', ref_boxes), ('exported', exp_boxes))}
+    for cls, (ref, exp) in enumerate(zip(ref_boxes, exp_boxes)):
+        pairs = match_class(ref, exp)
+        for i, j in pairs:
+            comparison.max_score_diff = max(comparison.max_score_diff, float(abs(ref[i, 4] - exp[j, 4])))
+            comparison.max_box_diff = max(comparison.max_box_diff, float(np.abs(ref[i, :4] - exp[j, :4]).max()))
+            if ref_segms is not None:
+                comparison.min_mask_iou = min(comparison.min_mask_iou, mask_iou(ref_segms[cls][i], exp_segms[cls][j]))
+        comparison.matched += len(pairs)
+        left = {'pytorch': _unpaired_scores(ref, {i for i, _ in pairs}),
+                'exported': _unpaired_scores(exp, {j for _, j in pairs})}
+        for side, other in (('pytorch', 'exported'), ('exported', 'pytorch')):
+            for score in left[side]:
+                tied = score <= lowest[other] + score_tol or bool(np.any(np.abs(left[other] - score) <= score_tol))
+                comparison.unmatched.append((side, cls, float(score), tied))
+    return comparison
+
+
+def _unpaired_scores(dets, paired):
+    return np.array([dets[k, 4] for k in range(len(dets)) if k not in paired], dtype=np.float64)
+
+
+def match_class(ref, exp, iou_thresh=MATCH_IOU):
+    """[(i, j)]: rows of ref and exp (N, 5) [x1, y1, x2, y2, score] paired greedily, the pair closest
+    in units of the tolerances first (max(score difference / SCORE_TOL, largest coordinate
+    difference / BOX_TOL)), then by IoU: equal boxes in another row order, or tied scores, pair with
+    their own copy. A pair needs IoU >= iou_thresh (+1 sides, as Detectron's) or boxes within
+    BOX_TOL (an untrained model's inverted boxes have no IoU)."""
+    if not len(ref) or not len(exp):
+        return []
+    ref, exp = ref.astype(np.float64), exp.astype(np.float64)
+    iou = _iou(ref[:, :4], exp[:, :4])
+    box_diff = np.abs(ref[:, None, :4] - exp[None, :, :4]).max(axis=2)
+    closeness = np.maximum(np.abs(ref[:, None, 4] - exp[None, :, 4]) / SCORE_TOL, box_diff / BOX_TOL)
+    candidates = np.argwhere((iou >= iou_thresh) | (box_diff <= BOX_TOL))
+    i, j = candidates[:, 0], candidates[:, 1]
+    pairs, used_i, used_j = [], set(), set()
+    for a, b in candidates[np.lexsort((-iou[i, j], closeness[i, j]))]:
+        if a not in used_i and b not in used_j:
+            pairs.append((int(a), int(b)))
+            used_i.add(a)
+            used_j.add(b)
+    return pairs
+
+
+def mask_iou(a, b):
+    """IoU of two COCO RLEs; two empty masks agree (1)."""
+    if not mask_util.area(a) and not mask_util.area(b):
+        return 1.0
+    return float(mask_util.iou([a], [b], [0])[0, 0])
+
+
+def _iou(a, b):
+    lo = np.maximum(a[:, None, :2], b[None, :, :2])
+    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(hi - lo + 1, 0, None), axis=2)
+    area_a = np.prod(a[:, 2:] - a[:, :2] + 1, axis=1)
+    area_b = np.prod(b[:, 2:] - b[:, :2] + 1, axis=1)
+    return inter / (area_a[:, None] + area_b[None, :] - inter)
+
+
+def _boxes_and_segms(result):
+    return result if isinstance(result, tuple) else (result, None)
+
+
+IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'bmp')
+
+
+def verify(model_type, model, exporter, path, source, output_dir):
+    """Verify the ONNX file `path` against model on `source` (a registered dataset name, an image or
+    a folder of images); True when within the tolerances (report logs the numbers)."""
+    detect_exported = onnx_detector(exporter, path)
+    if dataset_catalog.contains(source):
+        return report(*verify_dataset(model_type, model, detect_exported, source, output_dir))
+    return report(verify_images(model_type, model, detect_exported, image_paths(source)))
+
+
+def image_paths(source):
+    """The image file `source`, or the images (IMAGE_EXTENSIONS) of the folder `source`."""
+    if not os.path.isdir(source):
+        if not os.path.isfile(source):
+            raise DatasetError('--verify {}: neither a registered dataset, an image nor a folder'.format(source))
+        return [source]
+    paths = sorted(p for ext in IMAGE_EXTENSIONS for p in glob.glob(os.path.join(source, '*.' + ext)))
+    if not paths:
+        raise DatasetError('folder {} holds no image ({})'.format(source, ', '.join(IMAGE_EXTENSIONS)))
+    return paths
+
+
+def example_sample(model_type, source):
+    """The sample to trace with: the first image of a folder or file source, else a fixed random image."""
+    if source and not dataset_catalog.contains(source):
+        return model_type.test_inputs()(cv2.imread(image_paths(source)[0]))
+    im = np.random.RandomState(0).randint(0, 256, size=(EXAMPLE_SIZE[0], EXAMPLE_SIZE[1], 3)).astype(np.uint8)
+    return model_type.test_inputs()(im)
+
+
+EXAMPLE_SIZE = (480, 640)
+
+
+def verify_images(model_type, model, detect_exported, paths):
+    """Comparison of model's detector with detect_exported (onnx_detector) on the image files."""
+    detect = model_type.detector()
+    prepare = model_type.test_inputs()
+    comparison = Comparison()
+    for path in paths:
+        im = cv2.imread(path)
+        if im is None:
+            raise ConfigValueError('cannot read image {}'.format(path))
+        sample = prepare(im)
+        with torch.no_grad():
+            reference = detect(model, sample)
+        compare(reference, detect_exported(sample), comparison)
+    return comparison
+
+
+class _ExportedModelType:
+    """model_type whose detector is the exported file's (for test_engine.test_net)."""
+
+    def __init__(self, model_type, detect_exported):
+        self._model_type, self._detect = model_type, detect_exported
+
+    def __getattr__(self, name):
+        return getattr(self._model_type, name)
+
+    def batch_detector(self):
+        return lambda _model, samples: [self._detect(sample) for sample in samples]
+
+
+def verify_dataset(model_type, model, detect_exported, name, output_dir):
+    """(Comparison, {'pytorch': results, 'exported': results}) on dataset `name`: both detectors
+    through test_engine.test_net and COCO's evaluation (task_evaluation.evaluate_all)."""
+    comparison, results, detections = Comparison(), {}, {}
+    for side, typed in (('pytorch', model_type), ('exported', _ExportedModelType(model_type, detect_exported))):
+        side_dir = os.path.join(output_dir, side)
+        os.makedirs(side_dir, exist_ok=True)
+        _, (all_boxes, all_segms) = test_engine.test_net(typed, None, name, side_dir, model=model)
+        detections[side] = (all_boxes, all_segms)
+        results[side] = task_evaluation.evaluate_all(
+            JsonDataset(name), all_boxes, side_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
+            results_format=model_type.results_format(), all_segms=all_segms)[name]
+    (ref_boxes, ref_segms), (exp_boxes, exp_segms) = detections['pytorch'], detections['exported']
+    for i in range(len(ref_boxes[0])):
+        reference = [c[i] for c in ref_boxes]
+        exported = [c[i] for c in exp_boxes]
+        if ref_segms is not None:
+            reference, exported = (reference, [c[i] for c in ref_segms]), (exported, [c[i] for c in exp_segms])
+        compare(reference, exported, comparison)
+    return comparison, results
+
+
+def report(comparison, results=None):
+    """Log the comparison (and both models' APs); True when it is within the tolerances."""
+    at_cut = sum(1 for u in comparison.unmatched if u[3])
+    logger.info('verify: %d detections matched by class and IoU >= %g (or boxes within %g px); %d without a '
+                'match (%d of them ties at a cut)', comparison.matched, MATCH_IOU, BOX_TOL, len(comparison.unmatched),
+                at_cut)
+    logger.info('verify: largest score difference %.3g (tolerance %g), largest box difference %.3g px '
+                '(tolerance %g px)', comparison.max_score_diff, SCORE_TOL, comparison.max_box_diff, BOX_TOL)
+    if comparison.min_mask_iou < 1.0:
+        logger.info('verify: smallest mask IoU %.4f (tolerance %g)', comparison.min_mask_iou, MASK_IOU_MIN)
+    for task in (results or {}).get('pytorch', {}):
+        logger.info('verify: %s AP pytorch %.4f, onnxruntime %.4f', task, results['pytorch'][task]['AP'],
+                    results['exported'][task]['AP'])
+    failures = comparison.failures()
+    for line in failures:
+        logger.error('verify: FAILED: %s', line)
+    if not failures:
+        logger.info('verify: PASSED')
+    return not failures
