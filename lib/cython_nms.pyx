@@ -185,7 +185,8 @@ cdef struct _KLSettings:
 
 
 cdef struct _KLWork:
-    # One box set's state by current position, swapped like the rows of KL-Loss's arrays.
+    # A box set's state by current position, swapped like the rows of KL-Loss's arrays, and each
+    # input row's vote terms (8 per row).
     float* x1
     float* y1
     float* x2
@@ -193,15 +194,22 @@ cdef struct _KLWork:
     float* area
     float* score
     Py_ssize_t* row
-    # Scratch: the positions a step examines, each input row's vote terms (8 per row), the
+    float* terms
+    # Scratch of one step: the positions it examines and their IoUs, vote weights and decays; the
     # kept rows.
     Py_ssize_t* examined
     unsigned char* flags
     float* ious
     double* weights
     double* decays
-    float* terms
     unsigned char* selected
+
+
+cdef struct _KLSet:
+    Py_ssize_t count  # rows
+    Py_ssize_t n  # live boxes
+    Py_ssize_t i  # boxes selected
+    Py_ssize_t best  # position of the next selection
 
 
 cdef _KLSettings _kl_settings(double vote_thresh, double iou_sigma, bint vote, hard_nms_thresh):
@@ -216,21 +224,21 @@ cdef _KLSettings _kl_settings(double vote_thresh, double iou_sigma, bint vote, h
 
 
 cdef class _KLBuffers:
-    """The scratch arrays behind a _KLWork for sets of up to `width` rows."""
-    cdef object floats, indices, flags_arr, ious_arr, doubles, selected_arr, terms_arr
+    """The arrays behind a _KLWork: state for `total` rows, scratch for sets of up to `width`."""
+    cdef object floats, indices, terms_arr, flags_arr, ious_arr, doubles, selected_arr
     cdef _KLWork work
 
-    def __cinit__(self, Py_ssize_t width):
-        width = max(width, 1)
-        self.floats = np.empty((6, width), dtype=np.float32)
-        self.indices = np.empty((2, width), dtype=np.intp)
+    def __cinit__(self, Py_ssize_t total, Py_ssize_t width):
+        total, width = max(total, 1), max(width, 1)
+        self.floats = np.empty((6, total), dtype=np.float32)
+        self.indices = np.empty(total + width, dtype=np.intp)
+        self.terms_arr = np.empty((total, 8), dtype=np.float32)
         self.flags_arr = np.empty(width + 8, dtype=np.uint8)
         self.ious_arr = np.empty(width, dtype=np.float32)
         self.doubles = np.empty((2, width), dtype=np.float64)
-        self.terms_arr = np.empty((width, 8), dtype=np.float32)
         self.selected_arr = np.empty(width, dtype=np.uint8)
         cdef float[:, ::1] f = self.floats
-        cdef Py_ssize_t[:, ::1] r = self.indices
+        cdef Py_ssize_t[::1] r = self.indices
         cdef float[:, ::1] t = self.terms_arr
         cdef unsigned char[::1] fl = self.flags_arr
         cdef float[::1] io = self.ious_arr
@@ -238,9 +246,18 @@ cdef class _KLBuffers:
         cdef unsigned char[::1] s = self.selected_arr
         self.work.x1, self.work.y1, self.work.x2 = &f[0, 0], &f[1, 0], &f[2, 0]
         self.work.y2, self.work.area, self.work.score = &f[3, 0], &f[4, 0], &f[5, 0]
-        self.work.row, self.work.examined = &r[0, 0], &r[1, 0]
-        self.work.flags, self.work.terms, self.work.selected = &fl[0], &t[0, 0], &s[0]
+        self.work.row, self.work.terms = &r[0], &t[0, 0]
+        self.work.examined, self.work.flags, self.work.selected = &r[total], &fl[0], &s[0]
         self.work.ious, self.work.weights, self.work.decays = &io[0], &d[0, 0], &d[1, 0]
+
+
+cdef inline _KLWork _kl_rows_from(const _KLWork* w, Py_ssize_t first) noexcept nogil:
+    """w with its state arrays starting at row `first` (a set stored after others)."""
+    cdef _KLWork view = w[0]
+    view.x1, view.y1, view.x2, view.y2 = w.x1 + first, w.y1 + first, w.x2 + first, w.y2 + first
+    view.area, view.score, view.row = w.area + first, w.score + first, w.row + first
+    view.terms = w.terms + 8 * first
+    return view
 
 
 def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thresh,
@@ -283,10 +300,10 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thr
 
     cdef _KLSettings settings = _kl_settings(vote_thresh, iou_sigma, vote, hard_nms_thresh)
     order = np.empty((num_sets, width), dtype=np.int64)
-    num_kept = np.empty(num_sets, dtype=np.int64)
+    num_kept = np.zeros(num_sets, dtype=np.int64)
     voted = np.empty((num_sets, width, 4), dtype=np.float32)
     final_scores = scores.copy()
-    cdef _KLBuffers buffers = _KLBuffers(width)
+    cdef _KLBuffers buffers = _KLBuffers(width, width)
 
     cdef const float[:, :, ::1] b = boxes
     cdef const float[:, :, ::1] sg = sigmas
@@ -295,22 +312,26 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thr
     cdef long long[::1] out_kept = num_kept
     cdef float[:, :, ::1] out_voted = voted
     cdef float[:, ::1] out_scores = final_scores
+    cdef _KLSet kl_set
     cdef Py_ssize_t c
-    if width == 0:
-        num_kept[:] = 0
-    else:
+    if width > 0:
         with nogil:
             for c in range(num_sets):
-                _kl_soft_one_set(&b[c, 0, 0], &sg[c, 0, 0], &out_scores[c, 0], cnt[c], width,
-                                 &settings, &buffers.work, &out_order[c, 0], &out_kept[c],
-                                 &out_voted[c, 0, 0], &out_scores[c, 0])
+                _kl_begin(&b[c, 0, 0], &sg[c, 0, 0], &out_scores[c, 0], cnt[c], &settings,
+                          &buffers.work, &kl_set)
+                while kl_set.i < kl_set.n:
+                    _kl_step(&kl_set, &settings, &buffers.work, &out_voted[c, 0, 0])
+                _kl_finish(&kl_set, &buffers.work, &b[c, 0, 0], width, &out_order[c, 0],
+                           &out_voted[c, 0, 0], &out_scores[c, 0])
+                out_kept[c] = kl_set.i
     if one_set:
         return order[0], int(num_kept[0]), voted[0], final_scores[0]
     return order, num_kept, voted, final_scores
 
 
 def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thresh,
-                                          double iou_sigma, bint vote=True, hard_nms_thresh=None):
+                                          double iou_sigma, bint vote=True, hard_nms_thresh=None,
+                                          Py_ssize_t max_kept=0):
     """`soft_nms_with_variance_voting` on sets stored one after another, without padding.
 
     dets (A, 5) float32 (x1, y1, x2, y2, score) and sigmas (A, 4) matched to the box columns;
@@ -318,6 +339,14 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
     `soft` leaves them, its kept boxes in selection order (voted box, final score), then its
     other rows in increasing row order (original box, final score); and `kept` (A,) bool, true
     at the rows of `after` that are kept. The GIL is released while the sets are processed.
+
+    With max_kept > 0 and finite scores, only the kept boxes that score at least as high as the
+    max_kept-th best kept box of all sets are selected (Detectron's per-image limit,
+    TEST.DETECTIONS_PER_IM, drops the others): the sets are stepped together, always the one whose
+    next selection scores highest, so the selected scores never increase, and stepping stops once
+    max_kept boxes are selected and the next score is below the max_kept-th. Each set's
+    selections are those of a full run, in the same order, with the same boxes and scores; its
+    rows of `after` not kept then hold the boxes left unselected, with their scores at the stop.
     """
     dets = np.asarray(dets, dtype=np.float32)
     counts = np.ascontiguousarray(np.reshape(counts, -1), dtype=np.intp)
@@ -330,109 +359,170 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
     boxes = np.ascontiguousarray(dets[:, :4])
     scores = np.ascontiguousarray(dets[:, 4])
     sigmas = np.ascontiguousarray(sigmas, dtype=np.float32)
+    if not np.isfinite(scores).all():
+        max_kept = 0  # selected scores may then increase: run every set to its end
 
     cdef _KLSettings settings = _kl_settings(vote_thresh, iou_sigma, vote, hard_nms_thresh)
     order = np.empty(total, dtype=np.int64)
-    num_kept = np.empty(len(counts), dtype=np.int64)
     voted = np.empty((total, 4), dtype=np.float32)
     final_scores = np.empty(total, dtype=np.float32)
     after = np.empty((total, 5), dtype=np.float32)
     kept = np.empty(total, dtype=np.bool_)
-    cdef _KLBuffers buffers = _KLBuffers(counts.max() if len(counts) else 0)
+    cdef Py_ssize_t num_sets = len(counts)
+    cdef _KLBuffers buffers = _KLBuffers(total, counts.max() if num_sets else 0)
+    firsts = np.ascontiguousarray(np.cumsum(counts) - counts, dtype=np.intp)
+    kl_sets = np.empty(max(num_sets, 1) * sizeof(_KLSet), dtype=np.uint8)
 
     cdef const float[:, ::1] b = boxes
     cdef const float[:, ::1] sg = sigmas
     cdef const float[::1] sc = scores
+    cdef const Py_ssize_t[::1] first = firsts
     cdef const Py_ssize_t[::1] cnt = counts
     cdef long long[::1] out_order = order
-    cdef long long[::1] out_kept = num_kept
     cdef float[:, ::1] out_voted = voted
     cdef float[::1] out_scores = final_scores
     cdef float[:, ::1] out_after = after
-    cdef unsigned char[::1] out_kept_rows = kept.view(np.uint8)
-    cdef Py_ssize_t c, first = 0, n, pos, k
+    cdef unsigned char[::1] out_kept = kept.view(np.uint8)
+    cdef unsigned char[::1] kl_set_bytes = kl_sets
+    cdef _KLSet* sets = <_KLSet*> &kl_set_bytes[0]
+    cdef _KLWork view
+    cdef Py_ssize_t c, pos, k, start
     with nogil:
-        for c in range(cnt.shape[0]):
-            n = cnt[c]
-            if n > 0:
-                _kl_soft_one_set(&b[first, 0], &sg[first, 0], &sc[first], n, n, &settings,
-                                 &buffers.work, &out_order[first], &out_kept[c],
-                                 &out_voted[first, 0], &out_scores[first])
-            else:
-                out_kept[c] = 0
-            for pos in range(n):
+        for c in range(num_sets):
+            view = _kl_rows_from(&buffers.work, first[c])
+            _kl_begin(&b[first[c], 0], &sg[first[c], 0], &sc[first[c]], cnt[c], &settings,
+                      &view, &sets[c])
+        _kl_step_sets(sets, num_sets, &first[0], &settings, &buffers.work, &out_voted[0, 0],
+                      max_kept)
+        for c in range(num_sets):
+            start = first[c]
+            view = _kl_rows_from(&buffers.work, start)
+            _kl_finish(&sets[c], &view, &b[start, 0], sets[c].count, &out_order[start],
+                       &out_voted[start, 0], &out_scores[start])
+            for pos in range(sets[c].count):
                 for k in range(4):
-                    out_after[first + pos, k] = out_voted[first + pos, k]
-                out_after[first + pos, 4] = out_scores[first + out_order[first + pos]]
-                out_kept_rows[first + pos] = pos < out_kept[c]
-            first += n
+                    out_after[start + pos, k] = out_voted[start + pos, k]
+                out_after[start + pos, 4] = out_scores[start + out_order[start + pos]]
+                out_kept[start + pos] = pos < sets[c].i
     return after, kept
 
 
-cdef void _kl_soft_one_set(const float* boxes, const float* sigmas, const float* scores,
-                           Py_ssize_t n, Py_ssize_t width, const _KLSettings* settings, _KLWork* w,
-                           long long* order, long long* num_kept, float* voted,
-                           float* final_scores) noexcept nogil:
-    """KL-Loss's `soft` on the first n of a set's `width` rows: boxes (width, 4), sigmas (width, 4),
-    scores (width,). Writes order (width,), num_kept, voted (width, 4) and the final scores of rows
-    0..n-1 (final_scores may be scores itself).
+cdef void _kl_step_sets(_KLSet* sets, Py_ssize_t num_sets, const Py_ssize_t* first,
+                        const _KLSettings* settings, const _KLWork* w, float* voted,
+                        Py_ssize_t max_kept) noexcept nogil:
+    """Steps the sets (state rows from first[c], voted boxes at voted + 4 * first[c]) to their
+    ends, or with max_kept > 0 in decreasing order of the selected score until max_kept are
+    selected and the next scores below the max_kept-th."""
+    cdef Py_ssize_t c, selected = 0
+    cdef float top, last_kept = 0
+    cdef _KLWork view
+    if max_kept <= 0:
+        for c in range(num_sets):
+            view = _kl_rows_from(w, first[c])
+            while sets[c].i < sets[c].n:
+                _kl_step(&sets[c], settings, &view, voted + 4 * first[c])
+        return
+    while True:
+        c = _kl_next_set(sets, num_sets, first, w)
+        if c < 0:
+            return
+        top = w.score[first[c] + sets[c].best]
+        if selected >= max_kept and top < last_kept:
+            return
+        view = _kl_rows_from(w, first[c])
+        _kl_step(&sets[c], settings, &view, voted + 4 * first[c])
+        selected += 1
+        if selected == max_kept:
+            last_kept = top
+
+
+cdef inline Py_ssize_t _kl_next_set(const _KLSet* sets, Py_ssize_t num_sets, const Py_ssize_t* first,
+                                    const _KLWork* w) noexcept nogil:
+    """The set whose next selection scores highest (-1 once every set is done)."""
+    cdef Py_ssize_t c, best_set = -1
+    cdef float score, top = 0
+    for c in range(num_sets):
+        if sets[c].i < sets[c].n:
+            score = w.score[first[c] + sets[c].best]
+            if best_set < 0 or score > top:
+                best_set, top = c, score
+    return best_set
+
+
+cdef void _kl_begin(const float* boxes, const float* sigmas, const float* scores, Py_ssize_t count,
+                    const _KLSettings* settings, _KLWork* w, _KLSet* kl_set) noexcept nogil:
+    """Starts KL-Loss's `soft` on the `count` rows boxes (count, 4), sigmas (count, 4), scores
+    (count,): loads them into w and finds the first selection."""
+    _kl_load(boxes, sigmas, scores, count, settings, w)
+    kl_set.count, kl_set.n, kl_set.i = count, count, 0
+    kl_set.best = _kl_first_best(w.score, 0, count)
+
+
+cdef void _kl_step(_KLSet* kl_set, const _KLSettings* settings, _KLWork* w,
+                   float* voted) noexcept nogil:
+    """One step of `soft` (kl_set.i < kl_set.n): the next selection takes position i, gets its
+    voted box (voted[i]), rescores and drops the later live boxes; the one after is found.
 
     A step computes only what it changes: boxes that do not intersect the selected one (IoU 0)
     neither vote nor decay, so it lists those that do (all with a negative vote threshold),
     computes their IoUs, vote weights and decays, then applies them in KL-Loss's order: a box
     dropped at a position is replaced by the last live one, which is examined there if it is
     listed. The next selection is then the first highest score among the later live positions."""
-    cdef Py_ssize_t count = n, i, pos, best, k, entry, next_entry, end
+    cdef Py_ssize_t i = kl_set.i, n = kl_set.n, pos, k, entry, next_entry, end
     cdef double sums[8]
-    _kl_load(boxes, sigmas, scores, n, settings, w)
-    best = _kl_first_best(w.score, 0, n)
-    i = 0
-    while i < n:
-        _kl_swap(w, i, best)
-        for k in range(8):
-            sums[k] = 0.0
-        if settings.vote:
-            _kl_add_vote(w, i, _kl_iou(w, i, i), settings, sums)
-        end = _kl_intersecting(w, i, n, settings.examine_all)
-        _kl_pair_terms(w, i, end, settings)
-        next_entry = 0
-        while next_entry < end:
-            entry = next_entry
-            next_entry += 1
-            pos = w.examined[entry]
-            while _kl_apply_dropped(w, entry, pos, settings, sums):
-                n -= 1
-                if n == pos:
-                    break
-                _kl_swap(w, pos, n)
-                # The box moved here is examined now if it is listed: it was the last position
-                # still to examine.
-                if end > next_entry and w.examined[end - 1] == n:
-                    end -= 1
-                    entry = end
-                else:
-                    break
-        best = _kl_first_best(w.score, i + 1, n)
+    _kl_swap(w, i, kl_set.best)
+    for k in range(8):
+        sums[k] = 0.0
+    if settings.vote:
+        _kl_add_vote(w, i, _kl_iou(w, i, i), settings, sums)
+    end = _kl_intersecting(w, i, n, settings.examine_all)
+    _kl_pair_terms(w, i, end, settings)
+    next_entry = 0
+    while next_entry < end:
+        entry = next_entry
+        next_entry += 1
+        pos = w.examined[entry]
+        while _kl_apply_dropped(w, entry, pos, settings, sums):
+            n -= 1
+            if n == pos:
+                break
+            _kl_swap(w, pos, n)
+            # The box moved here is examined now if it is listed: it was the last position still
+            # to examine.
+            if end > next_entry and w.examined[end - 1] == n:
+                end -= 1
+                entry = end
+            else:
+                break
+    if settings.vote:
         for k in range(4):
-            voted[4 * i + k] = (<float>(sums[k] / sums[k + 4]) if settings.vote
-                                else boxes[4 * w.row[i] + k])
-        i += 1
+            voted[4 * i + k] = <float>(sums[k] / sums[k + 4])
+    else:
+        voted[4 * i], voted[4 * i + 1], voted[4 * i + 2], voted[4 * i + 3] = w.x1[i], w.y1[i], w.x2[i], w.y2[i]
+    kl_set.n, kl_set.i = n, i + 1
+    kl_set.best = _kl_first_best(w.score, i + 1, n)
 
-    num_kept[0] = n
-    for pos in range(count):
+
+cdef void _kl_finish(const _KLSet* kl_set, _KLWork* w, const float* boxes, Py_ssize_t width,
+                     long long* order, float* voted, float* final_scores) noexcept nogil:
+    """A set's outputs once its steps are done: order (width,) (the kl_set.i selected rows, then
+    the other rows in increasing order), voted (width, 4) beyond the selected ones (the original
+    boxes) and the scores of its kl_set.count rows, by row."""
+    cdef Py_ssize_t pos, k, kept = kl_set.i, out
+    for pos in range(kl_set.count):
         final_scores[w.row[pos]] = w.score[pos]
     for pos in range(width):
         w.selected[pos] = 0
-    for pos in range(n):
+    for pos in range(kept):
         order[pos] = w.row[pos]
         w.selected[w.row[pos]] = 1
-    i = n
+    out = kept
     for pos in range(width):
         if not w.selected[pos]:
-            order[i] = pos
+            order[out] = pos
             for k in range(4):
-                voted[4 * i + k] = boxes[4 * pos + k]
-            i += 1
+                voted[4 * out + k] = boxes[4 * pos + k]
+            out += 1
 
 
 cdef inline void _kl_load(const float* boxes, const float* sigmas, const float* scores, Py_ssize_t n,
@@ -565,9 +655,11 @@ cdef inline Py_ssize_t _kl_first_best(const float* score, Py_ssize_t first, Py_s
     """The first position of the highest score among first..n-1 (`first` if its score is NaN):
     the first strict maximum of a scan, found by 4 interleaved scans whose dependency chains
     overlap, then merged (a tie goes to the lower position)."""
-    cdef Py_ssize_t pos, lane, best = first
+    cdef Py_ssize_t pos, lane
     cdef Py_ssize_t at[4]
     cdef float top[4]
+    if first >= n:
+        return first
     for lane in range(4):
         at[lane], top[lane] = first, score[first]
     pos = first + 1

@@ -69,16 +69,18 @@ def soft_nms_with_variance_voting_cpu(boxes, scores, sigmas, counts, vote_thresh
 
 
 def soft_nms_with_variance_voting_grouped_cpu(dets, sigmas, counts, vote_thresh, iou_sigma, vote=True,
-                                              hard_nms_thresh=None):
+                                              hard_nms_thresh=None, max_kept=0):
     """`soft_nms_with_variance_voting` by the compiled CPU kernel on sets stored one after another
     (no padding, no work for empty sets): dets (A, 5) float32 (x1, y1, x2, y2, score), sigmas (A, 4),
     set c the next counts[c] rows. Returns, on the input's device, `after` (A, 5) float32, each
     set's rows as KL-Loss's `soft` leaves them (its kept boxes in selection order, voted, with
     their final scores, then its other rows in increasing row order with their original boxes and
-    final scores), and `kept` (A,) bool, true at the rows of `after` that are kept."""
+    final scores), and `kept` (A,) bool, true at the rows of `after` that are kept. With
+    max_kept > 0 only the kept boxes that Detectron's per-image limit of max_kept detections
+    can keep are selected (see cython_nms.soft_nms_with_variance_voting_grouped)."""
     host = [t.detach().cpu().numpy() for t in (dets, sigmas, counts)]
     outputs = cython_nms.soft_nms_with_variance_voting_grouped(*host, vote_thresh, iou_sigma, vote,
-                                                               hard_nms_thresh)
+                                                               hard_nms_thresh, max_kept)
     return tuple(torch.from_numpy(o).to(dets.device) for o in outputs)
 
 
