@@ -6,7 +6,9 @@ on CUDA tensors a Triton kernel (one program per box set, the set held in one bl
 the compiled CPU kernel `detectron.utils.cython_nms.soft_nms_with_variance_voting`.
 `soft_nms_with_variance_voting` picks between them. Their results are identical except where
 float64 exp or the order of a vote's float64 sum differ in the last bit, which rarely changes the
-float32 they are rounded to.
+float32 they are rounded to. On the host, `soft_nms_with_variance_voting_grouped_cpu` takes the
+candidates grouped by class without padding and, given Detectron's per-image limit, selects only
+the boxes that the limit can keep.
 
 On the GPU everything that does not depend on the order of selection runs first, in parallel: the
 IoU of every pair of boxes (KL-Loss computes that matrix once, from the original boxes) turned
