@@ -10,6 +10,19 @@ Detectron stores them, while intersections, IoUs and scores stay float32.
 import numpy as np
 
 from libc.math cimport exp
+from libc.string cimport memcpy
+
+
+cdef extern from *:
+    """
+    #if defined(_MSC_VER)
+    #include <intrin.h>
+    static inline int _lowest_set_bit(unsigned long long x) { unsigned long i; _BitScanForward64(&i, x); return (int)i; }
+    #else
+    #define _lowest_set_bit(x) __builtin_ctzll(x)
+    #endif
+    """
+    int _lowest_set_bit(unsigned long long x) noexcept nogil
 
 SOFT_NMS_METHODS = {'hard': 0, 'linear': 1, 'gaussian': 2}
 
@@ -167,18 +180,84 @@ cdef struct _KLSettings:
     bint vote
     bint hard
     double hard_nms_thresh
+    # A negative vote threshold lets boxes of IoU 0 vote: then every live box is examined.
+    bint examine_all
 
 
 cdef struct _KLWork:
-    # One box set's state by current position, swapped like the rows of KL-Loss's arrays.
+    # A box set's state by current position, swapped like the rows of KL-Loss's arrays, and each
+    # input row's vote terms (8 per row).
     float* x1
     float* y1
     float* x2
     float* y2
     float* area
     float* score
-    float* iou
     Py_ssize_t* row
+    float* terms
+    # Scratch of one step: the positions it examines and their IoUs, vote weights and decays; the
+    # kept rows.
+    Py_ssize_t* examined
+    unsigned char* flags
+    float* ious
+    double* weights
+    double* decays
+    unsigned char* selected
+
+
+cdef struct _KLSet:
+    Py_ssize_t count  # rows
+    Py_ssize_t n  # live boxes
+    Py_ssize_t i  # boxes selected
+    Py_ssize_t best  # position of the next selection
+
+
+cdef _KLSettings _kl_settings(double vote_thresh, double iou_sigma, bint vote, hard_nms_thresh):
+    cdef _KLSettings settings
+    settings.vote_thresh = vote_thresh
+    settings.iou_sigma = iou_sigma
+    settings.vote = vote
+    settings.hard = hard_nms_thresh is not None
+    settings.hard_nms_thresh = hard_nms_thresh if settings.hard else 0.0
+    settings.examine_all = vote and vote_thresh < 0
+    return settings
+
+
+cdef class _KLBuffers:
+    """The arrays behind a _KLWork: state for `total` rows, scratch for sets of up to `width`."""
+    cdef object floats, indices, terms_arr, flags_arr, ious_arr, doubles, selected_arr
+    cdef _KLWork work
+
+    def __cinit__(self, Py_ssize_t total, Py_ssize_t width):
+        total, width = max(total, 1), max(width, 1)
+        self.floats = np.empty((6, total), dtype=np.float32)
+        self.indices = np.empty(total + width, dtype=np.intp)
+        self.terms_arr = np.empty((total, 8), dtype=np.float32)
+        self.flags_arr = np.empty(width + 8, dtype=np.uint8)
+        self.ious_arr = np.empty(width, dtype=np.float32)
+        self.doubles = np.empty((2, width), dtype=np.float64)
+        self.selected_arr = np.empty(width, dtype=np.uint8)
+        cdef float[:, ::1] f = self.floats
+        cdef Py_ssize_t[::1] r = self.indices
+        cdef float[:, ::1] t = self.terms_arr
+        cdef unsigned char[::1] fl = self.flags_arr
+        cdef float[::1] io = self.ious_arr
+        cdef double[:, ::1] d = self.doubles
+        cdef unsigned char[::1] s = self.selected_arr
+        self.work.x1, self.work.y1, self.work.x2 = &f[0, 0], &f[1, 0], &f[2, 0]
+        self.work.y2, self.work.area, self.work.score = &f[3, 0], &f[4, 0], &f[5, 0]
+        self.work.row, self.work.terms = &r[0], &t[0, 0]
+        self.work.examined, self.work.flags, self.work.selected = &r[total], &fl[0], &s[0]
+        self.work.ious, self.work.weights, self.work.decays = &io[0], &d[0, 0], &d[1, 0]
+
+
+cdef inline _KLWork _kl_rows_from(const _KLWork* w, Py_ssize_t first) noexcept nogil:
+    """w with its state arrays starting at row `first` (a set stored after others)."""
+    cdef _KLWork view = w[0]
+    view.x1, view.y1, view.x2, view.y2 = w.x1 + first, w.y1 + first, w.x2 + first, w.y2 + first
+    view.area, view.score, view.row = w.area + first, w.score + first, w.row + first
+    view.terms = w.terms + 8 * first
+    return view
 
 
 def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thresh,
@@ -219,167 +298,384 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thr
     if counts.shape != (num_sets,) or np.any(counts < 0) or np.any(counts > width):
         raise ValueError(f'counts must hold {num_sets} values in [0, {width}], got {counts}')
 
-    cdef _KLSettings settings
-    settings.vote_thresh = vote_thresh
-    settings.iou_sigma = iou_sigma
-    settings.vote = vote
-    settings.hard = hard_nms_thresh is not None
-    settings.hard_nms_thresh = hard_nms_thresh if settings.hard else 0.0
-
+    cdef _KLSettings settings = _kl_settings(vote_thresh, iou_sigma, vote, hard_nms_thresh)
     order = np.empty((num_sets, width), dtype=np.int64)
-    num_kept = np.empty(num_sets, dtype=np.int64)
+    num_kept = np.zeros(num_sets, dtype=np.int64)
     voted = np.empty((num_sets, width, 4), dtype=np.float32)
     final_scores = scores.copy()
-    # Vote terms of every row: box / sigma^2 (cols 0-3) and 1 / sigma^2 (cols 4-7), float32 as in
-    # KL-Loss.
-    variances = sigmas * sigmas
-    vote_terms = np.concatenate([boxes / variances, np.float32(1) / variances], axis=2)
-    floats = np.empty((7, max(width, 1)), dtype=np.float32)
-    rows = np.empty(max(width, 1), dtype=np.intp)
-    selected = np.empty(max(width, 1), dtype=np.uint8)
+    cdef _KLBuffers buffers = _KLBuffers(width, width)
 
     cdef const float[:, :, ::1] b = boxes
-    cdef const float[:, :, ::1] t = vote_terms
+    cdef const float[:, :, ::1] sg = sigmas
     cdef const Py_ssize_t[::1] cnt = counts
     cdef long long[:, ::1] out_order = order
     cdef long long[::1] out_kept = num_kept
     cdef float[:, :, ::1] out_voted = voted
     cdef float[:, ::1] out_scores = final_scores
-    cdef float[:, ::1] f = floats
-    cdef Py_ssize_t[::1] r = rows
-    cdef unsigned char[::1] sel = selected
-    cdef _KLWork work
-    work.x1, work.y1, work.x2, work.y2 = &f[0, 0], &f[1, 0], &f[2, 0], &f[3, 0]
-    work.area, work.score, work.iou, work.row = &f[4, 0], &f[5, 0], &f[6, 0], &r[0]
+    cdef _KLSet kl_set
     cdef Py_ssize_t c
-    with nogil:
-        for c in range(num_sets):
-            _kl_soft_one_set(b[c], t[c], cnt[c], &settings, &work, &sel[0], out_order[c],
-                             &out_kept[c], out_voted[c], out_scores[c])
+    if width > 0:
+        with nogil:
+            for c in range(num_sets):
+                _kl_begin(&b[c, 0, 0], &sg[c, 0, 0], &out_scores[c, 0], cnt[c], &settings,
+                          &buffers.work, &kl_set)
+                while kl_set.i < kl_set.n:
+                    _kl_step(&kl_set, &settings, &buffers.work, &out_voted[c, 0, 0])
+                _kl_finish(&kl_set, &buffers.work, &b[c, 0, 0], width, &out_order[c, 0],
+                           &out_voted[c, 0, 0], &out_scores[c, 0])
+                out_kept[c] = kl_set.i
     if one_set:
         return order[0], int(num_kept[0]), voted[0], final_scores[0]
     return order, num_kept, voted, final_scores
 
 
-cdef void _kl_soft_one_set(const float[:, ::1] boxes, const float[:, ::1] vote_terms,
-                           Py_ssize_t n, const _KLSettings* settings, _KLWork* w,
-                           unsigned char* selected, long long[::1] order, long long* num_kept,
-                           float[:, ::1] voted, float[::1] final_scores) noexcept nogil:
-    """KL-Loss's `soft` on the first n rows of one set; writes that set's outputs."""
-    cdef Py_ssize_t width = final_scores.shape[0]
-    cdef Py_ssize_t count = n, i, pos, best, k
-    cdef float one = 1.0
-    cdef double sums[8]
-    for pos in range(n):
-        w.x1[pos], w.y1[pos] = boxes[pos, 0], boxes[pos, 1]
-        w.x2[pos], w.y2[pos] = boxes[pos, 2], boxes[pos, 3]
-        w.area[pos] = (w.x2[pos] - w.x1[pos] + one) * (w.y2[pos] - w.y1[pos] + one)
-        w.score[pos] = final_scores[pos]
-        w.row[pos] = pos
-    best = _kl_first_best(w, n)
-    i = 0
-    while i < n:
-        _kl_swap(w, i, best)
-        _kl_ious_with(w, i, n)
-        for k in range(8):
-            sums[k] = 0.0
-        if settings.vote:
-            _kl_add_vote(w, vote_terms, i, settings, sums)
-        # One pass over the later live positions votes, rescores, drops, and finds the next best
-        # box: a position is final once the scan moves past it, so the first strict maximum met
-        # is the first best in position order. A box swapped in from the end is examined (and
-        # votes) at the position it lands on; a dropped box has voted already.
-        best = -1  # none yet
-        pos = i + 1
-        while pos < n:
-            if settings.vote:
-                _kl_add_vote(w, vote_terms, pos, settings, sums)
-            if w.iou[pos] > 0:
-                w.score[pos] = _kl_decayed(w.score[pos], w.iou[pos], settings)
-                if w.score[pos] < _KL_DROP_SCORE:
-                    # The last live box moves here and is examined at this same position.
-                    n -= 1
-                    _kl_swap(w, pos, n)
-                    continue
-            if best < 0 or w.score[pos] > w.score[best]:
-                best = pos
-            pos += 1
-        for k in range(4):
-            voted[i, k] = (<float>(sums[k] / sums[k + 4]) if settings.vote
-                           else boxes[w.row[i], k])
-        i += 1
+def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thresh,
+                                          double iou_sigma, bint vote=True, hard_nms_thresh=None,
+                                          Py_ssize_t max_kept=0):
+    """`soft_nms_with_variance_voting` on sets stored one after another, without padding.
 
-    num_kept[0] = n
-    for pos in range(count):
+    dets (A, 5) float32 (x1, y1, x2, y2, score) and sigmas (A, 4) matched to the box columns;
+    set c is the next counts[c] rows. Returns `after` (A, 5) float32: each set's rows as KL-Loss's
+    `soft` leaves them, its kept boxes in selection order (voted box, final score), then its
+    other rows in increasing row order (original box, final score); and `kept` (A,) bool, true
+    at the rows of `after` that are kept. The GIL is released while the sets are processed.
+
+    With max_kept > 0 and finite scores, only the kept boxes that score at least as high as the
+    max_kept-th best kept box of all sets are selected (Detectron's per-image limit,
+    TEST.DETECTIONS_PER_IM, drops the others): the sets are stepped together, always the one whose
+    next selection scores highest, so the selected scores never increase, and stepping stops once
+    max_kept boxes are selected and the next score is below the max_kept-th. Each set's
+    selections are those of a full run, in the same order, with the same boxes and scores; its
+    rows of `after` not kept then hold the boxes left unselected, with their scores at the stop.
+    """
+    dets = np.asarray(dets, dtype=np.float32)
+    counts = np.ascontiguousarray(np.reshape(counts, -1), dtype=np.intp)
+    cdef Py_ssize_t total = dets.shape[0] if dets.ndim == 2 else -1
+    if dets.shape != (total, 5) or np.shape(sigmas) != (total, 4):
+        raise ValueError(f'dets must have shape (A, 5) and sigmas (A, 4), got {dets.shape} and '
+                         f'{np.shape(sigmas)}')
+    if np.any(counts < 0) or counts.sum() != total:
+        raise ValueError(f'counts must be at least 0 and add up to the {total} rows, got {counts}')
+    boxes = np.ascontiguousarray(dets[:, :4])
+    scores = np.ascontiguousarray(dets[:, 4])
+    sigmas = np.ascontiguousarray(sigmas, dtype=np.float32)
+    if not np.isfinite(scores).all():
+        max_kept = 0  # selected scores may then increase: run every set to its end
+
+    cdef _KLSettings settings = _kl_settings(vote_thresh, iou_sigma, vote, hard_nms_thresh)
+    order = np.empty(total, dtype=np.int64)
+    voted = np.empty((total, 4), dtype=np.float32)
+    final_scores = np.empty(total, dtype=np.float32)
+    after = np.empty((total, 5), dtype=np.float32)
+    kept = np.empty(total, dtype=np.bool_)
+    cdef Py_ssize_t num_sets = len(counts)
+    cdef _KLBuffers buffers = _KLBuffers(total, counts.max() if num_sets else 0)
+    firsts = np.ascontiguousarray(np.cumsum(counts) - counts, dtype=np.intp)
+    kl_sets = np.empty(max(num_sets, 1) * sizeof(_KLSet), dtype=np.uint8)
+
+    cdef const float[:, ::1] b = boxes
+    cdef const float[:, ::1] sg = sigmas
+    cdef const float[::1] sc = scores
+    cdef const Py_ssize_t[::1] first = firsts
+    cdef const Py_ssize_t[::1] cnt = counts
+    cdef long long[::1] out_order = order
+    cdef float[:, ::1] out_voted = voted
+    cdef float[::1] out_scores = final_scores
+    cdef float[:, ::1] out_after = after
+    cdef unsigned char[::1] out_kept = kept.view(np.uint8)
+    cdef unsigned char[::1] kl_set_bytes = kl_sets
+    cdef _KLSet* sets = <_KLSet*> &kl_set_bytes[0]
+    cdef _KLWork view
+    cdef Py_ssize_t c, pos, k, start
+    with nogil:
+        for c in range(num_sets):
+            view = _kl_rows_from(&buffers.work, first[c])
+            _kl_begin(&b[first[c], 0], &sg[first[c], 0], &sc[first[c]], cnt[c], &settings,
+                      &view, &sets[c])
+        _kl_step_sets(sets, num_sets, &first[0], &settings, &buffers.work, &out_voted[0, 0],
+                      max_kept)
+        for c in range(num_sets):
+            start = first[c]
+            view = _kl_rows_from(&buffers.work, start)
+            _kl_finish(&sets[c], &view, &b[start, 0], sets[c].count, &out_order[start],
+                       &out_voted[start, 0], &out_scores[start])
+            for pos in range(sets[c].count):
+                for k in range(4):
+                    out_after[start + pos, k] = out_voted[start + pos, k]
+                out_after[start + pos, 4] = out_scores[start + out_order[start + pos]]
+                out_kept[start + pos] = pos < sets[c].i
+    return after, kept
+
+
+cdef void _kl_step_sets(_KLSet* sets, Py_ssize_t num_sets, const Py_ssize_t* first,
+                        const _KLSettings* settings, const _KLWork* w, float* voted,
+                        Py_ssize_t max_kept) noexcept nogil:
+    """Steps the sets (state rows from first[c], voted boxes at voted + 4 * first[c]) to their
+    ends, or with max_kept > 0 in decreasing order of the selected score until max_kept are
+    selected and the next scores below the max_kept-th."""
+    cdef Py_ssize_t c, selected = 0
+    cdef float top, last_kept = 0
+    cdef _KLWork view
+    if max_kept <= 0:
+        for c in range(num_sets):
+            view = _kl_rows_from(w, first[c])
+            while sets[c].i < sets[c].n:
+                _kl_step(&sets[c], settings, &view, voted + 4 * first[c])
+        return
+    while True:
+        c = _kl_next_set(sets, num_sets, first, w)
+        if c < 0:
+            return
+        top = w.score[first[c] + sets[c].best]
+        if selected >= max_kept and top < last_kept:
+            return
+        view = _kl_rows_from(w, first[c])
+        _kl_step(&sets[c], settings, &view, voted + 4 * first[c])
+        selected += 1
+        if selected == max_kept:
+            last_kept = top
+
+
+cdef inline Py_ssize_t _kl_next_set(const _KLSet* sets, Py_ssize_t num_sets, const Py_ssize_t* first,
+                                    const _KLWork* w) noexcept nogil:
+    """The set whose next selection scores highest (-1 once every set is done)."""
+    cdef Py_ssize_t c, best_set = -1
+    cdef float score, top = 0
+    for c in range(num_sets):
+        if sets[c].i < sets[c].n:
+            score = w.score[first[c] + sets[c].best]
+            if best_set < 0 or score > top:
+                best_set, top = c, score
+    return best_set
+
+
+cdef void _kl_begin(const float* boxes, const float* sigmas, const float* scores, Py_ssize_t count,
+                    const _KLSettings* settings, _KLWork* w, _KLSet* kl_set) noexcept nogil:
+    """Starts KL-Loss's `soft` on the `count` rows boxes (count, 4), sigmas (count, 4), scores
+    (count,): loads them into w and finds the first selection."""
+    _kl_load(boxes, sigmas, scores, count, settings, w)
+    kl_set.count, kl_set.n, kl_set.i = count, count, 0
+    kl_set.best = _kl_first_best(w.score, 0, count)
+
+
+cdef void _kl_step(_KLSet* kl_set, const _KLSettings* settings, _KLWork* w,
+                   float* voted) noexcept nogil:
+    """One step of `soft` (kl_set.i < kl_set.n): the next selection takes position i, gets its
+    voted box (voted[i]), rescores and drops the later live boxes; the one after is found.
+
+    A step computes only what it changes: boxes that do not intersect the selected one (IoU 0)
+    neither vote nor decay, so it lists those that do (all with a negative vote threshold),
+    computes their IoUs, vote weights and decays, then applies them in KL-Loss's order: a box
+    dropped at a position is replaced by the last live one, which is examined there if it is
+    listed. The next selection is then the first highest score among the later live positions."""
+    cdef Py_ssize_t i = kl_set.i, n = kl_set.n, pos, k, entry, next_entry, end
+    cdef double sums[8]
+    _kl_swap(w, i, kl_set.best)
+    for k in range(8):
+        sums[k] = 0.0
+    if settings.vote:
+        _kl_add_vote(w, i, _kl_iou(w, i, i), settings, sums)
+    end = _kl_intersecting(w, i, n, settings.examine_all)
+    _kl_pair_terms(w, i, end, settings)
+    next_entry = 0
+    while next_entry < end:
+        entry = next_entry
+        next_entry += 1
+        pos = w.examined[entry]
+        while _kl_apply_dropped(w, entry, pos, settings, sums):
+            n -= 1
+            if n == pos:
+                break
+            _kl_swap(w, pos, n)
+            # The box moved here is examined now if it is listed: it was the last position still
+            # to examine.
+            if end > next_entry and w.examined[end - 1] == n:
+                end -= 1
+                entry = end
+            else:
+                break
+    if settings.vote:
+        for k in range(4):
+            voted[4 * i + k] = <float>(sums[k] / sums[k + 4])
+    else:
+        voted[4 * i], voted[4 * i + 1], voted[4 * i + 2], voted[4 * i + 3] = w.x1[i], w.y1[i], w.x2[i], w.y2[i]
+    kl_set.n, kl_set.i = n, i + 1
+    kl_set.best = _kl_first_best(w.score, i + 1, n)
+
+
+cdef void _kl_finish(const _KLSet* kl_set, _KLWork* w, const float* boxes, Py_ssize_t width,
+                     long long* order, float* voted, float* final_scores) noexcept nogil:
+    """A set's outputs once its steps are done: order (width,) (the kl_set.i selected rows, then
+    the other rows in increasing order), voted (width, 4) beyond the selected ones (the original
+    boxes) and the scores of its kl_set.count rows, by row."""
+    cdef Py_ssize_t pos, k, kept = kl_set.i, out
+    for pos in range(kl_set.count):
         final_scores[w.row[pos]] = w.score[pos]
     for pos in range(width):
-        selected[pos] = 0
-    for pos in range(n):
+        w.selected[pos] = 0
+    for pos in range(kept):
         order[pos] = w.row[pos]
-        selected[w.row[pos]] = 1
-    i = n
+        w.selected[w.row[pos]] = 1
+    out = kept
     for pos in range(width):
-        if not selected[pos]:
-            order[i] = pos
+        if not w.selected[pos]:
+            order[out] = pos
             for k in range(4):
-                voted[i, k] = boxes[pos, k]
-            i += 1
+                voted[4 * out + k] = boxes[4 * pos + k]
+            out += 1
 
 
-cdef inline void _kl_ious_with(_KLWork* w, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
-    """IoUs of the box at position i with those at positions i.. n - 1, as box_iou_t computes them
-    (float32, +1 sides, 0 without a positive intersection), from the original boxes.
+cdef inline void _kl_load(const float* boxes, const float* sigmas, const float* scores, Py_ssize_t n,
+                          const _KLSettings* settings, _KLWork* w) noexcept nogil:
+    """The work arrays of rows 0..n-1 at their input positions, and with voting their float32
+    vote terms box / sigma^2 and 1 / sigma^2, as KL-Loss's numpy computes them."""
+    cdef Py_ssize_t pos, k
+    cdef float one = 1.0, variance
+    for pos in range(n):
+        w.x1[pos], w.y1[pos] = boxes[4 * pos], boxes[4 * pos + 1]
+        w.x2[pos], w.y2[pos] = boxes[4 * pos + 2], boxes[4 * pos + 3]
+        w.area[pos] = (w.x2[pos] - w.x1[pos] + one) * (w.y2[pos] - w.y1[pos] + one)
+        w.score[pos] = scores[pos]
+        w.row[pos] = pos
+    if settings.vote:
+        for pos in range(n):
+            for k in range(4):
+                variance = sigmas[4 * pos + k] * sigmas[4 * pos + k]
+                w.terms[8 * pos + k] = boxes[4 * pos + k] / variance
+                w.terms[8 * pos + 4 + k] = one / variance
 
-    KL-Loss computes the whole matrix up front, but a pair is needed at most once (when the first
-    of its boxes is selected, if the other is still live), so computing it then gives the same
-    values for less work."""
-    cdef Py_ssize_t pos
+
+cdef inline float _kl_iou(_KLWork* w, Py_ssize_t i, Py_ssize_t pos) noexcept nogil:
+    """IoU of the boxes at positions i and pos as box_iou_t computes it (float32, +1 sides, 0
+    without a positive intersection), from the original boxes."""
     cdef float one = 1.0, zero = 0.0
-    cdef float ix1 = w.x1[i], iy1 = w.y1[i], ix2 = w.x2[i], iy2 = w.y2[i], iarea = w.area[i]
-    cdef float iw, ih, inter, ratio
+    cdef float iw = _min(w.x2[i], w.x2[pos]) - _max(w.x1[i], w.x1[pos]) + one
+    cdef float ih = _min(w.y2[i], w.y2[pos]) - _max(w.y1[i], w.y1[pos]) + one
+    cdef float inter = _max(iw, zero) * _max(ih, zero)
+    cdef float ratio = inter / (w.area[i] + w.area[pos] - inter)
+    return ratio if inter > zero else zero
+
+
+cdef inline Py_ssize_t _kl_intersecting(_KLWork* w, Py_ssize_t i, Py_ssize_t n,
+                                        bint examine_all) noexcept nogil:
+    """Lists in w.examined, in increasing order, the positions i+1..n-1 whose box intersects the
+    one at i (the intersection _kl_iou tests), or all of them; returns how many."""
+    cdef Py_ssize_t pos, found = 0, first = i + 1
+    cdef float one = 1.0, zero = 0.0, iw, ih
+    cdef float ix1 = w.x1[i], iy1 = w.y1[i], ix2 = w.x2[i], iy2 = w.y2[i]
     cdef const float* x1 = w.x1
     cdef const float* y1 = w.y1
     cdef const float* x2 = w.x2
     cdef const float* y2 = w.y2
-    cdef const float* area = w.area
-    cdef float* iou = w.iou
-    # Branch-free so that the compiler vectorizes it.
-    for pos in range(i, n):
+    cdef unsigned char* flags = w.flags
+    cdef unsigned long long word
+    cdef Py_ssize_t* examined = w.examined
+    if examine_all:
+        for pos in range(first, n):
+            examined[pos - first] = pos
+        return n - first
+    # The intersection flags in a branch-free, vectorized pass (most boxes do not intersect, in no
+    # predictable pattern), then the set ones read 8 at a time. Sides of the form d + 1 are 0 or at
+    # least 2^-25, so their product is positive exactly when both are.
+    for pos in range(first, n):
         iw = _min(ix2, x2[pos]) - _max(ix1, x1[pos]) + one
         ih = _min(iy2, y2[pos]) - _max(iy1, y1[pos]) + one
-        inter = _max(iw, zero) * _max(ih, zero)
-        ratio = inter / (iarea + area[pos] - inter)
-        iou[pos] = ratio if inter > zero else zero
+        flags[pos] = (iw > zero) & (ih > zero)
+    for pos in range(n, n + 8):
+        flags[pos] = 0
+    pos = first
+    while pos < n:
+        memcpy(&word, flags + pos, 8)
+        while word:
+            examined[found] = pos + (_lowest_set_bit(word) >> 3)
+            found += 1
+            word &= word - 1
+        pos += 8
+    return found
 
 
-cdef inline Py_ssize_t _kl_first_best(_KLWork* w, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t best = 0, pos
-    for pos in range(1, n):
-        if w.score[pos] > w.score[best]:
-            best = pos
-    return best
+cdef inline void _kl_pair_terms(_KLWork* w, Py_ssize_t i, Py_ssize_t end,
+                                const _KLSettings* settings) noexcept nogil:
+    """For the listed positions w.examined[:end]: IoU with the box at i (w.ious), vote weight
+    exp(-(1 - IoU)^2 / iou_sigma) where it votes (w.weights) and soft decay exp(-IoU^2 / 0.5)
+    where it is rescored (w.decays). Independent of one another, so computed in one pass."""
+    cdef Py_ssize_t entry
+    cdef float iou_f
+    cdef double iou, gap
+    for entry in range(end):
+        iou_f = _kl_iou(w, i, w.examined[entry])
+        w.ious[entry] = iou_f
+        iou = iou_f
+        if settings.vote and iou > settings.vote_thresh:
+            gap = 1.0 - iou
+            w.weights[entry] = exp(-(gap * gap) / settings.iou_sigma)
+        if not settings.hard and iou_f > 0:
+            w.decays[entry] = exp(-(iou * iou) / _KL_SOFT_NMS_SIGMA)
 
 
-cdef inline void _kl_add_vote(_KLWork* w, const float[:, ::1] vote_terms, Py_ssize_t pos,
-                              const _KLSettings* settings, double* sums) noexcept nogil:
-    """Adds the box at `pos` to the vote sums if its IoU with the selected box exceeds
-    vote_thresh: weight * (box / sigma^2) to sums[0:4], weight / sigma^2 to sums[4:8]."""
-    cdef double iou = w.iou[pos]
+cdef inline bint _kl_apply_dropped(_KLWork* w, Py_ssize_t entry, Py_ssize_t pos,
+                                   const _KLSettings* settings, double* sums) noexcept nogil:
+    """The box at `pos`, listed at `entry`, votes if its IoU exceeds vote_thresh and, if positive,
+    is rescored; returns whether it falls below the drop score."""
+    cdef float iou = w.ious[entry]
+    cdef const float* terms
+    cdef Py_ssize_t k
+    if settings.vote and <double>iou > settings.vote_thresh:
+        terms = w.terms + 8 * w.row[pos]
+        for k in range(8):
+            sums[k] += w.weights[entry] * terms[k]
+    if iou > 0:
+        if settings.hard:
+            if <double>iou > settings.hard_nms_thresh:
+                w.score[pos] = 0.0
+        else:
+            # float32 score times a float64 weight, stored as float32, as numpy does in KL-Loss.
+            w.score[pos] = <float>(<double>w.score[pos] * w.decays[entry])
+        return w.score[pos] < _KL_DROP_SCORE
+    return False
+
+
+cdef inline void _kl_add_vote(_KLWork* w, Py_ssize_t pos, float iou_f, const _KLSettings* settings,
+                              double* sums) noexcept nogil:
+    """Adds the box at `pos` to the vote sums if its IoU exceeds vote_thresh:
+    weight * (box / sigma^2) to sums[0:4], weight / sigma^2 to sums[4:8]."""
+    cdef double iou = iou_f
     cdef double gap, weight
+    cdef const float* terms
     cdef Py_ssize_t k
     if iou > settings.vote_thresh:
         gap = 1.0 - iou
         weight = exp(-(gap * gap) / settings.iou_sigma)
+        terms = w.terms + 8 * w.row[pos]
         for k in range(8):
-            sums[k] += weight * vote_terms[w.row[pos], k]
+            sums[k] += weight * terms[k]
 
 
-cdef inline float _kl_decayed(float score, float iou_f, const _KLSettings* settings) noexcept nogil:
-    cdef double iou = iou_f
-    if settings.hard:
-        return 0.0 if iou > settings.hard_nms_thresh else score
-    # float32 score times a float64 weight, stored as float32, as numpy does in KL-Loss.
-    return <float>(<double>score * exp(-(iou * iou) / _KL_SOFT_NMS_SIGMA))
+cdef inline Py_ssize_t _kl_first_best(const float* score, Py_ssize_t first, Py_ssize_t n) noexcept nogil:
+    """The first position of the highest score among first..n-1 (`first` if its score is NaN):
+    the first strict maximum of a scan, found by 4 interleaved scans whose dependency chains
+    overlap, then merged (a tie goes to the lower position)."""
+    cdef Py_ssize_t pos, lane
+    cdef Py_ssize_t at[4]
+    cdef float top[4]
+    if first >= n:
+        return first
+    for lane in range(4):
+        at[lane], top[lane] = first, score[first]
+    pos = first + 1
+    while pos + 4 <= n:
+        for lane in range(4):
+            if score[pos + lane] > top[lane]:
+                top[lane], at[lane] = score[pos + lane], pos + lane
+        pos += 4
+    while pos < n:
+        if score[pos] > top[0]:
+            top[0], at[0] = score[pos], pos
+        pos += 1
+    for lane in range(1, 4):
+        if top[lane] > top[0] or (top[lane] == top[0] and at[lane] < at[0]):
+            top[0], at[0] = top[lane], at[lane]
+    return at[0]
 
 
 cdef inline void _kl_swap(_KLWork* w, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -391,7 +687,6 @@ cdef inline void _kl_swap(_KLWork* w, Py_ssize_t a, Py_ssize_t b) noexcept nogil
     _swap_float(w.y2, a, b)
     _swap_float(w.area, a, b)
     _swap_float(w.score, a, b)
-    _swap_float(w.iou, a, b)
     w.row[a], w.row[b] = w.row[b], w.row[a]
 
 

@@ -12,7 +12,7 @@ import torch
 
 from detectron.modeling import mask_inference
 from detectron.ops import nms as nms_ops
-from detectron.ops.variance_voting import soft_nms_with_variance_voting
+from detectron.ops.variance_voting import soft_nms_with_variance_voting, soft_nms_with_variance_voting_grouped_cpu
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
 from detectron.utils.cuda_graphs import DEFAULT_MAX_GRAPHS, graphed_method
@@ -332,6 +332,12 @@ def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p, with_candidates):
     """
     sigmas = sigmas[:, _SIGMA_COLUMNS_FOR_BOX_COLUMNS[p.sigma_column_order]]
     counts = torch.bincount(classes - 1, minlength=num_classes - 1)
+    if not all_dets.is_cuda:
+        # The host kernel takes the candidates as they are grouped, without padding; without box
+        # voting it selects only what the per-image limit can keep.
+        after_soft, kept = soft_nms_with_variance_voting_grouped_cpu(
+            all_dets, sigmas, counts, **_kl_soft_settings(p), max_kept=0 if with_candidates else p.detections_per_im)
+        return after_soft[kept], classes[kept], after_soft if with_candidates else None
     width = int(counts.max())
     padded_dets = _pad_by_class(all_dets, classes, counts, width, fill=0.0)
     # Padding sigmas of 1 keep the (zero-weighted) vote terms of padded rows finite.

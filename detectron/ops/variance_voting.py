@@ -6,7 +6,9 @@ on CUDA tensors a Triton kernel (one program per box set, the set held in one bl
 the compiled CPU kernel `detectron.utils.cython_nms.soft_nms_with_variance_voting`.
 `soft_nms_with_variance_voting` picks between them. Their results are identical except where
 float64 exp or the order of a vote's float64 sum differ in the last bit, which rarely changes the
-float32 they are rounded to.
+float32 they are rounded to. On the host, `soft_nms_with_variance_voting_grouped_cpu` takes the
+candidates grouped by class without padding and, given Detectron's per-image limit, selects only
+the boxes that the limit can keep.
 
 On the GPU everything that does not depend on the order of selection runs first, in parallel: the
 IoU of every pair of boxes (KL-Loss computes that matrix once, from the original boxes) turned
@@ -86,6 +88,22 @@ def soft_nms_with_variance_voting_cpu(boxes, scores, sigmas, counts, vote_thresh
     outputs = cython_nms.soft_nms_with_variance_voting(*host, vote_thresh, iou_sigma, vote,
                                                        hard_nms_thresh)
     return tuple(torch.from_numpy(o).to(scores.device) for o in outputs)
+
+
+def soft_nms_with_variance_voting_grouped_cpu(dets, sigmas, counts, vote_thresh, iou_sigma, vote=True,
+                                              hard_nms_thresh=None, max_kept=0):
+    """`soft_nms_with_variance_voting` by the compiled CPU kernel on sets stored one after another
+    (no padding, no work for empty sets): dets (A, 5) float32 (x1, y1, x2, y2, score), sigmas (A, 4),
+    set c the next counts[c] rows. Returns, on the input's device, `after` (A, 5) float32, each
+    set's rows as KL-Loss's `soft` leaves them (its kept boxes in selection order, voted, with
+    their final scores, then its other rows in increasing row order with their original boxes and
+    final scores), and `kept` (A,) bool, true at the rows of `after` that are kept. With
+    max_kept > 0 only the kept boxes that Detectron's per-image limit of max_kept detections
+    can keep are selected (see cython_nms.soft_nms_with_variance_voting_grouped)."""
+    host = [t.detach().cpu().numpy() for t in (dets, sigmas, counts)]
+    outputs = cython_nms.soft_nms_with_variance_voting_grouped(*host, vote_thresh, iou_sigma, vote,
+                                                               hard_nms_thresh, max_kept)
+    return tuple(torch.from_numpy(o).to(dets.device) for o in outputs)
 
 
 def soft_nms_with_variance_voting_triton(boxes, scores, sigmas, counts, vote_thresh, iou_sigma,

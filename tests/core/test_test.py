@@ -172,6 +172,22 @@ def test_std_nms_many_boxes_one_class_hard_drops():
     _assert_same_cls_boxes(test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)[2], expected)
 
 
+@pytest.mark.parametrize('soft', ['soft', 'hard'])
+def test_std_nms_per_image_limit_on_a_loaded_image(soft):
+    # 300 RoIs x 5 classes around 8 objects, DETECTIONS_PER_IM 25: the host kernel stops once the
+    # limit's detections are selected; they must be those of full runs of soft() then the limit.
+    _set_std_nms('stdiou', soft)
+    cfg.TEST.NMS = 0.5
+    cfg.TEST.DETECTIONS_PER_IM = 25
+    scores, boxes, confs = _head_outputs(11, num_rois=300, num_classes=6, num_objects=8)
+    expected = reference_box_results(scores, boxes, confs.copy())
+    cfg.TEST.DETECTIONS_PER_IM = 0
+    assert sum(len(b) for b in reference_box_results(scores, boxes, confs.copy())) > 100
+    cfg.TEST.DETECTIONS_PER_IM = 25
+    assert sum(len(b) for b in expected) >= 25
+    _assert_same_cls_boxes(test_lib.box_results_with_nms_and_limit(_rcnn(), scores, boxes, confs)[2], expected)
+
+
 @pytest.mark.parametrize('std_th,c_votes', [(0.9, True), (0.5, True), (0.1, False), (0.02, False)])
 def test_std_th_above_point_one_is_replaced_by_point_01(std_th, c_votes):
     # A = [0, 0, 9, 9] selected first; IoU(A, B = [1, 2, 11, 13]) = 72 / 160 = 0.45 and

@@ -275,6 +275,92 @@ def test_cpu_kernel_single_set_and_argument_errors():
 
 
 # ---------------------------------------------------------------------------------------------
+# Compiled CPU kernel on sets stored one after another (the host path of box_results_with_nms_and_limit)
+# ---------------------------------------------------------------------------------------------
+
+def grouped(inputs):
+    """The padded sets' rows stored one after another: dets (A, 5), sigmas (A, 4), counts."""
+    boxes, scores, sigmas, counts = inputs
+    dets = np.zeros((0, 5), F32)
+    dets = np.concatenate([dets] + [np.hstack([boxes[c, :k], scores[c, :k, None]]) for c, k in enumerate(counts)])
+    sigmas = np.concatenate([np.zeros((0, 4), F32)] + [sigmas[c, :k] for c, k in enumerate(counts)])
+    return dets, sigmas, counts
+
+
+def reference_after(inputs, settings):
+    """Each set's rows as KL-Loss's soft leaves them (kept: voted box and final score, in selection
+    order; then the other rows in increasing row order with their boxes and final scores), and
+    the kept flags."""
+    boxes, scores, sigmas, counts = inputs
+    after, kept = [np.zeros((0, 5), F32)], [np.zeros(0, bool)]
+    for c, count in enumerate(counts):
+        rows, voted, final = kl_soft_reference(boxes[c, :count], scores[c, :count], sigmas[c, :count], **settings)
+        others = np.setdiff1d(np.arange(count), rows)
+        after += [np.hstack([voted, final[rows, None]]), np.hstack([boxes[c, others], final[others, None]])]
+        kept += [np.ones(len(rows), bool), np.zeros(len(others), bool)]
+    return np.concatenate(after), np.concatenate(kept)
+
+
+def limited(after, kept, max_kept):
+    """The kept rows that Detectron's per-image limit keeps: scores at least the max_kept-th best."""
+    dets = after[kept]
+    if len(dets) <= max_kept:
+        return dets
+    return dets[dets[:, 4] >= np.sort(dets[:, 4])[-max_kept]]
+
+
+@pytest.mark.parametrize('name', list(small_cases()) + list(large_cases()))
+def test_grouped_kernel_matches_kl_soft_transcription_and_padded_kernel(name):
+    inputs, settings = {**small_cases(), **large_cases()}[name]
+    after, kept = cython_nms.soft_nms_with_variance_voting_grouped(*grouped(inputs), **settings)
+    expected_after, expected_kept = reference_after(inputs, settings)
+    np.testing.assert_array_equal(kept, expected_kept)
+    np.testing.assert_allclose(after, expected_after, rtol=1e-6, atol=1e-6)
+    # The padded kernel's outputs, bit for bit.
+    order, num_kept, voted, final = cython_nms.soft_nms_with_variance_voting(*inputs, **settings)
+    padded = [np.hstack([voted[c, :k], final[c, order[c, :k], None]]) for c, k in enumerate(inputs[3])]
+    np.testing.assert_array_equal(after, np.concatenate([np.zeros((0, 5), F32)] + padded))
+    assert kept.sum() == num_kept.sum()
+
+
+@pytest.mark.parametrize('max_kept', [1, 4, 15, 40])
+@pytest.mark.parametrize('name', ['soft_vote_150', 'hard_vote_150_ties'])
+def test_grouped_kernel_selects_what_the_per_image_limit_keeps(name, max_kept):
+    inputs, settings = large_cases()[name]
+    full = reference_after(inputs, settings)
+    after, kept = cython_nms.soft_nms_with_variance_voting_grouped(*grouped(inputs), **settings, max_kept=max_kept)
+    expected = limited(*full, max_kept)
+    np.testing.assert_allclose(limited(after, kept, max_kept), expected, rtol=1e-6, atol=1e-6)
+    # At least the limit's boxes are selected; below the 30 a full run keeps, fewer than those.
+    assert len(expected) <= kept.sum() <= full[1].sum()
+    assert full[1].sum() >= 30 and (max_kept >= 30 or kept.sum() < full[1].sum())
+    # Each set's selections are the first ones of its full run.
+    starts = np.cumsum(inputs[3]) - inputs[3]
+    for first, count in zip(starts, inputs[3]):
+        k = kept[first:first + count].sum()
+        assert kept[first:first + count].tolist() == [True] * k + [False] * (count - k)
+        np.testing.assert_allclose(after[first:first + k], full[0][first:first + k], rtol=1e-6, atol=1e-6)
+
+
+def test_grouped_kernel_runs_every_set_to_its_end_with_non_finite_scores():
+    inputs, settings = large_cases()['soft_vote_150']
+    dets, sigmas, counts = grouped(inputs)
+    dets[3, 4] = np.nan  # selected scores may then increase: no early stop
+    after, kept = cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas, counts, **settings, max_kept=4)
+    full_after, full_kept = cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas, counts, **settings)
+    np.testing.assert_array_equal(kept, full_kept)
+    np.testing.assert_array_equal(after, full_after)
+
+
+def test_grouped_kernel_argument_errors():
+    dets, sigmas, counts = grouped(small_cases()['soft_vote'][0])
+    with pytest.raises(ValueError, match='add up'):
+        cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas, counts + 1, **_settings())
+    with pytest.raises(ValueError, match='sigmas'):
+        cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas[:, :3], counts, **_settings())
+
+
+# ---------------------------------------------------------------------------------------------
 # The dispatcher
 # ---------------------------------------------------------------------------------------------
 

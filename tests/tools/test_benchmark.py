@@ -23,7 +23,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SHAPES_KL = 'configs/getting_started/shapes_demo_R-18-FPN_kl.yaml'
 sys.path.insert(0, os.path.join(REPO, 'tools'))  # as when tools/benchmark.py runs
 
-from benchmark_lib import classifiers, cli, logs, loops, profiling, rcnn_rows, report, timing, torchvision_models
+from benchmark_lib import (classifiers, cli, logs, loops, profiling, rcnn_rows, report, timing, torchvision_models,
+                           voting_rows)
 
 
 def _softmax(logits):
@@ -447,3 +448,25 @@ def test_main_runs_every_cpu_section_at_tiny_settings(monkeypatch, capsys):
     assert all(p['host_syncs_per_step'] == 0 and p['wall_ms_per_step'] > 0 for p in by_section['profile'])
     table = out[out.index('| section | row |'):]
     assert all(r['row'] in table for r in records)
+
+
+@pytest.mark.parametrize('case,loaded', [('loaded', 5), ('many_classes', 15)])
+def test_voting_case_head_outputs(case, loaded):
+    scores, boxes, sigmas = voting_rows.voting_head_outputs(case, 81)
+    assert scores.shape == (1000, 81) and boxes.shape == sigmas.shape == (1000, 324)
+    np.testing.assert_allclose(scores.sum(1), 1, rtol=1e-5)
+    score = voting_rows.VOTING_CASES[case]['score']
+    assert np.abs(scores[:, 1:loaded + 1] - score).max() <= 0.02 + 1e-6 and scores[:, loaded + 1:].max() < 1e-3
+    assert boxes.min() >= 0 and (boxes[:, 2::4] >= boxes[:, 0::4]).mean() > 0.9 and sigmas.min() > 0
+
+
+def test_main_voting_mode_times_both_post_processings(capsys):
+    argv = ['--mode', 'voting', '--voting-case', 'loaded', '--iters', '1', '--rounds', '2', '--warmup', '0',
+            '--round-warmup', '0']
+    records = cli.main(argv).records
+    plain, voting, ratio, best = records
+    assert [plain['row'], voting['row']] == ['box_results_with_nms_and_limit, loaded, STD_NMS False',
+                                             'box_results_with_nms_and_limit, loaded, STD_NMS True']
+    assert plain['candidates'] == voting['candidates'] == 5000 and voting['detections'] == 100
+    assert ratio['rounds'] == pytest.approx([a / b for a, b in zip(voting['rounds'], plain['rounds'])])
+    assert best['rounds'] == pytest.approx([min(voting['rounds']) / min(plain['rounds'])])

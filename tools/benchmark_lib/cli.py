@@ -30,6 +30,8 @@ Sections (--mode):
            torchvision's retinanet_resnet50_fpn at equal work (FrozenBN, layer2-4 trainable, P6 on C5, 9
            anchors, our RETINANET settings), and inference ms/image of both with every class score loaded
            above INFERENCE_TH (each level gives PRE_NMS_TOP_N candidates to the NMS);
+  voting   Detectron's box_results_with_nms_and_limit on the host, STD_NMS True (variance voting) and
+           False, on synthetic head outputs of one image (--voting-case, voting_rows.py);
   startup  for any model type (startup.py): test_net's model loaded -> first detection and train_net's
            first batch -> first iteration, each in a fresh process, and test_net's whole run and
            steady state on COCO val's mix of image sizes against the bare detector on the same images.
@@ -66,6 +68,7 @@ from .rcnn_rows import build_test_rows, build_train_rows, train_ratios
 from .report import Report, run_meta
 from .retinanet_rows import run_retinanet
 from .startup import run_startup
+from .voting_rows import VOTING_CASES, run_voting
 from .timing import PRECISIONS, cudnn_autotuning, free_device_memory, per_round_ratios, run_interleaved
 
 
@@ -73,7 +76,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--cfg', default='configs/e2e_faster_rcnn_R-50-FPN_2x.yaml')
     parser.add_argument('--mode', nargs='+', default=['train', 'test'],
-                        choices=['train', 'test', 'profile', 'loops', 'centernet', 'retinanet', 'startup'])
+                        choices=['train', 'test', 'profile', 'loops', 'centernet', 'retinanet', 'startup', 'voting'])
     parser.add_argument('--profile', action='store_true', help='add the profile section')
     parser.add_argument('--precision', choices=sorted(PRECISIONS), default=None,
                         help='autocast dtype; default bf16 on CUDA, fp32 on the CPU')
@@ -95,6 +98,8 @@ def parse_args(argv):
                         help='--mode centernet: also time the training step with TRAIN.CHECKPOINT_ACTIVATIONS True '
                              '(images/s and peak memory next to the plain step)')
     parser.add_argument('--trace-dir', default=None, help='also write the profiler traces (chrome JSON) here')
+    parser.add_argument('--voting-case', choices=sorted(VOTING_CASES), default='loaded',
+                        help='--mode voting: the synthetic head outputs (voting_rows.VOTING_CASES)')
     loops = parser.add_argument_group('loops section')
     loops.add_argument('--train-dataset', default=None)
     loops.add_argument('--test-dataset', default=None)
@@ -141,6 +146,8 @@ def main(argv):
     if 'startup' in args.mode:
         run_startup_section(args, device, report, defaults)
     model_type = model_builder.build_model_type(cfg)  # --cfg's, finished (anew after the startup section)
+    if 'voting' in args.mode:
+        run_voting(args, model_type, report, timing)
     if 'centernet' in args.mode:
         run_centernet(args, model_type, precision, report, timing)
     elif 'retinanet' in args.mode:
