@@ -82,6 +82,8 @@ _RENAMED_KEYS = {
 # value is one error line naming the key and why (tests/core/test_config_keys.py: every key is read or
 # listed here).
 _PRECOMPUTED_PROPOSALS = 'it serves Fast R-CNN on precomputed proposals, which this port does not build'
+_SIZE_DEPENDENT_AUG = ('size-dependent box and mask augmentation is not implemented in Detectron either (its '
+                       'im_detect_bbox_aug / im_detect_mask_aug assert SCALE_SIZE_DEP False)')
 _NOT_ACTED_ON = {
     'TRAIN.BBOX_THRESH': _PRECOMPUTED_PROPOSALS,
     'TRAIN.CROWD_FILTER_THRESH': _PRECOMPUTED_PROPOSALS,
@@ -96,8 +98,11 @@ _NOT_ACTED_ON = {
     'DATA_LOADER.BLOBS_QUEUE_CAPACITY': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
     'TEST.FORCE_JSON_DATASET_EVAL': 'every dataset is evaluated by the COCO json evaluator here; remove the key',
     'TEST.CLASS_SPECIFIC_AR': 'proposal recall evaluation (RPN-only models) is not ported',
-    'TEST.BBOX_AUG.': 'test-time box augmentation is not ported',
-    'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
+    'TEST.BBOX_AUG.SCALE_SIZE_DEP': _SIZE_DEPENDENT_AUG,
+    'TEST.BBOX_AUG.AREA_TH_LO': _SIZE_DEPENDENT_AUG,
+    'TEST.BBOX_AUG.AREA_TH_HI': _SIZE_DEPENDENT_AUG,
+    'TEST.MASK_AUG.SCALE_SIZE_DEP': _SIZE_DEPENDENT_AUG,
+    'TEST.MASK_AUG.AREA_TH': _SIZE_DEPENDENT_AUG,
     'TEST.KPS_AUG.': 'keypoint heads are not ported',
     'KRCNN.': 'keypoint heads are not ported',
     'RETINANET.': 'RetinaNet is not ported',

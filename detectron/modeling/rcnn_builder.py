@@ -2,12 +2,13 @@
 (Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
 soft-NMS or KL-Loss's variance voting)."""
 import functools
+import logging
 
 import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
-from detectron.modeling import FPN, rcnn_inference
+from detectron.modeling import FPN, rcnn_inference, test_time_aug
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
 from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, MaskRCNNHead
@@ -21,6 +22,8 @@ from detectron.utils import blob as blob_utils
 from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
 
+logger = logging.getLogger(__name__)
+
 _CONV_BODIES = {
     'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
     'FPN.add_fpn_ResNet101_conv5_body': FPN.add_fpn_ResNet101_conv5_body,
@@ -30,7 +33,7 @@ _CONV_BODIES = {
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
-# (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
+# (RetinaNet and keypoint test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
 _UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
@@ -126,8 +129,19 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self):
         cfg = self.cfg
+        aug = test_aug(cfg)
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
+                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
+                                 aug=aug if aug.bbox or aug.mask else None)
+
+
+@register_model_type('mask_rcnn')
+class MaskRCNNType(GeneralizedRCNNType):
+    """Detectron's deprecated MODEL.TYPE mask_rcnn (its test_time_aug config's): the R-CNN type itself."""
+    def check(self):
+        logger.warning('Deprecated: use MODEL.TYPE generalized_rcnn with MODEL.MASK_ON True (MODEL.TYPE mask_rcnn '
+                       'builds the same model)')
+        super().check()
 
 
 def resizes_on_device(cfg, device):
@@ -152,9 +166,57 @@ def _validation_losses(model, batch):
         return model(*batch, body=model.body_and_rpn_head)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs):
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, aug):
+    if aug is not None:
+        return test_time_aug.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, aug,
+                                           mask_thresh=mask_thresh, **graphs)
     return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
                                         mask_thresh=mask_thresh, **graphs)
+
+
+def test_aug(cfg):
+    """test_time_aug.TestAug of TEST.BBOX_AUG and TEST.MASK_AUG (a part's None when not ENABLED; masks
+    only with MODEL.MASK_ON)."""
+    return test_time_aug.TestAug(bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
+                                 mask=mask_aug(cfg) if cfg.TEST.MASK_AUG.ENABLED and cfg.MODEL.MASK_ON else None)
+
+
+def box_aug(cfg):
+    """test_time_aug.BoxAug of TEST.BBOX_AUG."""
+    box = cfg.TEST.BBOX_AUG
+    return test_time_aug.BoxAug(test_time_aug.AugTransforms(
+        h_flip=box.H_FLIP, scales=tuple(box.SCALES), max_size=box.MAX_SIZE, scale_h_flip=box.SCALE_H_FLIP,
+        aspect_ratios=tuple(box.ASPECT_RATIOS), aspect_ratio_h_flip=box.ASPECT_RATIO_H_FLIP), box.SCORE_HEUR,
+        box.COORD_HEUR)
+
+
+def mask_aug(cfg):
+    """test_time_aug.MaskAug of TEST.MASK_AUG."""
+    mask = cfg.TEST.MASK_AUG
+    return test_time_aug.MaskAug(test_time_aug.AugTransforms(
+        h_flip=mask.H_FLIP, scales=tuple(mask.SCALES), max_size=mask.MAX_SIZE, scale_h_flip=mask.SCALE_H_FLIP,
+        aspect_ratios=tuple(mask.ASPECT_RATIOS), aspect_ratio_h_flip=mask.ASPECT_RATIO_H_FLIP), mask.HEUR)
+
+
+def _check_test_aug(cfg):
+    """Detectron's assertions of im_detect_bbox_aug: UNION for scores and coordinates together, and
+    for a Faster R-CNN (its proposals, so its rows, differ from one augmentation to the next)."""
+    box = cfg.TEST.BBOX_AUG
+    mask = cfg.TEST.MASK_AUG
+    for key, value, choices in (('TEST.BBOX_AUG.SCORE_HEUR', box.SCORE_HEUR, test_time_aug.BOX_HEURISTICS),
+                                ('TEST.BBOX_AUG.COORD_HEUR', box.COORD_HEUR, test_time_aug.BOX_HEURISTICS),
+                                ('TEST.MASK_AUG.HEUR', mask.HEUR, test_time_aug.MASK_HEURISTICS)):
+        if value not in choices:
+            raise ConfigValueError('{} must be one of {}, got {!r}'.format(key, ', '.join(map(repr, choices)), value))
+    if not box.ENABLED:
+        return
+    heurs = 'TEST.BBOX_AUG.SCORE_HEUR {} and COORD_HEUR {}'.format(box.SCORE_HEUR, box.COORD_HEUR)
+    if (box.SCORE_HEUR == 'UNION') != (box.COORD_HEUR == 'UNION'):
+        raise ConfigValueError(heurs + ': UNION combines scores and coordinates together; set both to UNION or '
+                               'neither')
+    if cfg.MODEL.FASTER_RCNN and box.SCORE_HEUR != 'UNION':
+        raise ConfigValueError(heurs + ': a Faster R-CNN has other proposals under each augmentation, so only '
+                               'UNION combines them (as Detectron asserts); set both to UNION')
 
 
 def mask_thresh(cfg):
@@ -200,6 +262,7 @@ def check_supported(cfg):
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
         _check_mask_head(cfg)
+    _check_test_aug(cfg)
 
 
 def _check_mask_head(cfg):

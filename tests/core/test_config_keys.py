@@ -132,7 +132,7 @@ def test_every_refusal_names_a_key():
      "TRAIN.PROPOSAL_FILES ('props.pkl',) is not acted on by this port: it serves Fast R-CNN on precomputed "
      "proposals, which this port does not build"),
     ('TRAIN.CROWD_FILTER_THRESH', '0.5', 'TRAIN.CROWD_FILTER_THRESH 0.5 is not acted on by this port: it serves'),
-    ('TEST.BBOX_AUG.H_FLIP', 'True', 'TEST.BBOX_AUG.H_FLIP True is not acted on by this port: test-time box'),
+    ('TEST.BBOX_AUG.SCALE_SIZE_DEP', 'True', 'TEST.BBOX_AUG.SCALE_SIZE_DEP True is not acted on by this port: size-dep'),
     ('MEMONGER', 'False', 'MEMONGER False is not acted on by this port: '),
     ('KRCNN.NUM_KEYPOINTS', '17', 'KRCNN.NUM_KEYPOINTS 17 is not acted on by this port: keypoint heads'),
 ])

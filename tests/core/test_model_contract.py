@@ -55,9 +55,10 @@ def _final_state(output_dir):
 
 def test_model_types_are_registered_where_they_are_defined_and_built_bound_to_the_cfg(set_cfg):
     from detectron.modeling.centernet_builder import CenterNetType
-    from detectron.modeling.rcnn_builder import GeneralizedRCNNType
+    from detectron.modeling.rcnn_builder import GeneralizedRCNNType, MaskRCNNType
     assert model_builder.registered_model_types() == {
-        'generalized_rcnn': GeneralizedRCNNType, 'centernet': CenterNetType, 'tiny': tiny_model_type.TinyModelType}
+        'generalized_rcnn': GeneralizedRCNNType, 'mask_rcnn': MaskRCNNType, 'centernet': CenterNetType,
+        'tiny': tiny_model_type.TinyModelType}
     assert (GeneralizedRCNNType.name, CenterNetType.name, tiny_model_type.TinyModelType.name) == (
         'generalized_rcnn', 'centernet', 'tiny')
     for name, model_type_class in model_builder.registered_model_types().items():
