@@ -87,7 +87,7 @@ def test_an_unknown_model_type_is_one_config_error_naming_the_registered_ones(se
     with pytest.raises(ConfigValueError) as err:
         model_builder.build_model_type(cfg)
     assert str(err.value) == ("MODEL.TYPE 'retinanet' is not supported; use one of 'centernet', "
-                              "'generalized_rcnn', 'tiny'")
+                              "'generalized_rcnn', 'mask_rcnn', 'tiny'")
 
 
 def test_second_model_type_trains_resumes_and_tests_through_the_engines(catalog, tmp_path, capsys):
