@@ -96,7 +96,8 @@ _NOT_ACTED_ON = {
     'TRAIN.COPY_WEIGHTS': 'Detectron\'s class-remapping weight copy is not ported; TRAIN.WEIGHTS loads by name',
     'DATA_LOADER.MINIBATCH_QUEUE_SIZE': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
     'DATA_LOADER.BLOBS_QUEUE_CAPACITY': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
-    'TEST.FORCE_JSON_DATASET_EVAL': 'every dataset is evaluated by the COCO json evaluator here; remove the key',
+    'TEST.FORCE_JSON_DATASET_EVAL': 'the COCO json evaluator serves every dataset but voc_* ones (Detectron\'s VOC '
+                                    'evaluator); forcing it is not ported, remove the key',
     'TEST.CLASS_SPECIFIC_AR': 'proposal recall evaluation (RPN-only models) is not ported',
     'TEST.BBOX_AUG.SCALE_SIZE_DEP': _SIZE_DEPENDENT_AUG,
     'TEST.BBOX_AUG.AREA_TH_LO': _SIZE_DEPENDENT_AUG,
