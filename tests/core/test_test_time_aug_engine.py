@@ -6,13 +6,12 @@ import pickle
 
 import numpy as np
 import pytest
-import torch
 
 from detectron.core import test_engine
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
 from support.coco_eval import coco_metrics
-from support.tiny_runs import MASK_OVERRIDES, use_tiny_config
+from support.tiny_runs import MASK_OVERRIDES, save_random_mask_model, use_tiny_config
 
 pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
@@ -26,12 +25,7 @@ def weights(tiny_catalog):
     """A randomly initialised tiny Mask R-CNN with KL-Loss' sigma head, masks large enough to show."""
     path = tiny_catalog.parent / 'random_tta_init.pth'
     use_tiny_config(tiny_catalog, tiny_catalog.parent / 'unused', *MASK_OVERRIDES, 'PRED_STD', 'True')
-    torch.manual_seed(0)
-    model = model_builder.create(cfg)
-    with torch.no_grad():
-        for param in model.mask_head.parameters():
-            param.normal_(0.0, 0.3)
-    torch.save({'model': model.state_dict()}, path)
+    save_random_mask_model(path)
     return str(path)
 
 
