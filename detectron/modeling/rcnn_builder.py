@@ -62,8 +62,11 @@ class GeneralizedRCNNType(ModelType):
         cfg = self.cfg
         if not training:
             graphs = ['TEST.CUDA_GRAPHS False'] if cfg.TEST.CUDA_GRAPHS else []
+            aug = cfg.TEST.BBOX_AUG
+            scales = (['lower the largest TEST.BBOX_AUG.SCALES {} / TEST.BBOX_AUG.MAX_SIZE {}'.format(
+                tuple(aug.SCALES), aug.MAX_SIZE)] if aug.ENABLED and aug.SCALES else [])
             return '; '.join(['lower TEST.SCALE {} / TEST.MAX_SIZE {}'.format(cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)]
-                             + graphs)
+                             + scales + graphs)
         batch = ('TRAIN.RANK_IMS_PER_BATCH {}'.format(tuple(cfg.TRAIN.RANK_IMS_PER_BATCH))
                  if cfg.TRAIN.RANK_IMS_PER_BATCH else 'TRAIN.IMS_PER_BATCH {}'.format(cfg.TRAIN.IMS_PER_BATCH))
         return '; '.join([batch_setting(cfg, batch)] + checkpoint_setting(cfg)
