@@ -178,9 +178,9 @@ def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh,
 
 
 def test_aug(cfg):
-    """test_time_aug.TestAug of TEST.BBOX_AUG and TEST.MASK_AUG (a part's None when not ENABLED; masks
+    """test_time_aug.Augmentations of TEST.BBOX_AUG and TEST.MASK_AUG (a part's None when not ENABLED; masks
     only with MODEL.MASK_ON)."""
-    return test_time_aug.TestAug(bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
+    return test_time_aug.Augmentations(bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
                                  mask=mask_aug(cfg) if cfg.TEST.MASK_AUG.ENABLED and cfg.MODEL.MASK_ON else None)
 
 

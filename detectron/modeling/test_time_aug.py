@@ -57,7 +57,7 @@ class MaskAug:
 
 
 @dataclass(frozen=True)
-class TestAug:
+class Augmentations:
     """Which parts of R-CNN inference are augmented (None: that part runs once, unaugmented)."""
     bbox: BoxAug = None
     mask: MaskAug = None
@@ -207,7 +207,7 @@ def im_detect_mask_aug(model, im, boxes, classes, image_params, aug, cuda_graphs
 
 def im_detect_all(model, im, image_params, decode_params, nms_params, aug, mask_thresh=None, cuda_graphs=False,
                   max_graph_shapes=DEFAULT_MAX_GRAPHS):
-    """rcnn_inference.im_detect_all with test-time augmentation (aug, a TestAug): the boxes of
+    """rcnn_inference.im_detect_all with test-time augmentation (aug, an Augmentations): the boxes of
     im_detect_bbox_aug when aug.bbox, then NMS / soft-NMS / variance voting and box voting on the
     combined detections as without augmentation, then the masks of im_detect_mask_aug when aug.mask."""
     graphs = {'cuda_graphs': cuda_graphs, 'max_graph_shapes': max_graph_shapes}

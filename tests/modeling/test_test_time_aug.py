@@ -260,7 +260,7 @@ def test_the_shipped_config_is_detectron_s_test_time_augmentation_example():
     aug = model_type.detector().keywords['aug']
     scales = (400, 500, 600, 700, 900, 1000, 1100, 1200)
     expected = tta.AugTransforms(h_flip=True, scales=scales, max_size=2000, scale_h_flip=True)
-    assert aug == tta.TestAug(tta.BoxAug(expected, 'UNION', 'UNION'), tta.MaskAug(expected, 'SOFT_AVG'))
+    assert aug == tta.Augmentations(tta.BoxAug(expected, 'UNION', 'UNION'), tta.MaskAug(expected, 'SOFT_AVG'))
     assert len(tta.transforms(expected, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)) == 17
     assert (cfg.TEST.BBOX_VOTE.ENABLED, cfg.TEST.BBOX_VOTE.VOTE_TH, cfg.TEST.SCALE) == (True, 0.9, 800)
     assert cfg.TEST.WEIGHTS.startswith('https://dl.fbaipublicfiles.com/detectron/35859007/12_2017_baselines/')
