@@ -6,7 +6,7 @@
 # Steps:
 #   setup (dev/gpu_env.sh) bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   two_stage bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
-#   checkpoint_activations_bench mask_train mask_test mask_bench mask_targets
+#   checkpoint_activations_bench mask_train mask_test tta_test mask_bench mask_targets
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -321,6 +321,23 @@ rcnn_test_repeated() {  # test_net on coco_tiny_val_x10, graphs on / off (TEST_G
     python3 tools/benchmark.py --mode loops --catalog "$CATALOG" --train-dataset coco_tiny_train \
       --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters 40 --loop-warmup 20 --loop-dir /tmp/bench_loops \
       -- DATA_LOADER.NUM_THREADS 6 TEST.CUDA_GRAPHS $graphs 2>&1 | grep -v '^{' | tee "$OUT/rcnn_test_x10_graphs_$graphs.md"
+  done
+}
+
+tta_test() {  # run after mask_train: its KL Mask R-CNN through test_net on coco_tiny val, 1 GPU, without and with
+  # Detectron's test-time augmentation (configs/test_time_aug: flip, 8 scales and their flips for boxes and masks,
+  # box voting at 0.9); the im_detect lines give seconds per image
+  local weights=/tmp/mask_e2e_mask_rcnn_R-50-FPN_2x_log/train/coco_tiny_train/generalized_rcnn/model_final.pth
+  local aug scales="(400, 500, 600, 700, 900, 1000, 1100, 1200)"
+  for aug in False True; do
+    python3 tools/test_net.py -c configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml "${KL[@]}" TEST.WEIGHTS $weights \
+      NUM_GPUS 1 TEST.BBOX_VOTE.ENABLED $aug TEST.BBOX_VOTE.VOTE_TH 0.9 \
+      TEST.BBOX_AUG.ENABLED $aug TEST.BBOX_AUG.H_FLIP True TEST.BBOX_AUG.SCALES "$scales" TEST.BBOX_AUG.MAX_SIZE 2000 \
+      TEST.BBOX_AUG.SCALE_H_FLIP True TEST.MASK_AUG.ENABLED $aug TEST.MASK_AUG.H_FLIP True \
+      TEST.MASK_AUG.SCALES "$scales" TEST.MASK_AUG.MAX_SIZE 2000 TEST.MASK_AUG.SCALE_H_FLIP True \
+      OUTPUT_DIR /tmp/tta_test_$aug > "$OUT/tta_test_$aug.log" 2>&1
+    echo "test-time augmentation $aug: test_net exit $?"
+    grep -E "copypaste|Total inference time|im_detect:" "$OUT/tta_test_$aug.log" | tail -8
   done
 }
 

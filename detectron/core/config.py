@@ -81,15 +81,21 @@ _RENAMED_KEYS = {
 # below it). Each stays loadable at its default, so Detectron's configs merge as they are; any other
 # value is one error line naming the key and why (tests/core/test_config_keys.py: every key is read or
 # listed here).
+_SIZE_DEPENDENT_AUG = ('size-dependent box and mask augmentation is not implemented in Detectron either (its '
+                       'im_detect_bbox_aug / im_detect_mask_aug assert SCALE_SIZE_DEP False)')
 _NOT_ACTED_ON = {
     'TRAIN.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
     'TEST.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
     'TRAIN.COPY_WEIGHTS': 'Detectron\'s class-remapping weight copy is not ported; TRAIN.WEIGHTS loads by name',
     'DATA_LOADER.MINIBATCH_QUEUE_SIZE': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
     'DATA_LOADER.BLOBS_QUEUE_CAPACITY': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
-    'TEST.FORCE_JSON_DATASET_EVAL': 'every dataset is evaluated by the COCO json evaluator here; remove the key',
-    'TEST.BBOX_AUG.': 'test-time box augmentation is not ported',
-    'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
+    'TEST.FORCE_JSON_DATASET_EVAL': 'the COCO json evaluator serves every dataset but voc_* ones (Detectron\'s VOC '
+                                    'evaluator); forcing it is not ported, remove the key',
+    'TEST.BBOX_AUG.SCALE_SIZE_DEP': _SIZE_DEPENDENT_AUG,
+    'TEST.BBOX_AUG.AREA_TH_LO': _SIZE_DEPENDENT_AUG,
+    'TEST.BBOX_AUG.AREA_TH_HI': _SIZE_DEPENDENT_AUG,
+    'TEST.MASK_AUG.SCALE_SIZE_DEP': _SIZE_DEPENDENT_AUG,
+    'TEST.MASK_AUG.AREA_TH': _SIZE_DEPENDENT_AUG,
     'TEST.KPS_AUG.': 'keypoint heads are not ported',
     'KRCNN.': 'keypoint heads are not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',

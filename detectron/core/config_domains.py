@@ -371,7 +371,7 @@ DOMAINS = {
     'FPN.COARSEST_STRIDE': at_least(1),
     'FPN.ROI_CANONICAL_SCALE': at_least(1),
     'FPN.ROI_CANONICAL_LEVEL': finite(),  # an offset in the level formula; the result is clamped to the levels
-    'FPN.ROI_MAX_LEVEL': at_least(0),  # the levels themselves: rcnn_builder.check_supported
+    'FPN.ROI_MAX_LEVEL': at_least(0),  # the levels themselves: rcnn_checks.check_supported
     'FPN.ROI_MIN_LEVEL': at_least(0),
     'FPN.RPN_MAX_LEVEL': at_least(0),
     'FPN.RPN_MIN_LEVEL': at_least(0),

@@ -1,8 +1,9 @@
 """Inference on one image by a model of the model type it is handed (Detectron's core/test.py API).
 
 `im_detect_all` runs a model of the model type it is handed and returns Detectron's `cls_boxes`
-(with `cls_segms` beside them for a Mask R-CNN). `im_detect_bbox`, `box_results_with_nms_and_limit`
-and `segm_results` are Detectron's R-CNN functions of those names (with KL-Loss's variance voting
+(with `cls_segms` beside them for a Mask R-CNN). `im_detect_bbox`, `im_detect_bbox_aug`,
+`im_detect_mask_aug`, `box_results_with_nms_and_limit` and `segm_results` are Detectron's R-CNN
+functions of those names (with KL-Loss's variance voting
 when STD_NMS), with the model type as their first argument: they take their settings from the cfg
 the model type is bound to (model_type.cfg), not the global one, and call the plain-argument
 implementations in detectron/modeling/rcnn_inference.py and mask_inference.py.
@@ -11,7 +12,9 @@ import dataclasses
 
 import numpy as np
 
-from detectron.modeling import mask_inference, rcnn_builder, rcnn_inference
+import torch
+
+from detectron.modeling import mask_inference, rcnn_builder, rcnn_checks, rcnn_inference, test_time_aug
 from detectron.utils.errors import ConfigValueError
 
 
@@ -32,7 +35,7 @@ def im_detect_bbox(model_type, model, im, target_scale, target_max_size, boxes=N
     image's coordinates (deduplicated at DEDUP_BOXES as Detectron; the rows are those of boxes).
     """
     cfg = model_type.cfg
-    if boxes is not None and rcnn_builder.has_rpn(cfg):
+    if boxes is not None and rcnn_checks.has_rpn(cfg):
         raise ConfigValueError('im_detect_bbox got boxes (precomputed proposals), which only a Fast R-CNN '
                                '(MODEL.FASTER_RCNN False) takes: a model with an RPN makes its own; call it without boxes')
     proposals = {} if boxes is None else {'proposals': boxes, 'dedup_boxes': cfg.DEDUP_BOXES}
@@ -42,6 +45,32 @@ def im_detect_bbox(model_type, model, im, target_scale, target_max_size, boxes=N
     if confs is None:
         return scores.cpu().numpy(), pred_boxes.cpu().numpy(), im_scale
     return scores.cpu().numpy(), pred_boxes.cpu().numpy(), im_scale, confs.cpu().numpy()
+
+
+def im_detect_bbox_aug(model_type, model, im, box_proposals=None):
+    """Detectron's `im_detect_bbox_aug`: im_detect_bbox's results (numpy; sigmas fourth with STD_NMS)
+    under TEST.BBOX_AUG's augmentations combined by its heuristics (modeling/test_time_aug.py)."""
+    if box_proposals is not None:
+        raise ConfigValueError('im_detect_bbox_aug got precomputed proposals, but only Faster R-CNN (RPN '
+                               'proposals) is supported: call it without box_proposals')
+    cfg = model_type.cfg
+    scores, boxes, confs, im_scale, _ = test_time_aug.im_detect_bbox_aug(
+        model, im, rcnn_builder.image_params(cfg), rcnn_builder.decode_params(cfg), rcnn_builder.box_aug(cfg),
+        **rcnn_builder.test_graphs(cfg))
+    if confs is None:
+        return scores.cpu().numpy(), boxes.cpu().numpy(), im_scale
+    return scores.cpu().numpy(), boxes.cpu().numpy(), im_scale, confs.cpu().numpy()
+
+
+def im_detect_mask_aug(model_type, model, im, boxes, classes):
+    """Detectron's `im_detect_mask_aug` for the detections boxes (R, 4) of classes (R,): soft masks
+    (R, M, M) at each detection's class channel under TEST.MASK_AUG's augmentations, combined by its HEUR."""
+    cfg = model_type.cfg
+    device = rcnn_inference.model_device(model)
+    masks = test_time_aug.im_detect_mask_aug(
+        model, im, torch.as_tensor(boxes, device=device), torch.as_tensor(classes, device=device),
+        rcnn_builder.image_params(cfg), rcnn_builder.mask_aug(cfg), **rcnn_builder.test_graphs(cfg))
+    return masks.cpu().numpy()
 
 
 def box_results_with_nms_and_limit(model_type, scores, boxes, confs=None):

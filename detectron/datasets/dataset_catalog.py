@@ -9,7 +9,8 @@ Three sources are consulted on every lookup, first match wins:
    symlinks, see data/README.md) and the synthetic `shapes_*` sets, generated on first lookup.
 
 A catalog file is JSON (`.json`) or YAML (any other suffix) mapping each name to
-`{image_directory, annotation_file[, image_prefix]}`; relative paths are taken relative to the
+`{image_directory, annotation_file[, image_prefix][, devkit_directory]}` (the devkit: a `voc_*`
+dataset's VOCdevkit, which its evaluator reads); relative paths are taken relative to the
 catalog file's own directory and `~` is expanded.
 """
 
@@ -32,7 +33,8 @@ _DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 _IM_DIR = 'image_directory'
 _ANN_FN = 'annotation_file'
 _IM_PREFIX = 'image_prefix'
-_ENTRY_KEYS = (_IM_DIR, _ANN_FN, _IM_PREFIX)
+_DEVKIT_DIR = 'devkit_directory'
+_ENTRY_KEYS = (_IM_DIR, _ANN_FN, _IM_PREFIX, _DEVKIT_DIR)
 
 # name -> (image directory, annotation file[, image prefix]), relative to _DATA_DIR.
 # The coco_2017_train/val entries are KL-Loss's additions; the rest is Detectron's catalog.
@@ -79,17 +81,21 @@ _BUILTIN = {
     'voc_2012_val': ('VOC2012/JPEGImages', 'VOC2012/annotations/voc_2012_val.json'),
 }
 
+# Detectron's VOC devkits (relative to _DATA_DIR), which its VOC evaluator reads.
+_VOC_DEVKITS = {name: 'VOC{0}/VOCdevkit{0}'.format(name[4:8]) for name in _BUILTIN if name.startswith('voc_')}
+
 _registered = {}
 # (path, mtime_ns) -> entries, so a worker re-reads the env catalog only when the file changes.
 _env_catalog_cache = {}
 
 
-def register_dataset(name, image_directory, annotation_file, image_prefix=''):
+def register_dataset(name, image_directory, annotation_file, image_prefix='', devkit_directory=''):
     """Make `name` resolve to these paths in this process (shadows env and built-in names)."""
     entry = {
         _IM_DIR: os.path.abspath(os.path.expanduser(image_directory)),
         _ANN_FN: os.path.abspath(os.path.expanduser(annotation_file)),
         _IM_PREFIX: image_prefix,
+        _DEVKIT_DIR: os.path.abspath(os.path.expanduser(devkit_directory)) if devkit_directory else '',
     }
     previous = _registered.get(name)
     if previous is not None and previous != entry:
@@ -105,7 +111,7 @@ def register_catalog_file(path):
     if not path:
         return
     for name, entry in _read_catalog_file(path).items():
-        register_dataset(name, entry[_IM_DIR], entry[_ANN_FN], entry[_IM_PREFIX])
+        register_dataset(name, entry[_IM_DIR], entry[_ANN_FN], entry[_IM_PREFIX], entry[_DEVKIT_DIR])
 
 
 def datasets():
@@ -134,6 +140,15 @@ def get_im_prefix(name):
     return _entry(name)[_IM_PREFIX]
 
 
+def get_devkit_dir(name):
+    """The VOCdevkit directory of dataset `name` (a `voc_*` dataset's evaluation reads it)."""
+    devkit = _entry(name)[_DEVKIT_DIR]
+    if not devkit:
+        raise DatasetError('Dataset {} has no devkit_directory: the VOC evaluator (chosen by the name\'s voc_ '
+                           'prefix) reads the VOCdevkit; give one in its catalog entry'.format(name))
+    return devkit
+
+
 def _entry(name):
     if name in _registered:
         return _registered[name]
@@ -141,17 +156,18 @@ def _entry(name):
     if name in env_entries:
         return env_entries[name]
     if name in _BUILTIN:
-        return _builtin_entry(*_BUILTIN[name])
+        return _builtin_entry(name, *_BUILTIN[name])
     if name in shapes.SPLITS:
         return _shapes_entry(name)
     raise DatasetError(_unknown_name_message(name))
 
 
-def _builtin_entry(image_directory, annotation_file, image_prefix=''):
+def _builtin_entry(name, image_directory, annotation_file, image_prefix=''):
     return {
         _IM_DIR: os.path.join(_DATA_DIR, image_directory),
         _ANN_FN: os.path.join(_DATA_DIR, annotation_file),
         _IM_PREFIX: image_prefix,
+        _DEVKIT_DIR: os.path.join(_DATA_DIR, _VOC_DEVKITS[name]) if name in _VOC_DEVKITS else '',
     }
 
 
@@ -162,6 +178,7 @@ def _shapes_entry(name):
         _IM_DIR: os.path.join(root, image_subdir),
         _ANN_FN: os.path.join(root, 'annotations', annotation_name),
         _IM_PREFIX: '',
+        _DEVKIT_DIR: '',
     }
 
 
@@ -232,4 +249,5 @@ def _catalog_file_entry(path, base_dir, name, entry):
         _IM_DIR: resolve(entry[_IM_DIR]),
         _ANN_FN: resolve(entry[_ANN_FN]),
         _IM_PREFIX: str(entry.get(_IM_PREFIX, '')),
+        _DEVKIT_DIR: resolve(entry[_DEVKIT_DIR]) if entry.get(_DEVKIT_DIR) else '',
     }

@@ -3,7 +3,9 @@
 import logging
 from collections import OrderedDict
 
-from detectron.datasets import json_dataset_evaluator
+import numpy as np
+
+from detectron.datasets import json_dataset_evaluator, voc_dataset_evaluator
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True,
 
 def evaluate_boxes(dataset, all_boxes, output_dir, competition_mode=True,
                    results_format=json_dataset_evaluator.DETECTRON_RESULTS):
-    """COCO box AP of all_boxes on the JsonDataset `dataset`.
+    """COCO box AP of all_boxes on the JsonDataset `dataset` (a `voc_*` dataset: VOC's AP, see _voc_results).
 
     competition_mode is Detectron's TEST.COMPETITION_MODE: when False the results json gets a
     unique name and is deleted after evaluation. results_format: the model's box convention
@@ -37,6 +39,9 @@ def evaluate_boxes(dataset, all_boxes, output_dir, competition_mode=True,
     dataset is not evaluated (a 'test' set).
     """
     logger.info('Evaluating detections')
+    if voc_dataset_evaluator.use_voc_evaluator(dataset.name):
+        return OrderedDict([(dataset.name, OrderedDict([('box', _voc_results(
+            voc_dataset_evaluator.evaluate_boxes(dataset, all_boxes, output_dir)))]))])
     coco_eval = json_dataset_evaluator.evaluate_boxes(
         dataset, all_boxes, output_dir,
         use_salt=not competition_mode, cleanup=not competition_mode, results_format=results_format,
@@ -69,6 +74,14 @@ def box_metric_names():
     return [name for name, _ in _COCO_STATS_METRICS] + [
         'AP{:d}'.format(int(round(100 * iou))) for iou in json_dataset_evaluator.EXTRA_AP_IOUS
     ]
+
+
+def _voc_results(class_aps):
+    """The box metrics of a VOC evaluation: AP50 its mean AP over the classes (at IoU 0.5, VOC's metric),
+    the COCO metrics it does not compute -1 (Detectron reports all six -1 for VOC)."""
+    results = OrderedDict((name, -1) for name in box_metric_names())
+    results['AP50'] = float(np.mean(list(class_aps.values())))
+    return results
 
 
 def _coco_eval_to_results(coco_eval):

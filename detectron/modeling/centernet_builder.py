@@ -62,6 +62,9 @@ class CenterNetType(ModelType):
         if cfg.MODEL.MASK_ON:
             raise ConfigValueError('MODEL.MASK_ON True asks for Mask R-CNN\'s mask head, which CenterNet (ctdet) does '
                                    'not have: set MODEL.MASK_ON False, or MODEL.TYPE generalized_rcnn for masks')
+        if cfg.TEST.BBOX_AUG.ENABLED or cfg.TEST.MASK_AUG.ENABLED:
+            raise ConfigValueError('TEST.BBOX_AUG / TEST.MASK_AUG ENABLED asks for R-CNN\'s test-time augmentation; '
+                                   'CenterNet augments with CENTERNET.TEST_SCALES and CENTERNET.FLIP_TEST')
         if cfg.TRAIN.FREEZE_CONV_BODY:
             raise ConfigValueError('TRAIN.FREEZE_CONV_BODY True freezes an R-CNN body; CenterNet trains its whole '
                                    'network, as CenterNet does: set it to False')

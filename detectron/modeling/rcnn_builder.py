@@ -11,47 +11,22 @@ import torch
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.datasets.test_results import ProposalResults
-from detectron.modeling import FPN, ResNet, rcnn_export, rcnn_inference
+from detectron.modeling import ResNet, rcnn_export, rcnn_inference, test_time_aug
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
-from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, SHARED_RES5_MASK_HEAD, MaskRCNNHead
+from detectron.modeling.mask_rcnn_heads import MASK_HEADS, SHARED_RES5_MASK_HEAD, MaskRCNNHead
+from detectron.modeling.rcnn_checks import (C4_BOX_HEAD, C4_STRIDE, CONV_BODIES, check_supported, has_rpn, is_c4,
+                                          reads_proposal_files)
 from detectron.modeling.model_type import Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
-from detectron.ops.roi_pooling import ROI_XFORM_METHODS
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
 from detectron.roi_data.minibatch import (PROPOSAL_KEYS, TRAINING_KEYS, UnresizedImages, collate_minibatch,
                                           collate_unresized, prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
-from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
 
 logger = logging.getLogger(__name__)
-
-_FPN_BODIES = {
-    'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
-    'FPN.add_fpn_ResNet101_conv5_body': FPN.add_fpn_ResNet101_conv5_body,
-    'FPN.add_fpn_ResNet152_conv5_body': FPN.add_fpn_ResNet152_conv5_body,
-    'FPN.add_fpn_ResNet18_conv5_body': FPN.add_fpn_ResNet18_conv5_body,
-    'FPN.add_fpn_ResNet34_conv5_body': FPN.add_fpn_ResNet34_conv5_body,
-}
-# Detectron's conv4 bodies: one map (res4, stride 16) for the single-scale RPN and the res5 RoI head.
-_C4_BODIES = {
-    'ResNet.add_ResNet50_conv4_body': ResNet.add_ResNet50_conv4_body,
-    'ResNet.add_ResNet101_conv4_body': ResNet.add_ResNet101_conv4_body,
-}
-_CONV_BODIES = {**_FPN_BODIES, **_C4_BODIES}
-_BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
-_C4_BOX_HEAD = 'ResNet.add_ResNet_roi_conv5_head'
-_C4_STRIDE = 16
-
-# Detectron features this port does not build: refused loudly rather than silently ignored.
-# (Test-time augmentation is refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
-# MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
-_MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
-                'MRCNN.USE_FC_OUTPUT': False}
-
 
 @register_model_type('generalized_rcnn')
 class GeneralizedRCNNType(ModelType):
@@ -75,8 +50,11 @@ class GeneralizedRCNNType(ModelType):
         cfg = self.cfg
         if not training:
             graphs = ['TEST.CUDA_GRAPHS False'] if cfg.TEST.CUDA_GRAPHS else []
+            aug = cfg.TEST.BBOX_AUG
+            scales = (['lower the largest TEST.BBOX_AUG.SCALES {} / TEST.BBOX_AUG.MAX_SIZE {}'.format(
+                tuple(aug.SCALES), aug.MAX_SIZE)] if aug.ENABLED and aug.SCALES else [])
             return '; '.join(['lower TEST.SCALE {} / TEST.MAX_SIZE {}'.format(cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)]
-                             + graphs)
+                             + scales + graphs)
         batch = ('TRAIN.RANK_IMS_PER_BATCH {}'.format(tuple(cfg.TRAIN.RANK_IMS_PER_BATCH))
                  if cfg.TRAIN.RANK_IMS_PER_BATCH else 'TRAIN.IMS_PER_BATCH {}'.format(cfg.TRAIN.IMS_PER_BATCH))
         return '; '.join([batch_setting(cfg, batch)] + checkpoint_setting(cfg)
@@ -148,9 +126,10 @@ class GeneralizedRCNNType(ModelType):
         if cfg.MODEL.RPN_ONLY:
             return functools.partial(_detect_proposals, image_params=image_params(cfg), graphs=test_graphs(cfg))
         proposals = {'dedup_boxes': cfg.DEDUP_BOXES} if reads_proposal_files(cfg) else {}
+        aug = test_aug(cfg)
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
-                                 **proposals)
+                                 aug=aug if aug.bbox or aug.mask else None, **proposals)
 
     def test_results(self):
         if self.cfg.MODEL.RPN_ONLY:
@@ -183,19 +162,6 @@ class GeneralizedRCNNType(ModelType):
                         functools.partial(rcnn_export.graph_detections, params=params,
                                           num_classes=cfg.MODEL.NUM_CLASSES),
                         rcnn_export.RCNN_INPUT_NAMES, names, rcnn_export.dynamic_axes(names))
-
-
-def reads_proposal_files(cfg):
-    """Detectron's TEST.PRECOMPUTED_PROPOSALS as assert_and_infer_cfg infers it (read before it runs
-    too): a model with neither an RPN nor RetinaNet's dense head detects on proposal files."""
-    return not (has_rpn(cfg) or cfg.RETINANET.RETINANET_ON)
-
-
-def has_rpn(cfg):
-    """Whether the model has an RPN (end-to-end or RPN-only), else it is a Fast R-CNN on proposal files
-    (RPN.RPN_ON as assert_and_infer_cfg infers it, read before it runs too)."""
-    return cfg.MODEL.FASTER_RCNN or cfg.MODEL.RPN_ONLY
-
 
 
 # Detectron's deprecated MODEL.TYPE names (its model_builder.py): each builds generalized_rcnn, said once
@@ -255,7 +221,10 @@ def _validation_losses(model, batch):
         return model(*batch, body=model.body_and_rpn_head)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, dedup_boxes=None):
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, aug, dedup_boxes=None):
+    if aug is not None:
+        return test_time_aug.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, aug,
+                                           mask_thresh=mask_thresh, **graphs)
     if dedup_boxes is None:
         return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
                                             mask_thresh=mask_thresh, **graphs)
@@ -280,9 +249,28 @@ def image_stride(cfg):
     return 1 if is_c4(cfg) else cfg.FPN.COARSEST_STRIDE
 
 
-def is_c4(cfg):
-    """Whether MODEL.CONV_BODY is one of Detectron's conv4 bodies (single-scale RPN, res5 RoI head)."""
-    return cfg.MODEL.CONV_BODY in _C4_BODIES
+def test_aug(cfg):
+    """test_time_aug.Augmentations of TEST.BBOX_AUG and TEST.MASK_AUG (a part's None when not ENABLED; masks
+    only with MODEL.MASK_ON)."""
+    return test_time_aug.Augmentations(bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
+                                 mask=mask_aug(cfg) if cfg.TEST.MASK_AUG.ENABLED and cfg.MODEL.MASK_ON else None)
+
+
+def box_aug(cfg):
+    """test_time_aug.BoxAug of TEST.BBOX_AUG."""
+    box = cfg.TEST.BBOX_AUG
+    return test_time_aug.BoxAug(test_time_aug.AugTransforms(
+        h_flip=box.H_FLIP, scales=tuple(box.SCALES), max_size=box.MAX_SIZE, scale_h_flip=box.SCALE_H_FLIP,
+        aspect_ratios=tuple(box.ASPECT_RATIOS), aspect_ratio_h_flip=box.ASPECT_RATIO_H_FLIP), box.SCORE_HEUR,
+        box.COORD_HEUR)
+
+
+def mask_aug(cfg):
+    """test_time_aug.MaskAug of TEST.MASK_AUG."""
+    mask = cfg.TEST.MASK_AUG
+    return test_time_aug.MaskAug(test_time_aug.AugTransforms(
+        h_flip=mask.H_FLIP, scales=tuple(mask.SCALES), max_size=mask.MAX_SIZE, scale_h_flip=mask.SCALE_H_FLIP,
+        aspect_ratios=tuple(mask.ASPECT_RATIOS), aspect_ratio_h_flip=mask.ASPECT_RATIO_H_FLIP), mask.HEUR)
 
 
 def mask_thresh(cfg):
@@ -293,147 +281,6 @@ def mask_thresh(cfg):
 def test_graphs(cfg):
     """The CUDA-graph keyword arguments of rcnn_inference's detection functions."""
     return {'cuda_graphs': cfg.TEST.CUDA_GRAPHS, 'max_graph_shapes': cfg.TEST.CUDA_GRAPHS_MAX_SHAPES}
-
-
-# Detectron's FPN levels (RPN on P2..P6, RoIs pooled from P2..P5): what the FPN body builds.
-_FPN_LEVELS = (2, 6, 2, 5)
-
-
-def check_supported(cfg):
-    """ConfigValueError unless cfg asks for an R-CNN this port builds."""
-    for key, feature in _UNSUPPORTED.items():
-        if leaf_value(cfg, key):
-            raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
-                                   .format(key, feature))
-    check_conv_body(cfg)
-    if cfg.PRED_STD and not cfg.PRED_STD_LOG:
-        raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
-                               'ported: training and variance voting read the head as alpha = log(sigma^2); set '
-                               'PRED_STD_LOG True, as KL-Loss\'s configs do')
-    _check_form(cfg)
-    if is_c4(cfg):
-        _check_c4(cfg)
-    else:
-        _check_fpn(cfg)
-
-
-def _check_c4(cfg):
-    """A conv4 body: Detectron's single-scale RPN on res4 and the res5 RoI head (and its v0upshare mask head)."""
-    flags = {key: leaf_value(cfg, key) for key in ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN', 'FPN.MULTILEVEL_ROIS')}
-    if any(flags.values()):
-        raise ConfigValueError('MODEL.CONV_BODY {} is a conv4 body (one map, stride 16): set FPN.FPN_ON, '
-                               'FPN.MULTILEVEL_RPN, FPN.MULTILEVEL_ROIS False'.format(cfg.MODEL.CONV_BODY))
-    if cfg.FAST_RCNN.ROI_BOX_HEAD != _C4_BOX_HEAD and not cfg.MODEL.RPN_ONLY:
-        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' does not fit the conv4 body {}: use '{}'".format(
-            cfg.FAST_RCNN.ROI_BOX_HEAD, cfg.MODEL.CONV_BODY, _C4_BOX_HEAD))
-    if cfg.RPN.STRIDE != _C4_STRIDE:
-        raise ConfigValueError('RPN.STRIDE {} must be the conv4 body\'s stride {}: Detectron lays the training anchors '
-                               'out at RPN.STRIDE and the proposals at the body\'s stride'.format(cfg.RPN.STRIDE,
-                                                                                                 _C4_STRIDE))
-    _check_choice(cfg, 'FAST_RCNN.ROI_XFORM_METHOD', ROI_XFORM_METHODS)
-    if cfg.MODEL.MASK_ON:
-        mrcnn = cfg.MRCNN
-        if mrcnn.ROI_MASK_HEAD != SHARED_RES5_MASK_HEAD:
-            raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported on a conv4 body; "
-                                   f"use '{SHARED_RES5_MASK_HEAD}'")
-        _check_choice(cfg, 'MRCNN.ROI_XFORM_METHOD', ROI_XFORM_METHODS)
-        _check_mrcnn_built(cfg, {key: value for key, value in _MRCNN_BUILT.items() if key != 'MRCNN.ROI_XFORM_METHOD'},
-                           'v0upshare')
-        if mrcnn.ROI_XFORM_RESOLUTION != cfg.FAST_RCNN.ROI_XFORM_RESOLUTION:
-            raise ConfigValueError(f'MRCNN.ROI_XFORM_RESOLUTION {mrcnn.ROI_XFORM_RESOLUTION} must equal '
-                                   f'FAST_RCNN.ROI_XFORM_RESOLUTION {cfg.FAST_RCNN.ROI_XFORM_RESOLUTION}: the v0upshare '
-                                   f'mask head shares the box head\'s res5')
-        masks = 2 * ResNet.ROI_CONV5_POOLED_SIZE
-        if mrcnn.RESOLUTION != masks:
-            raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be {masks}: the v0upshare head upsamples '
-                                   f'the 7 x 7 res5 map once by 2')
-
-
-def _check_choice(cfg, key, choices):
-    if leaf_value(cfg, key) not in choices:
-        raise ConfigValueError("{} '{}' is not supported; use one of {}".format(key, leaf_value(cfg, key), choices))
-
-
-def _check_fpn(cfg):
-    missing = [key for key in _fpn_flags_needed(cfg) if not leaf_value(cfg, key)]
-    if missing:
-        raise ConfigValueError('only FPN bodies are built: set {} True'.format(', '.join(missing)))
-    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS and not cfg.MODEL.RPN_ONLY:  # RPN-only: no box head
-        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
-            cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
-    levels = (cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL, cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL)
-    if levels != _FPN_LEVELS:
-        raise ConfigValueError('FPN.RPN_MIN_LEVEL / RPN_MAX_LEVEL / ROI_MIN_LEVEL / ROI_MAX_LEVEL {} are not supported: '
-                               'the FPN body gives P2..P6; use {}'.format(levels, _FPN_LEVELS))
-    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign' and not cfg.MODEL.RPN_ONLY:
-        raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
-            cfg.FAST_RCNN.ROI_XFORM_METHOD))
-    if cfg.MODEL.MASK_ON:
-        _check_mask_head(cfg)
-
-
-def check_conv_body(cfg):
-    """ConfigValueError unless MODEL.CONV_BODY and the RESNETS functions name a body this port builds."""
-    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
-        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
-            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
-    _check_one_norm(cfg.RESNETS)
-
-
-def _check_form(cfg):
-    """End-to-end Faster R-CNN, RPN-only, or Fast R-CNN on proposal files (neither)."""
-    if cfg.MODEL.RPN_ONLY and cfg.MODEL.MASK_ON:
-        raise ConfigValueError('MODEL.RPN_ONLY True builds no box or mask head: set MODEL.MASK_ON False')
-    if not cfg.MODEL.RPN_ONLY and not cfg.MODEL.FASTER_RCNN and cfg.RPN.RPN_ON:
-        raise ConfigValueError('RPN.RPN_ON True with MODEL.FASTER_RCNN and MODEL.RPN_ONLY False (an RPN beside a '
-                               'Fast R-CNN that does not use its proposals) is not supported: set MODEL.FASTER_RCNN '
-                               'True, or RPN.RPN_ON False for a Fast R-CNN on TRAIN/TEST.PROPOSAL_FILES')
-    files = {'TRAIN.PROPOSAL_FILES': cfg.TRAIN.PROPOSAL_FILES, 'TEST.PROPOSAL_FILES': cfg.TEST.PROPOSAL_FILES}
-    given = [key for key, value in files.items() if value]
-    if has_rpn(cfg) and given:
-        raise ConfigValueError('{} {} serve a Fast R-CNN (MODEL.FASTER_RCNN False), but this model makes its own '
-                               'proposals with an RPN: remove {}'.format(given[0], tuple(files[given[0]]),
-                                                                        ' and '.join(given)))
-
-
-def _fpn_flags_needed(cfg):
-    """The FPN flags an FPN body's model needs: the RPN's levels and/or the RoIs' levels."""
-    if cfg.MODEL.RPN_ONLY:
-        return ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN')
-    if cfg.MODEL.FASTER_RCNN:
-        return ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN', 'FPN.MULTILEVEL_ROIS')
-    return ('FPN.FPN_ON', 'FPN.MULTILEVEL_ROIS')
-
-
-def _check_mask_head(cfg):
-    mrcnn = cfg.MRCNN
-    if mrcnn.ROI_MASK_HEAD not in MASK_HEADS:
-        raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported; "
-                               f'use one of {sorted(MASK_HEADS)}')
-    _check_mrcnn_built(cfg, _MRCNN_BUILT, 'v1up4convs')
-    if mrcnn.RESOLUTION != 2 * mrcnn.ROI_XFORM_RESOLUTION:
-        raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be twice MRCNN.ROI_XFORM_RESOLUTION '
-                               f'{mrcnn.ROI_XFORM_RESOLUTION}: the head upsamples its pooled features once by 2')
-
-
-def _check_mrcnn_built(cfg, built, heads):
-    for key, value in built.items():
-        if leaf_value(cfg, key) != value:
-            raise ConfigValueError(f'{key} {leaf_value(cfg, key)!r} is not supported: the {heads} heads are built '
-                                   f'with {value!r}')
-    if cfg.MRCNN.CONV_INIT not in CONV_INITS:
-        raise ConfigValueError(f"MRCNN.CONV_INIT '{cfg.MRCNN.CONV_INIT}' is not supported; use one of "
-                               f"{list(CONV_INITS)}")
-
-
-def _check_one_norm(resnets):
-    """The body normalises one way: Detectron's GN configs name the GN stem, transformation and shortcut."""
-    funcs = {'RESNETS.STEM_FUNC': resnets.STEM_FUNC, 'RESNETS.TRANS_FUNC': resnets.TRANS_FUNC,
-             'RESNETS.SHORTCUT_FUNC': resnets.SHORTCUT_FUNC}
-    if len({'_gn_' in f for f in funcs.values()}) > 1:
-        raise ConfigValueError('{} mix GroupNorm and affine/BatchNorm functions; for GroupNorm set all three: '
-                               'basic_gn_stem, bottleneck_gn_transformation (basic_gn_transformation for R-18/34) '
-                               'and basic_gn_shortcut'.format(', '.join('{} {}'.format(k, v) for k, v in funcs.items())))
 
 
 def build_model(cfg):
@@ -461,7 +308,7 @@ def _gn_groups(cfg):
 
 def build_box_head(cfg, dim_in):
     fast = cfg.FAST_RCNN
-    if fast.ROI_BOX_HEAD == _C4_BOX_HEAD:
+    if fast.ROI_BOX_HEAD == C4_BOX_HEAD:
         return ResNet.ResNetRoIConv5Head(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, **_resnet_block_kwargs(cfg))
     if fast.ROI_BOX_HEAD == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
         return RoiXConv1FCGNHead(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, conv_dim=fast.CONV_HEAD_DIM,
@@ -499,7 +346,7 @@ def build_conv_body(cfg, **fpn_levels):
     fpn_kwargs = {} if is_c4(cfg) else dict(
         fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
         coarsest_stride=cfg.FPN.COARSEST_STRIDE, extra_conv_levels=cfg.FPN.EXTRA_CONV_LEVELS, **fpn_levels)
-    body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
+    body = CONV_BODIES[cfg.MODEL.CONV_BODY](
         freeze_at=cfg.TRAIN.FREEZE_AT, checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
         **_resnet_block_kwargs(cfg), **fpn_kwargs)
     if cfg.TRAIN.FREEZE_CONV_BODY:  # Detectron's StopGradient on the body's outputs: ResNet and FPN stay as loaded
@@ -512,7 +359,7 @@ def _levels(cfg, num_rpn_levels):
     RPN.SIZES on it (Detectron's add_single_scale_rpn_outputs)."""
     if is_c4(cfg):
         return dict(anchor_strides=(cfg.RPN.STRIDE,), anchor_sizes=(tuple(cfg.RPN.SIZES),),
-                    aspect_ratios=tuple(cfg.RPN.ASPECT_RATIOS), roi_spatial_scales=(1.0 / _C4_STRIDE,),
+                    aspect_ratios=tuple(cfg.RPN.ASPECT_RATIOS), roi_spatial_scales=(1.0 / C4_STRIDE,),
                     single_scale_rpn=True)
     rpn_levels = range(cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL + 1)
     roi_levels = range(cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL + 1)

@@ -81,25 +81,36 @@ def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_
     head from one CUDA graph per padded input size (the first max_graph_shapes sizes met twice;
     others run eagerly): at batch 1 launching their few hundred kernels costs more host time than
     the GPU spends on them. proposals, dedup_boxes: a Fast R-CNN's (see im_detect_all)."""
+    return forward_and_decode(model, im, image_params, decode_params, cuda_graphs, max_graph_shapes, proposals,
+                              dedup_boxes)[1:]
+
+
+def forward_and_decode(model, im, image_params, decode_params, cuda_graphs=False,
+                       max_graph_shapes=DEFAULT_MAX_GRAPHS, proposals=None, dedup_boxes=0):
+    """detect_boxes' (scores, boxes, confs, im_scale) after the model's inference dict of that
+    forward (its 'features' feed the mask head)."""
     out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals, dedup_boxes)
     scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
-    return scores, boxes, confs, im_scale
+    return out, scores, boxes, confs, im_scale
+
+
+def body_features(model, im, image_params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):
+    """Detectron's `im_conv_body_only`: the FPN features of one BGR image (the list the mask head
+    pools from) and its scale, without proposals or box head."""
+    blob, im_scale, _ = _image_blob(model, im, image_params)
+    body = _graphed_body(model, blob, cuda_graphs, max_graph_shapes).get('body', model.body_and_rpn_head)
+    with torch.no_grad():
+        flat = body(blob)
+    # body_and_rpn_head's flat tuple: features, RPN logits, RPN deltas, three equally long lists.
+    return list(flat[:len(flat) // 3]), im_scale
 
 
 def _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals=None, dedup_boxes=0):
     """The model's inference dict on one BGR image, and the image's scale; with proposals (a Fast R-CNN's,
     (R, 4) in the image's coordinates) the dict's rows are those of the proposals again
     (dedup_rois' inverse) and 'im_boxes' holds the proposal each row decodes from."""
-    if model.training:
-        raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
-    # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
-    blob, im_scale, im_info = blob_utils.get_image_blob_t(
-        im, image_params.scale, image_params.max_size, image_params.pixel_means, image_params.stride,
-        model_device(model))
-    graphed = {}  # `body` only when replayed: any model callable as model(images, im_info) still runs here
-    if cuda_graphs and blob.is_cuda:
-        graphed['body'] = graphed_method(model, 'body_and_rpn_head', type(model).body_and_rpn_head,
-                                         max_graphs=max_graph_shapes)
+    blob, im_scale, im_info = _image_blob(model, im, image_params)
+    graphed = _graphed_body(model, blob, cuda_graphs, max_graph_shapes)
     if proposals is None:
         with torch.no_grad():
             return model(blob, im_info, **graphed), im_scale
@@ -113,6 +124,23 @@ def _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals=N
     # As Detectron, a proposal decodes from the first proposal of its duplicates.
     out['im_boxes'] = proposals[index][inverse]
     return out, im_scale
+
+
+def _image_blob(model, im, image_params):
+    if model.training:
+        raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
+    # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
+    return blob_utils.get_image_blob_t(im, image_params.scale, image_params.max_size, image_params.pixel_means,
+                                       image_params.stride, model_device(model))
+
+
+def _graphed_body(model, blob, cuda_graphs, max_graph_shapes):
+    """{'body': the CUDA-graphed body_and_rpn_head} when replayed, else {}: any model callable as
+    model(images, im_info) still runs here."""
+    if cuda_graphs and blob.is_cuda:
+        return {'body': graphed_method(model, 'body_and_rpn_head', type(model).body_and_rpn_head,
+                                       max_graphs=max_graph_shapes)}
+    return {}
 
 
 # The per-RoI entries of the inference dict that dedup_rois' inverse maps back to every proposal.
@@ -147,10 +175,20 @@ def im_detect_all(model, im, image_params, decode_params, nms_params, mask_thres
     host once, with the masks, for cls_boxes and the pasting.
     A Fast R-CNN (no RPN) detects on proposals (R, 4) in the image's coordinates, those whose rois
     differ at dedup_boxes (Detectron's DEDUP_BOXES) through the heads once (dedup_rois)."""
-    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals, dedup_boxes)
-    scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
+    out, scores, boxes, confs, im_scale = forward_and_decode(model, im, image_params, decode_params, cuda_graphs,
+                                                             max_graph_shapes, proposals, dedup_boxes)
     dets, det_classes = final_detections_t(scores, boxes, confs, nms_params)
-    num_classes = scores.shape[1]
+
+    def soft_masks(boxes, classes):
+        return mask_inference.detect_masks(model, out['features'], boxes, classes, im_scale)
+
+    return image_results(dets, det_classes, scores.shape[1], im.shape[:2], mask_thresh, soft_masks)
+
+
+def image_results(dets, det_classes, num_classes, im_hw, mask_thresh, soft_masks):
+    """im_detect_all's result from the final detections (dets (M, 5), det_classes (M,), grouped by
+    class, on the model's device): cls_boxes, or with mask_thresh (cls_boxes, cls_segms), the soft
+    masks (M, MR, MR) of soft_masks(boxes, classes) pasted into the im_hw image."""
     if mask_thresh is None:
         return _cls_boxes(dets, det_classes, num_classes)
     if dets.shape[0] == 0:
@@ -158,11 +196,10 @@ def im_detect_all(model, im, image_params, decode_params, nms_params, mask_thres
         return cls_boxes, [[] for _ in cls_boxes]
     with torch.no_grad():
         # det_classes: each detection's class, grouped by ascending class as cls_boxes lists them.
-        masks = mask_inference.detect_masks(model, out['features'], dets[:, :4], det_classes, im_scale)
+        masks = soft_masks(dets[:, :4], det_classes)
     dets, det_classes, masks = dets.cpu().numpy(), det_classes.cpu().numpy(), masks.cpu().numpy()
     cls_boxes = _split_by_class(dets, det_classes, num_classes)
-    return cls_boxes, mask_inference.segm_results(cls_boxes, masks, dets[:, :4], im.shape[0], im.shape[1],
-                                                  mask_thresh)
+    return cls_boxes, mask_inference.segm_results(cls_boxes, masks, dets[:, :4], im_hw[0], im_hw[1], mask_thresh)
 
 
 def im_proposals(model, im, image_params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):

@@ -10,7 +10,8 @@ import torch
 
 from detectron.modeling import retinanet_inference
 from detectron.modeling.model_type import ModelType, register_model_type
-from detectron.modeling.rcnn_builder import GeneralizedRCNNType, build_conv_body, check_conv_body, image_params
+from detectron.modeling.rcnn_builder import GeneralizedRCNNType, build_conv_body, image_params
+from detectron.modeling.rcnn_checks import check_conv_body
 from detectron.modeling.retinanet import RetinaNet, RetinaNetParams
 from detectron.modeling.retinanet_heads import RetinaNetHead
 from detectron.utils.derived_keys import leaf_value

@@ -116,6 +116,22 @@ def bbox_transform_t(boxes, deltas, weights, xyxy=False, clip=DEFAULT_XFORM_CLIP
     return torch.stack((x1, y1, x2, y2), dim=2).reshape(deltas.shape)
 
 
+def flip_boxes_t(boxes, im_width):
+    """Mirror (N, 4k) boxes horizontally in an image of width im_width: x -> im_width - x - 1."""
+    flipped = boxes.clone()
+    flipped[:, 0::4] = im_width - boxes[:, 2::4] - 1
+    flipped[:, 2::4] = im_width - boxes[:, 0::4] - 1
+    return flipped
+
+
+def aspect_ratio_t(boxes, aspect_ratio):
+    """Scale the x coordinates of (N, 4k) boxes by aspect_ratio (width-relative transform)."""
+    scaled = boxes.clone()
+    scaled[:, 0::4] = aspect_ratio * boxes[:, 0::4]
+    scaled[:, 2::4] = aspect_ratio * boxes[:, 2::4]
+    return scaled
+
+
 def divide(x, value):
     """x / value (a Python number) as numpy divides: CUDA kernels divide by a host scalar as a
     multiplication by its reciprocal, 1 ulp off in about a fifth of the values; a device scalar is
@@ -272,18 +288,12 @@ def bbox_transform_inv(boxes, gt_boxes, weights=(1.0, 1.0, 1.0, 1.0), xyxy=False
 
 def flip_boxes(boxes, im_width):
     """Mirror (N, 4k) boxes horizontally in an image of width im_width: x -> im_width - x - 1."""
-    flipped = boxes.copy()
-    flipped[:, 0::4] = im_width - boxes[:, 2::4] - 1
-    flipped[:, 2::4] = im_width - boxes[:, 0::4] - 1
-    return flipped
+    return flip_boxes_t(torch.from_numpy(np.array(boxes)), im_width).numpy()
 
 
 def aspect_ratio(boxes, aspect_ratio):
     """Scale the x coordinates of (N, 4k) boxes by aspect_ratio (width-relative transform)."""
-    scaled = boxes.copy()
-    scaled[:, 0::4] = aspect_ratio * boxes[:, 0::4]
-    scaled[:, 2::4] = aspect_ratio * boxes[:, 2::4]
-    return scaled
+    return aspect_ratio_t(torch.from_numpy(np.array(boxes)), aspect_ratio).numpy()
 
 
 def expand_boxes(boxes, scale):

@@ -131,7 +131,7 @@ def test_every_refusal_names_a_key():
     ('TRAIN.GENERATE_PROPOSALS_ON_GPU', 'True',
      "TRAIN.GENERATE_PROPOSALS_ON_GPU True is not acted on by this port: proposals are always generated on the "
      "model's device; remove the key"),
-    ('TEST.BBOX_AUG.H_FLIP', 'True', 'TEST.BBOX_AUG.H_FLIP True is not acted on by this port: test-time box'),
+    ('TEST.BBOX_AUG.SCALE_SIZE_DEP', 'True', 'TEST.BBOX_AUG.SCALE_SIZE_DEP True is not acted on by this port: size-dep'),
     ('MEMONGER', 'False', 'MEMONGER False is not acted on by this port: '),
     ('KRCNN.NUM_KEYPOINTS', '17', 'KRCNN.NUM_KEYPOINTS 17 is not acted on by this port: keypoint heads'),
 ])

@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pycocotools.mask as mask_util
 import pytest
-import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -17,7 +16,7 @@ from detectron.core import test_engine
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
 from support.coco_eval import METRICS, coco_metrics
-from support.tiny_runs import MASK_OVERRIDES, REPO, SHAPES_CFG, TINY_OVERRIDES, use_tiny_config
+from support.tiny_runs import MASK_OVERRIDES, REPO, SHAPES_CFG, TINY_OVERRIDES, save_random_mask_model, use_tiny_config
 
 pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
 
@@ -31,12 +30,7 @@ def mask_weights(tiny_catalog):
     path = tiny_catalog.parent / 'random_mask_init.pth'
     if not path.exists():
         _use_mask_config(tiny_catalog, tiny_catalog.parent / 'unused')
-        torch.manual_seed(0)
-        model = model_builder.create(cfg)
-        with torch.no_grad():
-            for param in model.mask_head.parameters():
-                param.normal_(0.0, 0.3)
-        torch.save({'model': model.state_dict()}, path)
+        save_random_mask_model(path)
     return str(path)
 
 

@@ -162,14 +162,14 @@ def test_two_gloo_processes_test_the_second_model_type_as_one(catalog, tmp_path)
 def test_the_unported_pred_std_variant_is_one_config_error():
     # KL-Loss's PRED_STD_LOG False head (sigma^2 itself) would be read as log(sigma^2) everywhere.
     from detectron.core.config import merge_cfg_from_file
-    from detectron.modeling import rcnn_builder
+    from detectron.modeling import rcnn_checks
     from detectron.utils.errors import ConfigValueError
     merge_cfg_from_file(os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
     merge_cfg_from_list(['PRED_STD', 'True', 'PRED_STD_LOG', 'False'])
     with pytest.raises(ConfigValueError, match='PRED_STD_LOG False .* is not ported'):
-        rcnn_builder.check_supported(cfg)
+        rcnn_checks.check_supported(cfg)
     cfg.PRED_STD_LOG = True
-    rcnn_builder.check_supported(cfg)
+    rcnn_checks.check_supported(cfg)
 
 
 @pytest.mark.parametrize('key, value', [('FPN.ROI_MIN_LEVEL', '3'), ('FPN.RPN_MAX_LEVEL', '5'),
@@ -177,13 +177,13 @@ def test_the_unported_pred_std_variant_is_one_config_error():
 def test_fpn_levels_other_than_the_bodys_are_one_config_error(key, value):
     # The body gives P2..P6; other levels would pool or anchor on the wrong maps.
     from detectron.core.config import merge_cfg_from_file
-    from detectron.modeling import rcnn_builder
+    from detectron.modeling import rcnn_checks
     from detectron.utils.errors import ConfigValueError
     merge_cfg_from_file(os.path.join(os.path.dirname(__file__), '..', '..', 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
-    rcnn_builder.check_supported(cfg)
+    rcnn_checks.check_supported(cfg)
     merge_cfg_from_list([key, value])
     with pytest.raises(ConfigValueError, match='are not supported: the FPN body gives P2..P6'):
-        rcnn_builder.check_supported(cfg)
+        rcnn_checks.check_supported(cfg)
 
 
 def test_the_proposal_decode_reads_the_configured_clips():

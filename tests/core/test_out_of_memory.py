@@ -96,3 +96,7 @@ def test_each_model_type_names_its_own_memory_settings():
         'iteration); lower TRAIN.BATCH_SIZE_PER_IM 64 (RoIs per image)')
     assert rcnn.memory_settings(training=False) == (
         'lower TEST.SCALE 600 / TEST.MAX_SIZE 1000; TEST.CUDA_GRAPHS False')
+    merge_cfg_from_list(['TEST.BBOX_AUG.ENABLED', 'True', 'TEST.BBOX_AUG.SCALES', '(400, 1200)'])
+    assert rcnn.memory_settings(training=False) == (
+        'lower TEST.SCALE 600 / TEST.MAX_SIZE 1000; lower the largest TEST.BBOX_AUG.SCALES (400, 1200) / '
+        'TEST.BBOX_AUG.MAX_SIZE 4000; TEST.CUDA_GRAPHS False')

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from detectron.core.config import cfg
-from detectron.modeling import rcnn_builder, rcnn_inference
+from detectron.modeling import rcnn_builder, rcnn_checks, rcnn_inference
 from detectron.utils.errors import ConfigValueError
 from detectron.roi_data.loader import scale_rng
 from detectron.roi_data.minibatch import (UnresizedImages, collate_minibatch, collate_unresized, prepare_training_entry,
@@ -103,12 +103,12 @@ def test_a_body_that_mixes_groupnorm_and_affine_functions_is_refused(shortcut):
                          'FAST_RCNN.ROI_XFORM_METHOD', 'RoIAlign', 'RESNETS.STEM_FUNC', 'basic_gn_stem',
                          'RESNETS.TRANS_FUNC', 'bottleneck_gn_transformation', 'RESNETS.SHORTCUT_FUNC', shortcut])
     if shortcut == 'basic_gn_shortcut':
-        rcnn_builder.check_supported(cfg)
+        rcnn_checks.check_supported(cfg)
         return
     with pytest.raises(ConfigValueError, match='RESNETS.STEM_FUNC basic_gn_stem, RESNETS.TRANS_FUNC '
                                                'bottleneck_gn_transformation, RESNETS.SHORTCUT_FUNC '
                                                'basic_bn_shortcut mix GroupNorm and affine'):
-        rcnn_builder.check_supported(cfg)
+        rcnn_checks.check_supported(cfg)
 
 
 def test_the_training_roidb_drops_annotations_below_gt_min_area(monkeypatch):

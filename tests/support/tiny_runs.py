@@ -7,10 +7,12 @@ import os
 
 import cv2
 import numpy as np
+import torch
 
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
+from detectron.modeling import model_builder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES_CFG = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml')
@@ -110,6 +112,17 @@ def use_centernet(catalog, output_dir, *overrides):
 MASK_OVERRIDES = ['MODEL.MASK_ON', 'True', 'MRCNN.ROI_MASK_HEAD', 'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs',
                   'MRCNN.RESOLUTION', '14', 'MRCNN.ROI_XFORM_RESOLUTION', '7', 'MRCNN.ROI_XFORM_SAMPLING_RATIO', '2',
                   'MRCNN.DILATION', '1', 'MRCNN.DIM_REDUCED', '16']
+
+
+def save_random_mask_model(path):
+    """Save a randomly initialised model of the global cfg (a Mask R-CNN), its mask head drawn large
+    enough for masks to show, as a checkpoint at path."""
+    torch.manual_seed(0)
+    model = model_builder.create(cfg)
+    with torch.no_grad():
+        for param in model.mask_head.parameters():
+            param.normal_(0.0, 0.3)
+    torch.save({'model': model.state_dict()}, path)
 
 
 def register_annotations(tiny, name, text):
