@@ -172,17 +172,6 @@ def _use_sampling_kernel(x, offset, mask, weight, stride, padding, dilation):
     return all(t.dtype in _KERNEL_DTYPES for t in (x, offset, mask))
 
 
-def sampled_columns_triton(x, offset, mask, kh, kw, stride, padding):
-    """sampled_columns of CUDA tensors by one Triton kernel, without gradient: DCNv2's own
-    arithmetic (dmcn_im2col_bilinear: positions in pixels, float32 weights and sum, times the mask),
-    the columns written once in the dtype the matmul takes them in (autocast's, else float32).
-    grid_sample's path writes float32 columns, multiplies them by the mask and autocast casts them:
-    three passes over the largest tensor of the up-sampling path. One offset group; offset and mask
-    are read through their strides (any layout), x made contiguous (the kernel reads along a
-    channel's rows); an empty batch or map launches nothing."""
-    return _triton_columns(x, offset, mask, kh, kw, stride, padding, _columns_dtype(x))
-
-
 def _columns_dtype(x):
     """The dtype the matmul takes the columns in: autocast's, else float32 (float64 for float64)."""
     if torch.is_autocast_enabled('cuda'):
@@ -195,7 +184,7 @@ def _columns_dtype(x):
 @torch.library.custom_op('detectron::dcn_sampled_columns', mutates_args=())
 def sampled_columns_op(x: torch.Tensor, offset: torch.Tensor, mask: torch.Tensor, kh: int, kw: int, stride: int,
                        padding: int, dtype: torch.dtype) -> torch.Tensor:
-    """sampled_columns_triton's columns in `dtype` (no gradient: inference only)."""
+    """sampled_columns' columns in `dtype` (no gradient: inference only)."""
     if triton is not None and x.is_cuda:
         return _triton_columns(x, offset, mask, kh, kw, stride, padding, dtype)
     return sampled_columns(x, offset, mask, kh, kw, stride, padding).to(dtype)
@@ -207,6 +196,13 @@ def _(x, offset, mask, kh, kw, stride, padding, dtype):
 
 
 def _triton_columns(x, offset, mask, kh, kw, stride, padding, dtype):
+    """sampled_columns of CUDA tensors by one Triton kernel, without gradient: DCNv2's own
+    arithmetic (dmcn_im2col_bilinear: positions in pixels, float32 weights and sum, times the mask),
+    the columns written once in `dtype`, the one the matmul takes them in (autocast's, else float32).
+    grid_sample's path writes float32 columns, multiplies them by the mask and autocast casts them:
+    three passes over the largest tensor of the up-sampling path. One offset group; offset and mask
+    are read through their strides (any layout), x made contiguous (the kernel reads along a
+    channel's rows); an empty batch or map launches nothing."""
     x = x.contiguous()
     n, channels, height, width = x.shape
     out_h, out_w = offset.shape[-2:]

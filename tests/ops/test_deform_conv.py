@@ -221,7 +221,7 @@ def _kernel_case(seed, layout, stride):
 def test_sampling_kernel_equals_grid_sample_columns_and_the_loop_dcn_v2(layout, stride):
     x, offset, mask, weight, bias = _kernel_case(3, layout, stride)
     assert not offset.is_contiguous() and offset.abs().max() > 8
-    kernel = deform_conv.sampled_columns_triton(x, offset, mask, 3, 3, stride, 1)
+    kernel = deform_conv.sampled_columns_op(x, offset, mask, 3, 3, stride, 1, deform_conv._columns_dtype(x))
     expected = deform_conv.sampled_columns(x, offset, mask, 3, 3, stride, 1)
     assert kernel.dtype == torch.float32 and kernel.shape == expected.shape
     assert (expected == 0).float().mean() > 0.05  # samples outside the map
@@ -242,15 +242,15 @@ def test_sampling_kernel_writes_autocast_s_dtype_and_serves_only_inference(monke
     x, offset, mask, weight, bias = _kernel_case(4, 'channels_last', 1)
     x, offset = x.bfloat16(), offset.bfloat16()
     with torch.autocast('cuda', dtype=torch.bfloat16):
-        kernel = deform_conv.sampled_columns_triton(x, offset, mask, 3, 3, 1, 1)
+        kernel = deform_conv.sampled_columns_op(x, offset, mask, 3, 3, 1, 1, deform_conv._columns_dtype(x))
     assert kernel.dtype == torch.bfloat16
     expected = deform_conv.sampled_columns(x, offset, mask, 3, 3, 1, 1).bfloat16()
     # Equal up to the float32 sum's last bits, which may round to the neighbouring bfloat16.
     torch.testing.assert_close(kernel.float(), expected.float(), rtol=8e-3, atol=1e-5)
     assert (kernel == expected).float().mean() > 0.99
     calls = []
-    monkeypatch.setattr(deform_conv, 'sampled_columns_triton',
-                        lambda *a: calls.append(a) or deform_conv.sampled_columns(*a))
+    monkeypatch.setattr(deform_conv, '_triton_columns',
+                        lambda *a: calls.append(a) or deform_conv.sampled_columns(*a[:7]).to(a[7]))
     with torch.no_grad():
         modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
     assert len(calls) == 1
@@ -267,7 +267,7 @@ import sys
 import torch
 from detectron.ops import deform_conv
 x, offset, mask, stride = torch.load(sys.argv[1])
-torch.save(deform_conv.sampled_columns_triton(x, offset, mask, 3, 3, stride, 1), sys.argv[2])
+torch.save(deform_conv.sampled_columns_op(x, offset, mask, 3, 3, stride, 1, deform_conv._columns_dtype(x)), sys.argv[2])
 '''
 
 
@@ -463,7 +463,7 @@ def test_inputs_that_do_not_fit_each_other_are_one_value_error_naming_the_shapes
 
 
 def test_the_kernel_wrapper_launches_nothing_for_an_empty_batch(monkeypatch):
-    """sampled_columns_triton of an empty batch: the (0, C * taps, Ho * Wo) columns, no kernel launch
+    """The Triton columns of an empty batch: the (0, C * taps, Ho * Wo) columns, no kernel launch
     (a grid of 0 programs); runs on the CPU since nothing reaches the kernel."""
     if deform_conv.triton is None:
         pytest.skip('triton is not installed')
@@ -474,5 +474,5 @@ def test_the_kernel_wrapper_launches_nothing_for_an_empty_batch(monkeypatch):
     monkeypatch.setattr(deform_conv, '_sampled_columns_kernel', NoLaunch())
     x, offset, mask, _, _ = (t.float() for t in _random_dcn_inputs(seed=12, n=0))
     mask = mask.permute(1, 3, 0, 2).contiguous().permute(2, 0, 3, 1)
-    columns = deform_conv.sampled_columns_triton(x, offset, mask, 3, 3, 1, 1)
+    columns = deform_conv.sampled_columns_op(x, offset, mask, 3, 3, 1, 1, deform_conv._columns_dtype(x))
     assert columns.shape == (0, 27, 99) and columns.dtype == torch.float32
