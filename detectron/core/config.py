@@ -98,8 +98,11 @@ _NOT_ACTED_ON = {
     'TEST.CLASS_SPECIFIC_AR': 'proposal recall evaluation (RPN-only models) is not ported',
     'TEST.BBOX_AUG.': 'test-time box augmentation is not ported',
     'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
-    'TEST.KPS_AUG.': 'keypoint heads are not ported',
-    'KRCNN.': 'keypoint heads are not ported',
+    'TEST.KPS_AUG.': 'test-time keypoint augmentation is not ported',
+    'KRCNN.DILATION': 'it serves the ResNet conv5 keypoint head; only add_roi_pose_head_v1convX is built',
+    'KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH': 'it skips minibatches of the two-stage keypoint_rcnn_* on '
+                                                    'precomputed proposals; end-to-end training ignores it, as '
+                                                    'Detectron\'s CollectAndDistributeFpnRpnProposals op does',
     'RETINANET.': 'RetinaNet is not ported',
     'RPN.SIZES': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
     'RPN.STRIDE': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',

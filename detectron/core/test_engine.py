@@ -60,9 +60,11 @@ def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=Fa
         dataset = JsonDataset(name)  # parsed once, for the check and the testing
         check_range(ind_range, dataset)
         output_dir = get_output_dir((name,), training=False)
-        _, all_boxes, all_segms = test_net(model_type, weights_file, name, output_dir, ind_range, dataset=dataset)
+        _, all_boxes, all_segms, all_keyps = test_net(model_type, weights_file, name, output_dir, ind_range,
+                                                      dataset=dataset)
         path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
-        save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'cfg': cfg.dump()}, path)
+        save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': all_keyps or [],
+                     'cfg': cfg.dump()}, path)
         logger.info('Wrote detections of range %s to %s', ind_range, path)
         return {}
     results = collections.OrderedDict()
@@ -123,20 +125,24 @@ def _test_worker(cfg_snapshot, weights_file, name):
 
 def test_on_all_ranks(model_type, name, output_dir, weights_file=None, model=None):
     """Every rank of the job tests its contiguous range of `name` (with weights_file loaded, or with
-    model, already prepared for inference); returns the merged (all_boxes, all_segms) on rank 0 and
-    None elsewhere (a collective)."""
+    model, already prepared for inference); returns the merged (all_boxes, all_segms, all_keyps) on rank 0
+    and None elsewhere (a collective)."""
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, comm.get_world_size())[comm.get_rank()]
-    _, all_boxes, all_segms = test_net(model_type, weights_file, name, output_dir, (start, end), model=model)
-    gathered = comm.all_gather_object((all_boxes, all_segms))
+    gathered = comm.all_gather_object(test_net(model_type, weights_file, name, output_dir, (start, end),
+                                               model=model)[1:])
     if not comm.is_main_process():
         return None
-    per_range_boxes, per_range_segms = zip(*gathered)
-    if all(segms is None for segms in per_range_segms):
-        return merge_ranges(per_range_boxes), None
-    # A rank given no images has no segms: its range contributes no images either way.
-    per_range_segms = [segms if segms is not None else boxes for boxes, segms in gathered]
-    return merge_ranges(per_range_boxes), merge_ranges(per_range_segms)
+    per_range_boxes = [boxes for boxes, _, _ in gathered]
+    return (merge_ranges(per_range_boxes),) + tuple(_merged_extra(gathered, part) for part in (1, 2))
+
+
+def _merged_extra(gathered, part):
+    """The merged all_segms (part 1) or all_keyps (part 2) of the ranks, None when no rank has them.
+    A rank given no images has none: its range contributes no images either way."""
+    if all(g[part] is None for g in gathered):
+        return None
+    return merge_ranges([g[part] if g[part] is not None else g[0] for g in gathered])
 
 
 def evaluate_during_training(model_type, model, iteration, output_dir):
@@ -166,17 +172,18 @@ def merge_ranges(per_range):
 
 
 def _evaluate(model_type, name, detections, output_dir):
-    """Write detections.pkl and evaluate them (rank 0): {name: {'box': ..., 'mask': ...}}."""
-    all_boxes, all_segms = detections
-    _write_detections(all_boxes, all_segms, output_dir)
+    """Write detections.pkl and evaluate them (rank 0): {name: {'box': ..., 'mask': ..., 'keypoint': ...}}."""
+    all_boxes, all_segms, all_keyps = detections
+    _write_detections(all_boxes, all_segms, all_keyps, output_dir)
     return task_evaluation.evaluate_all(
         JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
-        results_format=model_type.results_format(), all_segms=all_segms)
+        results_format=model_type.results_format(), all_segms=all_segms, all_keyps=all_keyps)
 
 
-def _write_detections(all_boxes, all_segms, output_dir):
+def _write_detections(all_boxes, all_segms, all_keyps, output_dir):
     path = os.path.join(output_dir, 'detections.pkl')
-    save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': [], 'cfg': cfg.dump()}, path)
+    save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': all_keyps or [],
+                 'cfg': cfg.dump()}, path)
     logger.info('Wrote detections to: %s', os.path.abspath(path))
 
 
@@ -193,7 +200,7 @@ def load_test_model(model_type, weights_file, device):
 
 def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset=None, model=None):
     """Detect with model_type's model on the images of `name` (or its [start, end) slice); returns
-    (roidb, all_boxes, all_segms). dataset: its JsonDataset when the caller has one already; model: the
+    (roidb, all_boxes, all_segms, all_keyps). dataset: its JsonDataset when the caller has one already; model: the
     model to test, already prepared for inference, instead of loading weights_file.
 
     Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs,
@@ -233,10 +240,11 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
                                       model_type.memory_settings(training=False)) from None
         after_detect = time.perf_counter()
         for i, ((sample, index), result) in enumerate(zip(batch, detections), done):
-            cls_boxes, cls_segms = boxes_and_segms(result)
-            stored.add(i, cls_boxes, cls_segms)
+            cls_boxes, cls_segms, cls_keyps = detection_parts(result)
+            stored.add(i, cls_boxes, cls_segms, cls_keyps)
             if cfg.VIS:
-                _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, cls_segms, dataset.classes)
+                _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, cls_segms, cls_keyps,
+                           dataset)
         now, detect_time = time.perf_counter(), after_detect - before_detect
         detect_s += detect_time
         misc_s += now - last - detect_time
@@ -247,28 +255,33 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
             eta = datetime.timedelta(seconds=int((detect_s + misc_s) / done * (end - start - done)))
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs + %.3fs (eta: %s)',
                         start + 1, end, total, done, end - start, detect_s / done, misc_s / done, eta)
-    return roidb[start:end], stored.all_boxes, stored.all_segms
+    return roidb[start:end], stored.all_boxes, stored.all_segms, stored.all_keyps
 
 
 class _Detections:
-    """Detectron's all_boxes[j][i] of the tested images, and all_segms[j][i] once the detector
-    returns masks (None until then)."""
+    """Detectron's all_boxes[j][i] of the tested images, and all_segms[j][i] / all_keyps[j][i] once the
+    detector returns masks / keypoints (None until then)."""
 
     def __init__(self, num_classes, num_images):
         self.num_classes, self.num_images = num_classes, num_images
         self.all_boxes = self._empty()
         self.all_segms = None
+        self.all_keyps = None
 
     def _empty(self):
         return [[[] for _ in range(self.num_images)] for _ in range(self.num_classes)]
 
-    def add(self, i, cls_boxes, cls_segms):
+    def add(self, i, cls_boxes, cls_segms, cls_keyps=None):
         for j in range(1, self.num_classes):
             self.all_boxes[j][i] = cls_boxes[j]
         if cls_segms is not None:
             self.all_segms = self.all_segms or self._empty()
             for j in range(1, self.num_classes):
                 self.all_segms[j][i] = cls_segms[j]
+        if cls_keyps is not None:
+            self.all_keyps = self.all_keyps or self._empty()
+            for j in range(1, self.num_classes):
+                self.all_keyps[j][i] = cls_keyps[j]
 
 
 def _batches(samples, size):
@@ -291,9 +304,17 @@ def _images_named(batch, roidb, total):
     return 'images {}-{} of {} (TEST.IMS_PER_BATCH {})'.format(first + 1, last + 1, total, len(batch))
 
 
+def detection_parts(detections):
+    """A model type's detector result (cls_boxes, (cls_boxes, cls_segms) or (cls_boxes, cls_segms or None,
+    cls_keyps)) -> (cls_boxes, cls_segms or None, cls_keyps or None)."""
+    if not isinstance(detections, tuple):
+        return detections, None, None
+    return tuple(detections) + (None,) * (3 - len(detections))
+
+
 def boxes_and_segms(detections):
     """A model type's detector result -> (cls_boxes, cls_segms or None)."""
-    return detections if isinstance(detections, tuple) else (detections, None)
+    return detection_parts(detections)[:2]
 
 
 def check_range(ind_range, dataset):
@@ -305,7 +326,8 @@ def check_range(ind_range, dataset):
                                .format(start, end, name, total, total))
 
 
-def _write_vis(output_dir, image_path, im, cls_boxes, cls_segms, class_names):
+def _write_vis(output_dir, image_path, im, cls_boxes, cls_segms, cls_keyps, dataset):
     vis_dir = os.path.join(output_dir, 'vis')
     os.makedirs(vis_dir, exist_ok=True)
-    write_vis_image(vis_dir, image_path, im, cls_boxes, class_names, cfg.VIS_TH, cls_segms=cls_segms)
+    write_vis_image(vis_dir, image_path, im, cls_boxes, dataset.classes, cfg.VIS_TH, cls_segms=cls_segms,
+                    cls_keyps=cls_keyps, keypoint_names=dataset.keypoints)

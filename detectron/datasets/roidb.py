@@ -6,18 +6,20 @@ import numpy as np
 
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.utils import boxes as box_utils
+from detectron.utils import keypoints as keypoint_utils
 from detectron.utils import segms as segm_utils
 from detectron.utils.errors import DatasetError
 
 logger = logging.getLogger(__name__)
 
 
-def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1, segms=False):
+def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1, segms=False, keypoints=False):
     """Concatenated gt roidb of `dataset_names` (a name or a sequence), ready for training.
 
     With use_flipped every dataset's entries are followed by their horizontally flipped copies
     (Detectron's TRAIN.USE_FLIPPED); gt_min_area is Detectron's TRAIN.GT_MIN_AREA; segms=True keeps
-    the objects' segmentations (MODEL.MASK_ON).
+    the objects' segmentations (MODEL.MASK_ON); keypoints=True (MODEL.KEYPOINTS_ON) keeps only images
+    with a visible keypoint, as Detectron.
     """
     if isinstance(dataset_names, str):
         dataset_names = (dataset_names,)
@@ -29,7 +31,7 @@ def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1,
             dataset_roidb.extend(flipped_entries(dataset_roidb))
         logger.info('Loaded dataset: {} ({} entries)'.format(name, len(dataset_roidb)))
         roidb.extend(dataset_roidb)
-    filtered = filter_for_training(roidb)
+    filtered = filter_for_training(roidb, keypoints)
     if not filtered:
         raise DatasetError(
             'No training images with usable annotations in TRAIN.DATASETS {}: none of the {} images has a '
@@ -40,11 +42,15 @@ def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1,
 
 
 def flipped_entries(roidb):
-    """Horizontally flipped copies of the entries: boxes (and segms) mirrored, flipped=True, rest shared."""
+    """Horizontally flipped copies of the entries: boxes (segms, keypoints) mirrored, flipped=True, rest shared."""
     flipped = []
     for entry in roidb:
         flipped_entry = dict(entry)
         flipped_entry['boxes'] = box_utils.flip_boxes(entry['boxes'], entry['width'])
+        if 'gt_keypoints' in entry:
+            dataset = entry['dataset']
+            flipped_entry['gt_keypoints'] = keypoint_utils.flip_keypoints(
+                dataset.keypoints, dataset.keypoint_flip_map, entry['gt_keypoints'], entry['width'])
         if 'segms' in entry:
             flipped_entry['segms'] = segm_utils.flip_segms(entry['segms'], entry['height'], entry['width'])
         flipped_entry['flipped'] = True
@@ -52,14 +58,15 @@ def flipped_entries(roidb):
     return flipped
 
 
-def filter_for_training(roidb):
-    """Drop entries with no non-crowd gt box.
+def filter_for_training(roidb, keypoints=False):
+    """Drop entries with no non-crowd gt box (with keypoints, also those without a visible keypoint).
 
     Detectron keeps an entry when some RoI is fg (max overlap >= FG_THRESH) or bg (in
     [BG_THRESH_LO, BG_THRESH_HI)); in a gt-only roidb non-crowd boxes have overlap 1 and crowd
     boxes -1, so that rule reduces to this one whenever FG_THRESH <= 1 and BG_THRESH_LO > -1.
     """
-    filtered = [e for e in roidb if np.any((e['gt_classes'] > 0) & ~e['is_crowd'])]
+    filtered = [e for e in roidb if np.any((e['gt_classes'] > 0) & ~e['is_crowd'])
+                and (not keypoints or e.get('has_visible_keypoints', False))]
     logger.info('Filtered {} roidb entries: {} -> {}'.format(
         len(roidb) - len(filtered), len(roidb), len(filtered)))
     return filtered

@@ -1,15 +1,20 @@
 """cfg -> Faster R-CNN with FPN (MODEL.TYPE generalized_rcnn): the model, its training batches
 (Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
 soft-NMS or KL-Loss's variance voting)."""
+import dataclasses
 import functools
 
 import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
+from detectron.datasets.json_dataset import JsonDataset
 from detectron.datasets.roidb import combined_roidb_for_training
+from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS, KEYPOINT_CONFIDENCES
 from detectron.modeling import FPN, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
-from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
+from detectron.modeling.generalized_rcnn import GeneralizedRCNN, KeypointParams, MaskParams, ProposalParams, RCNNParams
+from detectron.modeling.keypoint_inference import KeypointInferenceParams
+from detectron.modeling.keypoint_rcnn_heads import KEYPOINT_HEADS, KeypointRCNNHead
 from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, MaskRCNNHead
 from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
@@ -19,7 +24,7 @@ from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collat
                                           prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
 from detectron.utils.derived_keys import leaf_value
-from detectron.utils.errors import ConfigValueError
+from detectron.utils.errors import ConfigValueError, DatasetError
 
 _CONV_BODIES = {
     'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
@@ -28,10 +33,12 @@ _CONV_BODIES = {
     'FPN.add_fpn_ResNet34_conv5_body': FPN.add_fpn_ResNet34_conv5_body,
 }
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
+# Detectron's modeling/name_compat.py: the old name its keypoint configs still use for the 2mlp head.
+_OLD_BOX_HEAD_NAMES = {'head_builder.add_roi_2mlp_head': 'fast_rcnn_heads.add_roi_2mlp_head'}
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
 # (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'MODEL.RPN_ONLY': 'RPN-only models'}
+_UNSUPPORTED = {'MODEL.RPN_ONLY': 'RPN-only models'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
                 'MRCNN.USE_FC_OUTPUT': False}
@@ -72,8 +79,9 @@ class GeneralizedRCNNType(ModelType):
 
     def training_roidb(self):
         cfg = self.cfg
+        check_keypoint_datasets(cfg, cfg.TRAIN.DATASETS)
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
-                                            segms=cfg.MODEL.MASK_ON)
+                                            segms=cfg.MODEL.MASK_ON, keypoints=cfg.MODEL.KEYPOINTS_ON)
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -81,7 +89,9 @@ class GeneralizedRCNNType(ModelType):
     def validation_dataset(self, device):
         # The training losses on the validation images: unflipped, at the test scale.
         cfg = self.cfg
-        roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON)
+        check_keypoint_datasets(cfg, cfg.TEST.DATASETS)
+        roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON,
+                                            keypoints=cfg.MODEL.KEYPOINTS_ON)
         return self._samples(roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
 
     def validation_losses(self):
@@ -100,7 +110,8 @@ class GeneralizedRCNNType(ModelType):
         else:
             prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
                                         pixel_means=cfg.PIXEL_MEANS)
-        keys = TRAINING_KEYS + ('segms',) if cfg.MODEL.MASK_ON else TRAINING_KEYS
+        keys = (TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ())
+                + (('gt_keypoints',) if cfg.MODEL.KEYPOINTS_ON else ()))
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
     def collate(self, device):
@@ -127,7 +138,11 @@ class GeneralizedRCNNType(ModelType):
     def detector(self):
         cfg = self.cfg
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
-                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg))
+                                 nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
+                                 keypoint_params=keypoint_params(cfg))
+
+    def results_format(self):
+        return dataclasses.replace(DETECTRON_RESULTS, keypoint_confidence=self.cfg.KRCNN.KEYPOINT_CONFIDENCE)
 
 
 def resizes_on_device(cfg, device):
@@ -152,9 +167,29 @@ def _validation_losses(model, batch):
         return model(*batch, body=model.body_and_rpn_head)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs):
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, keypoint_params):
     return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        mask_thresh=mask_thresh, **graphs)
+                                        mask_thresh=mask_thresh, keypoint_params=keypoint_params, **graphs)
+
+
+def keypoint_params(cfg):
+    """rcnn_inference.im_detect_all's keypoint_params: KRCNN's test settings of a Keypoint R-CNN, else None."""
+    if not cfg.MODEL.KEYPOINTS_ON:
+        return None
+    return KeypointInferenceParams(inference_min_size=cfg.KRCNN.INFERENCE_MIN_SIZE, nms_oks=cfg.KRCNN.NMS_OKS)
+
+
+def check_keypoint_datasets(cfg, names):
+    """With MODEL.KEYPOINTS_ON every dataset must list KRCNN.NUM_KEYPOINTS keypoints (one DatasetError line)."""
+    if not cfg.MODEL.KEYPOINTS_ON:
+        return
+    for name in names:
+        dataset = JsonDataset(name)
+        if dataset.num_keypoints != cfg.KRCNN.NUM_KEYPOINTS:
+            raise DatasetError('dataset {} has {} keypoints per object but KRCNN.NUM_KEYPOINTS is {}: use a keypoint '
+                               'dataset (e.g. keypoints_coco_2014_train, shapes_keypoints_train) or set '
+                               'KRCNN.NUM_KEYPOINTS {}'.format(name, dataset.num_keypoints, cfg.KRCNN.NUM_KEYPOINTS,
+                                                               dataset.num_keypoints))
 
 
 def mask_thresh(cfg):
@@ -183,7 +218,7 @@ def check_supported(cfg):
     if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
         raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
             cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
-    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS:
+    if box_head_name(cfg) not in _BOX_HEADS:
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
     levels = (cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL, cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL)
@@ -200,6 +235,13 @@ def check_supported(cfg):
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
         _check_mask_head(cfg)
+    if cfg.MODEL.KEYPOINTS_ON:
+        _check_keypoint_head(cfg)
+
+
+def box_head_name(cfg):
+    """FAST_RCNN.ROI_BOX_HEAD, an old Detectron name mapped to its new one as Detectron's get_func does."""
+    return _OLD_BOX_HEAD_NAMES.get(cfg.FAST_RCNN.ROI_BOX_HEAD, cfg.FAST_RCNN.ROI_BOX_HEAD)
 
 
 def _check_mask_head(cfg):
@@ -216,6 +258,42 @@ def _check_mask_head(cfg):
     if mrcnn.RESOLUTION != 2 * mrcnn.ROI_XFORM_RESOLUTION:
         raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be twice MRCNN.ROI_XFORM_RESOLUTION '
                                f'{mrcnn.ROI_XFORM_RESOLUTION}: the head upsamples its pooled features once by 2')
+
+
+def keypoint_heatmap_size(krcnn):
+    """The side of the keypoint head's heatmaps: the pooled side, doubled by each stride-2 transposed
+    convolution (USE_DECONV, USE_DECONV_OUTPUT), times UP_SCALE."""
+    return (krcnn.ROI_XFORM_RESOLUTION * (2 if krcnn.USE_DECONV else 1) * (2 if krcnn.USE_DECONV_OUTPUT else 1)
+            * max(krcnn.UP_SCALE, 1))
+
+
+def _check_keypoint_head(cfg):
+    krcnn = cfg.KRCNN
+    if krcnn.ROI_KEYPOINTS_HEAD not in KEYPOINT_HEADS:
+        raise ConfigValueError(f"KRCNN.ROI_KEYPOINTS_HEAD '{krcnn.ROI_KEYPOINTS_HEAD}' is not supported; "
+                               f'use one of {list(KEYPOINT_HEADS)}')
+    if krcnn.NUM_KEYPOINTS < 1:
+        raise ConfigValueError('MODEL.KEYPOINTS_ON needs KRCNN.NUM_KEYPOINTS (17 for COCO, 5 for the keypoint shapes)')
+    if krcnn.ROI_XFORM_METHOD != 'RoIAlign':
+        raise ConfigValueError(f"KRCNN.ROI_XFORM_METHOD '{krcnn.ROI_XFORM_METHOD}' is not supported; use 'RoIAlign'")
+    if krcnn.CONV_INIT not in CONV_INITS:
+        raise ConfigValueError(f"KRCNN.CONV_INIT '{krcnn.CONV_INIT}' is not supported; use one of {list(CONV_INITS)}")
+    if krcnn.KEYPOINT_CONFIDENCE not in KEYPOINT_CONFIDENCES:
+        raise ConfigValueError(f"KRCNN.KEYPOINT_CONFIDENCE '{krcnn.KEYPOINT_CONFIDENCE}' is not one of "
+                               f'{list(KEYPOINT_CONFIDENCES)}')
+    if krcnn.CONV_HEAD_KERNEL % 2 == 0 or (krcnn.USE_DECONV or krcnn.USE_DECONV_OUTPUT) and krcnn.DECONV_KERNEL % 2:
+        raise ConfigValueError(f'KRCNN.CONV_HEAD_KERNEL {krcnn.CONV_HEAD_KERNEL} must be odd and KRCNN.DECONV_KERNEL '
+                               f'{krcnn.DECONV_KERNEL} even: the head keeps (convolutions) or doubles (transposed '
+                               'convolutions) the pooled side')
+    if krcnn.UP_SCALE > 1 and krcnn.UP_SCALE % 2:
+        raise ConfigValueError(f"KRCNN.UP_SCALE {krcnn.UP_SCALE} must be even (Detectron's bilinear upsampling)")
+    if krcnn.HEATMAP_SIZE != keypoint_heatmap_size(krcnn):
+        raise ConfigValueError(f'KRCNN.HEATMAP_SIZE {krcnn.HEATMAP_SIZE} must be the side of the head\'s heatmaps, '
+                               f'{keypoint_heatmap_size(krcnn)}: KRCNN.ROI_XFORM_RESOLUTION x 2 per transposed '
+                               'convolution (USE_DECONV, USE_DECONV_OUTPUT) x UP_SCALE')
+    if krcnn.NMS_OKS and (cfg.MODEL.NUM_CLASSES != 2 or krcnn.NUM_KEYPOINTS != 17 or cfg.MODEL.MASK_ON):
+        raise ConfigValueError("KRCNN.NMS_OKS True is Detectron's person-only OKS NMS: it needs MODEL.NUM_CLASSES 2, "
+                               'KRCNN.NUM_KEYPOINTS 17 (COCO\'s sigmas) and MODEL.MASK_ON False')
 
 
 def _check_one_norm(resnets):
@@ -237,7 +315,9 @@ def build_model(cfg):
                                cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
                                pred_std=cfg.PRED_STD)
     mask_head = build_mask_head(cfg, conv_body.out_channels) if cfg.MODEL.MASK_ON else None
-    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head)
+    keypoint_head = build_keypoint_head(cfg, conv_body.out_channels) if cfg.MODEL.KEYPOINTS_ON else None
+    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head,
+                           keypoint_head=keypoint_head)
 
 
 def _gn_groups(cfg):
@@ -248,7 +328,7 @@ def _gn_groups(cfg):
 
 def build_box_head(cfg, dim_in):
     fast = cfg.FAST_RCNN
-    if fast.ROI_BOX_HEAD == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
+    if box_head_name(cfg) == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
         return RoiXConv1FCGNHead(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, conv_dim=fast.CONV_HEAD_DIM,
                                  num_convs=fast.NUM_STACKED_CONVS, hidden_dim=fast.MLP_HEAD_DIM,
                                  gn_groups=_gn_groups(cfg), gn_eps=cfg.GROUP_NORM.EPSILON)
@@ -260,6 +340,14 @@ def build_mask_head(cfg, dim_in):
     return MaskRCNNHead(dim_in, cfg.MODEL.NUM_CLASSES if cfg.MRCNN.CLS_SPECIFIC_MASK else 1, num_convs=num_convs,
                         dim_reduced=cfg.MRCNN.DIM_REDUCED, use_gn=use_gn, gn_groups=_gn_groups(cfg),
                         gn_eps=cfg.GROUP_NORM.EPSILON, conv_init=cfg.MRCNN.CONV_INIT)
+
+
+def build_keypoint_head(cfg, dim_in):
+    k = cfg.KRCNN
+    return KeypointRCNNHead(dim_in, k.NUM_KEYPOINTS, num_convs=k.NUM_STACKED_CONVS, conv_dim=k.CONV_HEAD_DIM,
+                            kernel=k.CONV_HEAD_KERNEL, conv_init=k.CONV_INIT, use_deconv=k.USE_DECONV,
+                            deconv_dim=k.DECONV_DIM, deconv_kernel=k.DECONV_KERNEL,
+                            use_deconv_output=k.USE_DECONV_OUTPUT, up_scale=k.UP_SCALE)
 
 
 def _norm_kind(cfg):
@@ -323,6 +411,10 @@ def rcnn_params(cfg, num_rpn_levels):
         mask=MaskParams(resolution=cfg.MRCNN.RESOLUTION, roi_resolution=cfg.MRCNN.ROI_XFORM_RESOLUTION,
                         roi_sampling_ratio=cfg.MRCNN.ROI_XFORM_SAMPLING_RATIO,
                         cls_specific=cfg.MRCNN.CLS_SPECIFIC_MASK, weight_loss=cfg.MRCNN.WEIGHT_LOSS_MASK),
+        keypoints=KeypointParams(heatmap_size=cfg.KRCNN.HEATMAP_SIZE, roi_resolution=cfg.KRCNN.ROI_XFORM_RESOLUTION,
+                                 roi_sampling_ratio=cfg.KRCNN.ROI_XFORM_SAMPLING_RATIO,
+                                 loss_weight=cfg.KRCNN.LOSS_WEIGHT,
+                                 normalize_by_visible_keypoints=cfg.KRCNN.NORMALIZE_BY_VISIBLE_KEYPOINTS),
     )
 
 

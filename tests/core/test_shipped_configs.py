@@ -65,8 +65,8 @@ def test_amp_dtype_unknown_spelling_is_refused():
 
 
 def test_unsupported_detectron_features_are_refused_by_the_builder():
-    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'MODEL.KEYPOINTS_ON', 'True')
-    with pytest.raises(ConfigValueError, match='MODEL.KEYPOINTS_ON True asks for'):
+    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'MODEL.RPN_ONLY', 'True')
+    with pytest.raises(ConfigValueError, match='MODEL.RPN_ONLY True asks for'):
         model_builder.create(cfg)
 
 
