@@ -134,7 +134,7 @@ def test_every_refusal_names_a_key():
     ('TRAIN.CROWD_FILTER_THRESH', '0.5', 'TRAIN.CROWD_FILTER_THRESH 0.5 is not acted on by this port: it serves'),
     ('TEST.BBOX_AUG.H_FLIP', 'True', 'TEST.BBOX_AUG.H_FLIP True is not acted on by this port: test-time box'),
     ('MEMONGER', 'False', 'MEMONGER False is not acted on by this port: '),
-    ('KRCNN.NUM_KEYPOINTS', '17', 'KRCNN.NUM_KEYPOINTS 17 is not acted on by this port: keypoint heads'),
+    ('KRCNN.DILATION', '2', 'KRCNN.DILATION 2 is not acted on by this port: it serves the ResNet conv5 keypoint'),
 ])
 def test_a_refused_key_away_from_its_default_is_one_line(key, value, message):
     merge_cfg_from_list([key, value])
