@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torchvision.models.detection import FasterRCNN
+from torchvision.models.detection import FasterRCNN, KeypointRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
 from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops.misc import FrozenBatchNorm2d
 
@@ -397,15 +398,21 @@ def test_profile_summary_on_hand_events():
 
 # --- main on the CPU ----------------------------------------------------------------------------
 
-def _tiny_torchvision(norm):
-    """A FasterRCNN small enough for the CPU smoke run (the real ones are tested above)."""
+def _tiny_torchvision(norm, keypoints=False):
+    """A FasterRCNN (with keypoints, a KeypointRCNN of KRCNN.NUM_KEYPOINTS) small enough for the CPU smoke run
+    (the real ones are tested above)."""
     def build(num_classes, **settings):
         backbone = nn.Sequential(nn.Conv2d(3, 16, 3, stride=8, padding=1), norm(16), nn.ReLU())
         backbone.out_channels = 16
-        return FasterRCNN(
+        model_class, extra = FasterRCNN, {}
+        if keypoints:
+            model_class = KeypointRCNN
+            extra = dict(keypoint_roi_pool=MultiScaleRoIAlign(['0'], 7, 2), keypoint_head=KeypointRCNNHeads(16, (16,)),
+                         keypoint_predictor=KeypointRCNNPredictor(16, cfg.KRCNN.NUM_KEYPOINTS))
+        return model_class(
             backbone, rpn_anchor_generator=AnchorGenerator(((32,),), ((0.5, 1.0, 2.0),)),
             box_roi_pool=MultiScaleRoIAlign(['0'], 7, 2), box_head=TwoMLPHead(16 * 49, 32),
-            box_predictor=FastRCNNPredictor(32, num_classes), **settings)
+            box_predictor=FastRCNNPredictor(32, num_classes), **extra, **settings)
     return build
 
 
@@ -484,28 +491,11 @@ def test_synthetic_keypoints_are_the_same_for_both_models_and_inside_their_boxes
         assert (v == 2).all()
 
 
-def _tiny_torchvision_keypoints(norm):
-    """A KeypointRCNN small enough for the CPU smoke run, with KRCNN.NUM_KEYPOINTS keypoints."""
-    from torchvision.models.detection import KeypointRCNN
-    from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
-
-    def build(num_classes, **settings):
-        backbone = nn.Sequential(nn.Conv2d(3, 16, 3, stride=8, padding=1), norm(16), nn.ReLU())
-        backbone.out_channels = 16
-        return KeypointRCNN(
-            backbone, rpn_anchor_generator=AnchorGenerator(((32,),), ((0.5, 1.0, 2.0),)),
-            box_roi_pool=MultiScaleRoIAlign(['0'], 7, 2), box_head=TwoMLPHead(16 * 49, 32),
-            box_predictor=FastRCNNPredictor(32, num_classes), keypoint_roi_pool=MultiScaleRoIAlign(['0'], 7, 2),
-            keypoint_head=KeypointRCNNHeads(16, (16,)),
-            keypoint_predictor=KeypointRCNNPredictor(16, cfg.KRCNN.NUM_KEYPOINTS), **settings)
-    return build
-
-
 @pytest.mark.slow
 def test_main_runs_the_keypoint_rows_on_the_cpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
-    monkeypatch.setattr(rcnn_rows, 'torchvision_equal_work', _tiny_torchvision_keypoints(FrozenBatchNorm2d))
-    monkeypatch.setattr(rcnn_rows, 'torchvision_all_stages_bn', _tiny_torchvision_keypoints(nn.BatchNorm2d))
+    monkeypatch.setattr(rcnn_rows, 'torchvision_equal_work', _tiny_torchvision(FrozenBatchNorm2d, keypoints=True))
+    monkeypatch.setattr(rcnn_rows, 'torchvision_all_stages_bn', _tiny_torchvision(nn.BatchNorm2d, keypoints=True))
     argv = ['--cfg', 'configs/getting_started/shapes_demo_keypoint_R-18-FPN.yaml', '--mode', 'train', 'test',
             '--height', '64', '--width', '64', '--batch', '2', '--iters', '1', '--rounds', '1', '--warmup', '0',
             '--round-warmup', '0', '--realistic-per-class', '5', 'FPN.DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '32',
