@@ -75,3 +75,20 @@ def test_keypoint_rcnn_trains_and_detects_keypoints(keypoint_shapes):
         assert kps.shape == (4, 5) and (kps[3] > 0).all() and (kps[3] <= 1).all()
         # heatmaps_to_keypoints puts each keypoint inside its box.
         assert (kps[0] >= det[0] - 1e-3).all() and (kps[0] <= det[2] + 1e-3).all()
+
+
+def test_test_engine_stores_and_evaluates_the_keypoints(keypoint_shapes, tmp_path):
+    from detectron.core import test_engine
+    from detectron.utils.io import load_object
+    torch.manual_seed(0)
+    model = model_builder.checked_model(keypoint_shapes)
+    weights = str(tmp_path / 'random.pth')
+    torch.save({'model': model.state_dict()}, weights)
+    results = test_engine.run_inference(keypoint_shapes, weights)
+    assert list(results['shapes_keypoints_val']) == ['box', 'keypoint']
+    assert list(results['shapes_keypoints_val']['keypoint']) == ['AP', 'AP50', 'AP75', 'APm', 'APl']
+    out_dir = os.path.join(str(tmp_path), 'out', 'test', 'shapes_keypoints_val', 'generalized_rcnn')
+    detections = load_object(os.path.join(out_dir, 'detections.pkl'))
+    all_boxes, all_keyps = detections['all_boxes'], detections['all_keyps']
+    assert [len(k) for k in all_keyps[1]] == [len(b) for b in all_boxes[1]] and sum(map(len, all_boxes[1])) > 0
+    assert os.path.isfile(os.path.join(out_dir, 'keypoints_shapes_keypoints_val_results.json'))
