@@ -13,25 +13,29 @@ from detectron.utils.errors import DatasetError
 logger = logging.getLogger(__name__)
 
 
-def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1, segms=False, keypoints=False):
+def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1, segms=False, num_keypoints=0):
     """Concatenated gt roidb of `dataset_names` (a name or a sequence), ready for training.
 
     With use_flipped every dataset's entries are followed by their horizontally flipped copies
     (Detectron's TRAIN.USE_FLIPPED); gt_min_area is Detectron's TRAIN.GT_MIN_AREA; segms=True keeps
-    the objects' segmentations (MODEL.MASK_ON); keypoints=True (MODEL.KEYPOINTS_ON) keeps only images
-    with a visible keypoint, as Detectron.
+    the objects' segmentations (MODEL.MASK_ON); num_keypoints > 0 (KRCNN.NUM_KEYPOINTS of a Keypoint R-CNN)
+    asks every dataset for that many keypoints per object (one DatasetError line otherwise) and keeps only
+    images with a visible keypoint, as Detectron.
     """
     if isinstance(dataset_names, str):
         dataset_names = (dataset_names,)
     roidb = []
     for name in dataset_names:
-        dataset_roidb = JsonDataset(name).get_roidb(gt=True, gt_min_area=gt_min_area, segms=segms)
+        dataset = JsonDataset(name)
+        if num_keypoints:
+            _check_keypoints(dataset, num_keypoints)
+        dataset_roidb = dataset.get_roidb(gt=True, gt_min_area=gt_min_area, segms=segms)
         if use_flipped:
             logger.info('Appending horizontally-flipped training examples...')
             dataset_roidb.extend(flipped_entries(dataset_roidb))
         logger.info('Loaded dataset: {} ({} entries)'.format(name, len(dataset_roidb)))
         roidb.extend(dataset_roidb)
-    filtered = filter_for_training(roidb, keypoints)
+    filtered = filter_for_training(roidb, keypoints=num_keypoints > 0)
     if not filtered:
         raise DatasetError(
             'No training images with usable annotations in TRAIN.DATASETS {}: none of the {} images has a '
@@ -39,6 +43,14 @@ def combined_roidb_for_training(dataset_names, use_flipped=True, gt_min_area=-1,
             'TRAIN.GT_MIN_AREA {})'.format(tuple(dataset_names), len(roidb) // (2 if use_flipped else 1),
                                           gt_min_area))
     return filtered
+
+
+def _check_keypoints(dataset, num_keypoints):
+    if dataset.num_keypoints != num_keypoints:
+        raise DatasetError('dataset {} has {} keypoints per object but the model predicts {} (KRCNN.NUM_KEYPOINTS): '
+                           'use a keypoint dataset (e.g. keypoints_coco_2014_train, shapes_keypoints_train) or set '
+                           'KRCNN.NUM_KEYPOINTS {}'.format(dataset.name, dataset.num_keypoints, num_keypoints,
+                                                           dataset.num_keypoints))
 
 
 def flipped_entries(roidb):

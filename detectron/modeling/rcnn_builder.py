@@ -7,7 +7,6 @@ import functools
 import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
-from detectron.datasets.json_dataset import JsonDataset
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS, KEYPOINT_CONFIDENCES
 from detectron.modeling import FPN, rcnn_inference
@@ -24,7 +23,7 @@ from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collat
                                           prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
 from detectron.utils.derived_keys import leaf_value
-from detectron.utils.errors import ConfigValueError, DatasetError
+from detectron.utils.errors import ConfigValueError
 
 _CONV_BODIES = {
     'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
@@ -79,9 +78,8 @@ class GeneralizedRCNNType(ModelType):
 
     def training_roidb(self):
         cfg = self.cfg
-        check_keypoint_datasets(cfg, cfg.TRAIN.DATASETS)
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
-                                            segms=cfg.MODEL.MASK_ON, keypoints=cfg.MODEL.KEYPOINTS_ON)
+                                            segms=cfg.MODEL.MASK_ON, num_keypoints=num_keypoints(cfg))
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -89,9 +87,8 @@ class GeneralizedRCNNType(ModelType):
     def validation_dataset(self, device):
         # The training losses on the validation images: unflipped, at the test scale.
         cfg = self.cfg
-        check_keypoint_datasets(cfg, cfg.TEST.DATASETS)
         roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON,
-                                            keypoints=cfg.MODEL.KEYPOINTS_ON)
+                                            num_keypoints=num_keypoints(cfg))
         return self._samples(roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
 
     def validation_losses(self):
@@ -179,17 +176,9 @@ def keypoint_params(cfg):
     return KeypointInferenceParams(inference_min_size=cfg.KRCNN.INFERENCE_MIN_SIZE, nms_oks=cfg.KRCNN.NMS_OKS)
 
 
-def check_keypoint_datasets(cfg, names):
-    """With MODEL.KEYPOINTS_ON every dataset must list KRCNN.NUM_KEYPOINTS keypoints (one DatasetError line)."""
-    if not cfg.MODEL.KEYPOINTS_ON:
-        return
-    for name in names:
-        dataset = JsonDataset(name)
-        if dataset.num_keypoints != cfg.KRCNN.NUM_KEYPOINTS:
-            raise DatasetError('dataset {} has {} keypoints per object but KRCNN.NUM_KEYPOINTS is {}: use a keypoint '
-                               'dataset (e.g. keypoints_coco_2014_train, shapes_keypoints_train) or set '
-                               'KRCNN.NUM_KEYPOINTS {}'.format(name, dataset.num_keypoints, cfg.KRCNN.NUM_KEYPOINTS,
-                                                               dataset.num_keypoints))
+def num_keypoints(cfg):
+    """The keypoints per object of a Keypoint R-CNN's training data (KRCNN.NUM_KEYPOINTS), 0 without keypoints."""
+    return cfg.KRCNN.NUM_KEYPOINTS if cfg.MODEL.KEYPOINTS_ON else 0
 
 
 def mask_thresh(cfg):

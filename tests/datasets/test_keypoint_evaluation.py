@@ -93,7 +93,7 @@ def test_roidb_holds_detectrons_keypoint_fields_and_flips_them(register_coco):
     dataset = JsonDataset('people_train')
     assert dataset.keypoints == NAMES and dataset.num_keypoints == 17
     assert dataset.keypoint_oks_sigmas == COCO_OKS_SIGMAS
-    roidb = combined_roidb_for_training('people_train', use_flipped=True, keypoints=True)
+    roidb = combined_roidb_for_training('people_train', use_flipped=True, num_keypoints=17)
     first, flipped = roidb[0], roidb[len(roidb) // 2]
     assert first['gt_keypoints'].shape == (2, 3, 17) and first['gt_keypoints'].dtype == np.int32
     assert first['gt_keypoints'][0, 0, 0] == 17 and first['has_visible_keypoints']
@@ -105,3 +105,11 @@ def test_roidb_holds_detectrons_keypoint_fields_and_flips_them(register_coco):
     if source[2, right] > 0:
         assert flipped['gt_keypoints'][1, 0, left] == 200 - source[0, right] - 1
     assert flipped['flipped'] and flipped['gt_keypoints'][1, 2, left] == source[2, right]
+
+
+def test_a_dataset_without_the_models_keypoints_is_one_error(register_coco):
+    from detectron.utils.errors import DatasetError
+    coco = _coco_with_people(np.random.RandomState(2))
+    register_coco('people_17', coco)
+    with pytest.raises(DatasetError, match='dataset people_17 has 17 keypoints per object but the model predicts 5'):
+        combined_roidb_for_training('people_17', num_keypoints=5)
