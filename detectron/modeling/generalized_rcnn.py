@@ -10,7 +10,7 @@ from torch import nn
 
 from detectron.modeling import fast_rcnn_heads, keypoint_rcnn_heads, mask_rcnn_heads, rpn_heads
 from detectron.ops.roi_pooling import roi_feature_transform
-from detectron.roi_data.fast_rcnn import sample_rois
+from detectron.roi_data.fast_rcnn import candidate_assignments, sample_rois
 from detectron.roi_data.keypoint_rcnn import keypoint_targets
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.rpn import rpn_targets
@@ -175,11 +175,12 @@ class GeneralizedRCNN(nn.Module):
         k = self.params.keypoints
         return self.keypoint_head(self._pooled(features, rois, k.roi_resolution, k.roi_sampling_ratio))
 
-    def _keypoint_targets(self, proposals, proposal_valid, im_info, targets):
+    def _keypoint_targets(self, proposals, proposal_valid, im_info, targets, candidates):
         p = self.params
         return keypoint_targets(proposals, im_info[:, 2], targets, fg_thresh=p.fg_thresh,
                                 fg_rois_per_image=int(round(p.fg_fraction * p.batch_size_per_im)),
-                                heatmap_size=p.keypoints.heatmap_size, proposal_valid=proposal_valid)
+                                heatmap_size=p.keypoints.heatmap_size, proposal_valid=proposal_valid,
+                                candidates=candidates)
 
     def _keypoint_loss(self, features, kt, num_images):
         p = self.params
@@ -202,17 +203,20 @@ class GeneralizedRCNN(nn.Module):
         losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
                                       batch_size_per_im=p.rpn_batch_size_per_im)
         proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
+        # The keypoint RoIs are drawn from the same candidates as the box head's: their overlaps computed once.
+        candidates = (candidate_assignments(proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd)
+                      if self.keypoint_head is not None else None)
         sampled = sample_rois(
             proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
             batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
             bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
-            cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy, proposal_valid=proposal_valid)
+            cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy, proposal_valid=proposal_valid, candidates=candidates)
         if self.mask_head is not None:
             # Before the box head is queued: mask_targets' host sync then waits for little.
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
                               cls_specific=p.mask.cls_specific)
         if self.keypoint_head is not None:
-            kt = self._keypoint_targets(proposals, proposal_valid, im_info, targets)
+            kt = self._keypoint_targets(proposals, proposal_valid, im_info, targets, candidates)
         out = self._box_outputs(features, sampled.rois)
         box_targets = (sampled.bbox_targets, sampled.bbox_inside_weights, sampled.bbox_outside_weights)
         losses.update(fast_rcnn_heads.fast_rcnn_losses(

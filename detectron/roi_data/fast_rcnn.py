@@ -24,7 +24,7 @@ class SampledRoIs(NamedTuple):
 def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_classes,
                 batch_size_per_im, fg_fraction=0.25, fg_thresh=0.5, bg_thresh_hi=0.5,
                 bg_thresh_lo=0.0, bbox_reg_weights=(10.0, 10.0, 5.0, 5.0), bbox_thresh=0.5,
-                cls_agnostic=False, xyxy=False, generator=None, proposal_valid=None):
+                cls_agnostic=False, xyxy=False, generator=None, proposal_valid=None, candidates=None):
     """Detectron's Fast R-CNN minibatch RoIs for a batch of images.
 
     proposals (R, 5): (batch index, box) in network-input coordinates; im_scales (B,);
@@ -46,9 +46,10 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
     With proposal_valid (R,) bool (rpn_heads.collected_proposals_fixed_size's padding flags) the
     invalid proposals are never sampled and the result has a fixed number of rows S = min(B x
     batch_size_per_im, candidates), so nothing waits for the GPU: the sampled RoIs in the order above,
-    then rows of zeros with label 0, flagged by `valid`.
+    then rows of zeros with label 0, flagged by `valid`. candidates: candidate_assignments of the same
+    arguments when the caller has them already (Keypoint R-CNN samples its RoIs from them too).
     """
-    c = candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd)
+    c = candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd) if candidates is None else candidates
     boxes, image_ids, overlaps, gt, gt_crowd, gt_present = c.boxes, c.image_ids, c.overlaps, c.gt, c.gt_crowd, c.present
     max_overlap, max_class = c.max_overlap, c.max_class
     regression_class, targets = _regression_targets(

@@ -15,7 +15,7 @@ class KeypointTargets(NamedTuple):
 
 
 def keypoint_targets(proposals, im_scales, targets, fg_thresh, fg_rois_per_image, heatmap_size, proposal_valid=None,
-                     generator=None):
+                     generator=None, candidates=None):
     """The keypoint RoIs of a batch and their heatmap targets, as Detectron samples them per image.
 
     proposals (R, 5) and im_scales (B,) as fast_rcnn.sample_rois; targets: per image a dict with the
@@ -29,10 +29,13 @@ def keypoint_targets(proposals, im_scales, targets, fg_thresh, fg_rois_per_image
     heatmap labels are keypoints_to_heatmap_labels of the gt keypoints in the RoI (original
     coordinates). The RoIs come in candidate order (gt rows of every image, then the proposals).
     A batch without keypoint-fg candidate gets its first candidate with zero weights, so the head runs.
+    candidates: fast_rcnn.candidate_assignments of the same batch when the caller has them already.
     """
     gt_boxes = [t['boxes'] for t in targets]
-    c = candidate_assignments(proposals, im_scales, gt_boxes, [t['classes'] for t in targets],
-                              [t['is_crowd'] for t in targets])
+    c = candidates
+    if c is None:
+        c = candidate_assignments(proposals, im_scales, gt_boxes, [t['classes'] for t in targets],
+                                  [t['is_crowd'] for t in targets])
     device = c.boxes.device
     num_images, num_gt = c.present.shape
     keypoints = _padded_keypoints(targets, num_gt, device)

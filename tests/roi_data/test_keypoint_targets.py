@@ -44,3 +44,15 @@ def test_a_batch_without_keypoint_rois_gives_one_zero_weight_roi():
     targets[0]['keypoints'][0, 2] = 0  # nothing labelled anywhere
     kt = keypoint_targets(PROPOSALS, SCALES, targets, fg_thresh=0.5, fg_rois_per_image=8, heatmap_size=8)
     assert len(kt.rois) == 1 and kt.weights.sum() == 0
+
+
+def test_candidates_shared_with_the_box_sampling_give_the_same_targets():
+    from detectron.roi_data.fast_rcnn import candidate_assignments
+    targets = _targets()
+    shared = candidate_assignments(PROPOSALS, SCALES, [t['boxes'] for t in targets], [t['classes'] for t in targets],
+                                   [t['is_crowd'] for t in targets])
+    alone = keypoint_targets(PROPOSALS, SCALES, targets, fg_thresh=0.5, fg_rois_per_image=8, heatmap_size=8)
+    given = keypoint_targets(PROPOSALS, SCALES, targets, fg_thresh=0.5, fg_rois_per_image=8, heatmap_size=8,
+                             candidates=shared)
+    for a, b in zip(alone, given):
+        assert torch.equal(a, b)
