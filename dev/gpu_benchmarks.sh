@@ -5,7 +5,7 @@
 # Settings: dev/gpu_env.sh. The pass/fail checks are dev/gpu_checks.sh.
 # Steps:
 #   setup (dev/gpu_env.sh) bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
-#   bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
+#   two_stage bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
 #   checkpoint_activations_bench mask_train mask_test mask_bench mask_targets
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
@@ -36,6 +36,18 @@ kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 th
       OUTPUT_DIR /tmp/kl_gpus$n > "$OUT/kl_train_gpus$n.log" 2>&1
     echo "NUM_GPUS $n exit $?"; grep json_stats "$OUT/kl_train_gpus$n.log" | tail -2
   done
+}
+
+two_stage() {  # Detectron's two-stage R-CNN on coco_tiny, bf16, 800x1333, 2 images per GPU, 1 GPU: an RPN-only model (100 iterations) writes rpn_proposals.pkl for val and train, then a Fast R-CNN trains 100 iterations on them and tests; images/s = 2 / json_stats time
+  local rpn=/tmp/two_stage_rpn files
+  python3 tools/train_net.py -c configs/12_2017_baselines/rpn_R-50-FPN_1x.yaml "${KL[@]}" NUM_GPUS 1 SOLVER.MAX_ITER 100 \
+    TRAIN.IMS_PER_BATCH 2 TEST.DATASETS "('coco_tiny_val', 'coco_tiny_train')" OUTPUT_DIR $rpn > "$OUT/two_stage_rpn.log" 2>&1
+  echo "rpn exit $?"; grep json_stats "$OUT/two_stage_rpn.log" | tail -1; grep -E "AR@|copypaste: [0-9]" "$OUT/two_stage_rpn.log"
+  files=$rpn/test/coco_tiny_%s/generalized_rcnn/rpn_proposals.pkl
+  python3 tools/train_net.py -c configs/12_2017_baselines/fast_rcnn_R-50-FPN_1x.yaml "${KL[@]}" NUM_GPUS 1 SOLVER.MAX_ITER 100 \
+    TRAIN.IMS_PER_BATCH 2 TRAIN.PROPOSAL_FILES "('$(printf $files train)',)" TEST.PROPOSAL_FILES "('$(printf $files val)',)" \
+    OUTPUT_DIR /tmp/two_stage_fast > "$OUT/two_stage_fast.log" 2>&1
+  echo "fast_rcnn exit $?"; grep json_stats "$OUT/two_stage_fast.log" | tail -2; grep "copypaste: [0-9]" "$OUT/two_stage_fast.log"
 }
 
 test_1_vs_2_gpus() {  # <config> <dataset> <overrides...>: 1-GPU and 2-GPU testing must give equal detections

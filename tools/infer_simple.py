@@ -17,13 +17,14 @@ import torch
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.core.test import im_detect_all
-from detectron.core.test_engine import detection_parts, load_test_model
+from detectron.core.test_engine import load_test_model
 from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
+from detectron.datasets.test_results import detection_parts
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.cli import parse_args_anywhere
-from detectron.utils.errors import DatasetError, OutputDirError, run_tool
+from detectron.utils.errors import ConfigValueError, DatasetError, OutputDirError, run_tool
 from detectron.utils.logging import setup_logging
 from detectron.utils.vis import write_vis_image
 
@@ -94,6 +95,9 @@ def main(argv):
     args = parse_args(argv)
     logger = setup_logging(__name__)
     finalize_cfg(args.cfg_file, args.opts)
+    if cfg.MODEL.RPN_ONLY:  # as Detectron's infer_simple
+        raise ConfigValueError('MODEL.RPN_ONLY True: an RPN-only model gives proposals, not detections to draw; '
+                               'test it with tools/test_net.py, which writes rpn_proposals.pkl')
     model_type = model_builder.build_model_type(cfg)
     paths = _image_paths(args.im_or_folder, args.image_ext)
     class_names = _class_names(model_type, args.class_names_from)

@@ -6,7 +6,9 @@ GroupNorm models (Detectron's ConvGN, the 04_2018_gn_baselines) name the norm `<
 (the stem's `conv1_gn_*`, FPN's `fpn_inner_*_gn_*`, `fpn_*_sum_gn_*`), which load into the same modules;
 the GN box head's `head_conv<i>` and the mask head's `_[mask]_fcn<i>` (`_mask_fcn<i>` + `_gn` with GroupNorm),
 `conv5_mask` and `mask_fcn_logits` map to `box_head.head_conv<i>` and `mask_head.*`; the keypoint head's
-`conv_fcn<i>`, `kps_deconv`, `kps_score_lowres` and `kps_score` to `keypoint_head.*`.
+`conv_fcn<i>`, `kps_deconv`, `kps_score_lowres` and `kps_score` to `keypoint_head.*`. The C4 models' res5 RoI
+head (`box_head.res5.*`) holds Detectron's `res5_*` blobs, and their single-scale RPN (a body ending at res4)
+is `conv_rpn` / `rpn_cls_logits` / `rpn_bbox_pred` without FPN's `_fpn2`.
 Loading follows Detectron's utils/net.py: for every model tensor the blob of its Detectron name is
 loaded (shapes must match); model tensors without a blob keep their init and are reported as
 missing; file blobs no tensor asked for are reported as unused, except the ones Detectron files
@@ -111,7 +113,7 @@ _PARAM_SUFFIX = {'weight': '_w', 'bias': '_b'}
 _NORM_SUFFIX = {'affine': {'weight': '_bn_s', 'bias': '_bn_b'}, 'gn': {'weight': '_gn_s', 'bias': '_gn_b'}}
 NORMS = tuple(_NORM_SUFFIX)
 _COARSEST_STAGE = 5  # its FPN 1x1 seeds the top-down path and carries no `_lateral` suffix
-_BODY = r'^(?:conv_body\.)?(?:body\.)?'
+_BODY = r'^(?:conv_body\.|box_head\.)?(?:body\.)?'  # box_head: the res5 RoI head of the C4 models
 _FPN = r'^(?:conv_body\.)?'
 
 
@@ -143,6 +145,14 @@ _KEY_RULES = [
                                              _NORM_SUFFIX['gn'][m.group(2)])),
     (re.compile(r'^rpn\.(conv_rpn|rpn_cls_logits|rpn_bbox_pred)\.(weight|bias)$'),
      lambda m, _, norm: '{}_fpn2{}'.format(m.group(1), _PARAM_SUFFIX[m.group(2)])),
+    # FPN.EXTRA_CONV_LEVELS: `fpn_6` on C5, `fpn_7` on its ReLU; RetinaNet's towers and predictors, defined
+    # on P3 (`retnet_cls_conv_n<i>_fpn3`, `retnet_bbox_pred_fpn3`) and shared by the coarser levels.
+    (re.compile(_FPN + r'fpn_extra\.(\d)\.(weight|bias)$'),
+     lambda m, _, norm: 'fpn_{}{}'.format(int(m.group(1)) + _COARSEST_STAGE + 1, _PARAM_SUFFIX[m.group(2)])),
+    (re.compile(r'^head\.(cls|bbox)_tower\.(\d+)\.(weight|bias)$'),
+     lambda m, _, norm: 'retnet_{}_conv_n{}_fpn3{}'.format(m.group(1), m.group(2), _PARAM_SUFFIX[m.group(3)])),
+    (re.compile(r'^head\.(cls|bbox)_pred\.(weight|bias)$'),
+     lambda m, _, norm: 'retnet_{}_pred_fpn3{}'.format(m.group(1), _PARAM_SUFFIX[m.group(2)])),
     (re.compile(r'^(?:box_head|box_outs)\.(fc6|fc7|cls_score|bbox_pred|bbox_pred_std)\.'
                 r'(weight|bias)$'),
      lambda m, _, norm: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
@@ -175,8 +185,14 @@ _BLOB_RULES = [
     (re.compile(r'^fpn_res(\d)_\d+_sum(_gn)?_([wsb])$'),
      lambda m: 'conv_body.fpn_layer{}.{}.{}'.format(m.group(2) or '', int(m.group(1)) - 2,
                                                      _BLOB_PARAM[m.group(3)])),
-    (re.compile(r'^(conv_rpn|rpn_cls_logits|rpn_bbox_pred)_fpn2_([wb])$'),
+    (re.compile(r'^(conv_rpn|rpn_cls_logits|rpn_bbox_pred)(?:_fpn2)?_([wb])$'),
      lambda m: 'rpn.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^fpn_(\d)_([wb])$'),
+     lambda m: 'conv_body.fpn_extra.{}.{}'.format(int(m.group(1)) - _COARSEST_STAGE - 1, _BLOB_PARAM[m.group(2)])),
+    (re.compile(r'^retnet_(cls|bbox)_conv_n(\d+)_fpn3_([wb])$'),
+     lambda m: 'head.{}_tower.{}.{}'.format(m.group(1), m.group(2), _BLOB_PARAM[m.group(3)])),
+    (re.compile(r'^retnet_(cls|bbox)_pred_fpn3_([wb])$'),
+     lambda m: 'head.{}_pred.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
     (re.compile(r'^(fc6|fc7)_([wb])$'),
      lambda m: 'box_head.{}.{}'.format(m.group(1), _BLOB_PARAM[m.group(2)])),
     (re.compile(r'^(cls_score|bbox_pred|bbox_pred_std)_([wb])$'),
@@ -243,7 +259,16 @@ def _blob_names(keys, norm='affine'):
     """{key: blob name}; keys without a Detectron name keep their own name (e.g. BatchNorm
     running statistics), so such state survives a round trip through a Detectron-format file."""
     last_blocks = last_block_per_stage(keys)
-    return {key: key_to_detectron_name(key, last_blocks, norm) or key for key in keys}
+    names = {key: key_to_detectron_name(key, last_blocks, norm) or key for key in keys}
+    if _has_conv4_body(keys):
+        names = {key: name.replace('_fpn2_', '_') if key.startswith('rpn.') else name for key, name in names.items()}
+    return names
+
+
+def _has_conv4_body(keys):
+    """Whether the keys' body ends at res4 (Detectron's conv4 bodies, whose RPN sees one map)."""
+    stages = {int(m.group(1)) for m in (re.match(r'^conv_body\.(?:body\.)?res(\d)\.', k) for k in keys) if m}
+    return max(stages, default=None) == 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,18 +301,28 @@ def _pick_blobs(blobs, model_state_keys):
 
 def convert_detectron_blobs(blobs):
     """Convert, without a model, every blob that has a counterpart in the port to its full-model
-    key (`conv_body.body.*`, `rpn.*`, ...), e.g. to write a .pth file.
+    key (`conv_body.body.*`, `rpn.*`, ...; `box_head.res5.*` for a C4 model's res5), e.g. to write a .pth file.
 
     Returns (state_dict, ignored blob names, unconverted blob names).
     """
     state_dict, ignored, unconverted = collections.OrderedDict(), [], []
+    c4 = _is_c4_model_file(blobs)
     for name, blob in blobs.items():
         key = None if is_ignored_blob(name) else detectron_name_to_key(name)
+        if c4 and key is not None and key.startswith('conv_body.body.res5.'):
+            key = 'box_head.' + key[len('conv_body.body.'):]
         if key is not None:
             state_dict[key] = _blob_to_tensor(blob, name)
         else:
             (ignored if is_ignored_blob(name) else unconverted).append(name)
     return state_dict, sorted(ignored), sorted(unconverted)
+
+
+def _is_c4_model_file(blobs):
+    """Whether blobs are a detector without FPN (Detectron's C4 models): box outputs or a single-scale RPN and
+    no `fpn_*` blob; its res5 blobs are the RoI head's. An ImageNet file tells nothing: its res5 stays the body's."""
+    return (not any(name.startswith('fpn_') for name in blobs)
+            and any(name in blobs for name in ('cls_score_w', 'conv_rpn_w')))
 
 
 def _blob_to_tensor(blob, name):

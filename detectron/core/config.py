@@ -81,21 +81,13 @@ _RENAMED_KEYS = {
 # below it). Each stays loadable at its default, so Detectron's configs merge as they are; any other
 # value is one error line naming the key and why (tests/core/test_config_keys.py: every key is read or
 # listed here).
-_PRECOMPUTED_PROPOSALS = 'it serves Fast R-CNN on precomputed proposals, which this port does not build'
 _NOT_ACTED_ON = {
-    'TRAIN.BBOX_THRESH': _PRECOMPUTED_PROPOSALS,
-    'TRAIN.CROWD_FILTER_THRESH': _PRECOMPUTED_PROPOSALS,
-    'TRAIN.PROPOSAL_FILES': _PRECOMPUTED_PROPOSALS,
-    'TEST.PROPOSAL_FILES': _PRECOMPUTED_PROPOSALS,
-    'TEST.PROPOSAL_LIMIT': _PRECOMPUTED_PROPOSALS,
-    'DEDUP_BOXES': _PRECOMPUTED_PROPOSALS,
     'TRAIN.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
     'TEST.GENERATE_PROPOSALS_ON_GPU': 'proposals are always generated on the model\'s device; remove the key',
     'TRAIN.COPY_WEIGHTS': 'Detectron\'s class-remapping weight copy is not ported; TRAIN.WEIGHTS loads by name',
     'DATA_LOADER.MINIBATCH_QUEUE_SIZE': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
     'DATA_LOADER.BLOBS_QUEUE_CAPACITY': 'Caffe2\'s queue; DATA_LOADER.NUM_THREADS workers prefetch two batches each',
     'TEST.FORCE_JSON_DATASET_EVAL': 'every dataset is evaluated by the COCO json evaluator here; remove the key',
-    'TEST.CLASS_SPECIFIC_AR': 'proposal recall evaluation (RPN-only models) is not ported',
     'TEST.BBOX_AUG.': 'test-time box augmentation is not ported',
     'TEST.MASK_AUG.': 'test-time mask augmentation is not ported',
     'TEST.KPS_AUG.': 'test-time keypoint augmentation is not ported',
@@ -103,12 +95,6 @@ _NOT_ACTED_ON = {
     'KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH': 'it skips minibatches of the two-stage keypoint_rcnn_* on '
                                                     'precomputed proposals; end-to-end training ignores it, as '
                                                     'Detectron\'s CollectAndDistributeFpnRpnProposals op does',
-    'RETINANET.': 'RetinaNet is not ported',
-    'RPN.SIZES': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
-    'RPN.STRIDE': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and FPN.RPN_ASPECT_RATIOS',
-    'RPN.ASPECT_RATIOS': 'only the FPN RPN is built: its anchors come from FPN.RPN_ANCHOR_START_SIZE and '
-                         'FPN.RPN_ASPECT_RATIOS',
-    'FPN.EXTRA_CONV_LEVELS': 'the extra P6/P7 convolutions serve RetinaNet, which is not ported',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
     'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',
@@ -126,6 +112,10 @@ _NOT_ACTED_ON = {
     'EPS': 'no computation of this port reads it (each formula names its own epsilon)',
     'ROOT_DIR': 'paths are read relative to the working directory',
 }
+
+# Keys of the single-scale RPN (the conv4 bodies), which Detectron ignores with FPN: refused there unless at
+# their defaults.
+_SINGLE_SCALE_RPN_KEYS = ('RPN.SIZES', 'RPN.STRIDE', 'RPN.ASPECT_RATIOS')
 
 # Spellings from detectron2-era guides, stored under Detectron's key.
 _KEY_ALIASES = {
@@ -188,7 +178,7 @@ def assert_and_infer_cfg(make_immutable=True):
     """
     if __C.MODEL.RPN_ONLY or __C.MODEL.FASTER_RCNN:
         __C.RPN.RPN_ON = True
-    if __C.RPN.RPN_ON:
+    if __C.RPN.RPN_ON or __C.RETINANET.RETINANET_ON:
         __C.TEST.PRECOMPUTED_PROPOSALS = False
     _check_cfg()
     if make_immutable:
@@ -394,6 +384,7 @@ def _raise_key_rename_error(full_key):
 def _check_cfg():
     check_domains()
     _check_acted_on()
+    _check_single_scale_rpn_keys()
     _check_rank_ims_per_batch()
     _check_dependent_domains()
     # The short spellings users type from mixed-precision guides.
@@ -428,6 +419,17 @@ def _check_acted_on():
         value = leaf_value(__C, full_key)
         if reason and value != leaf_value(_DEFAULTS, full_key):
             raise ConfigValueError('{} {!r} is not acted on by this port: {}'.format(full_key, value, reason))
+
+
+def _check_single_scale_rpn_keys():
+    if not __C.FPN.FPN_ON:
+        return
+    for full_key in _SINGLE_SCALE_RPN_KEYS:
+        value = leaf_value(__C, full_key)
+        if value != leaf_value(_DEFAULTS, full_key):
+            raise ConfigValueError('{} {!r} is not acted on with FPN.FPN_ON: it serves the single-scale RPN of the conv4 '
+                                   'bodies; an FPN RPN\'s anchors come from FPN.RPN_ANCHOR_START_SIZE and '
+                                   'FPN.RPN_ASPECT_RATIOS'.format(full_key, value))
 
 
 def _check_dependent_domains():

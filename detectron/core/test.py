@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from detectron.modeling import keypoint_inference, mask_inference, rcnn_builder, rcnn_inference
+from detectron.modeling import keypoint_inference, keypoint_rcnn_builder, mask_inference, rcnn_builder, rcnn_inference
 from detectron.utils.errors import ConfigValueError
 
 
@@ -30,17 +30,17 @@ def im_detect_bbox(model_type, model, im, target_scale, target_max_size, boxes=N
 
     Returns, as KL-Loss's: numpy `scores` (R, K), `pred_boxes` (R, 4K) decoded and clipped to the
     original image and `im_scale`, and with STD_NMS a fourth, `confs` (R, 4K): float32 sigmas =
-    exp(alpha / 2) in the head's delta layout. `boxes` (precomputed proposals) belongs to Fast R-CNN
-    without RPN, which this port does not build.
+    exp(alpha / 2) in the head's delta layout. `boxes` (R, 4): a Fast R-CNN's precomputed proposals in the
+    image's coordinates (deduplicated at DEDUP_BOXES as Detectron; the rows are those of boxes).
     """
-    if boxes is not None:
-        raise ConfigValueError(
-            'im_detect_bbox got precomputed proposals, but only Faster R-CNN (RPN proposals) is '
-            'supported: call it without boxes')
     cfg = model_type.cfg
+    if boxes is not None and rcnn_builder.has_rpn(cfg):
+        raise ConfigValueError('im_detect_bbox got boxes (precomputed proposals), which only a Fast R-CNN '
+                               '(MODEL.FASTER_RCNN False) takes: a model with an RPN makes its own; call it without boxes')
+    proposals = {} if boxes is None else {'proposals': boxes, 'dedup_boxes': cfg.DEDUP_BOXES}
     image_params = dataclasses.replace(rcnn_builder.image_params(cfg), scale=target_scale, max_size=target_max_size)
     scores, pred_boxes, confs, im_scale = rcnn_inference.detect_boxes(
-        model, im, image_params, rcnn_builder.decode_params(cfg), **rcnn_builder.test_graphs(cfg))
+        model, im, image_params, rcnn_builder.decode_params(cfg), **rcnn_builder.test_graphs(cfg), **proposals)
     if confs is None:
         return scores.cpu().numpy(), pred_boxes.cpu().numpy(), im_scale
     return scores.cpu().numpy(), pred_boxes.cpu().numpy(), im_scale, confs.cpu().numpy()
@@ -71,6 +71,6 @@ def keypoint_results(model_type, cls_boxes, pred_heatmaps, ref_boxes):
     pred_heatmaps (R, K, M, M), with KRCNN.INFERENCE_MIN_SIZE and KRCNN.NMS_OKS of model_type.cfg (OKS NMS
     drops detections from cls_boxes in place, as Detectron's)."""
     kept, cls_keyps = keypoint_inference.keypoint_results(cls_boxes, pred_heatmaps, ref_boxes,
-                                                          rcnn_builder.keypoint_params(model_type.cfg))
+                                                          keypoint_rcnn_builder.keypoint_params(model_type.cfg))
     cls_boxes[:] = kept
     return cls_keyps

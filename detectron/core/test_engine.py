@@ -26,13 +26,13 @@ from detectron.core.config import cfg, get_output_dir
 from detectron.core.config_finalize import receive_cfg
 from detectron.datasets import task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
+from detectron.datasets.proposal_files import load_proposals
 from detectron.modeling import model_builder
 from detectron.ops import triton_cache
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, DatasetError
-from detectron.utils.io import save_object
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.random_streams import preserved_random_streams
@@ -60,12 +60,8 @@ def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=Fa
         dataset = JsonDataset(name)  # parsed once, for the check and the testing
         check_range(ind_range, dataset)
         output_dir = get_output_dir((name,), training=False)
-        _, all_boxes, all_segms, all_keyps = test_net(model_type, weights_file, name, output_dir, ind_range,
-                                                      dataset=dataset)
-        path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
-        save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': all_keyps or [],
-                     'cfg': cfg.dump()}, path)
-        logger.info('Wrote detections of range %s to %s', ind_range, path)
+        _, value = test_net(model_type, weights_file, name, output_dir, ind_range, dataset=dataset)
+        model_type.test_results().save_range(value, output_dir, ind_range, cfg.dump())
         return {}
     results = collections.OrderedDict()
     parallel = _parallel_testing(multi_gpu_testing)
@@ -76,7 +72,7 @@ def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=Fa
             detections = launch.launch(_test_worker, cfg.NUM_GPUS, args=(cfg.clone(), weights_file, name),
                                        backend=cfg.DIST_BACKEND)
         else:
-            detections = test_net(model_type, weights_file, name, output_dir)[1:]
+            detections = test_net(model_type, weights_file, name, output_dir)[1]
         if detections is None:  # a non-zero rank of a launcher-started job: rank 0 evaluates
             continue
         # Detectron's test_net_on_dataset line: the whole testing of the dataset (all GPUs, model
@@ -114,8 +110,7 @@ def _parallel_testing(multi_gpu_testing):
 
 
 def _test_worker(cfg_snapshot, weights_file, name):
-    """One rank's contiguous range; returns the merged (all_boxes, all_segms) on rank 0 and None
-    elsewhere."""
+    """One rank's contiguous range; returns the merged results on rank 0 and None elsewhere."""
     receive_cfg(cfg_snapshot)
     model_type = model_builder.build_model_type(cfg)
     output_dir = get_output_dir((name,), training=False)
@@ -125,24 +120,15 @@ def _test_worker(cfg_snapshot, weights_file, name):
 
 def test_on_all_ranks(model_type, name, output_dir, weights_file=None, model=None):
     """Every rank of the job tests its contiguous range of `name` (with weights_file loaded, or with
-    model, already prepared for inference); returns the merged (all_boxes, all_segms, all_keyps) on rank 0
-    and None elsewhere (a collective)."""
+    model, already prepared for inference); returns the merged results (model_type.test_results()'s value)
+    on rank 0 and None elsewhere (a collective)."""
     num_images = len(JsonDataset(name).get_image_ids())
     start, end = inference_ranges(num_images, comm.get_world_size())[comm.get_rank()]
-    gathered = comm.all_gather_object(test_net(model_type, weights_file, name, output_dir, (start, end),
-                                               model=model)[1:])
+    _, value = test_net(model_type, weights_file, name, output_dir, (start, end), model=model)
+    gathered = comm.all_gather_object(value)
     if not comm.is_main_process():
         return None
-    per_range_boxes = [boxes for boxes, _, _ in gathered]
-    return (merge_ranges(per_range_boxes),) + tuple(_merged_extra(gathered, part) for part in (1, 2))
-
-
-def _merged_extra(gathered, part):
-    """The merged all_segms (part 1) or all_keyps (part 2) of the ranks, None when no rank has them.
-    A rank given no images has none: its range contributes no images either way."""
-    if all(g[part] is None for g in gathered):
-        return None
-    return merge_ranges([g[part] if g[part] is not None else g[0] for g in gathered])
+    return model_type.test_results().merge(gathered)
 
 
 def evaluate_during_training(model_type, model, iteration, output_dir):
@@ -164,27 +150,9 @@ def evaluate_during_training(model_type, model, iteration, output_dir):
     return comm.broadcast_object(results)
 
 
-def merge_ranges(per_range):
-    """Concatenate all_boxes[cls][img] (or all_segms[cls][img]) lists of consecutive ranges, in range
-    order."""
-    num_classes = len(per_range[0])
-    return [[dets for part in per_range for dets in part[j]] for j in range(num_classes)]
-
-
-def _evaluate(model_type, name, detections, output_dir):
-    """Write detections.pkl and evaluate them (rank 0): {name: {'box': ..., 'mask': ..., 'keypoint': ...}}."""
-    all_boxes, all_segms, all_keyps = detections
-    _write_detections(all_boxes, all_segms, all_keyps, output_dir)
-    return task_evaluation.evaluate_all(
-        JsonDataset(name), all_boxes, output_dir, competition_mode=cfg.TEST.COMPETITION_MODE,
-        results_format=model_type.results_format(), all_segms=all_segms, all_keyps=all_keyps)
-
-
-def _write_detections(all_boxes, all_segms, all_keyps, output_dir):
-    path = os.path.join(output_dir, 'detections.pkl')
-    save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': all_keyps or [],
-                 'cfg': cfg.dump()}, path)
-    logger.info('Wrote detections to: %s', os.path.abspath(path))
+def _evaluate(model_type, name, results, output_dir):
+    """Write the results' file and evaluate them (rank 0): {name: {task: metrics}}."""
+    return model_type.test_results().evaluate(JsonDataset(name), results, output_dir, cfg.dump())
 
 
 def load_test_model(model_type, weights_file, device):
@@ -200,8 +168,11 @@ def load_test_model(model_type, weights_file, device):
 
 def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset=None, model=None):
     """Detect with model_type's model on the images of `name` (or its [start, end) slice); returns
-    (roidb, all_boxes, all_segms, all_keyps). dataset: its JsonDataset when the caller has one already; model: the
-    model to test, already prepared for inference, instead of loading weights_file.
+    (roidb slice, results: model_type.test_results()'s value, e.g. (all_boxes, all_segms)). dataset: its
+    JsonDataset when the caller has one already; model: the model to test, already prepared for inference,
+    instead of loading weights_file. For a model that detects on precomputed proposals (a Fast R-CNN) each
+    image's proposals from the file model_type.test_proposal_files() names go with it to the detector
+    (sample 'proposals').
 
     Images are read and prepared by DATA_LOADER.NUM_THREADS loader workers while the model runs,
     and go to the model type's batch detector TEST.IMS_PER_BATCH at a time; with cfg.VIS the
@@ -212,7 +183,9 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     """
     dataset = dataset or JsonDataset(name)
     dataset.check_model_classes(model_type.output_classes())
-    roidb = dataset.get_roidb(segms=cfg.MODEL.MASK_ON)  # masks: ground truth checked before detection
+    # masks: ground truth checked before detection
+    proposals = _test_proposals(model_type, name)
+    roidb = dataset.get_roidb(segms=cfg.MODEL.MASK_ON, **proposals)
     total = len(roidb)
     if not total:  # COCO's evaluation would report AP -1 everywhere
         raise DatasetError('dataset {} ({}) lists no images: there is nothing to test; check TEST.DATASETS and '
@@ -221,12 +194,12 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
     # The loader's workers start reading images while the model loads.
     images = iter(build_test_loader(roidb, range(start, end), cfg.DATA_LOADER.NUM_THREADS,
                                     model_type.test_inputs(), group=min(cfg.TEST.IMS_PER_BATCH, LOADER_GROUP_MAX),
-                                    timeout=cfg.DATA_LOADER.TIMEOUT_S))
+                                    timeout=cfg.DATA_LOADER.TIMEOUT_S, proposals=bool(proposals)))
     device = comm.get_device()
     triton_cache.start_key_hashing(device)
     model = model or load_test_model(model_type, weights_file, device)
     detect = model_type.batch_detector()
-    stored = _Detections(dataset.num_classes, end - start)
+    stored = model_type.test_results().store(dataset.num_classes, roidb[start:end])
     detect_s = misc_s = 0.0
     last = time.perf_counter()
     done = 0
@@ -240,11 +213,9 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
                                       model_type.memory_settings(training=False)) from None
         after_detect = time.perf_counter()
         for i, ((sample, index), result) in enumerate(zip(batch, detections), done):
-            cls_boxes, cls_segms, cls_keyps = detection_parts(result)
-            stored.add(i, cls_boxes, cls_segms, cls_keyps)
-            if cfg.VIS:
-                _write_vis(output_dir, roidb[index]['image'], sample['image'], cls_boxes, cls_segms, cls_keyps,
-                           dataset)
+            drawn = stored.add(i, result)
+            if cfg.VIS and drawn is not None:
+                _write_vis(output_dir, roidb[index]['image'], sample['image'], *drawn, dataset)
         now, detect_time = time.perf_counter(), after_detect - before_detect
         detect_s += detect_time
         misc_s += now - last - detect_time
@@ -255,33 +226,16 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
             eta = datetime.timedelta(seconds=int((detect_s + misc_s) / done * (end - start - done)))
             logger.info('im_detect: range [%d, %d] of %d: %d/%d %.3fs + %.3fs (eta: %s)',
                         start + 1, end, total, done, end - start, detect_s / done, misc_s / done, eta)
-    return roidb[start:end], stored.all_boxes, stored.all_segms, stored.all_keyps
+    return roidb[start:end], stored.value
 
 
-class _Detections:
-    """Detectron's all_boxes[j][i] of the tested images, and all_segms[j][i] / all_keyps[j][i] once the
-    detector returns masks / keypoints (None until then)."""
-
-    def __init__(self, num_classes, num_images):
-        self.num_classes, self.num_images = num_classes, num_images
-        self.all_boxes = self._empty()
-        self.all_segms = None
-        self.all_keyps = None
-
-    def _empty(self):
-        return [[[] for _ in range(self.num_images)] for _ in range(self.num_classes)]
-
-    def add(self, i, cls_boxes, cls_segms, cls_keyps=None):
-        for j in range(1, self.num_classes):
-            self.all_boxes[j][i] = cls_boxes[j]
-        if cls_segms is not None:
-            self.all_segms = self.all_segms or self._empty()
-            for j in range(1, self.num_classes):
-                self.all_segms[j][i] = cls_segms[j]
-        if cls_keyps is not None:
-            self.all_keyps = self.all_keyps or self._empty()
-            for j in range(1, self.num_classes):
-                self.all_keyps[j][i] = cls_keyps[j]
+def _test_proposals(model_type, name):
+    """get_roidb's proposal arguments for dataset `name`: the proposal file model_type names for it (a Fast
+    R-CNN's TEST.PROPOSAL_FILES entry, as Detectron's get_inference_dataset) with TEST.PROPOSAL_LIMIT."""
+    files = model_type.test_proposal_files()
+    if not files:
+        return {}
+    return {'proposals': load_proposals(files[name], cfg.DOWNLOAD_CACHE), 'proposal_limit': cfg.TEST.PROPOSAL_LIMIT}
 
 
 def _batches(samples, size):
@@ -302,19 +256,6 @@ def _images_named(batch, roidb, total):
     if len(batch) == 1:
         return 'image {} of {} ({})'.format(first + 1, total, roidb[first]['image'])
     return 'images {}-{} of {} (TEST.IMS_PER_BATCH {})'.format(first + 1, last + 1, total, len(batch))
-
-
-def detection_parts(detections):
-    """A model type's detector result (cls_boxes, (cls_boxes, cls_segms) or (cls_boxes, cls_segms or None,
-    cls_keyps)) -> (cls_boxes, cls_segms or None, cls_keyps or None)."""
-    if not isinstance(detections, tuple):
-        return detections, None, None
-    return tuple(detections) + (None,) * (3 - len(detections))
-
-
-def boxes_and_segms(detections):
-    """A model type's detector result -> (cls_boxes, cls_segms or None)."""
-    return detection_parts(detections)[:2]
 
 
 def check_range(ind_range, dataset):

@@ -9,7 +9,7 @@ import os
 import numpy as np
 from pycocotools.coco import COCO
 
-from detectron.datasets import annotations, dataset_catalog
+from detectron.datasets import annotations, dataset_catalog, proposal_files
 from detectron.utils import boxes as box_utils
 from detectron.utils import keypoints as keypoint_utils
 from detectron.utils.errors import DatasetError
@@ -87,7 +87,8 @@ class JsonDataset(object):
         """Image ids in ascending order: the order of the roidb and of all_boxes[cls]."""
         return sorted(self.COCO.getImgIds())
 
-    def get_roidb(self, gt=False, gt_min_area=-1, segms=False):
+    def get_roidb(self, gt=False, gt_min_area=-1, segms=False, proposals=None, proposal_limit=-1,
+                  crowd_filter_thresh=0):
         """One entry per image (ascending id); with gt=True the filtered ground-truth boxes.
 
         gt_min_area drops annotations whose 'area' is below it (Detectron's TRAIN.GT_MIN_AREA).
@@ -98,8 +99,9 @@ class JsonDataset(object):
         of fewer than 3 points dropped, crowd regions keep their RLE), a non-crowd RLE as polygons.
         The annotations Detectron drops on purpose (a box of no width or height inside the image, area
         <= 0) are dropped with one warning per dataset giving their count and first ids.
-        Detectron's proposal_file / crowd_filter_thresh arguments are absent: they serve
-        precomputed proposals, which end-to-end Faster R-CNN does not use.
+        proposals (proposal_files.load_proposals of a proposal file) are appended after the gt boxes
+        as Detectron's proposal_file argument does (proposal_files.add_proposals_from_file, with
+        proposal_limit and crowd_filter_thresh).
         """
         roidb = copy.deepcopy(self.COCO.loadImgs(self.get_image_ids()))
         invalid_boxes, rle_objects = [], []
@@ -110,6 +112,9 @@ class JsonDataset(object):
             if gt:
                 invalid_boxes += self._add_gt_annotations(entry, anns, gt_min_area, entry_segms)
             _add_class_assignments(entry)
+        if proposals is not None:
+            proposal_files.add_proposals_from_file(roidb, proposals, self.name, top_k=proposal_limit,
+                                                   crowd_thresh=crowd_filter_thresh)
         self._warn_dropped(gt, segms, invalid_boxes, rle_objects)
         return roidb
 

@@ -11,6 +11,7 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from detectron.utils import boxes as box_utils
 from detectron.utils.io import save_json, save_object
 
 logger = logging.getLogger(__name__)
@@ -269,3 +270,63 @@ def _mean_valid(precision):
     """Mean over entries pycocotools marks valid (> -1); -1 when there are none, as summarize()."""
     valid = precision[precision > -1]
     return float(np.mean(valid)) if valid.size else -1.0
+
+
+# Detectron's proposal-recall area ranges (of the gt's segmentation area).
+PROPOSAL_AREA_RANGES = {'all': (0 ** 2, 1e5 ** 2), 'small': (0 ** 2, 32 ** 2), 'medium': (32 ** 2, 96 ** 2),
+                        'large': (96 ** 2, 1e5 ** 2), '96-128': (96 ** 2, 128 ** 2), '128-256': (128 ** 2, 256 ** 2),
+                        '256-512': (256 ** 2, 512 ** 2), '512-inf': (512 ** 2, 1e5 ** 2)}
+
+
+def evaluate_box_proposals(json_dataset, roidb, thresholds=None, area='all', limit=None, class_specific=False):
+    """Detectron's proposal recall (its fast approximation of COCO's): per image, the non-crowd gt boxes of
+    `area` are matched greedily to the first `limit` proposals (the class-0 rows of the roidb), the best
+    covered gt first; recall at each IoU threshold (0.5:0.05:0.95), averaged into 'ar' (per category
+    first with class_specific). Returns {'ar', 'recalls', 'thresholds', 'gt_overlaps', 'num_pos'}."""
+    low, high = PROPOSAL_AREA_RANGES[area]
+    gt_overlaps, gt_classes, num_pos = [np.zeros(0)], [np.zeros(0)], 0
+    for entry in roidb:
+        gt = np.where((entry['gt_classes'] > 0) & ~np.asarray(entry['is_crowd'], dtype=bool))[0]
+        in_area = np.where((entry['seg_areas'][gt] >= low) & (entry['seg_areas'][gt] <= high))[0]
+        # As Detectron: the classes at the in-area positions of the non-crowd gt list, read from all rows.
+        gt_classes.append(entry['gt_classes'][in_area])
+        gt = gt[in_area]
+        num_pos += len(gt)
+        boxes = entry['boxes'][entry['gt_classes'] == 0]
+        if not len(boxes):
+            continue
+        if limit is not None:
+            boxes = boxes[:limit]
+        gt_overlaps.append(_greedy_coverage(box_utils.bbox_overlaps(boxes.astype(np.float32),
+                                                                    entry['boxes'][gt].astype(np.float32))))
+    gt_overlaps, gt_classes = np.hstack(gt_overlaps), np.hstack(gt_classes)
+    thresholds = np.arange(0.5, 0.95 + 1e-5, 0.05) if thresholds is None else thresholds
+    with np.errstate(invalid='ignore'):  # no gt box in the area range: nan, as Detectron's
+        return _recalls(gt_overlaps, gt_classes, num_pos, thresholds, class_specific)
+
+
+def _recalls(gt_overlaps, gt_classes, num_pos, thresholds, class_specific):
+    if class_specific:
+        recalls = np.array([[(gt_overlaps[gt_classes == c] >= t).sum() / float((gt_classes == c).sum())
+                             for t in thresholds] for c in np.unique(gt_classes)]).reshape(-1, len(thresholds))
+        ar = recalls.mean(axis=1).mean()
+    else:
+        gt_overlaps = np.sort(gt_overlaps)
+        recalls = np.array([(gt_overlaps >= t).sum() / float(num_pos) for t in thresholds])
+        ar = recalls.mean()
+    return {'ar': ar, 'recalls': recalls, 'thresholds': thresholds, 'gt_overlaps': gt_overlaps, 'num_pos': num_pos}
+
+
+def _greedy_coverage(overlaps):
+    """IoU of min(proposals, gt) matches, each step the best-covered remaining gt with its best remaining
+    proposal (both then used), in the order they are matched."""
+    overlaps = overlaps.copy()
+    covered = np.zeros(overlaps.shape[1])
+    for j in range(min(overlaps.shape)):
+        best_per_gt = overlaps.max(axis=0)
+        gt_ind = best_per_gt.argmax()
+        box_ind = overlaps[:, gt_ind].argmax()
+        covered[j] = overlaps[box_ind, gt_ind]
+        overlaps[box_ind, :] = -1
+        overlaps[:, gt_ind] = -1
+    return covered

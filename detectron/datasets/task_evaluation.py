@@ -101,3 +101,26 @@ def _coco_eval_to_results(coco_eval):
         for iou in json_dataset_evaluator.EXTRA_AP_IOUS
     ]
     return OrderedDict(zip(box_metric_names(), values))
+
+
+def evaluate_box_proposals(dataset, roidb, class_specific=False):
+    """Detectron's proposal recall of the roidb's proposals (class-0 rows): {dataset name: {'box_proposal':
+    OrderedDict of AR@100, ARs@100, ARm@100, ARl@100, then the same @1000}} (TEST.CLASS_SPECIFIC_AR:
+    class_specific)."""
+    recall = OrderedDict()
+    for limit in (100, 1000):
+        for area, suffix in (('all', ''), ('small', 's'), ('medium', 'm'), ('large', 'l')):
+            stats = json_dataset_evaluator.evaluate_box_proposals(dataset, roidb, area=area, limit=limit,
+                                                                  class_specific=class_specific)
+            recall['AR{}@{:d}'.format(suffix, limit)] = float(stats['ar'])
+    return OrderedDict([(dataset.name, OrderedDict([('box_proposal', recall)]))])
+
+
+def log_box_proposal_results(results):
+    """Detectron's lines: the dataset's name, then one 'AR@100    : 0.123' line per metric."""
+    for dataset_name, tasks in results.items():
+        metrics = tasks['box_proposal']
+        pad = max(len(k) for k in metrics)
+        logger.info(dataset_name)
+        for k, v in metrics.items():
+            logger.info('{}: {:.3f}'.format(k.ljust(pad), v))

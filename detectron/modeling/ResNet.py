@@ -110,11 +110,23 @@ class BasicBlock(_ResidualBlock):
         return self.branch2b_bn
 
 
+def _bottleneck_maker(dim_out, dim_inner, make_norm, stride_1x1, num_groups):
+    return functools.partial(BottleneckBlock, dim_out=dim_out, dim_inner=dim_inner, make_norm=make_norm,
+                             stride_1x1=stride_1x1, groups=num_groups)
+
+
+def make_stage(make_block, dim_in, dim_out, count, first_stride):
+    """Detectron's add_stage: `count` blocks, the first taking dim_in at stride first_stride."""
+    return nn.Sequential(*[make_block(dim_in=dim_in if i == 0 else dim_out, stride=first_stride if i == 0 else 1)
+                           for i in range(count)])
+
+
 class ResNet(nn.Module):
-    """ResNet body returning the list [res2, res3, res4, res5] of stage outputs.
+    """ResNet body returning the list [res2, res3, res4, res5] of stage outputs ([res2, res3, res4]
+    with num_stages=3).
 
     Attributes: `strides` = (4, 8, 16, 32) and `out_channels` (per stage: 256..2048 for bottleneck
-    bodies, 64..512 for R-18/34).
+    bodies, 64..512 for R-18/34), both cut to the built stages.
 
     Keyword arguments (cfg key in brackets, as read by model_builder):
       stride_1x1 [RESNETS.STRIDE_1X1]: stride on the 1x1 (True, MSRA) or the 3x3 (False,
@@ -128,23 +140,26 @@ class ResNet(nn.Module):
         (ResNeXt when num_groups > 1); ignored by R-18/34.
       gn_num_groups, gn_dim_per_group, gn_eps [GROUP_NORM.NUM_GROUPS, DIM_PER_GP, EPSILON].
       checkpoint_stages: recompute each stage in backward (torch.utils.checkpoint) to save memory.
+      num_stages: 4 (conv1..res5) or 3 (conv1..res4, Detectron's conv4 bodies).
     """
-
-    strides = STAGE_STRIDES
 
     def __init__(self, depth=50, *, stride_1x1=True, freeze_at=2, norm='affine', num_groups=1,
                  width_per_group=64, gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5,
-                 checkpoint_stages=False):
+                 checkpoint_stages=False, num_stages=4):
         super().__init__()
         if depth not in BLOCK_COUNTS:
             raise ConfigValueError('unsupported ResNet depth {}; choose one of {}'.format(
                 depth, sorted(BLOCK_COUNTS)))
-        if freeze_at not in FREEZE_AT_CHOICES:
-            raise ConfigValueError('TRAIN.FREEZE_AT must be one of {}, got {}'.format(
-                FREEZE_AT_CHOICES, freeze_at))
+        # A conv4 body has no res5 to freeze (Detectron adds no StopGradient then).
+        freeze_choices = tuple(k for k in FREEZE_AT_CHOICES if k <= num_stages + 1)
+        if freeze_at not in freeze_choices:
+            raise ConfigValueError('TRAIN.FREEZE_AT must be one of {} for a body ending at res{}, got {}'.format(
+                freeze_choices, num_stages + 1, freeze_at))
         make_norm = norm_factory(norm, gn_num_groups, gn_dim_per_group, gn_eps)
         self.stride_1x1 = stride_1x1
         self.checkpoint_stages = checkpoint_stages
+        self.stage_names = STAGE_NAMES[:num_stages]
+        self.strides = STAGE_STRIDES[:num_stages]
 
         self.conv1 = _conv(3, 64, 7, stride=2)
         self.res_conv1_bn = make_norm(64)
@@ -158,21 +173,17 @@ class ResNet(nn.Module):
 
     def _add_stages(self, depth, make_norm, stride_1x1, num_groups, width_per_group):
         dim_in, out_channels = 64, []
-        for index, (name, count) in enumerate(zip(STAGE_NAMES, BLOCK_COUNTS[depth])):
+        for index, (name, count) in enumerate(zip(self.stage_names, BLOCK_COUNTS[depth])):
             scale = 2 ** index
             if depth in BASIC_BLOCK_DEPTHS:
                 dim_out = 64 * scale
                 make_block = functools.partial(BasicBlock, dim_out=dim_out, make_norm=make_norm)
             else:
                 dim_out = 256 * scale
-                make_block = functools.partial(
-                    BottleneckBlock, dim_out=dim_out, dim_inner=num_groups * width_per_group * scale,
-                    make_norm=make_norm, stride_1x1=stride_1x1, groups=num_groups)
+                make_block = _bottleneck_maker(dim_out, num_groups * width_per_group * scale, make_norm,
+                                               stride_1x1, num_groups)
             # res2 follows the stride-2 max-pool, so only res3..res5 downsample (in block 0).
-            first_stride = 1 if index == 0 else 2
-            blocks = [make_block(dim_in=dim_in if i == 0 else dim_out,
-                                 stride=first_stride if i == 0 else 1) for i in range(count)]
-            self.add_module(name, nn.Sequential(*blocks))
+            self.add_module(name, make_stage(make_block, dim_in, dim_out, count, 1 if index == 0 else 2))
             dim_in = dim_out
             out_channels.append(dim_out)
         return tuple(out_channels)
@@ -188,8 +199,69 @@ class ResNet(nn.Module):
         x = norm_relu(self.res_conv1_bn, self.conv1(x))
         x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
         outputs = []
-        for name in STAGE_NAMES:
+        for name in self.stage_names:
             stage = getattr(self, name)
             x = checkpointed(self.checkpoint_stages, stage, x)
             outputs.append(x)
         return outputs
+
+
+class ResNetConv4Body(nn.Module):
+    """Detectron's add_ResNet{50,101}_conv4_body: conv1..res4, whose output (stride 16) is the one
+    feature map the single-scale RPN and the RoI head see. forward(images) returns [res4]; the
+    ResNet is `body` (keys `conv_body.body.*`, as in the FPN bodies). kwargs as ResNet's."""
+
+    def __init__(self, depth, **resnet_kwargs):
+        super().__init__()
+        self.body = ResNet(depth, num_stages=3, **resnet_kwargs)
+        self.strides = self.body.strides[-1:]
+        self.out_channels = self.body.out_channels[-1]
+
+    def forward(self, images):
+        return self.body(images)[-1:]
+
+
+def add_ResNet50_conv4_body(**kwargs):
+    """R-50-C4 body; kwargs as ResNet's."""
+    return ResNetConv4Body(50, **kwargs)
+
+
+def add_ResNet101_conv4_body(**kwargs):
+    """R-101-C4 body; kwargs as ResNet's."""
+    return ResNetConv4Body(101, **kwargs)
+
+
+# Detectron's head average-pools a 7 x 7 res5 map (kernel 7) before its fully connected outputs.
+ROI_CONV5_POOLED_SIZE = 7
+
+
+class ResNetRoIConv5Head(nn.Module):
+    """Detectron's add_ResNet_roi_conv5_head after the RoI transform: res5 (3 bottleneck blocks,
+    dim_in -> 2048, the first at stride roi_size // 7) on each RoI's features (R, dim_in, roi_size,
+    roi_size), then a 7 x 7 average pool: forward returns (R, 2048). conv5(x) is the res5 map before
+    the pool (R, 2048, 7, 7), Detectron's `res5_2_sum`, which its v0upshare mask head reuses.
+
+    Parameters are `res5.<block>.*` (Detectron's `res5_<block>_*` blobs). Keyword arguments as
+    ResNet's (stride_1x1, norm, num_groups, width_per_group, gn_*); roi_size [FAST_RCNN.
+    ROI_XFORM_RESOLUTION] must be a multiple of 7.
+    """
+
+    def __init__(self, dim_in, *, roi_size=14, stride_1x1=True, norm='affine', num_groups=1, width_per_group=64,
+                 gn_num_groups=32, gn_dim_per_group=-1, gn_eps=1e-5):
+        super().__init__()
+        if roi_size % ROI_CONV5_POOLED_SIZE:
+            raise ConfigValueError('FAST_RCNN.ROI_XFORM_RESOLUTION {} must be a multiple of 7 for the res5 RoI head: '
+                                   'its res5 map is average-pooled with a 7 x 7 kernel'.format(roi_size))
+        make_norm = norm_factory(norm, gn_num_groups, gn_dim_per_group, gn_eps)
+        make_block = _bottleneck_maker(2048, num_groups * width_per_group * 8, make_norm, stride_1x1, num_groups)
+        self.res5 = make_stage(make_block, dim_in, 2048, 3, roi_size // ROI_CONV5_POOLED_SIZE)
+        self.dim_out = 2048
+
+    def conv5(self, roi_features):
+        return self.res5(roi_features)
+
+    def pool(self, conv5):
+        return F.avg_pool2d(conv5, ROI_CONV5_POOLED_SIZE, stride=1).flatten(1)
+
+    def forward(self, roi_features):
+        return self.pool(self.conv5(roi_features))

@@ -1,4 +1,5 @@
-"""Faster R-CNN with FPN (Detectron's `generalized_rcnn`), optionally with the KL-Loss box head.
+"""Faster R-CNN with FPN or on a C4 body (Detectron's `generalized_rcnn`), optionally with the KL-Loss
+box head.
 
 The model is assembled from small modules (body, RPN head, box head, box outputs) plus the
 target/proposal functions; all hyper-parameters arrive as plain values from `model_builder`.
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from detectron.modeling import fast_rcnn_heads, keypoint_rcnn_heads, mask_rcnn_heads, rpn_heads
-from detectron.ops.roi_pooling import roi_feature_transform
+from detectron.ops.roi_pooling import roi_feature_transform, single_level_roi_transform
 from detectron.roi_data.fast_rcnn import candidate_assignments, sample_rois
 from detectron.roi_data.keypoint_rcnn import keypoint_targets
 from detectron.roi_data.mask_rcnn import mask_targets
@@ -34,6 +35,10 @@ class MaskParams:
     roi_sampling_ratio: int = 2
     cls_specific: bool = True
     weight_loss: float = 1.0
+    roi_xform_method: str = 'RoIAlign'  # MRCNN.ROI_XFORM_METHOD (a C4 body's one map; FPN pools with RoIAlign)
+    # v0upshare: the mask head runs on the box head's res5 (its map of the fg RoIs in training, recomputed
+    # on the detections at test time) instead of pooled features
+    shares_box_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ class RCNNParams:
     """Everything the R-CNN needs besides its modules (Detectron's cfg values, read by the builder)."""
     num_classes: int
     anchor_strides: tuple = (4, 8, 16, 32, 64)
-    anchor_sizes: tuple = (32, 64, 128, 256, 512)
+    anchor_sizes: tuple = (32, 64, 128, 256, 512)  # per level, a size or a tuple of sizes (rpn_heads.fpn_anchors)
     aspect_ratios: tuple = (0.5, 1.0, 2.0)
     train_proposals: ProposalParams = ProposalParams(12000, 2000, 0.7, 0.0)
     test_proposals: ProposalParams = ProposalParams(1000, 1000, 0.7, 0.0)
@@ -69,12 +74,17 @@ class RCNNParams:
     cls_agnostic_bbox_reg: bool = False
     xyxy: bool = False
     bbox_xform_clips: tuple = (box_utils.DEFAULT_XFORM_CLIP, box_utils.DEFAULT_XFORM_CLIP_XYXY)  # the RPN decode's
+    bbox_thresh: float = 0.5  # TRAIN.BBOX_THRESH: RoIs at least this close to a gt box get regression targets
     pred_std: bool = False
     roi_resolution: int = 7
     roi_sampling_ratio: int = 2
     roi_spatial_scales: tuple = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
     roi_canonical_scale: int = 224
     roi_canonical_level: int = 4
+    # Detectron's single-scale RPN (C4 bodies): the proposals of each image on their own (no collect
+    # across the batch) and the losses loss_rpn_cls / loss_rpn_bbox
+    single_scale_rpn: bool = False
+    roi_xform_method: str = 'RoIAlign'  # FAST_RCNN.ROI_XFORM_METHOD, with one RoI level (C4)
     train_cuda_graphs: bool = False  # on a GPU, replay body_and_rpn_head's forward and backward in training
     # Padded batch shapes that get graphs (the rest run eagerly). All shapes share one memory pool,
     # so a shape costs about its static outputs and gradients.
@@ -85,6 +95,11 @@ class RCNNParams:
 
 class GeneralizedRCNN(nn.Module):
     """`model(images, im_info, targets)` -> losses in training; raw head outputs in inference.
+
+    Detectron's three R-CNN forms: end-to-end (body, RPN, box head), RPN-only (box_head and box_outs
+    None: the RPN losses, and proposals with their scores at test: 'rois', 'rpn_scores'), and Fast
+    R-CNN on precomputed proposals (rpn None: each target's 'proposals' in training, the `proposals`
+    rois argument at test).
 
     `body_and_rpn_head(images)` is the part of the forward with fixed shapes for a given image size
     (no host synchronisation), so the test path can replay it from a CUDA graph: `model(images,
@@ -110,20 +125,26 @@ class GeneralizedRCNN(nn.Module):
         losses of the step are the same bit for bit (BENCHMARKS.md, "Training speed"). RoIAlign and the box head
         read the features as they come."""
         self.conv_body.to(memory_format=torch.channels_last)
-        self.rpn.to(memory_format=torch.channels_last)
+        if self.rpn is not None:
+            self.rpn.to(memory_format=torch.channels_last)
         self.channels_last = True
 
-    def forward(self, images, im_info, targets=None, body=None):
+    def forward(self, images, im_info, targets=None, body=None, proposals=None):
+        """proposals: a Fast R-CNN's test rois (R, 5) (batch index, box in network-input coordinates)."""
         if body is None and self.training and self.params.train_cuda_graphs:
             body = graphed_training_method(self, 'body_and_rpn_head', GeneralizedRCNN.body_and_rpn_head,
                                            max_graphs=self.params.train_max_graphs)
-        features, logits, deltas = _split_in_three((body or self.body_and_rpn_head)(images))
-        anchors = rpn_heads.fpn_anchors(
-            [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,
-            self.params.aspect_ratios, device=images.device)
+        flat = (body or self.body_and_rpn_head)(images)
+        if self.rpn is None:
+            features, logits, deltas, anchors = list(flat), None, None, None
+        else:
+            features, logits, deltas = _split_in_three(flat)
+            anchors = rpn_heads.fpn_anchors(
+                [f.shape[-2:] for f in features], self.params.anchor_strides, self.params.anchor_sizes,
+                self.params.aspect_ratios, device=images.device)
         if self.training:
             return self._losses(features, logits, deltas, anchors, im_info, targets)
-        return self._inference(features, logits, deltas, anchors, im_info)
+        return self._inference(features, logits, deltas, anchors, im_info, proposals)
 
     def body_and_rpn_head(self, images):
         """The FPN features, RPN logits and RPN deltas of every level, as one flat tuple (the three
@@ -131,31 +152,43 @@ class GeneralizedRCNN(nn.Module):
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         features = self.conv_body(images)
+        if self.rpn is None:
+            return tuple(features)
         logits, deltas = self.rpn(features)
         return tuple(features) + tuple(logits) + tuple(deltas)
 
     def _proposals(self, logits, deltas, anchors, im_info, proposal_params, training):
         """(rois, valid): the RPN proposals, collected over the batch in training; with
-        fixed_size_training_rois in fixed-size tensors whose real rows valid flags, else valid is None."""
+        fixed_size_training_rois in fixed-size tensors whose real rows valid flags, else valid is None
+        (at test: their scores)."""
         args = ([x.detach() for x in logits], [x.detach() for x in deltas], anchors, im_info,
                 proposal_params.pre_nms_top_n, proposal_params.post_nms_top_n, proposal_params.nms_thresh,
                 proposal_params.min_size)
+        # The single-scale RPN keeps each image's proposals apart, which the fixed-size path does not.
+        collect = training and not self.params.single_scale_rpn
         with torch.no_grad():
-            if training and fixed_size_training_rois(im_info.device):
+            if collect and fixed_size_training_rois(im_info.device):
                 rois, _, valid = rpn_heads.collected_proposals_fixed_size(
                     *args, xyxy=self.params.xyxy, clips=self.params.bbox_xform_clips)
                 return rois, valid
-            rois, _ = rpn_heads.generate_proposals(*args, xyxy=self.params.xyxy, collect_across_batch=training,
-                                                   clips=self.params.bbox_xform_clips)
-        return rois, None
+            rois, scores = rpn_heads.generate_proposals(*args, xyxy=self.params.xyxy, collect_across_batch=collect,
+                                                        clips=self.params.bbox_xform_clips)
+        return rois, None if training else scores
 
-    def _box_outputs(self, features, rois):
+    def _box_outputs(self, features, rois, keep_conv5=False):
+        """The box outputs of rois; with keep_conv5 also the res5 RoI head's map under 'conv5'."""
         p = self.params
-        box_features = self._pooled(features, rois, p.roi_resolution, p.roi_sampling_ratio)
-        return self.box_outs(self.box_head(box_features))
+        box_features = self._pooled(features, rois, p.roi_resolution, p.roi_sampling_ratio, p.roi_xform_method)
+        if not keep_conv5:
+            return self.box_outs(self.box_head(box_features))
+        conv5 = self.box_head.conv5(box_features)
+        return dict(self.box_outs(self.box_head.pool(conv5)), conv5=conv5)
 
-    def _pooled(self, features, rois, resolution, sampling_ratio):
+    def _pooled(self, features, rois, resolution, sampling_ratio, method='RoIAlign'):
         p = self.params
+        if len(p.roi_spatial_scales) == 1:
+            return single_level_roi_transform(features[0], rois, method, p.roi_spatial_scales[0], resolution,
+                                              sampling_ratio)
         return roi_feature_transform(
             features[:len(p.roi_spatial_scales)], rois, spatial_scales=p.roi_spatial_scales,
             output_size=resolution, sampling_ratio=sampling_ratio,
@@ -163,11 +196,12 @@ class GeneralizedRCNN(nn.Module):
 
     def mask_logits(self, features, rois):
         """Mask logits (R, C, M, M) of `rois` (R, 5) (batch index, x1, y1, x2, y2 in network-input
-        coordinates): the FPN features (the list the box head pools from) RoIAligned on each RoI's
-        level at MRCNN.ROI_XFORM_RESOLUTION, through the mask head. C is MODEL.NUM_CLASSES with
-        MRCNN.CLS_SPECIFIC_MASK, else 1."""
+        coordinates): the features (the list the box head pools from) pooled at MRCNN.ROI_XFORM_RESOLUTION
+        (FPN: RoIAligned on each RoI's level), through the mask head (v0upshare: through the box head's
+        res5 first, as Detectron's test net). C is MODEL.NUM_CLASSES with MRCNN.CLS_SPECIFIC_MASK, else 1."""
         m = self.params.mask
-        return self.mask_head(self._pooled(features, rois, m.roi_resolution, m.roi_sampling_ratio))
+        pooled = self._pooled(features, rois, m.roi_resolution, m.roi_sampling_ratio, m.roi_xform_method)
+        return self.mask_head(self.box_head.conv5(pooled) if m.shares_box_head else pooled)
 
     def keypoint_logits(self, features, rois):
         """Keypoint heatmap logits (R, K, M, M) of `rois` (R, 5) as mask_logits, pooled at
@@ -196,13 +230,22 @@ class GeneralizedRCNN(nn.Module):
         gt_boxes = [t['boxes'] for t in targets]
         gt_classes = [t['classes'] for t in targets]
         gt_crowd = [t['is_crowd'] for t in targets]
-        rpn_t = rpn_targets(
-            anchors, gt_boxes, gt_crowd, im_info, positive_overlap=p.rpn_positive_overlap,
-            negative_overlap=p.rpn_negative_overlap, fg_fraction=p.rpn_fg_fraction,
-            batch_size_per_im=p.rpn_batch_size_per_im, straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
-        losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
-                                      batch_size_per_im=p.rpn_batch_size_per_im)
-        proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
+        if self.rpn is None:  # Fast R-CNN: the proposals of the roidb (proposal_files.proposal_rows)
+            losses, proposals, proposal_valid = {}, _target_rois(targets, im_info[:, 2]), None
+        else:
+            rpn_t = rpn_targets(
+                anchors, gt_boxes, gt_crowd, im_info, positive_overlap=p.rpn_positive_overlap,
+                negative_overlap=p.rpn_negative_overlap, fg_fraction=p.rpn_fg_fraction,
+                batch_size_per_im=p.rpn_batch_size_per_im, straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
+            if p.single_scale_rpn:
+                losses = rpn_heads.single_scale_rpn_losses(logits, deltas, rpn_t)
+            else:
+                losses = rpn_heads.rpn_losses(logits, deltas, rpn_t, ims_per_batch=len(targets),
+                                              batch_size_per_im=p.rpn_batch_size_per_im)
+            if self.box_head is None:  # RPN-only
+                return losses
+            proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals,
+                                                        training=True)
         # The keypoint RoIs are drawn from the same candidates as the box head's: their overlaps computed once.
         candidates = (candidate_assignments(proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd)
                       if self.keypoint_head is not None else None)
@@ -210,14 +253,16 @@ class GeneralizedRCNN(nn.Module):
             proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
             batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
             bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
-            cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy, proposal_valid=proposal_valid, candidates=candidates)
+            bbox_thresh=p.bbox_thresh, cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy,
+            proposal_valid=proposal_valid, candidates=candidates)
         if self.mask_head is not None:
             # Before the box head is queued: mask_targets' host sync then waits for little.
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
                               cls_specific=p.mask.cls_specific)
         if self.keypoint_head is not None:
             kt = self._keypoint_targets(proposals, proposal_valid, im_info, targets, candidates)
-        out = self._box_outputs(features, sampled.rois)
+        shares_res5 = self.mask_head is not None and p.mask.shares_box_head
+        out = self._box_outputs(features, sampled.rois, keep_conv5=shares_res5)
         box_targets = (sampled.bbox_targets, sampled.bbox_inside_weights, sampled.bbox_outside_weights)
         losses.update(fast_rcnn_heads.fast_rcnn_losses(
             out['cls_score'], out['bbox_pred'], sampled.labels, *box_targets, valid=sampled.valid))
@@ -225,14 +270,21 @@ class GeneralizedRCNN(nn.Module):
             losses['loss_bbox'] = fast_rcnn_heads.kl_loss(
                 out['bbox_pred'], out['bbox_pred_std'], *box_targets, valid=sampled.valid)
         if self.mask_head is not None:
-            losses['loss_mask'] = mask_rcnn_heads.mask_loss(self.mask_logits(features, mt.rois), mt.classes,
-                                                            mt.masks, weight=p.mask.weight_loss)
+            # v0upshare trains on the box head's res5 map of the mask RoIs (Detectron's SampleAs).
+            logits = self.mask_head(out['conv5'][mt.rows]) if shares_res5 else self.mask_logits(features, mt.rois)
+            losses['loss_mask'] = mask_rcnn_heads.mask_loss(logits, mt.classes, mt.masks, weight=p.mask.weight_loss)
         if self.keypoint_head is not None:
             losses['loss_kps'] = self._keypoint_loss(features, kt, len(targets))
         return losses
 
-    def _inference(self, features, logits, deltas, anchors, im_info):
-        rois, _ = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals, training=False)
+    def _inference(self, features, logits, deltas, anchors, im_info, proposals):
+        if self.rpn is None:
+            rois = proposals
+        else:
+            rois, scores = self._proposals(logits, deltas, anchors, im_info, self.params.test_proposals,
+                                           training=False)
+            if self.box_head is None:
+                return {'rois': rois, 'rpn_scores': scores}
         out = self._box_outputs(features, rois)
         result = {'rois': rois, 'cls_prob': out['cls_prob'].float(),
                   'bbox_pred': out['bbox_pred'].float()}
@@ -251,6 +303,12 @@ def fixed_size_training_rois(device):
     launches the rest of the step (BENCHMARKS.md, "Training speed"); the CPU runs the compact ones
     and Detectron's own NMS kernel."""
     return device.type == 'cuda'
+
+
+def _target_rois(targets, im_scales):
+    """The targets' 'proposals' (original coordinates) as rois (R, 5) of the network input."""
+    return torch.cat([torch.cat((torch.full_like(t['proposals'][:, :1], i), t['proposals'] * im_scales[i]), dim=1)
+                      for i, t in enumerate(targets)])
 
 
 def _split_in_three(flat):

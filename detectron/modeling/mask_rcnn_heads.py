@@ -1,4 +1,5 @@
-"""Mask R-CNN head: Detectron's `mask_rcnn_fcn_head_v1up4convs` (and its `_gn` variant) followed by
+"""Mask R-CNN head: Detectron's `mask_rcnn_fcn_head_v1up4convs` (and its `_gn` variant) or the
+upsampling part of `mask_rcnn_fcn_head_v0upshare` (C4 models: on the box head's res5 map), followed by
 `add_mask_rcnn_outputs`, and the mask loss of `add_mask_rcnn_losses`.
 
 Parameter names follow Detectron's blob names: `fcn1..4` (`_[mask]_fcn1_w`, or `_mask_fcn1_w` with
@@ -16,6 +17,9 @@ MASK_HEADS = {
     'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs': (4, False),
     'mask_rcnn_heads.mask_rcnn_fcn_head_v1up4convs_gn': (4, True),
 }
+# The C4 head: conv5_mask and the logits on the res5 map of the box head (ResNetRoIConv5Head), whose
+# weights it shares (Detectron's test net loads `_[mask]_res5_*` from `res5_*`).
+SHARED_RES5_MASK_HEAD = 'mask_rcnn_heads.mask_rcnn_fcn_head_v0upshare'
 CONV_INITS = ('GaussianFill', 'MSRAFill')
 
 
@@ -33,7 +37,8 @@ class MaskRCNNHead(nn.Module):
     """RoI features (R, dim_in, S, S) -> mask logits (R, num_outputs, 2S, 2S).
 
     num_convs x (conv 3x3 at dim_reduced [+ GroupNorm] + ReLU), a 2x2 stride-2 transposed
-    convolution + ReLU (`conv5_mask`), then 1x1 logits (`mask_fcn_logits`): num_outputs is
+    convolution to dim_reduced + ReLU (`conv5_mask`; straight from dim_in when num_convs is 0, the
+    v0upshare head), then 1x1 logits (`mask_fcn_logits`): num_outputs is
     MODEL.NUM_CLASSES with MRCNN.CLS_SPECIFIC_MASK, else 1. conv_init [MRCNN.CONV_INIT] fills every
     weight but the class-agnostic logits (GaussianFill std 0.001 there, as Detectron); biases 0.
     Detectron's ConvGN convolutions have no bias. gn_groups(dim) gives the GroupNorm group count.
@@ -50,7 +55,7 @@ class MaskRCNNHead(nn.Module):
             setattr(self, f'fcn{i}', conv)
             if use_gn:
                 setattr(self, f'fcn{i}_gn', nn.GroupNorm(gn_groups(dim_reduced), dim_reduced, eps=gn_eps))
-        self.conv5_mask = nn.ConvTranspose2d(dim_reduced, dim_reduced, 2, stride=2)
+        self.conv5_mask = nn.ConvTranspose2d(dim_reduced if num_convs else dim_in, dim_reduced, 2, stride=2)
         init_conv_(self.conv5_mask, conv_init)
         self.mask_fcn_logits = nn.Conv2d(dim_reduced, num_outputs, 1)
         init_conv_(self.mask_fcn_logits, conv_init if num_outputs > 1 else 'GaussianFill')

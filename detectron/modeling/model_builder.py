@@ -17,7 +17,7 @@ def build_model_type(cfg):
     model_type_class = model_types.get(cfg.MODEL.TYPE)
     if model_type_class is None:
         raise ConfigValueError("MODEL.TYPE '{}' is not supported; use one of {}".format(
-            cfg.MODEL.TYPE, ', '.join(repr(name) for name in sorted(model_types))))
+            cfg.MODEL.TYPE, ', '.join(repr(name) for name in sorted(model_types) if not model_types[name].deprecated)))
     return model_type_class(cfg)
 
 

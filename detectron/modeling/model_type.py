@@ -6,11 +6,13 @@ import importlib
 
 from detectron.checkpoint.checkpointer import Retention
 from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
+from detectron.datasets.test_results import DetectionResults
 from detectron.roi_data.loader import to_device
 
 # The modules whose ModelType subclasses register themselves, imported on the first lookup
 # (registered_model_types): a new model type is a new module and one line here.
-MODEL_TYPE_MODULES = ('detectron.modeling.rcnn_builder', 'detectron.modeling.centernet_builder')
+MODEL_TYPE_MODULES = ('detectron.modeling.rcnn_builder', 'detectron.modeling.centernet_builder',
+                      'detectron.modeling.retinanet_builder')
 
 _REGISTRY = {}
 
@@ -58,6 +60,7 @@ class ModelType:
     """
 
     name = ''  # set by register_model_type
+    deprecated = False  # an old name kept for configs that use it, not offered in errors
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -162,6 +165,18 @@ class ModelType:
     def results_format(self):
         """How its boxes go into the COCO results json (Detectron's +1 widths by default)."""
         return DETECTRON_RESULTS
+
+    def test_proposal_files(self):
+        """{TEST.DATASETS entry: its proposal file (path or URL)} for a model that detects on precomputed
+        proposals: test_net reads each dataset's file into its roidb and puts every image's proposals in
+        its test sample ('proposals'). None by default."""
+        return {}
+
+    def test_results(self):
+        """What test_net keeps of the detector's results, how the slices of several processes merge, the
+        files they are written to and their evaluation (datasets/test_results.py): by default Detectron's
+        detections (all_boxes, all_segms), detections.pkl and the COCO evaluation in results_format()."""
+        return DetectionResults(self.results_format(), competition_mode=self.cfg.TEST.COMPETITION_MODE)
 
 
 def batch_setting(cfg, batch):

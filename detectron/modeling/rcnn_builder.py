@@ -1,43 +1,59 @@
-"""cfg -> Faster R-CNN with FPN (MODEL.TYPE generalized_rcnn): the model, its training batches
+"""cfg -> Faster R-CNN with FPN or on a C4 body (MODEL.TYPE generalized_rcnn): the model, its training batches
 (Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
-soft-NMS or KL-Loss's variance voting)."""
+soft-NMS or KL-Loss's variance voting); also Detectron's RPN-only models (MODEL.RPN_ONLY: proposals
+and their recall) and Fast R-CNN on precomputed proposals (MODEL.FASTER_RCNN False: TRAIN/TEST.PROPOSAL_FILES); with
+MODEL.MASK_ON / MODEL.KEYPOINTS_ON the mask and keypoint heads."""
 import dataclasses
 import functools
+import logging
 
+import numpy as np
 import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
+from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
 from detectron.datasets.roidb import combined_roidb_for_training
-from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS, KEYPOINT_CONFIDENCES
-from detectron.modeling import FPN, rcnn_inference
+from detectron.datasets.test_results import ProposalResults
+from detectron.modeling import FPN, ResNet, keypoint_rcnn_builder, rcnn_inference
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
-from detectron.modeling.generalized_rcnn import GeneralizedRCNN, KeypointParams, MaskParams, ProposalParams, RCNNParams
-from detectron.modeling.keypoint_inference import KeypointInferenceParams
-from detectron.modeling.keypoint_rcnn_heads import KEYPOINT_HEADS, KeypointRCNNHead
-from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, MaskRCNNHead
+from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
+from detectron.modeling.keypoint_rcnn_builder import build_keypoint_head, check_keypoint_head, keypoint_params, num_keypoints
+from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, SHARED_RES5_MASK_HEAD, MaskRCNNHead
 from detectron.modeling.model_type import ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
+from detectron.ops.roi_pooling import ROI_XFORM_METHODS
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
-from detectron.roi_data.minibatch import (TRAINING_KEYS, UnresizedImages, collate_minibatch, collate_unresized,
-                                          prepare_training_entry, prepare_unresized_training_entry)
+from detectron.roi_data.minibatch import (PROPOSAL_KEYS, TRAINING_KEYS, UnresizedImages, collate_minibatch,
+                                          collate_unresized, prepare_training_entry, prepare_unresized_training_entry)
 from detectron.utils import blob as blob_utils
 from detectron.utils.derived_keys import leaf_value
 from detectron.utils.errors import ConfigValueError
 
-_CONV_BODIES = {
+logger = logging.getLogger(__name__)
+
+_FPN_BODIES = {
     'FPN.add_fpn_ResNet50_conv5_body': FPN.add_fpn_ResNet50_conv5_body,
     'FPN.add_fpn_ResNet101_conv5_body': FPN.add_fpn_ResNet101_conv5_body,
+    'FPN.add_fpn_ResNet152_conv5_body': FPN.add_fpn_ResNet152_conv5_body,
     'FPN.add_fpn_ResNet18_conv5_body': FPN.add_fpn_ResNet18_conv5_body,
     'FPN.add_fpn_ResNet34_conv5_body': FPN.add_fpn_ResNet34_conv5_body,
 }
+# Detectron's conv4 bodies: one map (res4, stride 16) for the single-scale RPN and the res5 RoI head.
+_C4_BODIES = {
+    'ResNet.add_ResNet50_conv4_body': ResNet.add_ResNet50_conv4_body,
+    'ResNet.add_ResNet101_conv4_body': ResNet.add_ResNet101_conv4_body,
+}
+_CONV_BODIES = {**_FPN_BODIES, **_C4_BODIES}
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
+_C4_BOX_HEAD = 'ResNet.add_ResNet_roi_conv5_head'
+_C4_STRIDE = 16
 # Detectron's modeling/name_compat.py: the old name its keypoint configs still use for the 2mlp head.
 _OLD_BOX_HEAD_NAMES = {'head_builder.add_roi_2mlp_head': 'fast_rcnn_heads.add_roi_2mlp_head'}
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
-# (RetinaNet and test-time augmentation are refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.RPN_ONLY': 'RPN-only models'}
+# (Test-time augmentation is refused for every model: core/config.py's _NOT_ACTED_ON.)
+_UNSUPPORTED = {'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
                 'MRCNN.USE_FC_OUTPUT': False}
@@ -79,7 +95,8 @@ class GeneralizedRCNNType(ModelType):
     def training_roidb(self):
         cfg = self.cfg
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
-                                            segms=cfg.MODEL.MASK_ON, num_keypoints=num_keypoints(cfg))
+                                            segms=cfg.MODEL.MASK_ON, num_keypoints=num_keypoints(cfg),
+                                            **_training_proposals(cfg))
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -87,8 +104,9 @@ class GeneralizedRCNNType(ModelType):
     def validation_dataset(self, device):
         # The training losses on the validation images: unflipped, at the test scale.
         cfg = self.cfg
+        proposals = _training_proposals(cfg, cfg.TEST.PROPOSAL_FILES)
         roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON,
-                                            num_keypoints=num_keypoints(cfg))
+                                            num_keypoints=num_keypoints(cfg), **proposals)
         return self._samples(roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
 
     def validation_losses(self):
@@ -108,17 +126,17 @@ class GeneralizedRCNNType(ModelType):
             prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
                                         pixel_means=cfg.PIXEL_MEANS)
         keys = (TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ())
-                + (('gt_keypoints',) if cfg.MODEL.KEYPOINTS_ON else ()))
+                + (('gt_keypoints',) if cfg.MODEL.KEYPOINTS_ON else ()) + (() if has_rpn(cfg) else PROPOSAL_KEYS))
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
     def collate(self, device):
         if resizes_on_device(self.cfg, device):
             return collate_unresized
-        return functools.partial(collate_minibatch, stride=self.cfg.FPN.COARSEST_STRIDE)
+        return functools.partial(collate_minibatch, stride=image_stride(self.cfg))
 
     def batch_to_device(self, device):
         return functools.partial(_batch_to_device, device=device, pixel_means=tuple(self.cfg.PIXEL_MEANS),
-                                 stride=self.cfg.FPN.COARSEST_STRIDE)
+                                 stride=image_stride(self.cfg))
 
     def test_inputs(self):
         # The image is resized on the model's device (blob.get_image_blob_t), not in the workers.
@@ -134,12 +152,75 @@ class GeneralizedRCNNType(ModelType):
 
     def detector(self):
         cfg = self.cfg
+        if cfg.MODEL.RPN_ONLY:
+            return functools.partial(_detect_proposals, image_params=image_params(cfg), graphs=test_graphs(cfg))
+        proposals = {} if has_rpn(cfg) else {'dedup_boxes': cfg.DEDUP_BOXES}
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
-                                 keypoint_params=keypoint_params(cfg))
+                                 keypoint_params=keypoint_params(cfg), **proposals)
 
     def results_format(self):
         return dataclasses.replace(DETECTRON_RESULTS, keypoint_confidence=self.cfg.KRCNN.KEYPOINT_CONFIDENCE)
+
+    def test_results(self):
+        if self.cfg.MODEL.RPN_ONLY:
+            return ProposalResults(class_specific_ar=self.cfg.TEST.CLASS_SPECIFIC_AR)
+        return super().test_results()
+
+    def test_proposal_files(self):
+        cfg = self.cfg
+        if has_rpn(cfg):
+            return {}
+        files, names = tuple(cfg.TEST.PROPOSAL_FILES), tuple(cfg.TEST.DATASETS)
+        if len(files) != len(names):
+            raise ConfigValueError('TEST.PROPOSAL_FILES {} must name one proposal file per TEST.DATASETS entry {} for '
+                                   'a Fast R-CNN (MODEL.FASTER_RCNN False; an RPN-only model\'s test_net writes '
+                                   'rpn_proposals.pkl)'.format(files, names))
+        return dict(zip(names, files))
+
+    def best_metric(self):
+        return ('box_proposal/AR@1000', 'max') if self.cfg.MODEL.RPN_ONLY else super().best_metric()
+
+
+def has_rpn(cfg):
+    """Whether the model has an RPN (end-to-end or RPN-only), else it is a Fast R-CNN on proposal files
+    (RPN.RPN_ON as assert_and_infer_cfg infers it, read before it runs too)."""
+    return cfg.MODEL.FASTER_RCNN or cfg.MODEL.RPN_ONLY
+
+
+
+# Detectron's deprecated MODEL.TYPE names (its model_builder.py): each builds generalized_rcnn, said once
+# with the keys that choose the form today; outputs still go under .../<MODEL.TYPE>/ as Detectron's did.
+_DEPRECATED_TYPES = {
+    'fast_rcnn': '', 'faster_rcnn': ' with MODEL.FASTER_RCNN True', 'mask_rcnn': ' with MODEL.MASK_ON True',
+    'keypoint_rcnn': ' with MODEL.KEYPOINTS_ON True', 'rpn': ' with MODEL.RPN_ONLY True',
+    'mask_and_keypoint_rcnn': ' with MODEL.MASK_ON True and MODEL.KEYPOINTS_ON True',
+    'fpn_rpn': ' with MODEL.RPN_ONLY True and FPN enabled via configs',
+}
+
+
+def _register_deprecated_type(name, advice):
+    class DeprecatedRCNNType(GeneralizedRCNNType):
+        deprecated = True
+
+        def check(self):
+            logger.warning('Deprecated: use MODEL.TYPE generalized_rcnn%s (MODEL.TYPE %s builds the same model)',
+                           advice, name)
+            super().check()
+    DeprecatedRCNNType.__qualname__ = 'DeprecatedRCNNType[{}]'.format(name)
+    register_model_type(name)(DeprecatedRCNNType)
+
+
+for _name, _advice in _DEPRECATED_TYPES.items():
+    _register_deprecated_type(_name, _advice)
+
+def _training_proposals(cfg, files=None):
+    """combined_roidb_for_training's proposal arguments: a Fast R-CNN's files (TRAIN.PROPOSAL_FILES)."""
+    if has_rpn(cfg):
+        return {}
+    return {'proposal_files': tuple(cfg.TRAIN.PROPOSAL_FILES if files is None else files),
+            'crowd_filter_thresh': cfg.TRAIN.CROWD_FILTER_THRESH, 'cache_dir': cfg.DOWNLOAD_CACHE,
+            'roi_thresholds': (cfg.TRAIN.FG_THRESH, cfg.TRAIN.BG_THRESH_HI, cfg.TRAIN.BG_THRESH_LO)}
 
 
 def resizes_on_device(cfg, device):
@@ -164,21 +245,38 @@ def _validation_losses(model, batch):
         return model(*batch, body=model.body_and_rpn_head)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, keypoint_params):
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, keypoint_params,
+            dedup_boxes=None):
+    if dedup_boxes is None:
+        return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
+                                            mask_thresh=mask_thresh, keypoint_params=keypoint_params, **graphs)
+    if 'proposals' not in sample:
+        raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it with '
+                               'tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
+    if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
+        cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
+        cls_segms = None if mask_thresh is None else [[] for _ in cls_boxes]
+        if keypoint_params is not None:
+            return cls_boxes, cls_segms, [[] for _ in cls_boxes]
+        return cls_boxes if cls_segms is None else (cls_boxes, cls_segms)
     return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        mask_thresh=mask_thresh, keypoint_params=keypoint_params, **graphs)
+                                        mask_thresh=mask_thresh, keypoint_params=keypoint_params,
+                                        proposals=sample['proposals'], dedup_boxes=dedup_boxes, **graphs)
 
 
-def keypoint_params(cfg):
-    """rcnn_inference.im_detect_all's keypoint_params: KRCNN's test settings of a Keypoint R-CNN, else None."""
-    if not cfg.MODEL.KEYPOINTS_ON:
-        return None
-    return KeypointInferenceParams(inference_min_size=cfg.KRCNN.INFERENCE_MIN_SIZE, nms_oks=cfg.KRCNN.NMS_OKS)
+def _detect_proposals(model, sample, image_params, graphs):
+    return rcnn_inference.im_proposals(model, sample['image'], image_params, **graphs)
 
 
-def num_keypoints(cfg):
-    """The keypoints per object of a Keypoint R-CNN's training data (KRCNN.NUM_KEYPOINTS), 0 without keypoints."""
-    return cfg.KRCNN.NUM_KEYPOINTS if cfg.MODEL.KEYPOINTS_ON else 0
+def image_stride(cfg):
+    """The multiple image blobs are padded to: FPN.COARSEST_STRIDE, or none (1) for a C4 body (which
+    needs FPN.FPN_ON False: Detectron's get_max_shape pads only with FPN)."""
+    return 1 if is_c4(cfg) else cfg.FPN.COARSEST_STRIDE
+
+
+def is_c4(cfg):
+    """Whether MODEL.CONV_BODY is one of Detectron's conv4 bodies (single-scale RPN, res5 RoI head)."""
+    return cfg.MODEL.CONV_BODY in _C4_BODIES
 
 
 def mask_thresh(cfg):
@@ -201,31 +299,76 @@ def check_supported(cfg):
         if leaf_value(cfg, key):
             raise ConfigValueError('{} True asks for {}, which this port does not support; set it to False'
                                    .format(key, feature))
-    if not (cfg.MODEL.FASTER_RCNN and cfg.FPN.FPN_ON and cfg.FPN.MULTILEVEL_RPN and cfg.FPN.MULTILEVEL_ROIS):
-        raise ConfigValueError('only end-to-end Faster R-CNN with FPN is supported: set MODEL.FASTER_RCNN, '
-                               'FPN.FPN_ON, FPN.MULTILEVEL_RPN and FPN.MULTILEVEL_ROIS to True')
-    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
-        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
-            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
-    if box_head_name(cfg) not in _BOX_HEADS:
+    check_conv_body(cfg)
+    if cfg.PRED_STD and not cfg.PRED_STD_LOG:
+        raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
+                               'ported: training and variance voting read the head as alpha = log(sigma^2); set '
+                               'PRED_STD_LOG True, as KL-Loss\'s configs do')
+    _check_form(cfg)
+    if is_c4(cfg):
+        _check_c4(cfg)
+    else:
+        _check_fpn(cfg)
+
+
+def _check_c4(cfg):
+    """A conv4 body: Detectron's single-scale RPN on res4 and the res5 RoI head (and its v0upshare mask head)."""
+    flags = {key: leaf_value(cfg, key) for key in ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN', 'FPN.MULTILEVEL_ROIS')}
+    if any(flags.values()):
+        raise ConfigValueError('MODEL.CONV_BODY {} is a conv4 body (one map, stride 16): set FPN.FPN_ON, '
+                               'FPN.MULTILEVEL_RPN, FPN.MULTILEVEL_ROIS False'.format(cfg.MODEL.CONV_BODY))
+    if cfg.FAST_RCNN.ROI_BOX_HEAD != _C4_BOX_HEAD and not cfg.MODEL.RPN_ONLY:
+        raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' does not fit the conv4 body {}: use '{}'".format(
+            cfg.FAST_RCNN.ROI_BOX_HEAD, cfg.MODEL.CONV_BODY, _C4_BOX_HEAD))
+    if cfg.RPN.STRIDE != _C4_STRIDE:
+        raise ConfigValueError('RPN.STRIDE {} must be the conv4 body\'s stride {}: Detectron lays the training anchors '
+                               'out at RPN.STRIDE and the proposals at the body\'s stride'.format(cfg.RPN.STRIDE,
+                                                                                                 _C4_STRIDE))
+    _check_choice(cfg, 'FAST_RCNN.ROI_XFORM_METHOD', ROI_XFORM_METHODS)
+    if cfg.MODEL.KEYPOINTS_ON:
+        raise ConfigValueError('MODEL.KEYPOINTS_ON True on the conv4 body {} is not supported: the keypoint head is '
+                               'built on FPN bodies only'.format(cfg.MODEL.CONV_BODY))
+    if cfg.MODEL.MASK_ON:
+        mrcnn = cfg.MRCNN
+        if mrcnn.ROI_MASK_HEAD != SHARED_RES5_MASK_HEAD:
+            raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported on a conv4 body; "
+                                   f"use '{SHARED_RES5_MASK_HEAD}'")
+        _check_choice(cfg, 'MRCNN.ROI_XFORM_METHOD', ROI_XFORM_METHODS)
+        _check_mrcnn_built(cfg, {key: value for key, value in _MRCNN_BUILT.items() if key != 'MRCNN.ROI_XFORM_METHOD'},
+                           'v0upshare')
+        if mrcnn.ROI_XFORM_RESOLUTION != cfg.FAST_RCNN.ROI_XFORM_RESOLUTION:
+            raise ConfigValueError(f'MRCNN.ROI_XFORM_RESOLUTION {mrcnn.ROI_XFORM_RESOLUTION} must equal '
+                                   f'FAST_RCNN.ROI_XFORM_RESOLUTION {cfg.FAST_RCNN.ROI_XFORM_RESOLUTION}: the v0upshare '
+                                   f'mask head shares the box head\'s res5')
+        masks = 2 * ResNet.ROI_CONV5_POOLED_SIZE
+        if mrcnn.RESOLUTION != masks:
+            raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be {masks}: the v0upshare head upsamples '
+                                   f'the 7 x 7 res5 map once by 2')
+
+
+def _check_choice(cfg, key, choices):
+    if leaf_value(cfg, key) not in choices:
+        raise ConfigValueError("{} '{}' is not supported; use one of {}".format(key, leaf_value(cfg, key), choices))
+
+
+def _check_fpn(cfg):
+    missing = [key for key in _fpn_flags_needed(cfg) if not leaf_value(cfg, key)]
+    if missing:
+        raise ConfigValueError('only FPN bodies are built: set {} True'.format(', '.join(missing)))
+    if box_head_name(cfg) not in _BOX_HEADS and not cfg.MODEL.RPN_ONLY:  # RPN-only: no box head
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
     levels = (cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL, cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL)
     if levels != _FPN_LEVELS:
         raise ConfigValueError('FPN.RPN_MIN_LEVEL / RPN_MAX_LEVEL / ROI_MIN_LEVEL / ROI_MAX_LEVEL {} are not supported: '
                                'the FPN body gives P2..P6; use {}'.format(levels, _FPN_LEVELS))
-    if cfg.PRED_STD and not cfg.PRED_STD_LOG:
-        raise ConfigValueError('PRED_STD_LOG False (a head predicting sigma^2 itself, KL-Loss\'s other variant) is not '
-                               'ported: training and variance voting read the head as alpha = log(sigma^2); set '
-                               'PRED_STD_LOG True, as KL-Loss\'s configs do')
-    _check_one_norm(cfg.RESNETS)
-    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign':
+    if cfg.FAST_RCNN.ROI_XFORM_METHOD != 'RoIAlign' and not cfg.MODEL.RPN_ONLY:
         raise ConfigValueError("FAST_RCNN.ROI_XFORM_METHOD '{}' is not supported; use 'RoIAlign'".format(
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
         _check_mask_head(cfg)
     if cfg.MODEL.KEYPOINTS_ON:
-        _check_keypoint_head(cfg)
+        check_keypoint_head(cfg)
 
 
 def box_head_name(cfg):
@@ -233,56 +376,59 @@ def box_head_name(cfg):
     return _OLD_BOX_HEAD_NAMES.get(cfg.FAST_RCNN.ROI_BOX_HEAD, cfg.FAST_RCNN.ROI_BOX_HEAD)
 
 
+def check_conv_body(cfg):
+    """ConfigValueError unless MODEL.CONV_BODY and the RESNETS functions name a body this port builds."""
+    if cfg.MODEL.CONV_BODY not in _CONV_BODIES:
+        raise ConfigValueError("MODEL.CONV_BODY '{}' is not supported; use one of {}".format(
+            cfg.MODEL.CONV_BODY, sorted(_CONV_BODIES)))
+    _check_one_norm(cfg.RESNETS)
+
+
+def _check_form(cfg):
+    """End-to-end Faster R-CNN, RPN-only, or Fast R-CNN on proposal files (neither)."""
+    if cfg.MODEL.RPN_ONLY and (cfg.MODEL.MASK_ON or cfg.MODEL.KEYPOINTS_ON):
+        raise ConfigValueError('MODEL.RPN_ONLY True builds no box, mask or keypoint head: set MODEL.MASK_ON and '
+                               'MODEL.KEYPOINTS_ON False')
+    if not cfg.MODEL.RPN_ONLY and not cfg.MODEL.FASTER_RCNN and cfg.RPN.RPN_ON:
+        raise ConfigValueError('RPN.RPN_ON True with MODEL.FASTER_RCNN and MODEL.RPN_ONLY False (an RPN beside a '
+                               'Fast R-CNN that does not use its proposals) is not supported: set MODEL.FASTER_RCNN '
+                               'True, or RPN.RPN_ON False for a Fast R-CNN on TRAIN/TEST.PROPOSAL_FILES')
+    files = {'TRAIN.PROPOSAL_FILES': cfg.TRAIN.PROPOSAL_FILES, 'TEST.PROPOSAL_FILES': cfg.TEST.PROPOSAL_FILES}
+    given = [key for key, value in files.items() if value]
+    if has_rpn(cfg) and given:
+        raise ConfigValueError('{} {} serve a Fast R-CNN (MODEL.FASTER_RCNN False), but this model makes its own '
+                               'proposals with an RPN: remove {}'.format(given[0], tuple(files[given[0]]),
+                                                                        ' and '.join(given)))
+
+
+def _fpn_flags_needed(cfg):
+    """The FPN flags an FPN body's model needs: the RPN's levels and/or the RoIs' levels."""
+    if cfg.MODEL.RPN_ONLY:
+        return ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN')
+    if cfg.MODEL.FASTER_RCNN:
+        return ('FPN.FPN_ON', 'FPN.MULTILEVEL_RPN', 'FPN.MULTILEVEL_ROIS')
+    return ('FPN.FPN_ON', 'FPN.MULTILEVEL_ROIS')
+
+
 def _check_mask_head(cfg):
     mrcnn = cfg.MRCNN
     if mrcnn.ROI_MASK_HEAD not in MASK_HEADS:
         raise ConfigValueError(f"MRCNN.ROI_MASK_HEAD '{mrcnn.ROI_MASK_HEAD}' is not supported; "
                                f'use one of {sorted(MASK_HEADS)}')
-    for key, value in _MRCNN_BUILT.items():
-        if leaf_value(cfg, key) != value:
-            raise ConfigValueError(f'{key} {leaf_value(cfg, key)!r} is not supported: the v1up4convs heads are built '
-                                   f'with {value!r}')
-    if mrcnn.CONV_INIT not in CONV_INITS:
-        raise ConfigValueError(f"MRCNN.CONV_INIT '{mrcnn.CONV_INIT}' is not supported; use one of {list(CONV_INITS)}")
+    _check_mrcnn_built(cfg, _MRCNN_BUILT, 'v1up4convs')
     if mrcnn.RESOLUTION != 2 * mrcnn.ROI_XFORM_RESOLUTION:
         raise ConfigValueError(f'MRCNN.RESOLUTION {mrcnn.RESOLUTION} must be twice MRCNN.ROI_XFORM_RESOLUTION '
                                f'{mrcnn.ROI_XFORM_RESOLUTION}: the head upsamples its pooled features once by 2')
 
 
-def keypoint_heatmap_size(krcnn):
-    """The side of the keypoint head's heatmaps: the pooled side, doubled by each stride-2 transposed
-    convolution (USE_DECONV, USE_DECONV_OUTPUT), times UP_SCALE."""
-    return (krcnn.ROI_XFORM_RESOLUTION * (2 if krcnn.USE_DECONV else 1) * (2 if krcnn.USE_DECONV_OUTPUT else 1)
-            * max(krcnn.UP_SCALE, 1))
-
-
-def _check_keypoint_head(cfg):
-    krcnn = cfg.KRCNN
-    if krcnn.ROI_KEYPOINTS_HEAD not in KEYPOINT_HEADS:
-        raise ConfigValueError(f"KRCNN.ROI_KEYPOINTS_HEAD '{krcnn.ROI_KEYPOINTS_HEAD}' is not supported; "
-                               f'use one of {list(KEYPOINT_HEADS)}')
-    if krcnn.NUM_KEYPOINTS < 1:
-        raise ConfigValueError('MODEL.KEYPOINTS_ON needs KRCNN.NUM_KEYPOINTS (17 for COCO, 5 for the keypoint shapes)')
-    if krcnn.ROI_XFORM_METHOD != 'RoIAlign':
-        raise ConfigValueError(f"KRCNN.ROI_XFORM_METHOD '{krcnn.ROI_XFORM_METHOD}' is not supported; use 'RoIAlign'")
-    if krcnn.CONV_INIT not in CONV_INITS:
-        raise ConfigValueError(f"KRCNN.CONV_INIT '{krcnn.CONV_INIT}' is not supported; use one of {list(CONV_INITS)}")
-    if krcnn.KEYPOINT_CONFIDENCE not in KEYPOINT_CONFIDENCES:
-        raise ConfigValueError(f"KRCNN.KEYPOINT_CONFIDENCE '{krcnn.KEYPOINT_CONFIDENCE}' is not one of "
-                               f'{list(KEYPOINT_CONFIDENCES)}')
-    if krcnn.CONV_HEAD_KERNEL % 2 == 0 or (krcnn.USE_DECONV or krcnn.USE_DECONV_OUTPUT) and krcnn.DECONV_KERNEL % 2:
-        raise ConfigValueError(f'KRCNN.CONV_HEAD_KERNEL {krcnn.CONV_HEAD_KERNEL} must be odd and KRCNN.DECONV_KERNEL '
-                               f'{krcnn.DECONV_KERNEL} even: the head keeps (convolutions) or doubles (transposed '
-                               'convolutions) the pooled side')
-    if krcnn.UP_SCALE > 1 and krcnn.UP_SCALE % 2:
-        raise ConfigValueError(f"KRCNN.UP_SCALE {krcnn.UP_SCALE} must be even (Detectron's bilinear upsampling)")
-    if krcnn.HEATMAP_SIZE != keypoint_heatmap_size(krcnn):
-        raise ConfigValueError(f'KRCNN.HEATMAP_SIZE {krcnn.HEATMAP_SIZE} must be the side of the head\'s heatmaps, '
-                               f'{keypoint_heatmap_size(krcnn)}: KRCNN.ROI_XFORM_RESOLUTION x 2 per transposed '
-                               'convolution (USE_DECONV, USE_DECONV_OUTPUT) x UP_SCALE')
-    if krcnn.NMS_OKS and (cfg.MODEL.NUM_CLASSES != 2 or krcnn.NUM_KEYPOINTS != 17 or cfg.MODEL.MASK_ON):
-        raise ConfigValueError("KRCNN.NMS_OKS True is Detectron's person-only OKS NMS: it needs MODEL.NUM_CLASSES 2, "
-                               'KRCNN.NUM_KEYPOINTS 17 (COCO\'s sigmas) and MODEL.MASK_ON False')
+def _check_mrcnn_built(cfg, built, heads):
+    for key, value in built.items():
+        if leaf_value(cfg, key) != value:
+            raise ConfigValueError(f'{key} {leaf_value(cfg, key)!r} is not supported: the {heads} heads are built '
+                                   f'with {value!r}')
+    if cfg.MRCNN.CONV_INIT not in CONV_INITS:
+        raise ConfigValueError(f"MRCNN.CONV_INIT '{cfg.MRCNN.CONV_INIT}' is not supported; use one of "
+                               f"{list(CONV_INITS)}")
 
 
 def _check_one_norm(resnets):
@@ -298,12 +444,17 @@ def _check_one_norm(resnets):
 def build_model(cfg):
     conv_body = build_conv_body(cfg)
     num_rpn_levels = cfg.FPN.RPN_MAX_LEVEL - cfg.FPN.RPN_MIN_LEVEL + 1
-    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=len(cfg.FPN.RPN_ASPECT_RATIOS))
-    box_head = build_box_head(cfg, conv_body.out_channels)
-    box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
-                               cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
-                               pred_std=cfg.PRED_STD)
-    mask_head = build_mask_head(cfg, conv_body.out_channels) if cfg.MODEL.MASK_ON else None
+    num_anchors = (len(cfg.RPN.SIZES) * len(cfg.RPN.ASPECT_RATIOS) if is_c4(cfg)
+                   else len(cfg.FPN.RPN_ASPECT_RATIOS))
+    rpn = FPNRPNHead(conv_body.out_channels, num_anchors=num_anchors) if has_rpn(cfg) else None
+    box_head = box_outs = None
+    if not cfg.MODEL.RPN_ONLY:
+        box_head = build_box_head(cfg, conv_body.out_channels)
+        box_outs = FastRCNNOutputs(box_head.dim_out, cfg.MODEL.NUM_CLASSES,
+                                   cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
+                                   pred_std=cfg.PRED_STD)
+    mask_head = build_mask_head(cfg, box_head.dim_out if is_c4(cfg) else conv_body.out_channels) \
+        if cfg.MODEL.MASK_ON else None
     keypoint_head = build_keypoint_head(cfg, conv_body.out_channels) if cfg.MODEL.KEYPOINTS_ON else None
     return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head,
                            keypoint_head=keypoint_head)
@@ -317,6 +468,8 @@ def _gn_groups(cfg):
 
 def build_box_head(cfg, dim_in):
     fast = cfg.FAST_RCNN
+    if fast.ROI_BOX_HEAD == _C4_BOX_HEAD:
+        return ResNet.ResNetRoIConv5Head(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, **_resnet_block_kwargs(cfg))
     if box_head_name(cfg) == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
         return RoiXConv1FCGNHead(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, conv_dim=fast.CONV_HEAD_DIM,
                                  num_convs=fast.NUM_STACKED_CONVS, hidden_dim=fast.MLP_HEAD_DIM,
@@ -325,18 +478,11 @@ def build_box_head(cfg, dim_in):
 
 
 def build_mask_head(cfg, dim_in):
-    num_convs, use_gn = MASK_HEADS[cfg.MRCNN.ROI_MASK_HEAD]
+    """The mask head on dim_in channels: pooled features, or the res5 map of the C4 box head (v0upshare)."""
+    num_convs, use_gn = (0, False) if is_c4(cfg) else MASK_HEADS[cfg.MRCNN.ROI_MASK_HEAD]
     return MaskRCNNHead(dim_in, cfg.MODEL.NUM_CLASSES if cfg.MRCNN.CLS_SPECIFIC_MASK else 1, num_convs=num_convs,
                         dim_reduced=cfg.MRCNN.DIM_REDUCED, use_gn=use_gn, gn_groups=_gn_groups(cfg),
                         gn_eps=cfg.GROUP_NORM.EPSILON, conv_init=cfg.MRCNN.CONV_INIT)
-
-
-def build_keypoint_head(cfg, dim_in):
-    k = cfg.KRCNN
-    return KeypointRCNNHead(dim_in, k.NUM_KEYPOINTS, num_convs=k.NUM_STACKED_CONVS, conv_dim=k.CONV_HEAD_DIM,
-                            kernel=k.CONV_HEAD_KERNEL, conv_init=k.CONV_INIT, use_deconv=k.USE_DECONV,
-                            deconv_dim=k.DECONV_DIM, deconv_kernel=k.DECONV_KERNEL,
-                            use_deconv_output=k.USE_DECONV_OUTPUT, up_scale=k.UP_SCALE)
 
 
 def _norm_kind(cfg):
@@ -348,28 +494,46 @@ def _norm_kind(cfg):
     return 'affine'
 
 
-def build_conv_body(cfg):
-    body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
+def _resnet_block_kwargs(cfg):
+    """The ResNet block settings shared by the bodies and the res5 RoI head."""
+    return dict(gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
+                gn_eps=cfg.GROUP_NORM.EPSILON, stride_1x1=cfg.RESNETS.STRIDE_1X1, norm=_norm_kind(cfg),
+                num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP)
+
+
+def build_conv_body(cfg, **fpn_levels):
+    """The body cfg names; fpn_levels: an FPN body's min_level / max_level (P2..P6 by default)."""
+    fpn_kwargs = {} if is_c4(cfg) else dict(
         fpn_dim=cfg.FPN.DIM, fpn_use_gn=cfg.FPN.USE_GN, zero_init_lateral=cfg.FPN.ZERO_INIT_LATERAL,
-        gn_num_groups=cfg.GROUP_NORM.NUM_GROUPS, gn_dim_per_group=cfg.GROUP_NORM.DIM_PER_GP,
-        gn_eps=cfg.GROUP_NORM.EPSILON, coarsest_stride=cfg.FPN.COARSEST_STRIDE,
-        stride_1x1=cfg.RESNETS.STRIDE_1X1, freeze_at=cfg.TRAIN.FREEZE_AT, norm=_norm_kind(cfg),
-        num_groups=cfg.RESNETS.NUM_GROUPS, width_per_group=cfg.RESNETS.WIDTH_PER_GROUP,
-        checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
+        coarsest_stride=cfg.FPN.COARSEST_STRIDE, extra_conv_levels=cfg.FPN.EXTRA_CONV_LEVELS, **fpn_levels)
+    body = _CONV_BODIES[cfg.MODEL.CONV_BODY](
+        freeze_at=cfg.TRAIN.FREEZE_AT, checkpoint_stages=cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
+        **_resnet_block_kwargs(cfg), **fpn_kwargs)
     if cfg.TRAIN.FREEZE_CONV_BODY:  # Detectron's StopGradient on the body's outputs: ResNet and FPN stay as loaded
         body.requires_grad_(False)
     return body
 
 
-def rcnn_params(cfg, num_rpn_levels):
+def _levels(cfg, num_rpn_levels):
+    """RCNNParams' anchor and RoI-level fields: FPN's levels, or the one map of a C4 body with every
+    RPN.SIZES on it (Detectron's add_single_scale_rpn_outputs)."""
+    if is_c4(cfg):
+        return dict(anchor_strides=(cfg.RPN.STRIDE,), anchor_sizes=(tuple(cfg.RPN.SIZES),),
+                    aspect_ratios=tuple(cfg.RPN.ASPECT_RATIOS), roi_spatial_scales=(1.0 / _C4_STRIDE,),
+                    single_scale_rpn=True)
     rpn_levels = range(cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL + 1)
     roi_levels = range(cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL + 1)
     start = cfg.FPN.RPN_ANCHOR_START_SIZE
+    return dict(anchor_strides=tuple(2 ** lvl for lvl in rpn_levels),
+                anchor_sizes=tuple(start * 2 ** i for i in range(num_rpn_levels)),
+                aspect_ratios=tuple(cfg.FPN.RPN_ASPECT_RATIOS),
+                roi_spatial_scales=tuple(1.0 / 2 ** lvl for lvl in roi_levels))
+
+
+def rcnn_params(cfg, num_rpn_levels):
     return RCNNParams(
         num_classes=cfg.MODEL.NUM_CLASSES,
-        anchor_strides=tuple(2 ** lvl for lvl in rpn_levels),
-        anchor_sizes=tuple(start * 2 ** i for i in range(num_rpn_levels)),
-        aspect_ratios=tuple(cfg.FPN.RPN_ASPECT_RATIOS),
+        **_levels(cfg, num_rpn_levels),
         train_proposals=ProposalParams(cfg.TRAIN.RPN_PRE_NMS_TOP_N, cfg.TRAIN.RPN_POST_NMS_TOP_N,
                                        cfg.TRAIN.RPN_NMS_THRESH, cfg.TRAIN.RPN_MIN_SIZE),
         test_proposals=ProposalParams(cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N,
@@ -388,10 +552,11 @@ def rcnn_params(cfg, num_rpn_levels):
         cls_agnostic_bbox_reg=cfg.MODEL.CLS_AGNOSTIC_BBOX_REG,
         xyxy=cfg.XYXY,
         bbox_xform_clips=(cfg.BBOX_XFORM_CLIP, cfg.BBOX_XFORM_CLIPe),
+        bbox_thresh=cfg.TRAIN.BBOX_THRESH,
         pred_std=cfg.PRED_STD,
         roi_resolution=cfg.FAST_RCNN.ROI_XFORM_RESOLUTION,
         roi_sampling_ratio=cfg.FAST_RCNN.ROI_XFORM_SAMPLING_RATIO,
-        roi_spatial_scales=tuple(1.0 / 2 ** lvl for lvl in roi_levels),
+        roi_xform_method=cfg.FAST_RCNN.ROI_XFORM_METHOD,
         roi_canonical_scale=cfg.FPN.ROI_CANONICAL_SCALE,
         roi_canonical_level=cfg.FPN.ROI_CANONICAL_LEVEL,
         # Checkpointed stages recompute their forward inside the backward: left to run eagerly.
@@ -399,17 +564,16 @@ def rcnn_params(cfg, num_rpn_levels):
         train_max_graphs=cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES,
         mask=MaskParams(resolution=cfg.MRCNN.RESOLUTION, roi_resolution=cfg.MRCNN.ROI_XFORM_RESOLUTION,
                         roi_sampling_ratio=cfg.MRCNN.ROI_XFORM_SAMPLING_RATIO,
-                        cls_specific=cfg.MRCNN.CLS_SPECIFIC_MASK, weight_loss=cfg.MRCNN.WEIGHT_LOSS_MASK),
-        keypoints=KeypointParams(heatmap_size=cfg.KRCNN.HEATMAP_SIZE, roi_resolution=cfg.KRCNN.ROI_XFORM_RESOLUTION,
-                                 roi_sampling_ratio=cfg.KRCNN.ROI_XFORM_SAMPLING_RATIO,
-                                 loss_weight=cfg.KRCNN.LOSS_WEIGHT,
-                                 normalize_by_visible_keypoints=cfg.KRCNN.NORMALIZE_BY_VISIBLE_KEYPOINTS),
+                        cls_specific=cfg.MRCNN.CLS_SPECIFIC_MASK, weight_loss=cfg.MRCNN.WEIGHT_LOSS_MASK,
+                        roi_xform_method=cfg.MRCNN.ROI_XFORM_METHOD,
+                        shares_box_head=cfg.MRCNN.ROI_MASK_HEAD == SHARED_RES5_MASK_HEAD),
+        keypoints=keypoint_rcnn_builder.keypoint_training_params(cfg),
     )
 
 
 def image_params(cfg):
     return rcnn_inference.ImageParams(scale=cfg.TEST.SCALE, max_size=cfg.TEST.MAX_SIZE,
-                                      pixel_means=cfg.PIXEL_MEANS, stride=cfg.FPN.COARSEST_STRIDE)
+                                      pixel_means=cfg.PIXEL_MEANS, stride=image_stride(cfg))
 
 
 def decode_params(cfg):

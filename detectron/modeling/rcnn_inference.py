@@ -74,19 +74,22 @@ def model_device(model):
     return tensor.device if tensor is not None else torch.device('cpu')
 
 
-def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):
+def detect_boxes(model, im, image_params, decode_params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS,
+                 proposals=None, dedup_boxes=0):
     """Run an R-CNN in eval mode on one BGR image: (scores, boxes, confs, im_scale) as tensors
     on the model's device (see decode_detections). cuda_graphs: on a GPU, replay the body and RPN
     head from one CUDA graph per padded input size (the first max_graph_shapes sizes met twice;
     others run eagerly): at batch 1 launching their few hundred kernels costs more host time than
-    the GPU spends on them."""
-    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes)
+    the GPU spends on them. proposals, dedup_boxes: a Fast R-CNN's (see im_detect_all)."""
+    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals, dedup_boxes)
     scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
     return scores, boxes, confs, im_scale
 
 
-def _forward(model, im, image_params, cuda_graphs, max_graph_shapes):
-    """The model's inference dict on one BGR image, and the image's scale."""
+def _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals=None, dedup_boxes=0):
+    """The model's inference dict on one BGR image, and the image's scale; with proposals (a Fast R-CNN's,
+    (R, 4) in the image's coordinates) the dict's rows are those of the proposals again
+    (dedup_rois' inverse) and 'im_boxes' holds the proposal each row decodes from."""
     if model.training:
         raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
     # The image goes to the model's device as uint8; mean subtraction, resize and padding run there.
@@ -97,21 +100,55 @@ def _forward(model, im, image_params, cuda_graphs, max_graph_shapes):
     if cuda_graphs and blob.is_cuda:
         graphed['body'] = graphed_method(model, 'body_and_rpn_head', type(model).body_and_rpn_head,
                                          max_graphs=max_graph_shapes)
+    if proposals is None:
+        with torch.no_grad():
+            return model(blob, im_info, **graphed), im_scale
+    proposals = torch.as_tensor(proposals, dtype=torch.float32, device=blob.device).reshape(-1, 4)
+    # float64 rois, as Detectron's numpy projection (_project_im_rois), for the dedup hash.
+    rois = torch.cat((proposals.new_zeros(len(proposals), 1, dtype=torch.float64), proposals.double() * im_scale), dim=1)
+    index, inverse = dedup_rois(rois, dedup_boxes)
     with torch.no_grad():
-        out = model(blob, im_info, **graphed)
+        out = model(blob, im_info, proposals=rois[index].float(), **graphed)
+    out = {k: v[inverse] if k in _PER_ROI_OUTPUTS else v for k, v in out.items()}
+    # As Detectron, a proposal decodes from the first proposal of its duplicates.
+    out['im_boxes'] = proposals[index][inverse]
     return out, im_scale
 
 
+# The per-RoI entries of the inference dict that dedup_rois' inverse maps back to every proposal.
+_PER_ROI_OUTPUTS = ('rois', 'cls_prob', 'bbox_pred', 'bbox_pred_std')
+_DEDUP_HASH = (1.0, 1e3, 1e6, 1e9, 1e12)
+
+
+def dedup_rois(rois, dedup_boxes):
+    """Detectron's DEDUP_BOXES for a Fast R-CNN: (index, inverse) of the rois (R, 5) that differ once
+    rounded at dedup_boxes (1/16: one cell of the stride-16 feature map), the unique ones ordered by their
+    hash as np.unique orders them; rois[index][inverse] is every roi again. dedup_boxes <= 0: all kept."""
+    if dedup_boxes <= 0:
+        every = torch.arange(len(rois), device=rois.device)
+        return every, every
+    # float64 as Detectron's numpy: the hash of 5 coordinates needs more than float32's digits.
+    hashes = torch.round(rois.double() * dedup_boxes) @ torch.tensor(_DEDUP_HASH, dtype=torch.float64,
+                                                                    device=rois.device)
+    unique, inverse = torch.unique(hashes, sorted=True, return_inverse=True)
+    # The first roi of each hash, as np.unique's return_index.
+    first = torch.full((len(unique),), len(rois), dtype=torch.long, device=rois.device)
+    first.scatter_reduce_(0, inverse, torch.arange(len(rois), device=rois.device), reduce='amin')
+    return first, inverse
+
+
 def im_detect_all(model, im, image_params, decode_params, nms_params, mask_thresh=None, cuda_graphs=False,
-                  max_graph_shapes=DEFAULT_MAX_GRAPHS, keypoint_params=None):
+                  max_graph_shapes=DEFAULT_MAX_GRAPHS, keypoint_params=None, proposals=None, dedup_boxes=0):
     """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3). For a
     Mask R-CNN, mask_thresh is MRCNN.THRESH_BINARIZE and the result is (cls_boxes, cls_segms):
     cls_segms[j][k] the RLE of detection cls_boxes[j][k], its mask computed on that final box (after
     NMS or variance voting, as KL-Loss). For a Keypoint R-CNN (keypoint_params given) the result is
     (cls_boxes, cls_segms or None, cls_keyps), cls_keyps[j][k] the (4, K) keypoints of cls_boxes[j][k].
     The detections stay on the model's device from NMS to the mask and keypoint heads; they come back
-    to the host once, with the masks and heatmaps, for cls_boxes, the pasting and the keypoints."""
-    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes)
+    to the host once, with the masks and heatmaps, for cls_boxes, the pasting and the keypoints.
+    A Fast R-CNN (no RPN) detects on proposals (R, 4) in the image's coordinates, those whose rois
+    differ at dedup_boxes (Detectron's DEDUP_BOXES) through the heads once (dedup_rois)."""
+    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals, dedup_boxes)
     scores, boxes, confs = decode_detections(out, im_scale, im.shape[:2], decode_params)
     dets, det_classes = final_detections_t(scores, boxes, confs, nms_params)
     num_classes = scores.shape[1]
@@ -152,14 +189,24 @@ def _with_keypoints(model, out, im, im_scale, dets, det_classes, num_classes, ma
     return kept_boxes, cls_segms, cls_keyps
 
 
+def im_proposals(model, im, image_params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):
+    """Detectron's rpn_generator.im_proposals for an RPN-only model: (boxes (R, 4) float32 in the image's
+    coordinates, scores (R,) float32) of one BGR image, numpy, by descending score (the best
+    TEST.RPN_POST_NMS_TOP_N of every level together, as the model collects them)."""
+    out, im_scale = _forward(model, im, image_params, cuda_graphs, max_graph_shapes)
+    boxes = box_utils.divide(out['rois'][:, 1:5], im_scale)
+    return boxes.float().cpu().numpy(), out['rpn_scores'].float().cpu().numpy()
+
+
 def decode_detections(out, im_scale, im_hw, params):
     """The model's inference dict -> (scores (R, K), boxes (R, 4K) decoded and clipped to the original
     image of size im_hw, confs (R, 4K) sigmas = exp(alpha / 2) in the head's delta layout when
     params.std_nms else None), all tensors on the model's device."""
     scores = out['cls_prob']
     num_classes = scores.shape[1]
-    # Back to original image coordinates (float32 division, as Detectron's numpy).
-    rois = box_utils.divide(out['rois'][:, 1:5], im_scale)
+    # Back to original image coordinates (float32 division, as Detectron's numpy); a Fast R-CNN's are
+    # its proposals as given.
+    rois = out['im_boxes'] if 'im_boxes' in out else box_utils.divide(out['rois'][:, 1:5], im_scale)
     pred_boxes = _decode_boxes_t(rois, out['bbox_pred'], num_classes, im_hw, params)
     confs = None
     if params.std_nms:

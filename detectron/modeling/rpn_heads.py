@@ -1,6 +1,7 @@
-"""FPN Region Proposal Network: the shared head, its anchors, proposal generation and losses.
+"""Region Proposal Network: the head, its anchors, proposal generation and losses.
 
-Mirrors Detectron's `modeling/FPN.py` (add_fpn_rpn_outputs / add_fpn_rpn_losses) and the Python ops
+Mirrors Detectron's `modeling/FPN.py` (add_fpn_rpn_outputs / add_fpn_rpn_losses), `modeling/rpn_heads.py`
+(add_single_scale_rpn_outputs / _losses: the C4 models' RPN on res4) and the Python ops
 `ops/generate_proposals.py` and `ops/collect_and_distribute_fpn_rpn_proposals.py` (collect part).
 Everything runs batched on the device of its inputs.
 """
@@ -26,7 +27,9 @@ RPN_SMOOTH_L1_BETA = 1.0 / 9.0
 
 class FPNRPNHead(nn.Module):
     """3x3 conv + ReLU, then per-anchor objectness logits and box deltas; one set of weights for
-    every FPN level (Detectron defines them on fpn2 and shares them with fpn3..fpn6)."""
+    every FPN level (Detectron defines them on fpn2 and shares them with fpn3..fpn6). On the one map
+    of a C4 body it is Detectron's single-scale head (blobs `conv_rpn`, `rpn_cls_logits`,
+    `rpn_bbox_pred`, the same layers and init)."""
 
     def __init__(self, dim_in=256, num_anchors=3):
         super().__init__()
@@ -49,9 +52,9 @@ class FPNRPNHead(nn.Module):
 
 
 @functools.lru_cache(maxsize=None)
-def _cell_anchors(stride, size, aspect_ratios, device):
+def _cell_anchors(stride, sizes, aspect_ratios, device):
     # Cached per device so a training step does not copy the (A, 4) table host-to-device again.
-    cell = generate_anchors(stride=stride, sizes=(size,), aspect_ratios=aspect_ratios)
+    cell = generate_anchors(stride=stride, sizes=sizes, aspect_ratios=aspect_ratios)
     return torch.as_tensor(cell, dtype=torch.float32, device=device)
 
 
@@ -61,8 +64,13 @@ _CACHED_LEVELS = 160
 
 
 @functools.lru_cache(maxsize=_CACHED_LEVELS)
-def _level_anchors(height, width, stride, size, aspect_ratios, device):
-    cell = _cell_anchors(stride, size, aspect_ratios, device)
+def _level_anchors(height, width, stride, sizes, aspect_ratios, device):
+    return grid_anchors(_cell_anchors(stride, sizes, aspect_ratios, device), height, width, stride)
+
+
+def grid_anchors(cell, height, width, stride):
+    """(H, W, A, 4): the (A, 4) cell anchors shifted by (x * stride, y * stride) for every cell."""
+    device = cell.device
     shift_x = torch.arange(width, device=device, dtype=torch.float32) * stride
     shift_y = torch.arange(height, device=device, dtype=torch.float32) * stride
     shift_y, shift_x = torch.meshgrid(shift_y, shift_x, indexing='ij')
@@ -74,13 +82,16 @@ def fpn_anchors(feature_shapes, strides=(4, 8, 16, 32, 64), sizes=(32, 64, 128, 
                 aspect_ratios=(0.5, 1, 2), device='cpu'):
     """Anchors of every FPN level, as Detectron's GenerateProposals enumerates them.
 
-    feature_shapes: list of (H, W) per level. Returns a list of (H, W, A, 4) float32 tensors:
-    the cell anchors shifted by (x * stride, y * stride). `.reshape(-1, 4)` gives Detectron's
+    feature_shapes: list of (H, W) per level; sizes: per level, one size (FPN) or a tuple of sizes
+    (the single-scale RPN of a C4 body puts every RPN.SIZES on its one level, ratio-major as
+    generate_anchors). Returns a list of (H, W, A, 4) float32 tensors: the cell anchors shifted by
+    (x * stride, y * stride). `.reshape(-1, 4)` gives Detectron's
     (H*W*A, 4) row order; the grid shape is kept so the RPN targets can be laid out like the logits.
     The tensors are cached per level shape and shared between calls: read them, never write them.
     """
     device = torch.device(device)
-    return [_level_anchors(int(height), int(width), stride, size, tuple(aspect_ratios), device)
+    return [_level_anchors(int(height), int(width), stride, tuple(size) if isinstance(size, tuple) else (size,),
+                           tuple(aspect_ratios), device)
             for (height, width), stride, size in zip(feature_shapes, strides, sizes)]
 
 
@@ -281,3 +292,17 @@ def rpn_losses(logits, deltas, rpn_targets, ims_per_batch, batch_size_per_im=256
         losses[f'loss_rpn_bbox_fpn{level}'] = _weighted_smooth_l1_sum(
             lvl_deltas, targets, inside_w, outside_w, RPN_SMOOTH_L1_BETA) / lvl_deltas.shape[0]
     return losses
+
+
+def single_scale_rpn_losses(logits, deltas, rpn_targets):
+    """Detectron's add_single_scale_rpn_losses on the one level: `loss_rpn_cls`, the sigmoid CE
+    averaged over the labelled anchors of the batch (Caffe2's SigmoidCrossEntropyLoss with its
+    default normalize=1, at least 1e-5), and `loss_rpn_bbox`, SmoothL1 (beta 1/9) with the targets'
+    weights summed and divided by the number of images. Per process, as rpn_losses."""
+    (level_logits,), (level_deltas,) = logits, deltas
+    labels, targets = rpn_targets.labels[0], rpn_targets.bbox_targets[0]
+    num_labelled = (labels >= 0).sum().clamp(min=1e-5)
+    return {'loss_rpn_cls': _sigmoid_cross_entropy_sum(level_logits, labels) / num_labelled,
+            'loss_rpn_bbox': _weighted_smooth_l1_sum(
+                level_deltas, targets, rpn_targets.bbox_inside_weights[0], rpn_targets.bbox_outside_weights[0],
+                RPN_SMOOTH_L1_BETA) / level_deltas.shape[0]}

@@ -1,8 +1,9 @@
-"""FPN RoI level assignment and multi-level RoIAlign (Detectron's RoIFeatureTransform with FPN)."""
+"""Detectron's RoIFeatureTransform: FPN RoI level assignment and multi-level RoIAlign, and the
+single-level RoIAlign / RoIPoolF of the C4 models."""
 import math
 
 import torch
-from torchvision.ops import roi_align
+from torchvision.ops import roi_align, roi_pool
 
 from detectron.ops import multilevel_roi_align
 from detectron.utils.boxes import boxes_area_t, divide
@@ -52,3 +53,19 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
         for k, (feature, scale) in enumerate(zip(features, spatial_scales))
     ]).to(first.dtype)
     return torch.empty_like(pooled).index_copy(0, order, pooled)
+
+
+ROI_XFORM_METHODS = ('RoIAlign', 'RoIPoolF')
+
+
+def single_level_roi_transform(feature, rois, method, spatial_scale, output_size, sampling_ratio):
+    """(R, C, output_size, output_size) features of `rois` (R, 5) on one map (Detectron's
+    RoIFeatureTransform without FPN): method 'RoIAlign' (aligned=False; sampling_ratio 0 is the
+    adaptive grid) or 'RoIPoolF' (Caffe2's max pooling over rounded bins, which ignores
+    sampling_ratio; torchvision's roi_pool computes the same bins)."""
+    if method == 'RoIAlign':
+        # One level: the level assignment clamps every RoI to it.
+        return roi_feature_transform([feature], rois, (spatial_scale,), output_size, sampling_ratio)
+    compute_dtype = torch.promote_types(feature.dtype, torch.float32)
+    pooled = roi_pool(feature.to(compute_dtype), rois.to(compute_dtype), output_size, spatial_scale=spatial_scale)
+    return pooled.to(feature.dtype)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
 
+from detectron.datasets.proposal_files import proposal_rows
 from detectron.roi_data.minibatch import read_entry_image
 from detectron.roi_data.shared_memory import empty_for_main_process
 from detectron.utils.errors import DEAD_WORKER_HINT, DatasetError, LoaderWorkerError, dead_loader_workers_as_errors
@@ -269,9 +270,11 @@ class InferenceImageDataset(Dataset):
     image under 'image' plus whatever the model's test-time preprocessing adds. In a worker its
     large arrays are packed for the trip to the main process (SharedLeaves)."""
 
-    def __init__(self, roidb, prepare):
-        # The image and, where the entry has them, the width and height its decoded size must match.
-        self._entries = PackedList({key: entry[key] for key in ('image', 'height', 'width') if key in entry}
+    def __init__(self, roidb, prepare, proposals=False):
+        # The image and, where the entry has them, the width and height its decoded size must match;
+        # with proposals, the entry's proposals (proposal_files.proposal_rows) go into the sample.
+        self._entries = PackedList(dict({key: entry[key] for key in ('image', 'height', 'width') if key in entry},
+                                        **({'proposals': proposal_rows(entry)} if proposals else {}))
                                    for entry in roidb)
         self._prepare = prepare
 
@@ -292,11 +295,17 @@ class InferenceImageDataset(Dataset):
 
     def _items(self, indices, group):
         try:
-            items = [(self._prepare(read_entry_image(self._entries[i])), i) for i in indices]
+            items = [(self._sample(self._entries[i]), i) for i in indices]
         except DatasetError as err:
             return err
         item = items if group else items[0]
         return item if get_worker_info() is None else packed_leaves(item, _is_large_array)
+
+    def _sample(self, entry):
+        sample = self._prepare(read_entry_image(entry))
+        if 'proposals' in entry:
+            sample['proposals'] = entry['proposals']
+        return sample
 
 
 class SharedLeaves:
@@ -410,20 +419,20 @@ def image_only(im):
     return {'image': im}
 
 
-def build_test_loader(roidb, indices, num_workers, prepare=image_only, group=1, timeout=0):
+def build_test_loader(roidb, indices, num_workers, prepare=image_only, group=1, timeout=0, proposals=False):
     """Iterable of (prepare(BGR uint8 HxWx3 image), roidb index) for `indices`, in their order,
     the samples' arrays as prepare made them (numpy). With CUDA the large ones come in pinned
     memory (asynchronous uploads), received ahead by DataLoader's pin-memory thread. The workers
     start reading when the loader is iterated (test_net does so before loading the model). A worker makes
     `group` consecutive samples at a time and sends them in one shared tensor: the main process
     pays a connection per tensor it receives (BENCHMARKS.md, "Real loops"). timeout: as
-    build_train_loader's."""
+    build_train_loader's. proposals: each sample also holds its entry's proposals (a Fast R-CNN's)."""
     _single_threaded_opencv_before_fork(num_workers)
     indices = list(indices)
     # The same batches as batch_size=group would make, numbered for the stalled-read error.
     numbered = NumberedIndices(BatchSampler(indices, group, drop_last=False) if group > 1 else indices)
     return RaisingLoader(DataLoader(
-        InferenceImageDataset(roidb, prepare),
+        InferenceImageDataset(roidb, prepare, proposals),
         **({'batch_sampler': numbered} if group > 1 else {'sampler': numbered, 'batch_size': None}),
         collate_fn=_unchanged,
         num_workers=num_workers,

@@ -11,10 +11,12 @@ from detectron.utils.boxes import box_iou_t
 @dataclass
 class MaskTargets:
     """rois (N, 5) network-input RoIs the mask head sees; classes (N,) int64 the logit channel of
-    each; masks (N, M, M) int8 in {-1 (ignored), 0, 1}."""
+    each; masks (N, M, M) int8 in {-1 (ignored), 0, 1}; rows (N,) int64 their positions among the
+    sampled RoIs (Detectron's roi_has_mask, which the C4 head slices the box head's res5 map with)."""
     rois: torch.Tensor
     classes: torch.Tensor
     masks: torch.Tensor
+    rows: torch.Tensor
 
 
 def mask_targets(rois, labels, im_scales, gt_polygons, resolution, cls_specific):
@@ -46,7 +48,8 @@ def mask_targets(rois, labels, im_scales, gt_polygons, resolution, cls_specific)
     num_fg, total_polygons, total_edges = torch.stack((fg.sum(), num_polygons.sum(), num_edges.sum())).tolist()
     if num_fg == 0:
         masks = torch.full((1, resolution, resolution), -1, dtype=torch.int8, device=device)
-        return MaskTargets(rois[:1], torch.zeros(1, dtype=torch.int64, device=device), masks)
+        first = torch.zeros(1, dtype=torch.int64, device=device)
+        return MaskTargets(rois[:1], first, masks, first)
     rows = _true_rows(fg, num_fg)
     best, num_polygons = best[rows], num_polygons[rows]
     # Each fg RoI's object's polygons, then their edges, listed one after the other.
@@ -57,7 +60,7 @@ def mask_targets(rois, labels, im_scales, gt_polygons, resolution, cls_specific)
     masks = segm_utils.polys_to_masks_wrt_boxes(edges, edge_polygon, polygon_mask, boxes[rows], resolution)
     masks = torch.where(drawn[rows, None, None], masks.to(torch.int8), -1)
     classes = labels[rows] if cls_specific else torch.zeros_like(rows)
-    return MaskTargets(rois[rows], classes.long(), masks)
+    return MaskTargets(rois[rows], classes.long(), masks, rows)
 
 
 class _Objects:

@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 import torch
 
+from detectron.datasets.proposal_files import proposal_rows
 from detectron.roi_data.shared_memory import empty_for_main_process, shared_copy
 from detectron.utils import segms as segm_utils
 from detectron.utils.blob import blob_shape, fill_blob, prep_im_for_blob, resize_scale
@@ -101,9 +102,10 @@ def _stderr_captured():
         captured.append(os.pread(capture.fileno(), 1 << 16, 0).decode(errors='replace'))
 
 
-# The roidb fields a training worker needs (Mask R-CNN adds 'segms', Keypoint R-CNN 'gt_keypoints'); the rest
-# stays behind.
+# The roidb fields a training worker needs (Mask R-CNN adds 'segms', Keypoint R-CNN 'gt_keypoints', a Fast
+# R-CNN PROPOSAL_KEYS); the rest stays behind.
 TRAINING_KEYS = ('image', 'flipped', 'height', 'width', 'boxes', 'gt_classes', 'is_crowd')
+PROPOSAL_KEYS = ('max_overlaps',)
 
 
 def _is_truncated_jpeg(data):
@@ -134,7 +136,9 @@ def gt_targets(entry):
     in the entry (Mask R-CNN) also the non-crowd rows' polygons as tensors that travel with the
     boxes to the training device (mask_rcnn.mask_targets): 'segm_boxes' (G, 4) float32, their tight
     boxes (segms.polys_to_boxes), and 'segm_edges', 'segm_polygon_edges', 'segm_object_polygons'
-    (segms.packed_polygons), coordinates as float32 in the original image (flipped with the entry)."""
+    (segms.packed_polygons), coordinates as float32 in the original image (flipped with the entry); with
+    'max_overlaps' in the entry (a Fast R-CNN's roidb of proposal files) 'proposals' (P, 4) float32, the
+    proposals it can sample (proposal_files.proposal_rows)."""
     is_gt = np.asarray(entry['gt_classes']) > 0
     targets = {
         'boxes': torch.from_numpy(np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[is_gt]),
@@ -142,7 +146,11 @@ def gt_targets(entry):
         'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
     }
     if 'gt_keypoints' in entry:  # Keypoint R-CNN: the gt rows' (x, y, v) keypoints, float32 (G, 3, K)
-        targets['keypoints'] = torch.from_numpy(np.asarray(entry['gt_keypoints'], dtype=np.float32)[is_gt])
+        keypoints = np.asarray(entry['gt_keypoints'], dtype=np.float32)
+        # Proposal rows (after the gt rows) have no keypoints: the gt rows' mask covers the keypoint rows.
+        targets['keypoints'] = torch.from_numpy(keypoints[is_gt[:len(keypoints)]])
+    if 'max_overlaps' in entry:
+        targets['proposals'] = torch.from_numpy(proposal_rows(entry))
     if 'segms' in entry:
         targets.update(polygon_targets([segm for segm, crowd, keep in zip(entry['segms'], entry['is_crowd'], is_gt)
                                         if keep and not crowd]))

@@ -48,9 +48,9 @@ def rpn_targets(anchors, gt_boxes, gt_is_crowd, im_info, positive_overlap=0.7,
     1 / (number of labelled anchors of the image). `generator` seeds the sampling.
     """
     flat_anchors = torch.cat([level.reshape(-1, 4) for level in anchors])
-    gt, gt_valid = _padded_rpn_gt(gt_boxes, gt_is_crowd, im_info[:, 2])
-    inside = _inside_image(flat_anchors, im_info, straddle_thresh)
-    overlaps = _eligible_overlaps(flat_anchors, gt, gt_valid, inside)
+    gt, gt_valid = padded_gt(gt_boxes, gt_is_crowd, im_info[:, 2])
+    inside = inside_image(flat_anchors, im_info, straddle_thresh)
+    overlaps = eligible_overlaps(flat_anchors, gt, gt_valid, inside)
     max_overlap, gt_assignment = overlaps.max(dim=2)
 
     best_for_a_gt = (overlaps == overlaps.max(dim=1, keepdim=True).values) & gt_valid.unsqueeze(1)
@@ -68,7 +68,7 @@ def rpn_targets(anchors, gt_boxes, gt_is_crowd, im_info, positive_overlap=0.7,
     return _per_level(anchors, labels, targets, inside_weights, outside_weights)
 
 
-def _padded_rpn_gt(gt_boxes, gt_is_crowd, scales):
+def padded_gt(gt_boxes, gt_is_crowd, scales):
     """(B, G, 4) gt boxes in network-input coordinates and (B, G) "is RPN gt" (not crowd, not
     padding); G >= 1 so reductions over gt are defined for images without any."""
     num_gt = max([1] + [len(boxes) for boxes in gt_boxes])
@@ -80,7 +80,7 @@ def _padded_rpn_gt(gt_boxes, gt_is_crowd, scales):
     return padded * scales.view(-1, 1, 1), valid
 
 
-def _inside_image(anchors, im_info, straddle_thresh):
+def inside_image(anchors, im_info, straddle_thresh):
     """(B, N): anchor within the unpadded image, allowing straddle_thresh pixels outside."""
     if straddle_thresh < 0:
         return torch.ones(len(im_info), len(anchors), dtype=torch.bool, device=anchors.device)
@@ -89,7 +89,7 @@ def _inside_image(anchors, im_info, straddle_thresh):
             & (anchors[:, 2] < width + straddle_thresh) & (anchors[:, 3] < height + straddle_thresh))
 
 
-def _eligible_overlaps(anchors, gt, gt_valid, inside):
+def eligible_overlaps(anchors, gt, gt_valid, inside):
     """(B, N, G) IoU of each image's anchors with its gt; -1 for ignored anchors and non-gt columns,
     below every real IoU, so maxima over anchors or gt only see eligible pairs."""
     num_images, num_gt = gt_valid.shape

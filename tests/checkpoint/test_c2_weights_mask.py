@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.checkpoint.c2_weights import load_detectron_weights, state_dict_to_detectron_blobs
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
-from detectron.modeling import model_builder
+from detectron.checkpoint.c2_weights import load_detectron_weights
 from detectron.utils.io import save_object
+from tests.support.detectron_pkl import (R50_BLOCKS, check_pkl_fills_every_parameter, model_of_config, r50_body_names,
+                                         random_blobs)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, 'tools', 'convert_pkl_to_pth.py')
-BLOCKS = {2: 3, 3: 4, 4: 6, 5: 3}  # R-50
 
 
 def _gn(prefix):
@@ -23,14 +22,9 @@ def _gn(prefix):
 def detectron_gn_mask_rcnn_names():
     """Detectron's blob names of e2e_mask_rcnn_R-50-FPN_2x_gn, written out from its ConvGN / FPN / heads
     code (ResNet.py, FPN.py, rpn_heads.py, fast_rcnn_heads.py, mask_rcnn_heads.py)."""
-    names = ['conv1_w'] + _gn('conv1')
-    for stage, blocks in BLOCKS.items():
-        for block in range(blocks):
-            for branch in ('branch2a', 'branch2b', 'branch2c') + (('branch1',) if block == 0 else ()):
-                prefix = f'res{stage}_{block}_{branch}'
-                names += [prefix + '_w'] + _gn(prefix)
+    names = r50_body_names(_gn) + _gn('conv1')
     for stage in range(2, 6):
-        last = f'res{stage}_{BLOCKS[stage] - 1}_sum'
+        last = f'res{stage}_{R50_BLOCKS[stage] - 1}_sum'
         inner = f'fpn_inner_{last}' + ('' if stage == 5 else '_lateral')
         names += [inner + '_w'] + _gn(inner) + [f'fpn_{last}_w'] + _gn(f'fpn_{last}')
     for name in ('conv_rpn', 'rpn_cls_logits', 'rpn_bbox_pred'):
@@ -56,37 +50,18 @@ HAND_MAPPED = {
 
 @pytest.fixture(scope='module')
 def gn_mask_model():
-    merge_cfg_from_file(os.path.join(REPO, 'configs', '04_2018_gn_baselines', 'e2e_mask_rcnn_R-50-FPN_2x_gn.yaml'))
-    # Narrow widths (same layers and names) keep the files small.
-    merge_cfg_from_list(['RESNETS.WIDTH_PER_GROUP', '16', 'GROUP_NORM.NUM_GROUPS', '8', 'FPN.DIM', '32',
-                         'MRCNN.DIM_REDUCED', '32', 'FAST_RCNN.CONV_HEAD_DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '64'])
-    assert_and_infer_cfg()
-    model = model_builder.create(cfg)
-    cfg.defrost()
-    return model
+    return model_of_config(os.path.join('04_2018_gn_baselines', 'e2e_mask_rcnn_R-50-FPN_2x_gn.yaml'),
+                           ['RESNETS.WIDTH_PER_GROUP', '16', 'GROUP_NORM.NUM_GROUPS', '8', 'FPN.DIM', '32',
+                            'MRCNN.DIM_REDUCED', '32', 'FAST_RCNN.CONV_HEAD_DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '64'])
 
 
 def _random_blobs(model):
-    """Detectron's names with random values of each parameter's shape, matched by order of creation."""
-    rng = np.random.RandomState(0)
-    shapes = {name: tuple(v.shape) for name, v in state_dict_to_detectron_blobs(model.state_dict(), 'gn').items()}
-    return {name: rng.randn(*shapes[name]).astype(np.float32) for name in detectron_gn_mask_rcnn_names()}
+    return random_blobs(model, detectron_gn_mask_rcnn_names(), 'gn')
 
 
 def test_detectron_gn_mask_rcnn_pkl_loads_every_tensor_into_its_parameter(gn_mask_model, tmp_path):
-    blobs = _random_blobs(gn_mask_model)
-    path = str(tmp_path / 'model_final.pkl')
-    save_object({'blobs': dict(blobs, **{n + '_momentum': v for n, v in blobs.items()})}, path)
-    missing, unused = load_detectron_weights(gn_mask_model, path)
-    assert (missing, unused) == ([], [])
-    state = gn_mask_model.state_dict()
-    params = {k: v for k, v in state.items() if 'running_' not in k and 'num_batches' not in k}
-    assert len(params) == len(blobs)
-    for name, key in HAND_MAPPED.items():
-        assert torch.equal(state[key], torch.from_numpy(blobs[name])), name
-    # Every parameter holds exactly one blob's values, bit for bit.
-    by_bytes = {v.tobytes(): n for n, v in blobs.items()}
-    assert sorted(by_bytes[v.numpy().tobytes()] for v in params.values()) == sorted(blobs)
+    check_pkl_fills_every_parameter(gn_mask_model, _random_blobs(gn_mask_model), str(tmp_path / 'model_final.pkl'),
+                                    HAND_MAPPED)
 
 
 def test_missing_and_unused_mask_blobs_are_reported(gn_mask_model, tmp_path):

@@ -705,11 +705,11 @@ def test_rpn_is_inferred(key):
     assert cfg.TEST.PRECOMPUTED_PROPOSALS is False
 
 
-def test_retinanet_is_refused_by_name():
+def test_retinanet_needs_no_precomputed_proposals():
     merge_cfg_from_list(['RETINANET.RETINANET_ON', 'True'])
-    with pytest.raises(ConfigValueError) as err:
-        assert_and_infer_cfg()
-    assert str(err.value) == 'RETINANET.RETINANET_ON True is not acted on by this port: RetinaNet is not ported'
+    assert_and_infer_cfg()
+    assert cfg.RPN.RPN_ON is False
+    assert cfg.TEST.PRECOMPUTED_PROPOSALS is False
 
 
 def test_make_immutable_false():

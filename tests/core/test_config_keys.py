@@ -128,10 +128,9 @@ def test_every_refusal_names_a_key():
 
 
 @pytest.mark.parametrize('key, value, message', [
-    ('TRAIN.PROPOSAL_FILES', "('props.pkl',)",
-     "TRAIN.PROPOSAL_FILES ('props.pkl',) is not acted on by this port: it serves Fast R-CNN on precomputed "
-     "proposals, which this port does not build"),
-    ('TRAIN.CROWD_FILTER_THRESH', '0.5', 'TRAIN.CROWD_FILTER_THRESH 0.5 is not acted on by this port: it serves'),
+    ('TRAIN.GENERATE_PROPOSALS_ON_GPU', 'True',
+     "TRAIN.GENERATE_PROPOSALS_ON_GPU True is not acted on by this port: proposals are always generated on the "
+     "model's device; remove the key"),
     ('TEST.BBOX_AUG.H_FLIP', 'True', 'TEST.BBOX_AUG.H_FLIP True is not acted on by this port: test-time box'),
     ('MEMONGER', 'False', 'MEMONGER False is not acted on by this port: '),
     ('KRCNN.DILATION', '2', 'KRCNN.DILATION 2 is not acted on by this port: it serves the ResNet conv5 keypoint'),

@@ -1,6 +1,7 @@
 """The configs we ship hold the reference values (KL-Loss's 2x file, CenterNet's experiment lines),
 and settings this port cannot honour are refused instead of silently ignored."""
 import os
+import re
 
 import pytest
 
@@ -82,22 +83,63 @@ def test_mask_heads_not_built_are_refused(key, value, message):
         model_builder.create(cfg)
 
 
-# Detectron's config of Mask R-CNN on precomputed proposals: shipped with the GN baselines, refused.
-_PRECOMPUTED = os.path.join('04_2018_gn_baselines', 'mask_rcnn_R-50-FPN_1x_gn.yaml')
-_SHIPPED = sorted(os.path.relpath(os.path.join(d, f), CONFIGS) for d, _, files in os.walk(CONFIGS)
-                  for f in files if f.endswith('.yaml'))
+# Detectron's own configs are walked by tests/core/test_detectron_zoo_configs.py (built or refused).
+_DETECTRON_FOLDERS = ('12_2017_baselines/', '04_2018_gn_baselines/', 'test_time_aug/', 'getting_started/tutorial_')
+_OURS = sorted(name for name in (os.path.relpath(os.path.join(d, f), CONFIGS) for d, _, files in os.walk(CONFIGS)
+                                 for f in files if f.endswith('.yaml'))
+               if not name.startswith(_DETECTRON_FOLDERS))
 
 
-@pytest.mark.parametrize('name', [n for n in _SHIPPED if n != _PRECOMPUTED])
-def test_every_shipped_config_finalizes(name):
+@pytest.mark.parametrize('name', _OURS)
+def test_every_config_of_ours_finalizes(name):
     finalize_cfg(os.path.join(CONFIGS, name), [])
     assert cfg.is_frozen()
 
 
-def test_the_precomputed_proposals_gn_baseline_is_one_error():
-    assert _PRECOMPUTED in _SHIPPED
-    with pytest.raises(ConfigValueError, match='only end-to-end Faster R-CNN with FPN is supported'):
-        finalize_cfg(os.path.join(CONFIGS, _PRECOMPUTED), [])
+@pytest.mark.parametrize('name, mask', [('e2e_faster_rcnn_R-50-C4_1x.yaml', False), ('e2e_mask_rcnn_R-50-C4_2x.yaml', True)])
+def test_c4_baselines_hold_detectrons_values(name, mask):
+    _load(os.path.join('12_2017_baselines', name))
+    assert (cfg.MODEL.CONV_BODY, cfg.FAST_RCNN.ROI_BOX_HEAD) == ('ResNet.add_ResNet50_conv4_body',
+                                                                  'ResNet.add_ResNet_roi_conv5_head')
+    assert (tuple(cfg.RPN.SIZES), cfg.RPN.STRIDE, cfg.FPN.FPN_ON, cfg.MODEL.MASK_ON) == ((32, 64, 128, 256, 512), 16,
+                                                                                         False, mask)
+    assert (cfg.TEST.RPN_PRE_NMS_TOP_N, cfg.TEST.RPN_POST_NMS_TOP_N, cfg.TRAIN.IMS_PER_BATCH) == (6000, 1000, 1)
+    assert cfg.TRAIN.WEIGHTS == 'https://dl.fbaipublicfiles.com/detectron/ImageNetPretrained/MSRA/R-50.pkl'
+    if mask:
+        assert (cfg.MRCNN.ROI_MASK_HEAD, cfg.MRCNN.RESOLUTION) == ('mask_rcnn_heads.mask_rcnn_fcn_head_v0upshare', 14)
+
+
+_SHIPPED = sorted(os.path.relpath(os.path.join(d, f), CONFIGS) for d, _, files in os.walk(CONFIGS)
+                  for f in files if f.endswith('.yaml'))
+# Detectron's RPN-only and two-stage (precomputed proposals) families, as it ships them.
+_PROPOSAL_FAMILIES = [n for n in _SHIPPED if os.path.basename(n).startswith(('rpn_', 'fast_rcnn_', 'mask_rcnn_'))]
+
+
+def test_the_proposal_families_are_shipped_with_detectrons_files(restore_global_cfg):
+    assert len([n for n in _PROPOSAL_FAMILIES if n.startswith('12_2017_baselines')]) == 29
+    for name in _PROPOSAL_FAMILIES:
+        _load(name)
+        rpn_only = os.path.basename(name).startswith('rpn_')
+        assert (cfg.MODEL.RPN_ONLY, cfg.MODEL.FASTER_RCNN) == (rpn_only, False), name
+        files = tuple(cfg.TRAIN.PROPOSAL_FILES) + tuple(cfg.TEST.PROPOSAL_FILES)
+        assert all(f.startswith('https://dl.fbaipublicfiles.com/detectron/') for f in files + (cfg.TRAIN.WEIGHTS,))
+        if not rpn_only:  # one file per dataset, each the rpn_proposals.pkl of an RPN-only run on that dataset
+            assert len(cfg.TRAIN.PROPOSAL_FILES) == len(cfg.TRAIN.DATASETS), name
+            assert len(cfg.TEST.PROPOSAL_FILES) == len(cfg.TEST.DATASETS), name
+            for dataset, path in zip(tuple(cfg.TRAIN.DATASETS) + tuple(cfg.TEST.DATASETS), files):
+                # under the RPN-only run's MODEL.TYPE: generalized_rcnn, or rpn (Detectron's deprecated name)
+                assert re.search('/{}/(generalized_rcnn|rpn)/rpn_proposals.pkl$'.format(dataset), path), name
+        restore_global_cfg()
+
+
+@pytest.mark.parametrize('name', ['12_2017_baselines/rpn_R-50-FPN_1x.yaml', '12_2017_baselines/fast_rcnn_R-50-FPN_1x.yaml',
+                                  '04_2018_gn_baselines/mask_rcnn_R-50-FPN_1x_gn.yaml'])
+def test_proposal_family_models_build(name):
+    finalize_cfg(os.path.join(CONFIGS, name), [])
+    model = model_builder.create(cfg)
+    assert (model.rpn is None) == (not cfg.MODEL.RPN_ONLY)
+    assert (model.box_head is None) == cfg.MODEL.RPN_ONLY
+    assert (model.mask_head is not None) == cfg.MODEL.MASK_ON
 
 
 def test_mask_configs_hold_the_reference_values():

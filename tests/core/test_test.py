@@ -416,6 +416,7 @@ def test_im_detect_bbox_class_agnostic_tiles_fg_columns():
 
 def test_im_detect_bbox_user_errors():
     model = _fake_model(torch.zeros(2, 12))
+    cfg.MODEL.FASTER_RCNN = True
     with pytest.raises(ConfigValueError, match='precomputed proposals'):
         test_lib.im_detect_bbox(_rcnn(), model, _image(), 40, 1000, boxes=np.zeros((1, 4)))
     cfg.STD_NMS = True
@@ -427,6 +428,7 @@ def test_im_detect_bbox_user_errors():
 
 def test_im_detect_all_uses_test_scale_and_post_processing():
     cfg.MODEL.TYPE = 'generalized_rcnn'  # im_detect_all runs the detector of the configured model type
+    cfg.MODEL.FASTER_RCNN = True  # the fake model makes its own RoIs, as an RPN
     cfg.TEST.SCALE = 40
     cfg.TEST.MAX_SIZE = 1000
     cfg.TEST.NMS = 0.5

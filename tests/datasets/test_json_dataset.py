@@ -132,9 +132,19 @@ def test_training_roidb_without_flipping_accepts_a_single_name(tiny_dataset):
 
 def test_filter_for_training_keeps_entries_with_a_non_crowd_gt():
     def entry(classes, crowd):
-        return {'gt_classes': np.array(classes, np.int32), 'is_crowd': np.array(crowd, bool)}
+        # A gt-only roidb's max_overlaps: 1 for a non-crowd box, -1 for a crowd region.
+        return {'gt_classes': np.array(classes, np.int32), 'is_crowd': np.array(crowd, bool),
+                'max_overlaps': np.where(crowd, -1.0, 1.0).reshape(-1)}
     roidb = [entry([], []), entry([1], [True]), entry([2, 1], [True, False]), entry([3], [False])]
     assert filter_for_training(roidb) == [roidb[2], roidb[3]]
+
+
+def test_filter_for_training_keeps_images_with_a_fg_or_bg_roi_as_detectron():
+    def entry(*overlaps):
+        return {'max_overlaps': np.array(overlaps, np.float64)}
+    roidb = [entry(-1.0, 0.7), entry(-1.0, 0.4), entry(-1.0), entry(-1.0, 0.05), entry()]
+    # FG_THRESH 0.6, bg in [0.1, 0.5): 0.7 is fg, 0.4 bg, 0.05 neither.
+    assert filter_for_training(roidb, 0.6, 0.5, 0.1) == roidb[:2]
 
 
 def test_missing_paths_raise_dataset_errors(tiny_dataset):

@@ -9,7 +9,7 @@ import torch
 
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
-from detectron.core.test_engine import detection_parts
+from detectron.datasets.test_results import detection_parts
 from detectron.datasets import shapes
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_entry_image

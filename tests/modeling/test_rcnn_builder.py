@@ -27,7 +27,8 @@ def _entries(tmp_path):
     return entries
 
 
-def test_the_device_resizes_on_a_gpu_unless_told_not_to(tmp_path):
+def test_the_device_resizes_on_a_gpu_unless_told_not_to(tmp_path, set_cfg):
+    set_cfg({'MODEL.FASTER_RCNN': True})
     model_type = rcnn_builder.GeneralizedRCNNType(cfg)
     assert cfg.TRAIN.RESIZE_ON_DEVICE
     assert rcnn_builder.resizes_on_device(cfg, CUDA) and not rcnn_builder.resizes_on_device(cfg, CPU)
@@ -115,6 +116,6 @@ def test_the_training_roidb_drops_annotations_below_gt_min_area(monkeypatch):
     monkeypatch.setattr(rcnn_builder, 'combined_roidb_for_training',
                         lambda *args, **kwargs: calls.append((args, kwargs)) or [])
     cfg.merge_from_list(['TRAIN.DATASETS', ('a', 'b'), 'TRAIN.GT_MIN_AREA', 32, 'TRAIN.USE_FLIPPED', False,
-                         'MODEL.MASK_ON', True])
+                         'MODEL.MASK_ON', True, 'MODEL.FASTER_RCNN', True])
     rcnn_builder.GeneralizedRCNNType(cfg).training_roidb()
     assert calls == [((('a', 'b'), False, 32), {'segms': True, 'num_keypoints': 0})]

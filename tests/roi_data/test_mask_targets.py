@@ -47,7 +47,7 @@ def test_fg_rois_take_the_best_overlapping_non_crowd_polygon_in_their_class_chan
     ])
     labels = torch.tensor([2, 0, 3, 1])
     t = mask_targets(rois, labels, torch.tensor([2.0, 1.0]), images, resolution=4, cls_specific=True)
-    assert torch.equal(t.rois, rois[[0, 2, 3]])
+    assert torch.equal(t.rois, rois[[0, 2, 3]]) and t.rows.tolist() == [0, 2, 3]  # roi_has_mask's positions
     assert t.classes.tolist() == [2, 3, 1]
     assert t.masks.dtype == torch.int8
     assert t.masks[0].tolist() == [[1] * 4] * 4
@@ -84,7 +84,7 @@ def test_a_batch_without_fg_gets_one_ignored_roi():
     rois = torch.tensor([[0, 1.0, 1, 5, 5], [0, 2.0, 2, 6, 6]])
     t = mask_targets(rois, torch.tensor([0, 0]), torch.tensor([1.0]), [_packed([_square(0, 0, 4, 4)], [False])],
                      resolution=3, cls_specific=True)
-    assert torch.equal(t.rois, rois[:1]) and t.classes.tolist() == [0]
+    assert torch.equal(t.rois, rois[:1]) and t.classes.tolist() == [0] and t.rows.tolist() == [0]
     assert (t.masks == -1).all() and t.masks.shape == (1, 3, 3)
 
 

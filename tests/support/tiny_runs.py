@@ -123,3 +123,17 @@ def register_annotations(tiny, name, text):
     variant.write_text(json.dumps(entries))
     dataset_catalog.register_catalog_file(str(variant))
     return str(path)
+
+
+RETINANET_CFG = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_retinanet_R-18-FPN.yaml')
+
+
+def use_retinanet(catalog, output_dir, *overrides):
+    """The RetinaNet shapes demo shrunk as TINY_OVERRIDES shrink the R-CNN one, on the tiny datasets."""
+    cfg.defrost()
+    return finalize_cfg(RETINANET_CFG, [
+        'TRAIN.DATASETS', "('tiny_train',)", 'TEST.DATASETS', "('tiny_val',)", 'MODEL.NUM_CLASSES', '3',
+        'FPN.DIM', '32', 'GROUP_NORM.NUM_GROUPS', '16', 'RETINANET.NUM_CONVS', '1', 'TRAIN.SCALES', '(64,)',
+        'TRAIN.MAX_SIZE', '96', 'TEST.SCALE', '64', 'TEST.MAX_SIZE', '96', 'TRAIN.IMS_PER_BATCH', '2',
+        'DATA_LOADER.NUM_THREADS', '0', 'SOLVER.MAX_ITER', '4', 'TRAIN.SNAPSHOT_ITERS', '2', 'SOLVER.WARM_UP_ITERS',
+        '2', 'DATASET_CATALOG', str(catalog), 'OUTPUT_DIR', str(output_dir)] + list(overrides), training=True)

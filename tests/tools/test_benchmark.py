@@ -463,7 +463,7 @@ KEYPOINT_CFG = os.path.join('configs', '12_2017_baselines', 'e2e_keypoint_rcnn_R
 
 def test_with_keypoints_the_equal_work_torchvision_model_has_our_keypoint_head_s_parameters():
     from detectron.core.config_finalize import finalize_cfg
-    from detectron.modeling import rcnn_builder
+    from detectron.modeling import keypoint_rcnn_builder
     finalize_cfg(os.path.join(REPO, KEYPOINT_CFG), [])
     model = torchvision_models.torchvision_equal_work(2, **torchvision_models.torchvision_settings(800, 1333))
     # Detectron's v1convX on COCO: 8 conv 3x3 to 512 (the first from FPN's 256), the 4x4 deconv to 17 scores;
@@ -472,7 +472,7 @@ def test_with_keypoints_the_equal_work_torchvision_model_has_our_keypoint_head_s
     predictor_2 = (1024 * 2 + 2) + (1024 * 4 * 2 + 4 * 2)
     assert torchvision_models.trainable_parameters(model) == (
         41481636 - PREDICTOR_81 + predictor_2 + keypoint_head)
-    ours = rcnn_builder.build_keypoint_head(cfg, 256)
+    ours = keypoint_rcnn_builder.build_keypoint_head(cfg, 256)
     assert sum(p.numel() for p in ours.parameters()) == keypoint_head
 
 

@@ -167,7 +167,7 @@ def test_unsupported_model_is_one_error_before_any_process_starts(tool, extra):
     result = _run(tool, '--cfg', 'configs/centernet/ctdet_coco_resdcn18.yaml', *extra, 'MODEL.TYPE', 'yolo')
     assert result.returncode == 2
     assert result.stderr == ("error: MODEL.TYPE 'yolo' is not supported; use one of 'centernet', "
-                             "'generalized_rcnn'\n")
+                             "'generalized_rcnn', 'retinanet'\n")
 
 
 @pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])

@@ -29,6 +29,10 @@ Sections (--mode):
   centernet  with a CenterNet --cfg (centernet_rows.py): the training step at the first --centernet-batch,
            for resdcn_18 beside a plain PyTorch port of CenterNet's (centernet_plain.py) on the same
            batch, and inference at batch 1 and at the second --centernet-batch;
+  retinanet  with a RetinaNet --cfg (retinanet_rows.py): training images/s at the first --batch beside
+           torchvision's retinanet_resnet50_fpn at equal work (FrozenBN, layer2-4 trainable, P6 on C5, 9
+           anchors, our RETINANET settings), and inference ms/image of both with every class score loaded
+           above INFERENCE_TH (each level gives PRE_NMS_TOP_N candidates to the NMS);
   startup  for any model type (startup.py): test_net's model loaded -> first detection and train_net's
            first batch -> first iteration, each in a fresh process, and test_net's whole run and
            steady state on COCO val's mix of image sizes against the bare detector on the same images.
@@ -42,6 +46,7 @@ row and a Markdown table (BENCHMARKS.md describes every row). Examples:
     python tools/benchmark.py --mode startup --cfg configs/centernet/ctdet_coco_resdcn18.yaml
     python tools/benchmark.py --mode train test --batch 2 --precision bf16 \
         --cfg configs/12_2017_baselines/e2e_keypoint_rcnn_R-50-FPN_1x.yaml    # Keypoint R-CNN vs torchvision
+    python tools/benchmark.py --mode retinanet --cfg configs/12_2017_baselines/retinanet_R-50-FPN_1x.yaml
     python tools/benchmark.py --height 256 --width 256 --iters 2 --rounds 2    # CPU smoke run
 Learning rate: --lr 0 by default. From random init a frozen-norm R-50 diverges within a few dozen
 steps (BENCHMARKS.md) and NaN losses would change what top-k and NMS do; lr 0 keeps all the
@@ -64,6 +69,7 @@ from .loops import run_loops
 from .profiling import profile_test_rows, profile_train_rows
 from .rcnn_rows import build_test_rows, build_train_rows, train_ratios
 from .report import Report, run_meta
+from .retinanet_rows import run_retinanet
 from .startup import run_startup
 from .timing import PRECISIONS, cudnn_autotuning, free_device_memory, per_round_ratios, run_interleaved
 
@@ -72,7 +78,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--cfg', default='configs/e2e_faster_rcnn_R-50-FPN_2x.yaml')
     parser.add_argument('--mode', nargs='+', default=['train', 'test'],
-                        choices=['train', 'test', 'profile', 'loops', 'centernet', 'startup'])
+                        choices=['train', 'test', 'profile', 'loops', 'centernet', 'retinanet', 'startup'])
     parser.add_argument('--profile', action='store_true', help='add the profile section')
     parser.add_argument('--precision', choices=sorted(PRECISIONS), default=None,
                         help='autocast dtype; default bf16 on CUDA, fp32 on the CPU')
@@ -142,6 +148,8 @@ def main(argv):
     model_type = model_builder.build_model_type(cfg)  # --cfg's, finished (anew after the startup section)
     if 'centernet' in args.mode:
         run_centernet(args, model_type, precision, report, timing)
+    elif 'retinanet' in args.mode:
+        run_retinanet(args, model_type, precision, report, timing)
     elif set(args.mode) & {'train', 'test', 'profile', 'loops'}:
         run_rcnn_sections(args, model_type, precision, report, timing)
     print('\n' + report.markdown(), flush=True)

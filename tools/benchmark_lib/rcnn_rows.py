@@ -6,7 +6,7 @@ import torch
 
 from detectron.core import test as test_lib
 from detectron.core.config import cfg
-from detectron.core.test_engine import boxes_and_segms
+from detectron.datasets.test_results import boxes_and_segms
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import build_optimizer
 

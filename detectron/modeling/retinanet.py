@@ -1,0 +1,83 @@
+"""RetinaNet (Detectron's MODEL.TYPE retinanet): an FPN body with levels P3..P7, the class and box
+towers of retinanet_heads on every level, anchors matched to the ground truth by roi_data/retinanet.py,
+the focal and SelectSmoothL1 losses. All hyper-parameters arrive as plain values from retinanet_builder.
+"""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from detectron.modeling import retinanet_heads
+from detectron.roi_data.retinanet import retinanet_targets
+
+
+@dataclass(frozen=True)
+class RetinaNetParams:
+    """Everything RetinaNet needs besides its modules (Detectron's RETINANET.* and FPN levels)."""
+    levels: tuple = (3, 4, 5, 6, 7)  # FPN.RPN_MIN_LEVEL .. RPN_MAX_LEVEL
+    scales_per_octave: int = 3
+    aspect_ratios: tuple = (0.5, 1.0, 2.0)
+    anchor_scale: float = 4
+    positive_overlap: float = 0.5
+    negative_overlap: float = 0.4
+    straddle_thresh: float = -1  # TRAIN.RPN_STRADDLE_THRESH; -1 keeps every anchor, as Detectron's RetinaNet
+    loss_gamma: float = 2.0
+    loss_alpha: float = 0.25
+    bbox_reg_beta: float = 0.11
+    bbox_reg_weight: float = 1.0
+    class_specific_bbox: bool = False
+
+    @property
+    def num_anchors(self):
+        return self.scales_per_octave * len(self.aspect_ratios)
+
+
+class RetinaNet(nn.Module):
+    """`model(images, im_info, targets)` -> losses in training (`loss_fl_fpn<l>` and
+    `loss_retnet_bbox_fpn<l>` per level, as Detectron's fl_fpn<l> / retnet_loss_bbox_fpn<l>, and the
+    metric `retnet_fg_num`); in inference {'anchors', 'logits', 'deltas'}, per level, for
+    retinanet_inference."""
+
+    def __init__(self, conv_body, head, params: RetinaNetParams):
+        super().__init__()
+        self.conv_body = conv_body
+        self.head = head
+        self.params = params
+        self.channels_last = False
+
+    def use_channels_last(self):
+        """Body and head stored channels_last (as GeneralizedRCNN.use_channels_last: bf16 convolutions
+        run NHWC in cuDNN); images enter the body in that layout."""
+        self.to(memory_format=torch.channels_last)
+        self.channels_last = True
+
+    def forward(self, images, im_info, targets=None):
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        features = self.conv_body(images)
+        logits, deltas = self.head(features)
+        p = self.params
+        anchors = retinanet_heads.retinanet_anchors(
+            [f.shape[-2:] for f in features], tuple(2 ** level for level in p.levels), p.scales_per_octave,
+            p.aspect_ratios, p.anchor_scale, device=images.device)
+        if self.training:
+            return self._losses(logits, deltas, anchors, im_info, targets)
+        return {'anchors': anchors, 'logits': logits, 'deltas': deltas}
+
+    def _losses(self, logits, deltas, anchors, im_info, targets):
+        p = self.params
+        t = retinanet_targets(
+            anchors, [x['boxes'] for x in targets], [x['classes'] for x in targets],
+            [x['is_crowd'] for x in targets], im_info, positive_overlap=p.positive_overlap,
+            negative_overlap=p.negative_overlap, straddle_thresh=p.straddle_thresh)
+        losses = {}
+        for level, level_logits, level_deltas, labels, box_targets in zip(
+                p.levels, logits, deltas, t.labels, t.bbox_targets):
+            losses['loss_fl_fpn{}'.format(level)] = retinanet_heads.sigmoid_focal_loss(
+                retinanet_heads.anchor_major(level_logits, p.num_anchors), labels, t.fg_num,
+                gamma=p.loss_gamma, alpha=p.loss_alpha)
+            losses['loss_retnet_bbox_fpn{}'.format(level)] = p.bbox_reg_weight * retinanet_heads.select_smooth_l1_loss(
+                retinanet_heads.anchor_major(level_deltas, p.num_anchors), box_targets, labels, t.fg_num,
+                beta=p.bbox_reg_beta, class_specific=p.class_specific_bbox)
+        losses['retnet_fg_num'] = t.fg_num.detach()
+        return losses

@@ -1,0 +1,134 @@
+"""RetinaNet's head, anchors and losses (Detectron's modeling/retinanet_heads.py, the anchors of its
+roi_data/retinanet.py and core/test_retinanet.py, and the SigmoidFocalLoss / SelectSmoothL1Loss ops).
+
+The class and box towers are shared by every level: Detectron defines them on the finest level
+(`retnet_cls_conv_n<i>_fpn3`, ...) and applies the same weights to the coarser ones.
+"""
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detectron.modeling.generate_anchors import generate_anchors
+from detectron.modeling.rpn_heads import grid_anchors
+
+
+def _tower(dim, num_convs):
+    convs = nn.ModuleList(nn.Conv2d(dim, dim, 3, padding=1) for _ in range(num_convs))
+    for conv in convs:
+        _gaussian_init(conv, bias=0.0)
+    return convs
+
+
+def _gaussian_init(conv, bias):
+    nn.init.normal_(conv.weight, std=0.01)
+    nn.init.constant_(conv.bias, bias)
+
+
+class RetinaNetHead(nn.Module):
+    """forward(features) -> (class logits per level (B, A*C, H, W), channels (anchor, class); box
+    deltas per level (B, A*4, H, W), or (B, A*4C, H, W) with class_specific_bbox).
+
+    num_classes: foreground classes C (MODEL.NUM_CLASSES - 1); num_anchors: A = SCALES_PER_OCTAVE *
+    len(ASPECT_RATIOS); num_convs [NUM_CONVS] 3x3 conv + ReLU in each tower; share_tower
+    [SHARE_CLS_BBOX_TOWER]: the box predictor reads the class tower; prior_prob [PRIOR_PROB]: the
+    class biases start at -log((1 - p) / p), every anchor background with probability 1 - p.
+    """
+
+    def __init__(self, dim, num_classes, num_anchors, num_convs=4, share_tower=False, class_specific_bbox=False,
+                 prior_prob=0.01):
+        super().__init__()
+        self.cls_tower = _tower(dim, num_convs)
+        self.bbox_tower = None if share_tower else _tower(dim, num_convs)
+        self.cls_pred = nn.Conv2d(dim, num_classes * num_anchors, 3, padding=1)
+        _gaussian_init(self.cls_pred, bias=-math.log((1 - prior_prob) / prior_prob))
+        box_dim = 4 * num_classes if class_specific_bbox else 4
+        self.bbox_pred = nn.Conv2d(dim, box_dim * num_anchors, 3, padding=1)
+        _gaussian_init(self.bbox_pred, bias=0.0)
+
+    def forward(self, features):
+        logits, deltas = [], []
+        for feature in features:
+            cls_feature = _run_tower(self.cls_tower, feature)
+            box_feature = cls_feature if self.bbox_tower is None else _run_tower(self.bbox_tower, feature)
+            logits.append(self.cls_pred(cls_feature))
+            deltas.append(self.bbox_pred(box_feature))
+        return logits, deltas
+
+
+def _run_tower(convs, x):
+    for conv in convs:
+        x = F.relu(conv(x))
+    return x
+
+
+def cell_anchors(stride, scales_per_octave, aspect_ratios, anchor_scale):
+    """(A, 4) float64 anchors of one cell of the level of this stride, in Detectron's order:
+    octave-major, then aspect ratio; octave o has size stride * 2^(o / scales_per_octave) * anchor_scale."""
+    sizes = [stride * 2 ** (octave / float(scales_per_octave)) * anchor_scale for octave in range(scales_per_octave)]
+    return torch.cat([torch.from_numpy(generate_anchors(stride=stride, sizes=(size,), aspect_ratios=aspect_ratios))
+                      for size in sizes])
+
+
+# As rpn_heads' _CACHED_LEVELS: the levels of about 32 padded image sizes.
+_CACHED_LEVELS = 160
+
+
+@functools.lru_cache(maxsize=_CACHED_LEVELS)
+def _level_anchors(height, width, stride, scales_per_octave, aspect_ratios, anchor_scale, device):
+    cell = cell_anchors(stride, scales_per_octave, aspect_ratios, anchor_scale).to(device, torch.float32)
+    return grid_anchors(cell, height, width, stride)
+
+
+def retinanet_anchors(feature_shapes, strides, scales_per_octave=3, aspect_ratios=(0.5, 1.0, 2.0), anchor_scale=4,
+                      device='cpu'):
+    """Anchors of every level: a list of (H, W, A, 4) float32 tensors, cached per level shape and
+    shared between calls (read them, never write them). `.reshape(-1, 4)` orders them (y, x, anchor),
+    the order of the head's outputs after anchor_major."""
+    device = torch.device(device)
+    return [_level_anchors(int(height), int(width), float(stride), scales_per_octave, tuple(aspect_ratios),
+                           anchor_scale, device)
+            for (height, width), stride in zip(feature_shapes, strides)]
+
+
+def anchor_major(x, num_anchors):
+    """(B, A*K, H, W) head output, channels (anchor, k) -> (B, H*W*A, K), rows ordered like the anchors."""
+    batch, channels, height, width = x.shape
+    k = channels // num_anchors
+    return x.view(batch, num_anchors, k, height, width).permute(0, 3, 4, 1, 2).reshape(batch, -1, k)
+
+
+def sigmoid_focal_loss(logits, labels, normalizer, gamma=2.0, alpha=0.25):
+    """Detectron's SigmoidFocalLoss summed and divided by normalizer (retnet_fg_num).
+
+    logits (..., C) of classes 1..C, labels (...) in {-1 ignored, 0 bg, 1..C}. Each class of a
+    labelled anchor is a binary problem, positive where it is the anchor's class:
+    -alpha (1 - p)^gamma log p for positives, -(1 - alpha) p^gamma log(1 - p) for the others.
+    Computed in float32 whatever the head ran in.
+    """
+    logits = logits.float()
+    classes = torch.arange(1, logits.shape[-1] + 1, device=logits.device)
+    positive = labels.unsqueeze(-1) == classes
+    negative = (labels >= 0).unsqueeze(-1) & ~positive
+    p = torch.sigmoid(logits)
+    pos_term = alpha * (1 - p) ** gamma * F.logsigmoid(logits)
+    neg_term = (1 - alpha) * p ** gamma * F.logsigmoid(-logits)
+    loss = torch.where(positive, pos_term, torch.zeros_like(p)) + torch.where(negative, neg_term, torch.zeros_like(p))
+    return -loss.sum() / normalizer
+
+
+def select_smooth_l1_loss(deltas, targets, labels, normalizer, beta=0.11, class_specific=False):
+    """Detectron's SelectSmoothL1Loss: smooth L1 (transition beta) of the fg anchors' (labels > 0)
+    deltas against their targets, summed and divided by max(normalizer, 1).
+
+    deltas (..., 4) or, class_specific, (..., 4C) whose 4 columns of the anchor's class are read;
+    targets (..., 4)."""
+    fg = labels > 0
+    if class_specific:
+        columns = ((labels - 1).clamp(min=0) * 4).unsqueeze(-1) + torch.arange(4, device=deltas.device)
+        deltas = torch.gather(deltas, -1, columns)
+    diff = (deltas.float() - targets).abs()
+    loss = torch.where(diff < beta, 0.5 * diff ** 2 / beta, diff - 0.5 * beta)
+    return (loss * fg.unsqueeze(-1)).sum() / normalizer.clamp(min=1)

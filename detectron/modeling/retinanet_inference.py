@@ -1,0 +1,121 @@
+"""RetinaNet inference on one image (Detectron's core/test_retinanet.py im_detect_bbox) with plain
+arguments: per level the PRE_NMS_TOP_N best (anchor, class) scores above INFERENCE_TH (0 on the
+coarsest level, as Detectron, so that small images keep candidates), their anchors decoded with
+unit weights, class-wise NMS (or soft-NMS) at TEST.NMS, then the DETECTIONS_PER_IM best over all
+classes. Everything stays on the model's device until the final detections come back as numpy.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from detectron.modeling.rcnn_inference import model_device
+from detectron.modeling.retinanet_heads import anchor_major
+from detectron.ops import nms as nms_ops
+from detectron.roi_data.retinanet import RETINANET_BBOX_REG_WEIGHTS
+from detectron.utils import blob as blob_utils
+from detectron.utils import boxes as box_utils
+
+# Detectron's test_retinanet soft-NMS drops boxes below this score.
+_SOFT_NMS_SCORE_THRESH = 0.0001
+
+
+@dataclass(frozen=True)
+class RetinaNetTestParams:
+    """RETINANET.PRE_NMS_TOP_N / INFERENCE_TH / CLASS_SPECIFIC_BBOX, TEST.BBOX_REG / NMS / SOFT_NMS /
+    DETECTIONS_PER_IM, BBOX_XFORM_CLIP and MODEL.NUM_CLASSES (with background)."""
+    num_classes: int
+    pre_nms_top_n: int = 1000
+    inference_th: float = 0.05
+    class_specific_bbox: bool = False
+    bbox_reg: bool = True
+    bbox_xform_clip: float = box_utils.DEFAULT_XFORM_CLIP
+    nms: float = 0.5
+    soft_nms: bool = False
+    soft_nms_method: str = 'linear'
+    soft_nms_sigma: float = 0.5
+    detections_per_im: int = 100
+
+
+def im_detect_bbox(model, im, image_params, params):
+    """cls_boxes of one BGR image (H, W, 3): cls_boxes[j] (N_j, 5) float32 (x1, y1, x2, y2, score) in
+    original image coordinates, cls_boxes[0] empty. image_params: rcnn_inference.ImageParams."""
+    if model.training:
+        raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
+    blob, im_scale, im_info = blob_utils.get_image_blob_t(
+        im, image_params.scale, image_params.max_size, image_params.pixel_means, image_params.stride,
+        model_device(model))
+    with torch.no_grad():
+        out = model(blob, im_info)
+    boxes, scores, classes = candidate_detections(out['anchors'], out['logits'], out['deltas'], params)
+    boxes = box_utils.clip_tiled_boxes_t(box_utils.divide(boxes, im_scale), im.shape[0], im.shape[1])
+    dets, det_classes = class_wise_nms(boxes, scores, classes, params)
+    return cls_boxes_of(dets, det_classes, params.num_classes)
+
+
+def candidate_detections(anchors, logits, deltas, params):
+    """The first image's candidates over all levels: (boxes (K, 4) decoded in network-input
+    coordinates, scores (K,), classes (K,) in 1..C), float32 on the logits' device. The levels'
+    thresholds are applied once, at the end: one host synchronisation per image."""
+    all_boxes, all_scores, all_classes, all_kept = [], [], [], []
+    last = len(logits) - 1
+    for i, (level_anchors, level_logits, level_deltas) in enumerate(zip(anchors, logits, deltas)):
+        num_anchors = level_anchors.shape[2]
+        probs = torch.sigmoid(anchor_major(level_logits[:1].float(), num_anchors)[0])
+        num_fg = probs.shape[1]
+        flat = probs.reshape(-1)
+        top_scores, top_idx = flat.topk(min(params.pre_nms_top_n, flat.numel()))
+        all_kept.append(top_scores > (params.inference_th if i < last else 0.0))
+        anchor_idx, cls = top_idx // num_fg, top_idx % num_fg
+        box_deltas = anchor_major(level_deltas[:1].float(), num_anchors)[0][anchor_idx]
+        if params.class_specific_bbox:
+            box_deltas = box_deltas.view(-1, num_fg, 4)[torch.arange(len(cls), device=cls.device), cls]
+        boxes = level_anchors.reshape(-1, 4)[anchor_idx]
+        if params.bbox_reg:
+            boxes = box_utils.bbox_transform_t(boxes, box_deltas, RETINANET_BBOX_REG_WEIGHTS,
+                                               clip=params.bbox_xform_clip)
+        all_boxes.append(boxes)
+        all_scores.append(top_scores)
+        all_classes.append(cls + 1)
+    kept = torch.cat(all_kept)
+    return torch.cat(all_boxes)[kept], torch.cat(all_scores)[kept], torch.cat(all_classes)[kept]
+
+
+def class_wise_nms(boxes, scores, classes, params):
+    """NMS (or Detectron's soft-NMS) of each class's candidates, then the detections_per_im best over all
+    classes (all of them when it is 0). Returns (dets (M, 5), classes (M,)) grouped by ascending class,
+    by descending score within a class."""
+    dets = torch.cat([boxes, scores[:, None]], dim=1)
+    if params.soft_nms:
+        dets, classes = _soft_nms_per_class(dets, classes, params)
+    else:
+        keep = nms_ops.batched_nms_t(boxes, scores, classes, params.nms)
+        dets, classes = dets[keep], classes[keep]
+    order = torch.argsort(dets[:, 4], descending=True, stable=True)
+    if params.detections_per_im > 0:
+        order = order[:params.detections_per_im]
+    dets, classes = dets[order], classes[order]
+    by_class = torch.argsort(classes, stable=True)
+    return dets[by_class], classes[by_class]
+
+
+def _soft_nms_per_class(dets, classes, params):
+    kept_dets, kept_classes = [], []
+    dets_np, classes_np = dets.cpu().numpy(), classes.cpu().numpy()
+    for cls in np.unique(classes_np):
+        class_dets, _ = nms_ops.soft_nms(dets_np[classes_np == cls], sigma=params.soft_nms_sigma,
+                                         overlap_thresh=params.nms, score_thresh=_SOFT_NMS_SCORE_THRESH,
+                                         method=params.soft_nms_method)
+        kept_dets.append(class_dets)
+        kept_classes.append(np.full(len(class_dets), cls))
+    if not kept_dets:
+        return dets, classes
+    return (torch.from_numpy(np.concatenate(kept_dets)).to(dets.device),
+            torch.from_numpy(np.concatenate(kept_classes)).to(classes.device))
+
+
+def cls_boxes_of(dets, classes, num_classes):
+    """Detectron's cls_boxes list from detections grouped by ascending class."""
+    dets, classes = dets.cpu().numpy().astype(np.float32, copy=False), classes.cpu().numpy()
+    counts = np.bincount(classes, minlength=num_classes)
+    return np.split(dets, np.cumsum(counts)[:-1])

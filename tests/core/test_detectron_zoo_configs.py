@@ -1,0 +1,134 @@
+"""Every yaml of Detectron's configs/ ships in ours and, merged as train_net merges it, builds and
+trains one iteration on the CPU at a small scale (the tiny datasets, 64 px images, the real bodies
+and heads). The families not built yet stop at one refusal."""
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from detectron.core import train_engine
+from detectron.core.config import cfg
+from detectron.core.config_yaml import load_yaml_file
+from detectron.core.config_finalize import finalize_cfg
+from detectron.datasets import dataset_catalog
+from detectron.datasets.json_dataset import JsonDataset
+from detectron.modeling import model_builder
+from detectron.utils.errors import ConfigValueError
+from support.tiny_runs import REPO
+
+pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
+
+CONFIGS = os.path.join(REPO, 'configs')
+
+# The 87 files of Detectron's configs/ (facebookresearch/Detectron at 04155a0).
+_BASELINE_NAMES = [
+    'e2e_faster_rcnn_R-101-FPN_1x', 'e2e_faster_rcnn_R-101-FPN_2x', 'e2e_faster_rcnn_R-50-C4_1x',
+    'e2e_faster_rcnn_R-50-C4_2x', 'e2e_faster_rcnn_R-50-FPN_1x', 'e2e_faster_rcnn_R-50-FPN_2x',
+    'e2e_faster_rcnn_X-101-32x8d-FPN_1x', 'e2e_faster_rcnn_X-101-32x8d-FPN_2x', 'e2e_faster_rcnn_X-101-64x4d-FPN_1x',
+    'e2e_faster_rcnn_X-101-64x4d-FPN_2x',
+    'e2e_keypoint_rcnn_R-101-FPN_1x', 'e2e_keypoint_rcnn_R-101-FPN_s1x', 'e2e_keypoint_rcnn_R-50-FPN_1x',
+    'e2e_keypoint_rcnn_R-50-FPN_s1x', 'e2e_keypoint_rcnn_X-101-32x8d-FPN_1x', 'e2e_keypoint_rcnn_X-101-32x8d-FPN_s1x',
+    'e2e_keypoint_rcnn_X-101-64x4d-FPN_1x', 'e2e_keypoint_rcnn_X-101-64x4d-FPN_s1x',
+    'e2e_mask_rcnn_R-101-FPN_1x', 'e2e_mask_rcnn_R-101-FPN_2x', 'e2e_mask_rcnn_R-50-C4_1x', 'e2e_mask_rcnn_R-50-C4_2x',
+    'e2e_mask_rcnn_R-50-FPN_1x', 'e2e_mask_rcnn_R-50-FPN_2x', 'e2e_mask_rcnn_X-101-32x8d-FPN_1x',
+    'e2e_mask_rcnn_X-101-32x8d-FPN_2x', 'e2e_mask_rcnn_X-101-64x4d-FPN_1x', 'e2e_mask_rcnn_X-101-64x4d-FPN_2x',
+    'e2e_mask_rcnn_X-152-32x8d-FPN-IN5k_1.44x',
+    'fast_rcnn_R-101-FPN_1x', 'fast_rcnn_R-101-FPN_2x', 'fast_rcnn_R-50-C4_1x', 'fast_rcnn_R-50-C4_2x',
+    'fast_rcnn_R-50-FPN_1x', 'fast_rcnn_R-50-FPN_2x', 'fast_rcnn_X-101-32x8d-FPN_1x', 'fast_rcnn_X-101-32x8d-FPN_2x',
+    'fast_rcnn_X-101-64x4d-FPN_1x', 'fast_rcnn_X-101-64x4d-FPN_2x',
+    'keypoint_rcnn_R-101-FPN_1x', 'keypoint_rcnn_R-101-FPN_s1x', 'keypoint_rcnn_R-50-FPN_1x',
+    'keypoint_rcnn_R-50-FPN_s1x', 'keypoint_rcnn_X-101-32x8d-FPN_1x', 'keypoint_rcnn_X-101-32x8d-FPN_s1x',
+    'keypoint_rcnn_X-101-64x4d-FPN_1x', 'keypoint_rcnn_X-101-64x4d-FPN_s1x',
+    'mask_rcnn_R-101-FPN_1x', 'mask_rcnn_R-101-FPN_2x', 'mask_rcnn_R-50-C4_1x', 'mask_rcnn_R-50-C4_2x',
+    'mask_rcnn_R-50-FPN_1x', 'mask_rcnn_R-50-FPN_2x', 'mask_rcnn_X-101-32x8d-FPN_1x', 'mask_rcnn_X-101-32x8d-FPN_2x',
+    'mask_rcnn_X-101-64x4d-FPN_1x', 'mask_rcnn_X-101-64x4d-FPN_2x',
+    'retinanet_R-101-FPN_1x', 'retinanet_R-101-FPN_2x', 'retinanet_R-50-FPN_1x', 'retinanet_R-50-FPN_2x',
+    'retinanet_X-101-32x8d-FPN_1x', 'retinanet_X-101-32x8d-FPN_2x', 'retinanet_X-101-64x4d-FPN_1x',
+    'retinanet_X-101-64x4d-FPN_2x',
+    'rpn_R-101-FPN_1x', 'rpn_R-50-C4_1x', 'rpn_R-50-FPN_1x', 'rpn_X-101-32x8d-FPN_1x', 'rpn_X-101-64x4d-FPN_1x',
+    'rpn_person_only_R-101-FPN_1x', 'rpn_person_only_R-50-FPN_1x', 'rpn_person_only_X-101-32x8d-FPN_1x',
+    'rpn_person_only_X-101-64x4d-FPN_1x',
+]
+DETECTRON_CONFIGS = (
+    ['12_2017_baselines/{}.yaml'.format(name) for name in _BASELINE_NAMES]
+    + ['04_2018_gn_baselines/{}.yaml'.format(name) for name in (
+        'e2e_mask_rcnn_R-101-FPN_2x_gn', 'e2e_mask_rcnn_R-101-FPN_3x_gn', 'e2e_mask_rcnn_R-50-FPN_2x_gn',
+        'e2e_mask_rcnn_R-50-FPN_3x_gn', 'mask_rcnn_R-50-FPN_1x_gn', 'scratch_e2e_mask_rcnn_R-101-FPN_3x_gn',
+        'scratch_e2e_mask_rcnn_R-50-FPN_3x_gn')]
+    + ['getting_started/tutorial_{}gpu_e2e_faster_rcnn_R-50-FPN.yaml'.format(n) for n in (1, 2, 4, 8)]
+    + ['test_time_aug/e2e_mask_rcnn_R-50-FPN_2x.yaml', 'test_time_aug/keypoint_rcnn_R-50-FPN_1x.yaml']
+)
+
+# Families of Detectron's zoo this port does not build yet (by file-name prefix): each stops at one
+# refusal, and this list shrinks as they land.
+NOT_BUILT = ('12_2017_baselines/e2e_keypoint_rcnn', '12_2017_baselines/keypoint_rcnn',
+             '12_2017_baselines/e2e_mask_rcnn_X-152', 'test_time_aug/')
+
+# Small inputs and sampling counts; the bodies, heads and schedules' shapes stay the config's.
+SMALL = [
+    'NUM_GPUS', '1', 'TRAIN.WEIGHTS', "''", 'TRAIN.DATASETS', "('tiny_train',)", 'TEST.DATASETS', "('tiny_val',)",
+    'TRAIN.SCALES', '(64,)', 'TRAIN.MAX_SIZE', '96', 'TEST.SCALE', '64', 'TEST.MAX_SIZE', '96',
+    'TRAIN.RPN_PRE_NMS_TOP_N', '200', 'TRAIN.RPN_POST_NMS_TOP_N', '64', 'TEST.RPN_PRE_NMS_TOP_N', '100',
+    'TEST.RPN_POST_NMS_TOP_N', '50', 'TRAIN.BATCH_SIZE_PER_IM', '32', 'TRAIN.IMS_PER_BATCH', '1',
+    'DATA_LOADER.NUM_THREADS', '0', 'SOLVER.MAX_ITER', '1', 'SOLVER.STEPS', '[0]', 'SOLVER.WARM_UP_ITERS', '1',
+    'TRAIN.SNAPSHOT_ITERS', '1000',
+]
+
+
+def test_every_detectron_config_ships():
+    shipped = {os.path.relpath(os.path.join(root, name), CONFIGS)
+               for root, _, names in os.walk(CONFIGS) for name in names if name.endswith('.yaml')}
+    assert len(DETECTRON_CONFIGS) == 87
+    assert sorted(set(DETECTRON_CONFIGS) - shipped) == []
+
+
+def test_the_count_of_built_families():
+    built = [path for path in DETECTRON_CONFIGS if not path.startswith(NOT_BUILT)]
+    assert len(built) == 68
+
+
+@pytest.fixture(scope='module')
+def tiny_proposals(tiny_catalog, tmp_path_factory):
+    """A Detectron-format proposal file for tiny_train / tiny_val: each gt box shifted, plus boxes
+    spread over the image, scored in decreasing order."""
+    dataset_catalog.register_catalog_file(str(tiny_catalog))
+    roidb = JsonDataset('tiny_train').get_roidb(gt=True)
+    rng = np.random.RandomState(0)
+    boxes, scores, ids = [], [], []
+    for entry in roidb:
+        shifted = entry['boxes'] + rng.uniform(-3, 3, size=entry['boxes'].shape)
+        spread = np.sort(rng.uniform(0, 60, size=(20, 4)).reshape(20, 2, 2), axis=1).transpose(0, 2, 1).reshape(20, 4)
+        entry_boxes = np.vstack([shifted, spread]).astype(np.float32)
+        boxes.append(entry_boxes)
+        scores.append(np.linspace(1, 0.1, len(entry_boxes)).astype(np.float32))
+        ids.append(entry['id'])
+    path = tmp_path_factory.mktemp('proposals') / 'rpn_proposals.pkl'
+    with open(path, 'wb') as f:
+        pickle.dump({'boxes': boxes, 'scores': scores, 'ids': ids}, f)
+    return str(path)
+
+
+def _overrides(relative_path, tiny_catalog, tiny_proposals, output_dir):
+    typed = load_yaml_file(os.path.join(CONFIGS, relative_path))
+    classes = 2 if typed.get('MODEL', {}).get('KEYPOINTS_ON') else 3
+    opts = SMALL + ['DATASET_CATALOG', str(tiny_catalog), 'OUTPUT_DIR', str(output_dir), 'MODEL.NUM_CLASSES', str(classes)]
+    if typed.get('TRAIN', {}).get('PROPOSAL_FILES'):
+        opts += ['TRAIN.PROPOSAL_FILES', "('{}',)".format(tiny_proposals),
+                 'TEST.PROPOSAL_FILES', "('{}',)".format(tiny_proposals)]
+    return opts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('relative_path', DETECTRON_CONFIGS)
+def test_detectron_config_builds_and_trains_one_iteration(relative_path, tiny_catalog, tiny_proposals, tmp_path):
+    opts = _overrides(relative_path, tiny_catalog, tiny_proposals, tmp_path)
+    cfg.defrost()
+    if relative_path.startswith(NOT_BUILT):
+        with pytest.raises(ConfigValueError):
+            finalize_cfg(os.path.join(CONFIGS, relative_path), opts, training=True)
+            model_builder.create(cfg)
+        return
+    finalize_cfg(os.path.join(CONFIGS, relative_path), opts, training=True)
+    final = train_engine.train_model()['final']
+    assert os.path.getsize(final) > 0
