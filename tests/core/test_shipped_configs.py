@@ -66,8 +66,8 @@ def test_amp_dtype_unknown_spelling_is_refused():
 
 
 def test_unsupported_detectron_features_are_refused_by_the_builder():
-    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'MODEL.RPN_ONLY', 'True')
-    with pytest.raises(ConfigValueError, match='MODEL.RPN_ONLY True asks for'):
+    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'RETINANET.RETINANET_ON', 'True')
+    with pytest.raises(ConfigValueError, match=r'RETINANET.RETINANET_ON True asks for RetinaNet \(MODEL.TYPE retinanet\)'):
         model_builder.create(cfg)
 
 
