@@ -255,13 +255,11 @@ def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh,
                                'tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
     if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
         cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
-        cls_segms = None if mask_thresh is None else [[] for _ in cls_boxes]
-        if keypoint_params is not None:
-            return cls_boxes, cls_segms, [[] for _ in cls_boxes]
-        return cls_boxes if cls_segms is None else (cls_boxes, cls_segms)
+        return cls_boxes if mask_thresh is None else (cls_boxes, [[] for _ in cls_boxes])
+    # No keypoint_params: a Keypoint R-CNN on proposals is refused (_check_form).
     return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        mask_thresh=mask_thresh, keypoint_params=keypoint_params,
-                                        proposals=sample['proposals'], dedup_boxes=dedup_boxes, **graphs)
+                                        mask_thresh=mask_thresh, proposals=sample['proposals'],
+                                        dedup_boxes=dedup_boxes, **graphs)
 
 
 def _detect_proposals(model, sample, image_params, graphs):

@@ -146,9 +146,7 @@ def gt_targets(entry):
         'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
     }
     if 'gt_keypoints' in entry:  # Keypoint R-CNN: the gt rows' (x, y, v) keypoints, float32 (G, 3, K)
-        keypoints = np.asarray(entry['gt_keypoints'], dtype=np.float32)
-        # Proposal rows (after the gt rows) have no keypoints: the gt rows' mask covers the keypoint rows.
-        targets['keypoints'] = torch.from_numpy(keypoints[is_gt[:len(keypoints)]])
+        targets['keypoints'] = torch.from_numpy(np.asarray(entry['gt_keypoints'], dtype=np.float32)[is_gt])
     if 'max_overlaps' in entry:
         targets['proposals'] = torch.from_numpy(proposal_rows(entry))
     if 'segms' in entry:
