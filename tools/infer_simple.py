@@ -20,7 +20,7 @@ from detectron.core.test import im_detect_all
 from detectron.core.test_engine import load_test_model
 from detectron.datasets import dummy_datasets
 from detectron.datasets.json_dataset import JsonDataset
-from detectron.datasets.test_results import boxes_and_segms
+from detectron.datasets.test_results import detection_parts
 from detectron.modeling import model_builder
 from detectron.roi_data.minibatch import read_image
 from detectron.utils.cli import parse_args_anywhere
@@ -70,6 +70,16 @@ def _class_names(model_type, dataset_name):
         return dummy_datasets.get_coco_dataset()
 
 
+def _keypoint_names(dataset_name):
+    """The keypoint names of the dataset (as _class_names picks it), None when it has none or is absent
+    (the skeleton of 17 keypoints is then COCO's)."""
+    name = dataset_name or (cfg.TEST.DATASETS[0] if cfg.TEST.DATASETS else '')
+    try:
+        return JsonDataset(name).keypoints if name else None
+    except DatasetError:
+        return None
+
+
 def _make_output_dir(output_dir):
     try:
         os.makedirs(output_dir, exist_ok=True)
@@ -91,6 +101,7 @@ def main(argv):
     model_type = model_builder.build_model_type(cfg)
     paths = _image_paths(args.im_or_folder, args.image_ext)
     class_names = _class_names(model_type, args.class_names_from)
+    keypoint_names = _keypoint_names(args.class_names_from)
     _make_output_dir(args.output_dir)  # before the model loads: a bad directory is known at once
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     model = load_test_model(model_type, args.wts, device)
@@ -103,8 +114,9 @@ def main(argv):
             logger.warning('Skipping %s: %s', path, err)
             failed.append(path)
             continue
-        cls_boxes, cls_segms = boxes_and_segms(im_detect_all(model_type, model, im))
-        out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh, cls_segms=cls_segms)
+        cls_boxes, cls_segms, cls_keyps = detection_parts(im_detect_all(model_type, model, im))
+        out_path = write_vis_image(args.output_dir, path, im, cls_boxes, class_names, args.thresh, cls_segms=cls_segms,
+                                   cls_keyps=cls_keyps, keypoint_names=keypoint_names)
         logger.info('%s -> %s', path, out_path)
     if failed:
         raise DatasetError('{} of {} images could not be read and were skipped ({}{}); the others were written to '

@@ -5,7 +5,8 @@ Detectron blob names map to our state_dict keys mechanically (docs/DESIGN.md, "P
 GroupNorm models (Detectron's ConvGN, the 04_2018_gn_baselines) name the norm `<prefix>_gn_s`/`_gn_b`
 (the stem's `conv1_gn_*`, FPN's `fpn_inner_*_gn_*`, `fpn_*_sum_gn_*`), which load into the same modules;
 the GN box head's `head_conv<i>` and the mask head's `_[mask]_fcn<i>` (`_mask_fcn<i>` + `_gn` with GroupNorm),
-`conv5_mask` and `mask_fcn_logits` map to `box_head.head_conv<i>` and `mask_head.*`. The C4 models' res5 RoI
+`conv5_mask` and `mask_fcn_logits` map to `box_head.head_conv<i>` and `mask_head.*`; the keypoint head's
+`conv_fcn<i>`, `kps_deconv`, `kps_score_lowres` and `kps_score` to `keypoint_head.*`. The C4 models' res5 RoI
 head (`box_head.res5.*`) holds Detectron's `res5_*` blobs, and their single-scale RPN (a body ending at res4)
 is `conv_rpn` / `rpn_cls_logits` / `rpn_bbox_pred` without FPN's `_fpn2`.
 Loading follows Detectron's utils/net.py: for every model tensor the blob of its Detectron name is
@@ -121,6 +122,8 @@ def _fpn_inner_name(level, last):
     return 'fpn_inner_{}{}'.format(_stage_sum(stage, last), '' if stage == _COARSEST_STAGE else '_lateral')
 
 
+# The keypoint head (keypoint_rcnn_heads.py) keeps Detectron's blob names; kps_score is the fixed bilinear one.
+_KEYPOINT_KEY = r'^keypoint_head\.(conv_fcn\d+|kps_deconv|kps_score_lowres|kps_score)\.(weight|bias)$'
 # (pattern of our key, name(match, last blocks per stage, norm)); norm picks the stem's and blocks'
 # norm names (the modules keep Detectron's `_bn` attribute names whatever their kind).
 _KEY_RULES = [
@@ -165,6 +168,7 @@ _KEY_RULES = [
      lambda m, _, norm: f"_mask_fcn{m.group(1)}{_NORM_SUFFIX['gn'][m.group(2)]}"),
     (re.compile(r'^mask_head\.(conv5_mask|mask_fcn_logits)\.(weight|bias)$'),
      lambda m, _, norm: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
+    (re.compile(_KEYPOINT_KEY), lambda m, _, norm: m.group(1) + _PARAM_SUFFIX[m.group(2)]),
 ]
 
 _BLOB_PARAM = {'w': 'weight', 'b': 'bias', 's': 'weight'}
@@ -199,6 +203,8 @@ _BLOB_RULES = [
      lambda m: f"mask_head.fcn{m.group(1)}{m.group(2) or ''}.{_BLOB_PARAM[m.group(3)]}"),
     (re.compile(r'^(conv5_mask|mask_fcn_logits)_([wb])$'),
      lambda m: f'mask_head.{m.group(1)}.{_BLOB_PARAM[m.group(2)]}'),
+    (re.compile(r'^(conv_fcn\d+|kps_deconv|kps_score_lowres|kps_score)_([wb])$'),
+     lambda m: f'keypoint_head.{m.group(1)}.{_BLOB_PARAM[m.group(2)]}'),
 ]
 
 

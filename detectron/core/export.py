@@ -249,7 +249,7 @@ def verify_dataset(model_type, model, detect_exported, name, output_dir):
     for side, typed in (('pytorch', model_type), ('exported', _ExportedModelType(model_type, detect_exported))):
         side_dir = os.path.join(output_dir, side)
         os.makedirs(side_dir, exist_ok=True)
-        _, (all_boxes, all_segms) = test_engine.test_net(typed, None, name, side_dir, model=model)
+        _, (all_boxes, all_segms, _) = test_engine.test_net(typed, None, name, side_dir, model=model)
         detections[side] = (all_boxes, all_segms)
         results[side] = task_evaluation.evaluate_all(
             JsonDataset(name), all_boxes, side_dir, competition_mode=cfg.TEST.COMPETITION_MODE,

@@ -1,12 +1,12 @@
 """Inference on one image by a model of the model type it is handed (Detectron's core/test.py API).
 
 `im_detect_all` runs a model of the model type it is handed and returns Detectron's `cls_boxes`
-(with `cls_segms` beside them for a Mask R-CNN). `im_detect_bbox`, `im_detect_bbox_aug`,
-`im_detect_mask_aug`, `box_results_with_nms_and_limit` and `segm_results` are Detectron's R-CNN
-functions of those names (with KL-Loss's variance voting
-when STD_NMS), with the model type as their first argument: they take their settings from the cfg
-the model type is bound to (model_type.cfg), not the global one, and call the plain-argument
-implementations in detectron/modeling/rcnn_inference.py and mask_inference.py.
+(with `cls_segms` beside them for a Mask R-CNN, and `cls_keyps` for a Keypoint R-CNN). `im_detect_bbox`,
+`im_detect_bbox_aug`, `im_detect_mask_aug`, `box_results_with_nms_and_limit`, `segm_results` and
+`keypoint_results` are Detectron's R-CNN functions of those names (with KL-Loss's variance voting when
+STD_NMS), with the model type as their first argument: they take their settings from the cfg the model type
+is bound to (model_type.cfg), not the global one, and call the plain-argument implementations in
+detectron/modeling/rcnn_inference.py, mask_inference.py and keypoint_inference.py.
 """
 import dataclasses
 
@@ -14,14 +14,16 @@ import numpy as np
 
 import torch
 
-from detectron.modeling import mask_inference, rcnn_builder, rcnn_checks, rcnn_inference, test_time_aug
+from detectron.modeling import (keypoint_inference, keypoint_rcnn_builder, mask_inference, rcnn_builder, rcnn_checks,
+                                rcnn_inference, test_time_aug)
 from detectron.utils.errors import ConfigValueError
 
 
 def im_detect_all(model_type, model, im):
     """`cls_boxes` of one BGR image (H, W, 3) by model, a model of model_type: cls_boxes[j] is a
     float32 (N_j, 5) array (x1, y1, x2, y2, score) for class j >= 1; class 0 is empty. A model with
-    masks returns (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of detection cls_boxes[j][k]."""
+    masks returns (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of detection cls_boxes[j][k]; a model
+    with keypoints (cls_boxes, cls_segms or None, cls_keyps), cls_keyps[j][k] its (4, K) keypoints."""
     return model_type.detector()(model, model_type.test_inputs()(im))
 
 
@@ -90,3 +92,14 @@ def segm_results(model_type, cls_boxes, masks, ref_boxes, im_h, im_w):
     channels = classes if cfg.MRCNN.CLS_SPECIFIC_MASK else np.zeros_like(classes)
     return mask_inference.segm_results(cls_boxes, masks[np.arange(len(masks)), channels], ref_boxes, im_h, im_w,
                                        cfg.MRCNN.THRESH_BINARIZE)
+
+
+def keypoint_results(model_type, cls_boxes, pred_heatmaps, ref_boxes):
+    """Detectron's `keypoint_results`: cls_keyps, per class the (4, K) (x, y, logit, prob) keypoints of the
+    detections ref_boxes (R, 4), listed class by class as in cls_boxes, from their heatmap logits
+    pred_heatmaps (R, K, M, M), with KRCNN.INFERENCE_MIN_SIZE and KRCNN.NMS_OKS of model_type.cfg (OKS NMS
+    drops detections from cls_boxes in place, as Detectron's)."""
+    kept, cls_keyps = keypoint_inference.keypoint_results(cls_boxes, pred_heatmaps, ref_boxes,
+                                                          keypoint_rcnn_builder.keypoint_params(model_type.cfg))
+    cls_boxes[:] = kept
+    return cls_keyps

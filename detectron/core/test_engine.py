@@ -215,7 +215,7 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
         for i, ((sample, index), result) in enumerate(zip(batch, detections), done):
             drawn = stored.add(i, result)
             if cfg.VIS and drawn is not None:
-                _write_vis(output_dir, roidb[index]['image'], sample['image'], *drawn, dataset.classes)
+                _write_vis(output_dir, roidb[index]['image'], sample['image'], *drawn, dataset)
         now, detect_time = time.perf_counter(), after_detect - before_detect
         detect_s += detect_time
         misc_s += now - last - detect_time
@@ -267,7 +267,8 @@ def check_range(ind_range, dataset):
                                .format(start, end, name, total, total))
 
 
-def _write_vis(output_dir, image_path, im, cls_boxes, cls_segms, class_names):
+def _write_vis(output_dir, image_path, im, cls_boxes, cls_segms, cls_keyps, dataset):
     vis_dir = os.path.join(output_dir, 'vis')
     os.makedirs(vis_dir, exist_ok=True)
-    write_vis_image(vis_dir, image_path, im, cls_boxes, class_names, cfg.VIS_TH, cls_segms=cls_segms)
+    write_vis_image(vis_dir, image_path, im, cls_boxes, dataset.classes, cfg.VIS_TH, cls_segms=cls_segms,
+                    cls_keyps=cls_keyps, keypoint_names=dataset.keypoints)

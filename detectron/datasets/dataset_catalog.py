@@ -73,6 +73,15 @@ _BUILTIN = {
         ('coco/coco_test2015', 'coco/annotations/image_info_test2015.json'),
     'keypoints_coco_2015_test-dev':
         ('coco/coco_test2015', 'coco/annotations/image_info_test-dev2015.json'),
+    # KL-Loss-era COCO 2017 keypoint files (COCO's person_keypoints_*2017.json), beside Detectron's 2014 ones.
+    'keypoints_coco_2017_train':
+        ('coco/coco_train2017', 'coco/annotations/person_keypoints_train2017.json'),
+    'keypoints_coco_2017_val':
+        ('coco/coco_val2017', 'coco/annotations/person_keypoints_val2017.json'),
+    'keypoints_coco_2017_test':
+        ('coco/coco_test2015', 'coco/annotations/image_info_test2017.json', 'COCO_test2015_'),
+    'keypoints_coco_2017_test-dev':
+        ('coco/coco_test2015', 'coco/annotations/image_info_test-dev2017.json', 'COCO_test2015_'),
     'voc_2007_train': ('VOC2007/JPEGImages', 'VOC2007/annotations/voc_2007_train.json'),
     'voc_2007_trainval': ('VOC2007/JPEGImages', 'VOC2007/annotations/voc_2007_trainval.json'),
     'voc_2007_val': ('VOC2007/JPEGImages', 'VOC2007/annotations/voc_2007_val.json'),
@@ -172,11 +181,10 @@ def _builtin_entry(name, image_directory, annotation_file, image_prefix=''):
 
 
 def _shapes_entry(name):
-    root = shapes.ensure_shapes_dataset()
-    image_subdir, annotation_name = shapes.SPLITS[name]
+    image_directory, annotation_file = shapes.split_files(name)
     return {
-        _IM_DIR: os.path.join(root, image_subdir),
-        _ANN_FN: os.path.join(root, 'annotations', annotation_name),
+        _IM_DIR: image_directory,
+        _ANN_FN: annotation_file,
         _IM_PREFIX: '',
         _DEVKIT_DIR: '',
     }

@@ -11,6 +11,7 @@ from pycocotools.coco import COCO
 
 from detectron.datasets import annotations, dataset_catalog, proposal_files
 from detectron.utils import boxes as box_utils
+from detectron.utils import keypoints as keypoint_utils
 from detectron.utils.errors import DatasetError
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,29 @@ class JsonDataset(object):
         self.contiguous_category_id_to_json_id = {
             v: k for k, v in self.json_category_id_to_contiguous_id.items()
         }
+        self._init_keypoints()
+
+    def _init_keypoints(self):
+        """Detectron's keypoint fields: keypoints (the names, None when no category lists any),
+        keypoints_to_id_map, num_keypoints and keypoint_flip_map (each 'left_<x>' to its 'right_<x>':
+        for COCO's person Detectron's hard-coded map), from the first category listing 'keypoints'
+        (COCO: 'person', the only one Detectron reads); keypoint_oks_sigmas: that category's
+        'keypoint_oks_sigmas' (the synthetic keypoint shapes), else COCO's person sigmas."""
+        self.keypoints = self.keypoint_flip_map = self.keypoints_to_id_map = None
+        self.num_keypoints = 0
+        self.keypoint_oks_sigmas = keypoint_utils.COCO_OKS_SIGMAS
+        category = next((c for c in self.COCO.loadCats(self.COCO.getCatIds()) if c.get('keypoints')), None)
+        if category is None:
+            return
+        self.keypoints = list(category['keypoints'])
+        self.keypoints_to_id_map = dict(zip(self.keypoints, range(len(self.keypoints))))
+        self.num_keypoints = len(self.keypoints)
+        self.keypoint_flip_map = keypoint_utils.flip_map_of(self.keypoints)
+        self.keypoint_oks_sigmas = tuple(category.get('keypoint_oks_sigmas', self.keypoint_oks_sigmas))
+        if len(self.keypoint_oks_sigmas) != self.num_keypoints:
+            raise DatasetError('dataset {}: category {!r} has {} keypoints but {} OKS sigmas; give it '
+                               '"keypoint_oks_sigmas" with one per keypoint'.format(
+                                   self.name, category['name'], self.num_keypoints, len(self.keypoint_oks_sigmas)))
 
     def check_model_classes(self, model_classes, at_least=False):
         """A model whose class count (background included) differs from the dataset's would be scored
@@ -126,7 +150,10 @@ class JsonDataset(object):
         entry['dataset'] = self
         entry['image'] = im_path
         entry['flipped'] = False
+        entry['has_visible_keypoints'] = False
         _set_gt_fields(entry, *_empty_gt(self.num_classes))
+        if self.keypoints is not None:
+            entry['gt_keypoints'] = np.zeros((0, 3, self.num_keypoints), dtype=np.int32)
         for k in _DROPPED_IMAGE_FIELDS:
             entry.pop(k, None)
 
@@ -147,6 +174,10 @@ class JsonDataset(object):
         anns = [a for a, keep in zip(anns, valid) if keep]
         if segms is not None:
             entry['segms'] = [segms[a['id']] for a in anns]
+        if self.keypoints is not None:
+            entry['gt_keypoints'] = np.stack([self._get_gt_keypoints(a) for a in anns]).reshape(
+                -1, 3, self.num_keypoints)
+            entry['has_visible_keypoints'] = bool(entry['gt_keypoints'][:, 2, :].sum() > 0)
         classes = np.array([self.json_category_id_to_contiguous_id[a['category_id']] for a in anns], dtype=np.int32)
         is_crowd = np.array([bool(a['iscrowd']) for a in anns], dtype=bool)
         gt_overlaps = np.zeros((len(anns), self.num_classes), dtype=np.float32)
@@ -162,6 +193,20 @@ class JsonDataset(object):
             is_crowd=is_crowd,
         )
         return invalid
+
+
+    def _get_gt_keypoints(self, obj):
+        """Detectron's (3, K) int32 (x, y, visibility) of an annotation ('keypoints' [x1, y1, v1, ...],
+        coordinates truncated to int as Detectron's int32 array does); all zeros without keypoints."""
+        keypoints = np.zeros((3, self.num_keypoints), dtype=np.int32)
+        if 'keypoints' in obj:
+            values = np.asarray(obj['keypoints'], dtype=np.float64)
+            if len(values) != 3 * self.num_keypoints:
+                raise DatasetError('dataset {}: annotation {} has {} keypoint values; its category lists {} '
+                                   'keypoints (3 values each)'.format(self.name, obj.get('id'), len(values),
+                                                                      self.num_keypoints))
+            keypoints[:] = values.reshape(-1, 3).T
+        return keypoints
 
 
 def _read_coco(annotation_file, name):

@@ -1,4 +1,4 @@
-"""COCO box and mask evaluation of detections on a JsonDataset: Detectron's results json + COCOeval."""
+"""COCO box, mask and keypoint evaluation of detections on a JsonDataset: Detectron's results json + COCOeval."""
 
 import contextlib
 import io
@@ -25,10 +25,17 @@ class ResultsFormat:
     """How a model's (x1, y1, x2, y2) boxes become the results json's [x, y, w, h]: Detectron's
     boxes are inclusive pixel indices, w = x2 - x1 + 1 (box_width_offset 1) computed in float64;
     CenterNet's are continuous, w = x2 - x1 (offset 0) computed on its float32 rows, and its json
-    rounds boxes and scores to 2 decimals (where float32 and float64 widths round apart)."""
+    rounds boxes and scores to 2 decimals (where float32 and float64 widths round apart).
+    keypoint_confidence: a keypoint result's score, Detectron's KRCNN.KEYPOINT_CONFIDENCE: its box's
+    score ('bbox'), or the mean over its keypoints of their heatmap logit ('logit') or probability ('prob')."""
     box_width_offset: float = 1.0
     decimals: int = None
     dtype: type = np.float64
+    keypoint_confidence: str = 'bbox'
+
+
+# KRCNN.KEYPOINT_CONFIDENCE -> the row of heatmaps_to_keypoints' (x, y, logit, prob) output it averages.
+KEYPOINT_CONFIDENCES = {'bbox': None, 'logit': 2, 'prob': 3}
 
 
 DETECTRON_RESULTS = ResultsFormat()
@@ -56,6 +63,26 @@ def evaluate_masks(json_dataset, all_boxes, all_segms, output_dir, use_salt=True
     return _evaluate_results_file(json_dataset, res_file, num_results, output_dir, 'segm', cleanup)
 
 
+def evaluate_keypoints(json_dataset, all_boxes, all_keyps, output_dir, use_salt=True, cleanup=False,
+                       results_format=DETECTRON_RESULTS):
+    """Detectron's evaluate_keypoints: write the keypoint results json (all_keyps[cls][img] lists the
+    (4, K) (x, y, logit, prob) keypoints of all_boxes[cls][img]), evaluate it with COCOeval('keypoints')
+    at the dataset's OKS sigmas and return the COCOeval (None for a 'test' set, as evaluate_boxes)."""
+    res_file = _results_path(output_dir, 'keypoints_', json_dataset.name, use_salt)
+    score_row = KEYPOINT_CONFIDENCES[results_format.keypoint_confidence]
+
+    def one_category(cls_ind, image_ids, category_id):
+        for image_id, dets, keyps in zip(image_ids, all_boxes[cls_ind], all_keyps[cls_ind]):
+            box_scores = np.asarray(dets, dtype=np.float64).reshape(-1, 5)[:, 4]
+            for kps, box_score in zip(keyps, box_scores):
+                kps = np.asarray(kps)
+                xy = np.stack([kps[0], kps[1], np.ones_like(kps[0])], axis=1).astype(np.float64).ravel().tolist()
+                score = box_score if score_row is None else np.mean(kps[score_row], dtype=np.float64)
+                yield {'image_id': image_id, 'category_id': category_id, 'keypoints': xy, 'score': float(score)}
+    num_results = _write_results_file(json_dataset, 'all_keyps', all_keyps, res_file, 'keypoints', one_category)
+    return _evaluate_results_file(json_dataset, res_file, num_results, output_dir, 'keypoints', cleanup)
+
+
 def _results_path(output_dir, prefix, dataset_name, use_salt):
     res_file = os.path.join(output_dir, prefix + dataset_name + '_results')
     if use_salt:
@@ -64,12 +91,13 @@ def _results_path(output_dir, prefix, dataset_name, use_salt):
 
 
 # COCOeval iouType -> (name in the log, file of the pickled COCOeval), as Detectron's.
-_EVAL_OUTPUTS = {'bbox': ('Bbox', 'detection_results.pkl'), 'segm': ('Segmentation', 'segmentation_results.pkl')}
-_RESULTS_PREFIXES = {'bbox': 'bbox_', 'segm': 'segmentations_'}
+_EVAL_OUTPUTS = {'bbox': ('Bbox', 'detection_results.pkl'), 'segm': ('Segmentation', 'segmentation_results.pkl'),
+                 'keypoints': ('Keypoint', 'keypoint_results.pkl')}
+_RESULTS_PREFIXES = {'bbox': 'bbox_', 'segm': 'segmentations_', 'keypoints': 'keypoints_'}
 
 
 def remove_stale_results(output_dir, dataset_name, iou_type):
-    """Remove the results json and pickled COCOeval of task iou_type ('bbox' or 'segm') that an earlier test of
+    """Remove the results json and pickled COCOeval of task iou_type ('bbox', 'segm' or 'keypoints') that an earlier test of
     dataset_name left in output_dir, so that no file beside a new test's outputs describes other detections
     (a box-only test after a mask test in one OUTPUT_DIR). Returns the removed paths."""
     paths = [_results_path(output_dir, _RESULTS_PREFIXES[iou_type], dataset_name, use_salt=False),
@@ -168,9 +196,14 @@ def _do_detection_eval(json_dataset, res_file, num_results, output_dir, iou_type
     coco_gt = json_dataset.COCO
     coco_dt = coco_gt.loadRes(res_file) if num_results else _empty_results(coco_gt)
     coco_eval = COCOeval(coco_gt, coco_dt, iou_type)
+    if iou_type == 'keypoints':
+        coco_eval.params.kpt_oks_sigmas = np.asarray(json_dataset.keypoint_oks_sigmas, dtype=np.float64)
     coco_eval.evaluate()
     coco_eval.accumulate()
-    _log_detection_eval_metrics(json_dataset, coco_eval)
+    if iou_type == 'keypoints':  # Detectron prints only COCOeval's summary of keypoints
+        _log_summary(coco_eval)
+    else:
+        _log_detection_eval_metrics(json_dataset, coco_eval)
     eval_file = os.path.join(output_dir, eval_file)
     save_object(coco_eval, eval_file)
     logger.info('Wrote json eval results to: {}'.format(eval_file))
@@ -198,15 +231,20 @@ def _log_detection_eval_metrics(json_dataset, coco_eval):
         logger.info('{}: {}'.format(json_dataset.classes[cls_ind], '{:.1f}'.format(100 * ap) if ap >= 0
                                     else 'absent (no ground-truth box of this class in the dataset)'))
     logger.info('~~~~ Summary metrics ~~~~')
+    _log_summary(coco_eval)
+    for iou in EXTRA_AP_IOUS:
+        logger.info(' {:<18} {} @[ IoU={:<9} | area={:>6s} | maxDets={:>3d} ] = {:0.3f}'.format(
+            'Average Precision', '(AP)', '{:0.2f}'.format(iou), 'all', 100,
+            ap_at_iou(coco_eval, iou)))
+
+
+def _log_summary(coco_eval):
+    """COCOeval.summarize()'s lines, logged."""
     summary = io.StringIO()
     with contextlib.redirect_stdout(summary):
         coco_eval.summarize()
     for line in summary.getvalue().splitlines():
         logger.info(line)
-    for iou in EXTRA_AP_IOUS:
-        logger.info(' {:<18} {} @[ IoU={:<9} | area={:>6s} | maxDets={:>3d} ] = {:0.3f}'.format(
-            'Average Precision', '(AP)', '{:0.2f}'.format(iou), 'all', 100,
-            ap_at_iou(coco_eval, iou)))
 
 
 def _precision(coco_eval, iou_lo, iou_hi):

@@ -11,12 +11,15 @@ logger = logging.getLogger(__name__)
 
 # Metric name -> index in COCOeval.stats (the standard summary).
 _COCO_STATS_METRICS = (('AP', 0), ('AP50', 1), ('AP75', 2), ('APs', 3), ('APm', 4), ('APl', 5))
+# COCOeval('keypoints') has no small objects: its stats run AP, AP50, AP75, APm, APl (Detectron's COCO_KPS_*).
+_COCO_KEYPOINT_METRICS = (('AP', 0), ('AP50', 1), ('AP75', 2), ('APm', 3), ('APl', 4))
 
 
 def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True,
-                 results_format=json_dataset_evaluator.DETECTRON_RESULTS, all_segms=None):
-    """Evaluate every task the detections have: boxes, and masks when all_segms (all_segms[cls][img]
-    the RLEs of all_boxes[cls][img]) is given; returns {dataset name: {'box': ..., 'mask': ...}}."""
+                 results_format=json_dataset_evaluator.DETECTRON_RESULTS, all_segms=None, all_keyps=None):
+    """Evaluate every task the detections have: boxes, masks when all_segms (all_segms[cls][img]
+    the RLEs of all_boxes[cls][img]) is given and keypoints when all_keyps (all_keyps[cls][img] their
+    (4, K) keypoints) is; returns {dataset name: {'box': ..., 'mask': ..., 'keypoint': ...}}."""
     results = evaluate_boxes(dataset, all_boxes, output_dir, competition_mode, results_format)
     logger.info('Evaluating bounding boxes is done!')
     if all_segms:
@@ -25,6 +28,12 @@ def evaluate_all(dataset, all_boxes, output_dir, competition_mode=True,
         logger.info('Evaluating segmentations is done!')
     else:
         json_dataset_evaluator.remove_stale_results(output_dir, dataset.name, 'segm')
+    if all_keyps:
+        results[dataset.name].update(evaluate_keypoints(dataset, all_boxes, all_keyps, output_dir, competition_mode,
+                                                        results_format)[dataset.name])
+        logger.info('Evaluating keypoints is done!')
+    else:
+        json_dataset_evaluator.remove_stale_results(output_dir, dataset.name, 'keypoints')
     return results
 
 
@@ -57,6 +66,19 @@ def evaluate_masks(dataset, all_boxes, all_segms, output_dir, competition_mode=T
     coco_eval = json_dataset_evaluator.evaluate_masks(
         dataset, all_boxes, all_segms, output_dir, use_salt=not competition_mode, cleanup=not competition_mode)
     return OrderedDict([(dataset.name, OrderedDict([('mask', _coco_eval_to_results(coco_eval))]))])
+
+
+def evaluate_keypoints(dataset, all_boxes, all_keyps, output_dir, competition_mode=True,
+                       results_format=json_dataset_evaluator.DETECTRON_RESULTS):
+    """COCO keypoint AP (COCOeval 'keypoints', OKS) of all_keyps on the JsonDataset `dataset`:
+    OrderedDict{dataset name: {'keypoint': OrderedDict of AP, AP50, AP75, APm, APl}} (-1 when not evaluated)."""
+    logger.info('Evaluating keypoints')
+    coco_eval = json_dataset_evaluator.evaluate_keypoints(
+        dataset, all_boxes, all_keyps, output_dir, use_salt=not competition_mode, cleanup=not competition_mode,
+        results_format=results_format)
+    metrics = OrderedDict((name, float(coco_eval.stats[i]) if coco_eval is not None else -1)
+                          for name, i in _COCO_KEYPOINT_METRICS)
+    return OrderedDict([(dataset.name, OrderedDict([('keypoint', metrics)]))])
 
 
 def log_copy_paste_friendly_results(results):

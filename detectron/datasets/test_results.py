@@ -1,6 +1,6 @@
 """What test_net keeps of a model's per-image results, how slices merge, the files they are written to
-and how they are evaluated (ModelType.test_results): Detectron's detections (all_boxes / all_segms,
-detections.pkl, COCO AP) or, for an RPN-only model, its proposals (rpn_proposals.pkl, proposal recall)."""
+and how they are evaluated (ModelType.test_results): Detectron's detections (all_boxes / all_segms /
+all_keyps, detections.pkl, COCO AP) or, for an RPN-only model, its proposals (rpn_proposals.pkl, proposal recall)."""
 import logging
 import os
 
@@ -11,14 +11,23 @@ from detectron.utils.io import save_object
 logger = logging.getLogger(__name__)
 
 
+def detection_parts(detections):
+    """A detector's result (cls_boxes, (cls_boxes, cls_segms) or, for a Keypoint R-CNN, (cls_boxes, cls_segms
+    or None, cls_keyps)) -> (cls_boxes, cls_segms or None, cls_keyps or None)."""
+    if not isinstance(detections, tuple):
+        return detections, None, None
+    return tuple(detections) + (None,) * (3 - len(detections))
+
+
 def boxes_and_segms(detections):
     """A detector's result -> (cls_boxes, cls_segms or None)."""
-    return detections if isinstance(detections, tuple) else (detections, None)
+    return detection_parts(detections)[:2]
 
 
 class DetectionResults:
-    """Detectron's all_boxes[j][i] (and all_segms[j][i] for a detector with masks) of detectors returning
-    cls_boxes or (cls_boxes, cls_segms); the value of a slice is the pair (all_boxes, all_segms or None)."""
+    """Detectron's all_boxes[j][i] (and all_segms[j][i] / all_keyps[j][i] for a detector with masks /
+    keypoints) of detectors returning cls_boxes, (cls_boxes, cls_segms) or (cls_boxes, cls_segms or None,
+    cls_keyps); the value of a slice is the triple (all_boxes, all_segms or None, all_keyps or None)."""
 
     def __init__(self, results_format=DETECTRON_RESULTS, competition_mode=True):
         self.results_format, self.competition_mode = results_format, competition_mode
@@ -28,62 +37,76 @@ class DetectionResults:
 
     def merge(self, values):
         """The values of consecutive slices, in slice order, as one."""
-        per_range_boxes, per_range_segms = zip(*values)
-        if all(segms is None for segms in per_range_segms):
-            return merge_ranges(per_range_boxes), None
-        # A slice of no images has no segms: it contributes no images either way.
-        per_range_segms = [segms if segms is not None else boxes for boxes, segms in values]
-        return merge_ranges(per_range_boxes), merge_ranges(per_range_segms)
+        return (merge_ranges([value[0] for value in values]),) + tuple(_merged_part(values, part) for part in (1, 2))
 
     def save_range(self, value, output_dir, ind_range, cfg_yaml):
         """detection_range_S_E.pkl, as Detectron's child processes write it."""
         path = os.path.join(output_dir, 'detection_range_{}_{}.pkl'.format(*ind_range))
-        all_boxes, all_segms = value
-        save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'cfg': cfg_yaml}, path)
+        save_object(_detections_pkl(value, cfg_yaml), path)
         logger.info('Wrote detections of range %s to %s', ind_range, path)
 
     def evaluate(self, dataset, value, output_dir, cfg_yaml):
-        """Write detections.pkl and evaluate it: {dataset name: {'box': ..., 'mask': ...}}."""
-        all_boxes, all_segms = value
+        """Write detections.pkl and evaluate it: {dataset name: {'box': ..., 'mask': ..., 'keypoint': ...}}."""
+        all_boxes, all_segms, all_keyps = value
         path = os.path.join(output_dir, 'detections.pkl')
-        save_object({'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': [], 'cfg': cfg_yaml}, path)
+        save_object(_detections_pkl(value, cfg_yaml), path)
         logger.info('Wrote detections to: %s', os.path.abspath(path))
         return task_evaluation.evaluate_all(dataset, all_boxes, output_dir, competition_mode=self.competition_mode,
-                                            results_format=self.results_format, all_segms=all_segms)
+                                            results_format=self.results_format, all_segms=all_segms,
+                                            all_keyps=all_keyps)
+
+
+def _detections_pkl(value, cfg_yaml):
+    all_boxes, all_segms, all_keyps = value
+    return {'all_boxes': all_boxes, 'all_segms': all_segms or [], 'all_keyps': all_keyps or [], 'cfg': cfg_yaml}
+
+
+def _merged_part(values, part):
+    """The merged all_segms (part 1) or all_keyps (part 2) of the slices, None when no slice has them. A slice
+    of no images has none: it contributes no images either way."""
+    if all(value[part] is None for value in values):
+        return None
+    return merge_ranges([value[part] if value[part] is not None else value[0] for value in values])
 
 
 def merge_ranges(per_range):
-    """Concatenate all_boxes[cls][img] (or all_segms[cls][img]) lists of consecutive ranges, in range
-    order."""
+    """Concatenate all_boxes[cls][img] (or all_segms / all_keyps [cls][img]) lists of consecutive ranges, in
+    range order."""
     num_classes = len(per_range[0])
     return [[dets for part in per_range for dets in part[j]] for j in range(num_classes)]
 
 
 class _Detections:
-    """all_boxes[j][i] of the tested images, and all_segms[j][i] once the detector returns masks."""
+    """all_boxes[j][i] of the tested images, and all_segms[j][i] / all_keyps[j][i] once the detector returns
+    masks / keypoints."""
 
     def __init__(self, num_classes, num_images):
         self.num_classes, self.num_images = num_classes, num_images
         self.all_boxes = self._empty()
         self.all_segms = None
+        self.all_keyps = None
 
     def _empty(self):
         return [[[] for _ in range(self.num_images)] for _ in range(self.num_classes)]
 
     def add(self, i, result):
-        """Store image i's result; returns (cls_boxes, cls_segms or None) to draw."""
-        cls_boxes, cls_segms = boxes_and_segms(result)
+        """Store image i's result; returns (cls_boxes, cls_segms or None, cls_keyps or None) to draw."""
+        cls_boxes, cls_segms, cls_keyps = detection_parts(result)
         for j in range(1, self.num_classes):
             self.all_boxes[j][i] = cls_boxes[j]
         if cls_segms is not None:
             self.all_segms = self.all_segms or self._empty()
             for j in range(1, self.num_classes):
                 self.all_segms[j][i] = cls_segms[j]
-        return cls_boxes, cls_segms
+        if cls_keyps is not None:
+            self.all_keyps = self.all_keyps or self._empty()
+            for j in range(1, self.num_classes):
+                self.all_keyps[j][i] = cls_keyps[j]
+        return cls_boxes, cls_segms, cls_keyps
 
     @property
     def value(self):
-        return self.all_boxes, self.all_segms
+        return self.all_boxes, self.all_segms, self.all_keyps
 
 
 class ProposalResults:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from detectron.modeling import fast_rcnn_heads, mask_rcnn_heads, rpn_heads
+from detectron.modeling import fast_rcnn_heads, keypoint_rcnn_heads, mask_rcnn_heads, rpn_heads
 from detectron.ops.roi_pooling import roi_feature_transform, single_level_roi_transform
-from detectron.roi_data.fast_rcnn import sample_rois
+from detectron.roi_data.fast_rcnn import candidate_assignments, sample_rois
+from detectron.roi_data.keypoint_rcnn import keypoint_targets
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.rpn import rpn_targets
 from detectron.utils import boxes as box_utils
@@ -38,6 +39,16 @@ class MaskParams:
     # v0upshare: the mask head runs on the box head's res5 (its map of the fg RoIs in training, recomputed
     # on the detections at test time) instead of pooled features
     shares_box_head: bool = False
+
+
+@dataclass(frozen=True)
+class KeypointParams:
+    """Detectron's KRCNN values the keypoint branch needs besides its head module."""
+    heatmap_size: int = 56
+    roi_resolution: int = 14
+    roi_sampling_ratio: int = 2
+    loss_weight: float = 1.0
+    normalize_by_visible_keypoints: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class RCNNParams:
     # so a shape costs about its static outputs and gradients.
     train_max_graphs: int = 8
     mask: MaskParams = MaskParams()  # read only when the model has a mask head
+    keypoints: KeypointParams = KeypointParams()  # read only when the model has a keypoint head
 
 
 class GeneralizedRCNN(nn.Module):
@@ -95,13 +107,14 @@ class GeneralizedRCNN(nn.Module):
     training replays it (forward and backward) from graphs per padded batch shape.
     """
 
-    def __init__(self, conv_body, rpn, box_head, box_outs, params: RCNNParams, mask_head=None):
+    def __init__(self, conv_body, rpn, box_head, box_outs, params: RCNNParams, mask_head=None, keypoint_head=None):
         super().__init__()
         self.conv_body = conv_body
         self.rpn = rpn
         self.box_head = box_head
         self.box_outs = box_outs
         self.mask_head = mask_head  # Mask R-CNN (MODEL.MASK_ON) or None
+        self.keypoint_head = keypoint_head  # Keypoint R-CNN (MODEL.KEYPOINTS_ON) or None
         self.params = params
         self.channels_last = False
 
@@ -190,6 +203,28 @@ class GeneralizedRCNN(nn.Module):
         pooled = self._pooled(features, rois, m.roi_resolution, m.roi_sampling_ratio, m.roi_xform_method)
         return self.mask_head(self.box_head.conv5(pooled) if m.shares_box_head else pooled)
 
+    def keypoint_logits(self, features, rois):
+        """Keypoint heatmap logits (R, K, M, M) of `rois` (R, 5) as mask_logits, pooled at
+        KRCNN.ROI_XFORM_RESOLUTION, through the keypoint head."""
+        k = self.params.keypoints
+        return self.keypoint_head(self._pooled(features, rois, k.roi_resolution, k.roi_sampling_ratio))
+
+    def _keypoint_targets(self, proposals, proposal_valid, im_info, targets, candidates):
+        p = self.params
+        return keypoint_targets(proposals, im_info[:, 2], targets, fg_thresh=p.fg_thresh,
+                                fg_rois_per_image=int(round(p.fg_fraction * p.batch_size_per_im)),
+                                heatmap_size=p.keypoints.heatmap_size, proposal_valid=proposal_valid,
+                                candidates=candidates)
+
+    def _keypoint_loss(self, features, kt, num_images):
+        p = self.params
+        normalizer = None
+        if not p.keypoints.normalize_by_visible_keypoints:
+            # Detectron's keypoint_loss_normalizer: the visible count over a full batch of fg RoIs' keypoints.
+            normalizer = kt.weights.sum() / (num_images * p.batch_size_per_im * p.fg_fraction * kt.weights.shape[1])
+        return keypoint_rcnn_heads.keypoint_loss(self.keypoint_logits(features, kt.rois), kt.labels, kt.weights,
+                                                 loss_weight=p.keypoints.loss_weight, normalizer=normalizer)
+
     def _losses(self, features, logits, deltas, anchors, im_info, targets):
         p = self.params
         gt_boxes = [t['boxes'] for t in targets]
@@ -211,16 +246,21 @@ class GeneralizedRCNN(nn.Module):
                 return losses
             proposals, proposal_valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals,
                                                         training=True)
+        # The keypoint RoIs are drawn from the same candidates as the box head's: their overlaps computed once.
+        candidates = (candidate_assignments(proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd)
+                      if self.keypoint_head is not None else None)
         sampled = sample_rois(
             proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
             batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
             bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
             bbox_thresh=p.bbox_thresh, cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy,
-            proposal_valid=proposal_valid)
+            proposal_valid=proposal_valid, candidates=candidates)
         if self.mask_head is not None:
             # Before the box head is queued: mask_targets' host sync then waits for little.
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
                               cls_specific=p.mask.cls_specific)
+        if self.keypoint_head is not None:
+            kt = self._keypoint_targets(proposals, proposal_valid, im_info, targets, candidates)
         shares_res5 = self.mask_head is not None and p.mask.shares_box_head
         out = self._box_outputs(features, sampled.rois, keep_conv5=shares_res5)
         box_targets = (sampled.bbox_targets, sampled.bbox_inside_weights, sampled.bbox_outside_weights)
@@ -233,6 +273,8 @@ class GeneralizedRCNN(nn.Module):
             # v0upshare trains on the box head's res5 map of the mask RoIs (Detectron's SampleAs).
             logits = self.mask_head(out['conv5'][mt.rows]) if shares_res5 else self.mask_logits(features, mt.rois)
             losses['loss_mask'] = mask_rcnn_heads.mask_loss(logits, mt.classes, mt.masks, weight=p.mask.weight_loss)
+        if self.keypoint_head is not None:
+            losses['loss_kps'] = self._keypoint_loss(features, kt, len(targets))
         return losses
 
     def _inference(self, features, logits, deltas, anchors, im_info, proposals):
@@ -248,8 +290,8 @@ class GeneralizedRCNN(nn.Module):
                   'bbox_pred': out['bbox_pred'].float()}
         if 'bbox_pred_std' in out:
             result['bbox_pred_std'] = out['bbox_pred_std'].float()
-        if self.mask_head is not None:
-            # For mask_logits on the final detections. Replayed from a CUDA graph, these are the
+        if self.mask_head is not None or self.keypoint_head is not None:
+            # For mask_logits / keypoint_logits on the final detections. Replayed from a CUDA graph, these are the
             # graph's buffers: the caller uses them before the next forward.
             result['features'] = features
         return result

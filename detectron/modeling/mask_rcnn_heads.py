@@ -23,11 +23,12 @@ SHARED_RES5_MASK_HEAD = 'mask_rcnn_heads.mask_rcnn_fcn_head_v0upshare'
 CONV_INITS = ('GaussianFill', 'MSRAFill')
 
 
-def _init_conv_(conv, conv_init):
+def init_conv_(conv, conv_init, std=0.001):
+    """Detectron's conv init: MSRAFill, or GaussianFill of std; bias 0."""
     if conv_init == 'MSRAFill':
         caffe2_msra_fill_(conv.weight)
     else:
-        nn.init.normal_(conv.weight, std=0.001)
+        nn.init.normal_(conv.weight, std=std)
     if conv.bias is not None:
         nn.init.zeros_(conv.bias)
 
@@ -50,14 +51,14 @@ class MaskRCNNHead(nn.Module):
         self.use_gn = use_gn
         for i in range(1, num_convs + 1):
             conv = nn.Conv2d(dim_in if i == 1 else dim_reduced, dim_reduced, 3, padding=1, bias=not use_gn)
-            _init_conv_(conv, conv_init)
+            init_conv_(conv, conv_init)
             setattr(self, f'fcn{i}', conv)
             if use_gn:
                 setattr(self, f'fcn{i}_gn', nn.GroupNorm(gn_groups(dim_reduced), dim_reduced, eps=gn_eps))
         self.conv5_mask = nn.ConvTranspose2d(dim_reduced if num_convs else dim_in, dim_reduced, 2, stride=2)
-        _init_conv_(self.conv5_mask, conv_init)
+        init_conv_(self.conv5_mask, conv_init)
         self.mask_fcn_logits = nn.Conv2d(dim_reduced, num_outputs, 1)
-        _init_conv_(self.mask_fcn_logits, conv_init if num_outputs > 1 else 'GaussianFill')
+        init_conv_(self.mask_fcn_logits, conv_init if num_outputs > 1 else 'GaussianFill')
 
     def forward(self, x):
         for i in range(1, self.num_convs + 1):

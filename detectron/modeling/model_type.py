@@ -57,8 +57,9 @@ class ModelType:
     returning a dict that holds the original image under 'image'), and `detector()(model, sample)`
     returns Detectron's `cls_boxes`: `output_classes()` float32 (N, 5) arrays (x1, y1, x2, y2,
     score), index 0 (background) empty, index j the dataset's contiguous category j; a model with
-    masks returns the pair (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of cls_boxes[j][k]
-    (the engines evaluate masks whenever they get them).
+    masks returns the pair (cls_boxes, cls_segms), cls_segms[j][k] the COCO RLE of cls_boxes[j][k]; a
+    model with keypoints the triple (cls_boxes, cls_segms or None, cls_keyps), cls_keyps[j][k] the (4, K)
+    keypoints of cls_boxes[j][k] (the engines evaluate masks and keypoints whenever they get them).
     """
 
     name = ''  # set by register_model_type

@@ -1,7 +1,9 @@
 """cfg -> Faster R-CNN with FPN or on a C4 body (MODEL.TYPE generalized_rcnn): the model, its training batches
 (Detectron's scale/flip/im_info minibatches) and its test-time detector (box decoding, NMS,
 soft-NMS or KL-Loss's variance voting); also Detectron's RPN-only models (MODEL.RPN_ONLY: proposals
-and their recall) and Fast R-CNN on precomputed proposals (MODEL.FASTER_RCNN False: TRAIN/TEST.PROPOSAL_FILES)."""
+and their recall) and Fast R-CNN on precomputed proposals (MODEL.FASTER_RCNN False: TRAIN/TEST.PROPOSAL_FILES); with
+MODEL.MASK_ON / MODEL.KEYPOINTS_ON the mask and keypoint heads."""
+import dataclasses
 import functools
 import logging
 
@@ -9,14 +11,16 @@ import numpy as np
 import torch
 
 from detectron.checkpoint.c2_weights import load_weights, load_weights_and_momentum
+from detectron.datasets.json_dataset_evaluator import DETECTRON_RESULTS
 from detectron.datasets.roidb import combined_roidb_for_training
 from detectron.datasets.test_results import ProposalResults
-from detectron.modeling import ResNet, rcnn_export, rcnn_inference, test_time_aug
+from detectron.modeling import ResNet, keypoint_rcnn_builder, rcnn_export, rcnn_inference, test_time_aug
 from detectron.modeling.fast_rcnn_heads import FastRCNNOutputs, Roi2MLPHead, RoiXConv1FCGNHead
 from detectron.modeling.generalized_rcnn import GeneralizedRCNN, MaskParams, ProposalParams, RCNNParams
+from detectron.modeling.keypoint_rcnn_builder import build_keypoint_head, keypoint_params, num_keypoints
 from detectron.modeling.mask_rcnn_heads import MASK_HEADS, SHARED_RES5_MASK_HEAD, MaskRCNNHead
-from detectron.modeling.rcnn_checks import (C4_BOX_HEAD, C4_STRIDE, CONV_BODIES, check_supported, has_rpn, is_c4,
-                                          reads_proposal_files)
+from detectron.modeling.rcnn_checks import (C4_BOX_HEAD, C4_STRIDE, CONV_BODIES, box_head_name, check_supported,
+                                          has_rpn, is_c4, reads_proposal_files)
 from detectron.modeling.model_type import Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
@@ -67,7 +71,8 @@ class GeneralizedRCNNType(ModelType):
     def training_roidb(self):
         cfg = self.cfg
         roidb = combined_roidb_for_training(cfg.TRAIN.DATASETS, cfg.TRAIN.USE_FLIPPED, cfg.TRAIN.GT_MIN_AREA,
-                                            segms=cfg.MODEL.MASK_ON, **_training_proposals(cfg))
+                                            segms=cfg.MODEL.MASK_ON, num_keypoints=num_keypoints(cfg),
+                                            **_training_proposals(cfg))
         for dataset in {id(entry['dataset']): entry['dataset'] for entry in roidb}.values():
             dataset.check_model_classes(cfg.MODEL.NUM_CLASSES, at_least=True)
         return roidb
@@ -77,7 +82,7 @@ class GeneralizedRCNNType(ModelType):
         cfg = self.cfg
         proposals = _training_proposals(cfg, cfg.TEST.PROPOSAL_FILES)
         roidb = combined_roidb_for_training(cfg.TEST.DATASETS, False, cfg.TRAIN.GT_MIN_AREA, segms=cfg.MODEL.MASK_ON,
-                                            **proposals)
+                                            num_keypoints=num_keypoints(cfg), **proposals)
         return self._samples(roidb, device, scales=(cfg.TEST.SCALE,), max_size=cfg.TEST.MAX_SIZE)
 
     def validation_losses(self):
@@ -97,6 +102,7 @@ class GeneralizedRCNNType(ModelType):
             prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
                                         pixel_means=cfg.PIXEL_MEANS)
         keys = (TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ())
+                + (('gt_keypoints',) if cfg.MODEL.KEYPOINTS_ON else ())
                 + (PROPOSAL_KEYS if reads_proposal_files(cfg) else ()))
         return TrainingDataset(roidb, prepare, seed=cfg.RNG_SEED, keys=keys)
 
@@ -129,7 +135,11 @@ class GeneralizedRCNNType(ModelType):
         aug = test_aug(cfg)
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
-                                 aug=aug if aug.bbox or aug.mask else None, **proposals)
+                                 aug=aug if aug.bbox or aug.mask else None, keypoint_params=keypoint_params(cfg),
+                                 **proposals)
+
+    def results_format(self):
+        return dataclasses.replace(DETECTRON_RESULTS, keypoint_confidence=self.cfg.KRCNN.KEYPOINT_CONFIDENCE)
 
     def test_results(self):
         if self.cfg.MODEL.RPN_ONLY:
@@ -152,9 +162,9 @@ class GeneralizedRCNNType(ModelType):
 
     def exporter(self, model):
         cfg = self.cfg
-        if cfg.MODEL.RPN_ONLY or not has_rpn(cfg) or is_c4(cfg):
+        if cfg.MODEL.RPN_ONLY or not has_rpn(cfg) or is_c4(cfg) or cfg.MODEL.KEYPOINTS_ON:
             raise ConfigValueError('export builds end-to-end Faster / Mask R-CNN with an FPN body; this model (RPN-only, '
-                                   'Fast R-CNN on proposal files or a C4 body) has no export')
+                                   'Fast R-CNN on proposal files, a C4 body or keypoints) has no export')
         params = rcnn_export.RCNNGraphParams(image_params(cfg), decode_params(cfg), nms_params(cfg), mask_thresh(cfg))
         rcnn_export.check_exportable(params)
         names = rcnn_export.output_names(model)
@@ -221,19 +231,21 @@ def _validation_losses(model, batch):
         return model(*batch, body=model.body_and_rpn_head)
 
 
-def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, aug, dedup_boxes=None):
+def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, aug, keypoint_params,
+            dedup_boxes=None):
     if aug is not None:
         return test_time_aug.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, aug,
                                            mask_thresh=mask_thresh, **graphs)
     if dedup_boxes is None:
         return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                            mask_thresh=mask_thresh, **graphs)
+                                            mask_thresh=mask_thresh, keypoint_params=keypoint_params, **graphs)
     if 'proposals' not in sample:
         raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it with '
                                'tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
     if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
         cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
         return cls_boxes if mask_thresh is None else (cls_boxes, [[] for _ in cls_boxes])
+    # No keypoint_params: a Keypoint R-CNN on proposals is refused (_check_form).
     return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
                                         mask_thresh=mask_thresh, proposals=sample['proposals'],
                                         dedup_boxes=dedup_boxes, **graphs)
@@ -297,7 +309,9 @@ def build_model(cfg):
                                    pred_std=cfg.PRED_STD)
     mask_head = build_mask_head(cfg, box_head.dim_out if is_c4(cfg) else conv_body.out_channels) \
         if cfg.MODEL.MASK_ON else None
-    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head)
+    keypoint_head = build_keypoint_head(cfg, conv_body.out_channels) if cfg.MODEL.KEYPOINTS_ON else None
+    return GeneralizedRCNN(conv_body, rpn, box_head, box_outs, rcnn_params(cfg, num_rpn_levels), mask_head=mask_head,
+                           keypoint_head=keypoint_head)
 
 
 def _gn_groups(cfg):
@@ -310,7 +324,7 @@ def build_box_head(cfg, dim_in):
     fast = cfg.FAST_RCNN
     if fast.ROI_BOX_HEAD == C4_BOX_HEAD:
         return ResNet.ResNetRoIConv5Head(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, **_resnet_block_kwargs(cfg))
-    if fast.ROI_BOX_HEAD == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
+    if box_head_name(cfg) == 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head':
         return RoiXConv1FCGNHead(dim_in, roi_size=fast.ROI_XFORM_RESOLUTION, conv_dim=fast.CONV_HEAD_DIM,
                                  num_convs=fast.NUM_STACKED_CONVS, hidden_dim=fast.MLP_HEAD_DIM,
                                  gn_groups=_gn_groups(cfg), gn_eps=cfg.GROUP_NORM.EPSILON)
@@ -407,6 +421,7 @@ def rcnn_params(cfg, num_rpn_levels):
                         cls_specific=cfg.MRCNN.CLS_SPECIFIC_MASK, weight_loss=cfg.MRCNN.WEIGHT_LOSS_MASK,
                         roi_xform_method=cfg.MRCNN.ROI_XFORM_METHOD,
                         shares_box_head=cfg.MRCNN.ROI_MASK_HEAD == SHARED_RES5_MASK_HEAD),
+        keypoints=keypoint_rcnn_builder.keypoint_training_params(cfg),
     )
 
 

@@ -1,6 +1,7 @@
 """Which R-CNN configurations this port builds (Detectron's bodies, forms and heads): one error line
 for any setting it does not, checked once before a process starts."""
 from detectron.modeling import FPN, ResNet, test_time_aug
+from detectron.modeling.keypoint_rcnn_builder import check_keypoint_head
 from detectron.modeling.mask_rcnn_heads import CONV_INITS, MASK_HEADS, SHARED_RES5_MASK_HEAD
 from detectron.ops.roi_pooling import ROI_XFORM_METHODS
 from detectron.utils.derived_keys import leaf_value
@@ -22,10 +23,12 @@ CONV_BODIES = {**_FPN_BODIES, **_C4_BODIES}
 _BOX_HEADS = ('fast_rcnn_heads.add_roi_2mlp_head', 'fast_rcnn_heads.add_roi_Xconv1fc_gn_head')
 C4_BOX_HEAD = 'ResNet.add_ResNet_roi_conv5_head'
 C4_STRIDE = 16
+# Detectron's modeling/name_compat.py: the old name its keypoint configs still use for the 2mlp head.
+_OLD_BOX_HEAD_NAMES = {'head_builder.add_roi_2mlp_head': 'fast_rcnn_heads.add_roi_2mlp_head'}
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
 # (Test-time augmentation is refused for every model: core/config.py's _NOT_ACTED_ON.)
-_UNSUPPORTED = {'MODEL.KEYPOINTS_ON': 'keypoint heads', 'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
+_UNSUPPORTED = {'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
                 'MRCNN.USE_FC_OUTPUT': False}
@@ -62,6 +65,9 @@ def _check_test_aug(cfg):
             raise ConfigValueError('{} must be one of {}, got {!r}'.format(key, ', '.join(map(repr, choices)), value))
     if not box.ENABLED:
         return
+    if cfg.MODEL.KEYPOINTS_ON:
+        raise ConfigValueError('TEST.BBOX_AUG.ENABLED True on a Keypoint R-CNN is not supported: test-time augmentation '
+                               'is built for the box and mask heads; test this model without it')
     if not has_rpn(cfg) or cfg.MODEL.RPN_ONLY:
         raise ConfigValueError('TEST.BBOX_AUG.ENABLED True is built for end-to-end Faster / Mask R-CNN; test this '
                                'model (RPN-only, or a Fast R-CNN on proposal files) without it')
@@ -112,6 +118,9 @@ def _check_c4(cfg):
                                'out at RPN.STRIDE and the proposals at the body\'s stride'.format(cfg.RPN.STRIDE,
                                                                                                  C4_STRIDE))
     _check_choice(cfg, 'FAST_RCNN.ROI_XFORM_METHOD', ROI_XFORM_METHODS)
+    if cfg.MODEL.KEYPOINTS_ON:
+        raise ConfigValueError('MODEL.KEYPOINTS_ON True on the conv4 body {} is not supported: the keypoint head is '
+                               'built on FPN bodies only'.format(cfg.MODEL.CONV_BODY))
     if cfg.MODEL.MASK_ON:
         mrcnn = cfg.MRCNN
         if mrcnn.ROI_MASK_HEAD != SHARED_RES5_MASK_HEAD:
@@ -139,7 +148,7 @@ def _check_fpn(cfg):
     missing = [key for key in _fpn_flags_needed(cfg) if not leaf_value(cfg, key)]
     if missing:
         raise ConfigValueError('only FPN bodies are built: set {} True'.format(', '.join(missing)))
-    if cfg.FAST_RCNN.ROI_BOX_HEAD not in _BOX_HEADS and not cfg.MODEL.RPN_ONLY:  # RPN-only: no box head
+    if box_head_name(cfg) not in _BOX_HEADS and not cfg.MODEL.RPN_ONLY:  # RPN-only: no box head
         raise ConfigValueError("FAST_RCNN.ROI_BOX_HEAD '{}' is not supported; use one of {}".format(
             cfg.FAST_RCNN.ROI_BOX_HEAD, _BOX_HEADS))
     levels = (cfg.FPN.RPN_MIN_LEVEL, cfg.FPN.RPN_MAX_LEVEL, cfg.FPN.ROI_MIN_LEVEL, cfg.FPN.ROI_MAX_LEVEL)
@@ -151,6 +160,13 @@ def _check_fpn(cfg):
             cfg.FAST_RCNN.ROI_XFORM_METHOD))
     if cfg.MODEL.MASK_ON:
         _check_mask_head(cfg)
+    if cfg.MODEL.KEYPOINTS_ON:
+        check_keypoint_head(cfg)
+
+
+def box_head_name(cfg):
+    """FAST_RCNN.ROI_BOX_HEAD, an old Detectron name mapped to its new one as Detectron's get_func does."""
+    return _OLD_BOX_HEAD_NAMES.get(cfg.FAST_RCNN.ROI_BOX_HEAD, cfg.FAST_RCNN.ROI_BOX_HEAD)
 
 
 def check_conv_body(cfg):
@@ -163,12 +179,18 @@ def check_conv_body(cfg):
 
 def _check_form(cfg):
     """End-to-end Faster R-CNN, RPN-only, or Fast R-CNN on proposal files (neither)."""
-    if cfg.MODEL.RPN_ONLY and cfg.MODEL.MASK_ON:
-        raise ConfigValueError('MODEL.RPN_ONLY True builds no box or mask head: set MODEL.MASK_ON False')
+    if cfg.MODEL.RPN_ONLY and (cfg.MODEL.MASK_ON or cfg.MODEL.KEYPOINTS_ON):
+        raise ConfigValueError('MODEL.RPN_ONLY True builds no box, mask or keypoint head: set MODEL.MASK_ON and '
+                               'MODEL.KEYPOINTS_ON False')
     if not cfg.MODEL.RPN_ONLY and not cfg.MODEL.FASTER_RCNN and cfg.RPN.RPN_ON:
         raise ConfigValueError('RPN.RPN_ON True with MODEL.FASTER_RCNN and MODEL.RPN_ONLY False (an RPN beside a '
                                'Fast R-CNN that does not use its proposals) is not supported: set MODEL.FASTER_RCNN '
                                'True, or RPN.RPN_ON False for a Fast R-CNN on TRAIN/TEST.PROPOSAL_FILES')
+    if cfg.MODEL.KEYPOINTS_ON and not has_rpn(cfg):
+        raise ConfigValueError('MODEL.KEYPOINTS_ON True on precomputed proposals (MODEL.FASTER_RCNN False, Detectron\'s '
+                               'two-stage keypoint_rcnn_*) is not supported: Detectron redraws its minibatches with at '
+                               'most KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH visible keypoints, which is not '
+                               'ported; train end to end (MODEL.FASTER_RCNN True, as e2e_keypoint_rcnn_*)')
     files = {'TRAIN.PROPOSAL_FILES': cfg.TRAIN.PROPOSAL_FILES, 'TEST.PROPOSAL_FILES': cfg.TEST.PROPOSAL_FILES}
     given = [key for key, value in files.items() if value]
     if has_rpn(cfg) and given:

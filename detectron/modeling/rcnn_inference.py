@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from detectron.modeling import mask_inference
+from detectron.modeling import keypoint_inference, mask_inference
 from detectron.ops import nms as nms_ops
 from detectron.ops.variance_voting import soft_nms_with_variance_voting, soft_nms_with_variance_voting_grouped_cpu
 from detectron.utils import blob as blob_utils
@@ -166,23 +166,28 @@ def dedup_rois(rois, dedup_boxes):
 
 
 def im_detect_all(model, im, image_params, decode_params, nms_params, mask_thresh=None, cuda_graphs=False,
-                  max_graph_shapes=DEFAULT_MAX_GRAPHS, proposals=None, dedup_boxes=0):
+                  max_graph_shapes=DEFAULT_MAX_GRAPHS, keypoint_params=None, proposals=None, dedup_boxes=0):
     """Detectron's `im_detect_all` for Faster R-CNN: `cls_boxes` of one BGR image (H, W, 3). For a
     Mask R-CNN, mask_thresh is MRCNN.THRESH_BINARIZE and the result is (cls_boxes, cls_segms):
     cls_segms[j][k] the RLE of detection cls_boxes[j][k], its mask computed on that final box (after
-    NMS or variance voting, as KL-Loss).
-    The detections stay on the model's device from NMS to the mask head; they come back to the
-    host once, with the masks, for cls_boxes and the pasting.
+    NMS or variance voting, as KL-Loss). For a Keypoint R-CNN (keypoint_params given) the result is
+    (cls_boxes, cls_segms or None, cls_keyps), cls_keyps[j][k] the (4, K) keypoints of cls_boxes[j][k].
+    The detections stay on the model's device from NMS to the mask and keypoint heads; they come back
+    to the host once, with the masks and heatmaps, for cls_boxes, the pasting and the keypoints.
     A Fast R-CNN (no RPN) detects on proposals (R, 4) in the image's coordinates, those whose rois
     differ at dedup_boxes (Detectron's DEDUP_BOXES) through the heads once (dedup_rois)."""
     out, scores, boxes, confs, im_scale = forward_and_decode(model, im, image_params, decode_params, cuda_graphs,
                                                              max_graph_shapes, proposals, dedup_boxes)
     dets, det_classes = final_detections_t(scores, boxes, confs, nms_params)
+    num_classes = scores.shape[1]
+    if keypoint_params is not None:
+        return _with_keypoints(model, out, im, im_scale, dets, det_classes, num_classes, mask_thresh,
+                               keypoint_params)
 
     def soft_masks(boxes, classes):
         return mask_inference.detect_masks(model, out['features'], boxes, classes, im_scale)
 
-    return image_results(dets, det_classes, scores.shape[1], im.shape[:2], mask_thresh, soft_masks)
+    return image_results(dets, det_classes, num_classes, im.shape[:2], mask_thresh, soft_masks)
 
 
 def image_results(dets, det_classes, num_classes, im_hw, mask_thresh, soft_masks):
@@ -200,6 +205,26 @@ def image_results(dets, det_classes, num_classes, im_hw, mask_thresh, soft_masks
     dets, det_classes, masks = dets.cpu().numpy(), det_classes.cpu().numpy(), masks.cpu().numpy()
     cls_boxes = _split_by_class(dets, det_classes, num_classes)
     return cls_boxes, mask_inference.segm_results(cls_boxes, masks, dets[:, :4], im_hw[0], im_hw[1], mask_thresh)
+
+
+def _with_keypoints(model, out, im, im_scale, dets, det_classes, num_classes, mask_thresh, keypoint_params):
+    """im_detect_all's (cls_boxes, cls_segms or None, cls_keyps) of a Keypoint R-CNN."""
+    with torch.no_grad():
+        masks = (mask_inference.detect_masks(model, out['features'], dets[:, :4], det_classes, im_scale)
+                 if mask_thresh is not None and len(dets) else None)
+        heatmaps = (keypoint_inference.detect_keypoint_heatmaps(model, out['features'], dets[:, :4], im_scale)
+                    if len(dets) else None)
+    dets, det_classes = dets.cpu().numpy(), det_classes.cpu().numpy()
+    cls_boxes = _split_by_class(dets, det_classes, num_classes)
+    if heatmaps is None:
+        return cls_boxes, [[] for _ in cls_boxes] if mask_thresh is not None else None, [[] for _ in cls_boxes]
+    cls_segms = None
+    if masks is not None:
+        cls_segms = mask_inference.segm_results(cls_boxes, masks.cpu().numpy(), dets[:, :4], im.shape[0],
+                                                im.shape[1], mask_thresh)
+    kept_boxes, cls_keyps = keypoint_inference.keypoint_results(cls_boxes, heatmaps.cpu().numpy(), dets[:, :4],
+                                                                keypoint_params)
+    return kept_boxes, cls_segms, cls_keyps
 
 
 def im_proposals(model, im, image_params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):

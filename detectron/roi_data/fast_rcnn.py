@@ -24,7 +24,7 @@ class SampledRoIs(NamedTuple):
 def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_classes,
                 batch_size_per_im, fg_fraction=0.25, fg_thresh=0.5, bg_thresh_hi=0.5,
                 bg_thresh_lo=0.0, bbox_reg_weights=(10.0, 10.0, 5.0, 5.0), bbox_thresh=0.5,
-                cls_agnostic=False, xyxy=False, generator=None, proposal_valid=None):
+                cls_agnostic=False, xyxy=False, generator=None, proposal_valid=None, candidates=None):
     """Detectron's Fast R-CNN minibatch RoIs for a batch of images.
 
     proposals (R, 5): (batch index, box) in network-input coordinates; im_scales (B,);
@@ -46,16 +46,12 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
     With proposal_valid (R,) bool (rpn_heads.collected_proposals_fixed_size's padding flags) the
     invalid proposals are never sampled and the result has a fixed number of rows S = min(B x
     batch_size_per_im, candidates), so nothing waits for the GPU: the sampled RoIs in the order above,
-    then rows of zeros with label 0, flagged by `valid`.
+    then rows of zeros with label 0, flagged by `valid`. candidates: candidate_assignments of the same
+    arguments when the caller has them already (Keypoint R-CNN samples its RoIs from them too).
     """
-    boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class = _candidates(
-        proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd)
-    gt, gt_class, gt_crowd, gt_present = _padded_gt(gt_boxes, gt_classes, gt_is_crowd, boxes)
-    overlaps = _own_image_overlaps(boxes, image_ids, gt)
-
-    max_overlap, max_class = _class_assignments(
-        overlaps.masked_fill(~gt_present[image_ids], -1.0), gt_class[image_ids],
-        is_gt_row, gt_row_crowd, gt_row_class)
+    c = candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd) if candidates is None else candidates
+    boxes, image_ids, overlaps, gt, gt_crowd, gt_present = c.boxes, c.image_ids, c.overlaps, c.gt, c.gt_crowd, c.present
+    max_overlap, max_class = c.max_overlap, c.max_class
     regression_class, targets = _regression_targets(
         boxes, image_ids, overlaps, gt, gt_present & ~gt_crowd, max_overlap, max_class,
         bbox_thresh, cls_agnostic, bbox_reg_weights, xyxy)
@@ -70,12 +66,12 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
         fg, bg = fg & candidate, bg & candidate
         # A row is sampled at most once, or twice when the fg and bg ranges overlap.
         num_slots = min(num_images * int(batch_size_per_im), len(boxes) * (2 if bg_thresh_hi > fg_thresh else 1))
-    fg_per_image = _count_per_image(fg, image_ids, num_images).clamp(
+    fg_per_image = count_per_image(fg, image_ids, num_images).clamp(
         max=int(round(fg_fraction * batch_size_per_im)))
-    bg_per_image = torch.minimum(_count_per_image(bg, image_ids, num_images),
+    bg_per_image = torch.minimum(count_per_image(bg, image_ids, num_images),
                                  int(batch_size_per_im) - fg_per_image)
-    fg = _random_subset(fg, image_ids, fg_per_image, generator)
-    bg = _random_subset(bg, image_ids, bg_per_image, generator)
+    fg = random_subset(fg, image_ids, fg_per_image, generator)
+    bg = random_subset(bg, image_ids, bg_per_image, generator)
 
     rows, sampled_as_bg, valid = _fg_then_bg_per_image(fg, bg, image_ids, num_slots)
     rois = torch.cat((image_ids[rows].unsqueeze(1).to(boxes.dtype),
@@ -89,6 +85,31 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
         labels = labels * valid
     return SampledRoIs(rois, labels, bbox_targets, inside_weights, (inside_weights > 0).to(inside_weights.dtype),
                        valid)
+
+
+class Candidates(NamedTuple):
+    """Detectron's roidb of one batch after _merge_proposal_boxes_into_roidb, on the proposals' device."""
+    boxes: torch.Tensor        # (M, 4) every image's gt rows, then the proposals / im_scale (original coordinates)
+    image_ids: torch.Tensor    # (M,)
+    is_gt_row: torch.Tensor    # (M,) bool
+    overlaps: torch.Tensor     # (M, G) IoU with the padded gt of the own image
+    gt: torch.Tensor           # (B, G, 4) the gt boxes padded to G columns
+    gt_crowd: torch.Tensor     # (B, G) bool
+    present: torch.Tensor      # (B, G) bool: a real gt column
+    max_overlap: torch.Tensor  # (M,) Detectron's max_overlaps
+    max_class: torch.Tensor    # (M,) Detectron's max_classes
+
+
+def candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
+    """The candidate RoIs of sample_rois (its arguments) with their overlaps and class assignments."""
+    boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class = _candidates(
+        proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd)
+    gt, gt_class, gt_crowd, gt_present = _padded_gt(gt_boxes, gt_classes, gt_is_crowd, boxes)
+    overlaps = _own_image_overlaps(boxes, image_ids, gt)
+    max_overlap, max_class = _class_assignments(
+        overlaps.masked_fill(~gt_present[image_ids], -1.0), gt_class[image_ids],
+        is_gt_row, gt_row_crowd, gt_row_class)
+    return Candidates(boxes, image_ids, is_gt_row, overlaps, gt, gt_crowd, gt_present, max_overlap, max_class)
 
 
 def _candidates(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
@@ -163,12 +184,12 @@ def _regression_targets(boxes, image_ids, overlaps, gt, gt_regressable, max_over
     return regression_class, torch.where(has_target.unsqueeze(1), targets, torch.zeros_like(targets))
 
 
-def _count_per_image(mask, image_ids, num_images):
+def count_per_image(mask, image_ids, num_images):
     return torch.zeros(num_images, dtype=torch.long, device=mask.device).index_add_(
         0, image_ids, mask.long())
 
 
-def _random_subset(eligible, image_ids, quotas, generator):
+def random_subset(eligible, image_ids, quotas, generator):
     """Per image i, a uniformly random quotas[i] of its eligible rows, without replacement
     (Detectron's npr.choice(..., replace=False)); a bool mask, computed without host sync."""
     num_rows = len(eligible)

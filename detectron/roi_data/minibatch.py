@@ -102,8 +102,8 @@ def _stderr_captured():
         captured.append(os.pread(capture.fileno(), 1 << 16, 0).decode(errors='replace'))
 
 
-# The roidb fields a training worker needs (Mask R-CNN adds 'segms', a Fast R-CNN PROPOSAL_KEYS); the rest
-# stays behind.
+# The roidb fields a training worker needs (Mask R-CNN adds 'segms', Keypoint R-CNN 'gt_keypoints', a Fast
+# R-CNN PROPOSAL_KEYS); the rest stays behind.
 TRAINING_KEYS = ('image', 'flipped', 'height', 'width', 'boxes', 'gt_classes', 'is_crowd')
 PROPOSAL_KEYS = ('max_overlaps',)
 
@@ -145,6 +145,8 @@ def gt_targets(entry):
         'classes': torch.from_numpy(np.asarray(entry['gt_classes'], dtype=np.int64)[is_gt]),
         'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
     }
+    if 'gt_keypoints' in entry:  # Keypoint R-CNN: the gt rows' (x, y, v) keypoints, float32 (G, 3, K)
+        targets['keypoints'] = torch.from_numpy(np.asarray(entry['gt_keypoints'], dtype=np.float32)[is_gt])
     if 'max_overlaps' in entry:
         targets['proposals'] = torch.from_numpy(proposal_rows(entry))
     if 'segms' in entry:

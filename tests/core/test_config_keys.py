@@ -133,7 +133,7 @@ def test_every_refusal_names_a_key():
      "model's device; remove the key"),
     ('TEST.BBOX_AUG.SCALE_SIZE_DEP', 'True', 'TEST.BBOX_AUG.SCALE_SIZE_DEP True is not acted on by this port: size-dep'),
     ('MEMONGER', 'False', 'MEMONGER False is not acted on by this port: '),
-    ('KRCNN.NUM_KEYPOINTS', '17', 'KRCNN.NUM_KEYPOINTS 17 is not acted on by this port: keypoint heads'),
+    ('KRCNN.DILATION', '2', 'KRCNN.DILATION 2 is not acted on by this port: it serves the ResNet conv5 keypoint'),
 ])
 def test_a_refused_key_away_from_its_default_is_one_line(key, value, message):
     merge_cfg_from_list([key, value])

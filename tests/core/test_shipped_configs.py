@@ -66,8 +66,8 @@ def test_amp_dtype_unknown_spelling_is_refused():
 
 
 def test_unsupported_detectron_features_are_refused_by_the_builder():
-    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'MODEL.KEYPOINTS_ON', 'True')
-    with pytest.raises(ConfigValueError, match='MODEL.KEYPOINTS_ON True asks for'):
+    _load(os.path.join('getting_started', 'shapes_demo_R-18-FPN.yaml'), 'RETINANET.RETINANET_ON', 'True')
+    with pytest.raises(ConfigValueError, match=r'RETINANET.RETINANET_ON True asks for RetinaNet \(MODEL.TYPE retinanet\)'):
         model_builder.create(cfg)
 
 
@@ -160,3 +160,57 @@ def test_gn_baseline_holds_detectrons_values():
 def test_voc_2007_trainval_is_a_catalog_name():
     assert dataset_catalog.contains('voc_2007_trainval')
     assert dataset_catalog.get_ann_fn('voc_2007_trainval').endswith('VOC2007/annotations/voc_2007_trainval.json')
+
+
+_KEYPOINT_CONFIGS = sorted(n for n in _SHIPPED if os.path.basename(n).startswith('e2e_keypoint_rcnn_'))
+
+
+def test_detectrons_eight_end_to_end_keypoint_configs_are_shipped():
+    assert [os.path.basename(n) for n in _KEYPOINT_CONFIGS] == [
+        f'e2e_keypoint_rcnn_{body}-FPN_{schedule}.yaml'
+        for body in ('R-101', 'R-50', 'X-101-32x8d', 'X-101-64x4d') for schedule in ('1x', 's1x')]
+
+
+def test_keypoint_config_holds_detectrons_values():
+    _load(os.path.join('12_2017_baselines', 'e2e_keypoint_rcnn_R-50-FPN_s1x.yaml'))
+    k = cfg.KRCNN
+    assert (cfg.MODEL.KEYPOINTS_ON, cfg.MODEL.NUM_CLASSES, k.NUM_KEYPOINTS, k.HEATMAP_SIZE) == (True, 2, 17, 56)
+    assert (k.NUM_STACKED_CONVS, k.CONV_HEAD_DIM, k.UP_SCALE, k.USE_DECONV_OUTPUT) == (8, 512, 2, True)
+    assert (k.ROI_XFORM_RESOLUTION, k.CONV_INIT, k.KEYPOINT_CONFIDENCE) == (14, 'MSRAFill', 'bbox')
+    assert tuple(cfg.TRAIN.DATASETS) == ('keypoints_coco_2014_train', 'keypoints_coco_2014_valminusminival')
+    assert cfg.TRAIN.WEIGHTS == 'https://dl.fbaipublicfiles.com/detectron/ImageNetPretrained/MSRA/R-50.pkl'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', _KEYPOINT_CONFIGS)
+def test_every_keypoint_config_builds_its_keypoint_rcnn(name):
+    _load(name)
+    model = model_builder.create(cfg)
+    assert model.keypoint_head.conv_fcn8.weight.shape == (512, 512, 3, 3)
+    assert model.keypoint_head.kps_score.weight.shape == (17, 17, 4, 4)
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('KRCNN.ROI_KEYPOINTS_HEAD', 'keypoint_rcnn_heads.add_ResNet_roi_conv5_head_for_keypoints',
+     "KRCNN.ROI_KEYPOINTS_HEAD 'keypoint_rcnn_heads.add_ResNet_roi_conv5_head_for_keypoints' is not supported"),
+    ('KRCNN.HEATMAP_SIZE', '56', 'KRCNN.HEATMAP_SIZE 56 must be the side of the head\'s heatmaps, 28'),
+    ('KRCNN.NMS_OKS', 'True', 'KRCNN.NMS_OKS True is Detectron\'s person-only OKS NMS'),
+    ('KRCNN.KEYPOINT_CONFIDENCE', 'mean', "KRCNN.KEYPOINT_CONFIDENCE 'mean' is not one of"),
+    ('KRCNN.DILATION', '2', 'KRCNN.DILATION'),
+])
+def test_keypoint_settings_not_built_are_refused(key, value, message):
+    with pytest.raises(ConfigValueError, match=message):
+        _load(os.path.join('getting_started', 'shapes_demo_keypoint_R-18-FPN.yaml'), key, value)
+        model_builder.create(cfg)
+
+
+@pytest.mark.parametrize('opts, message', [
+    (['MODEL.FASTER_RCNN', 'False', 'RPN.RPN_ON', 'False'],
+     r"MODEL.KEYPOINTS_ON True on precomputed proposals \(MODEL.FASTER_RCNN False, Detectron's two-stage "
+     r'keypoint_rcnn_\*\) is not supported'),
+    (['MODEL.RPN_ONLY', 'True'], 'MODEL.RPN_ONLY True builds no box, mask or keypoint head'),
+])
+def test_keypoints_need_an_end_to_end_model(opts, message):
+    with pytest.raises(ConfigValueError, match=message):
+        _load(os.path.join('getting_started', 'shapes_demo_keypoint_R-18-FPN.yaml'), *opts)
+        model_builder.create(cfg)

@@ -118,4 +118,4 @@ def test_the_training_roidb_drops_annotations_below_gt_min_area(monkeypatch):
     cfg.merge_from_list(['TRAIN.DATASETS', ('a', 'b'), 'TRAIN.GT_MIN_AREA', 32, 'TRAIN.USE_FLIPPED', False,
                          'MODEL.MASK_ON', True, 'MODEL.FASTER_RCNN', True])
     rcnn_builder.GeneralizedRCNNType(cfg).training_roidb()
-    assert calls == [((('a', 'b'), False, 32), {'segms': True})]
+    assert calls == [((('a', 'b'), False, 32), {'segms': True, 'num_keypoints': 0})]

@@ -13,6 +13,7 @@ from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
 from detectron.modeling import model_builder
+from detectron.utils import keypoints as keypoint_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES_CFG = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_R-18-FPN.yaml')
@@ -48,8 +49,9 @@ def _draw_image(rng, height, width, categories):
 
 
 def write_tiny_datasets(root):
-    """Write 8 images and the catalog of 'tiny_train', 'tiny_val' (all 8) and 'tiny_val_small'
-    (images 3..5) into root; returns the catalog path (for the DATASET_CATALOG key)."""
+    """Write 8 images and the catalog of 'tiny_train', 'tiny_val' (all 8), 'tiny_val_small' (images 3..5)
+    and 'tiny_keypoints' (all 8, write_tiny_keypoints) into root; returns the catalog path (for the
+    DATASET_CATALOG key)."""
     rng = np.random.RandomState(0)
     (root / 'images').mkdir()
     images, annotations = [], []
@@ -65,12 +67,27 @@ def write_tiny_datasets(root):
     write_coco(root / 'all.json', images, annotations)
     small = images[3:6]
     write_coco(root / 'small.json', small, [a for a in annotations if 103 <= a['image_id'] <= 105])
+    write_tiny_keypoints(root / 'keypoints.json', images, annotations, rng)
     catalog = {name: {'image_directory': 'images', 'annotation_file': ann}
                for name, ann in (('tiny_train', 'all.json'), ('tiny_val', 'all.json'),
-                                 ('tiny_val_small', 'small.json'))}
+                                 ('tiny_val_small', 'small.json'), ('tiny_keypoints', 'keypoints.json'))}
     path = root / 'catalog.json'
     path.write_text(json.dumps(catalog))
     return path
+
+
+def write_tiny_keypoints(path, images, annotations, rng):
+    """The tiny objects as one category 'person' with COCO's 17 keypoint names, each object with its 17
+    keypoints at random pixels inside its box, visible (v 2): a Keypoint R-CNN's tiny training data."""
+    names, _ = keypoint_utils.get_keypoints()
+    person = [{'id': 1, 'name': 'person', 'keypoints': names, 'skeleton': []}]
+    with_keypoints = []
+    for ann in annotations:
+        x, y, w, h = ann['bbox']
+        points = np.stack([rng.randint(x, x + w, len(names)), rng.randint(y, y + h, len(names)),
+                           np.full(len(names), 2)], axis=1)
+        with_keypoints.append(dict(ann, category_id=1, keypoints=points.ravel().tolist(), num_keypoints=len(names)))
+    path.write_text(json.dumps({'images': images, 'annotations': with_keypoints, 'categories': person}))
 
 
 def _outline(x, y, w, h):

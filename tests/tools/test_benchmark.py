@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torchvision.models.detection import FasterRCNN
+from torchvision.models.detection import FasterRCNN, KeypointRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
 from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops.misc import FrozenBatchNorm2d
 
@@ -398,15 +399,21 @@ def test_profile_summary_on_hand_events():
 
 # --- main on the CPU ----------------------------------------------------------------------------
 
-def _tiny_torchvision(norm):
-    """A FasterRCNN small enough for the CPU smoke run (the real ones are tested above)."""
+def _tiny_torchvision(norm, keypoints=False):
+    """A FasterRCNN (with keypoints, a KeypointRCNN of KRCNN.NUM_KEYPOINTS) small enough for the CPU smoke run
+    (the real ones are tested above)."""
     def build(num_classes, **settings):
         backbone = nn.Sequential(nn.Conv2d(3, 16, 3, stride=8, padding=1), norm(16), nn.ReLU())
         backbone.out_channels = 16
-        return FasterRCNN(
+        model_class, extra = FasterRCNN, {}
+        if keypoints:
+            model_class = KeypointRCNN
+            extra = dict(keypoint_roi_pool=MultiScaleRoIAlign(['0'], 7, 2), keypoint_head=KeypointRCNNHeads(16, (16,)),
+                         keypoint_predictor=KeypointRCNNPredictor(16, cfg.KRCNN.NUM_KEYPOINTS))
+        return model_class(
             backbone, rpn_anchor_generator=AnchorGenerator(((32,),), ((0.5, 1.0, 2.0),)),
             box_roi_pool=MultiScaleRoIAlign(['0'], 7, 2), box_head=TwoMLPHead(16 * 49, 32),
-            box_predictor=FastRCNNPredictor(32, num_classes), **settings)
+            box_predictor=FastRCNNPredictor(32, num_classes), **extra, **settings)
     return build
 
 
@@ -470,3 +477,56 @@ def test_main_voting_mode_times_both_post_processings(capsys):
     assert plain['candidates'] == voting['candidates'] == 5000 and voting['detections'] == 100
     assert ratio['rounds'] == pytest.approx([a / b for a, b in zip(voting['rounds'], plain['rounds'])])
     assert best['rounds'] == pytest.approx([min(voting['rounds']) / min(plain['rounds'])])
+
+
+# --- Keypoint R-CNN -------------------------------------------------------------------------------
+
+KEYPOINT_CFG = os.path.join('configs', '12_2017_baselines', 'e2e_keypoint_rcnn_R-50-FPN_1x.yaml')
+
+
+def test_with_keypoints_the_equal_work_torchvision_model_has_our_keypoint_head_s_parameters():
+    from detectron.core.config_finalize import finalize_cfg
+    from detectron.modeling import keypoint_rcnn_builder
+    finalize_cfg(os.path.join(REPO, KEYPOINT_CFG), [])
+    model = torchvision_models.torchvision_equal_work(2, **torchvision_models.torchvision_settings(800, 1333))
+    # Detectron's v1convX on COCO: 8 conv 3x3 to 512 (the first from FPN's 256), the 4x4 deconv to 17 scores;
+    # the bilinear upsampling has no parameters to train (torchvision interpolates, ours is fixed).
+    keypoint_head = (256 * 512 * 9 + 512) + 7 * (512 * 512 * 9 + 512) + (512 * 17 * 16 + 17)
+    predictor_2 = (1024 * 2 + 2) + (1024 * 4 * 2 + 4 * 2)
+    assert torchvision_models.trainable_parameters(model) == (
+        41481636 - PREDICTOR_81 + predictor_2 + keypoint_head)
+    ours = keypoint_rcnn_builder.build_keypoint_head(cfg, 256)
+    assert sum(p.numel() for p in ours.parameters()) == keypoint_head
+
+
+def test_synthetic_keypoints_are_the_same_for_both_models_and_inside_their_boxes(set_cfg):
+    from benchmark_lib import inputs
+    set_cfg({'MODEL.KEYPOINTS_ON': True, 'KRCNN.NUM_KEYPOINTS': 5})
+    images, boxes, labels = inputs.synthetic_batch(2, 64, 96, 3, 2)
+    _, _, ours = inputs.ours_train_inputs(images, boxes, labels, torch.device('cpu'))
+    _, theirs = inputs.torchvision_train_inputs(images, boxes, labels, torch.device('cpu'))
+    for o, t, bx in zip(ours, theirs, boxes):
+        assert o['keypoints'].shape == (3, 3, 5) and t['keypoints'].shape == (3, 5, 3)
+        assert torch.equal(o['keypoints'].permute(0, 2, 1), t['keypoints'])
+        x, y, v = o['keypoints'].unbind(1)
+        b = torch.from_numpy(bx)
+        assert ((x >= b[:, :1].floor()) & (x <= b[:, 2:3]) & (y >= b[:, 1:2].floor()) & (y <= b[:, 3:4])).all()
+        assert (v == 2).all()
+
+
+@pytest.mark.slow
+def test_main_runs_the_keypoint_rows_on_the_cpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(rcnn_rows, 'torchvision_equal_work', _tiny_torchvision(FrozenBatchNorm2d, keypoints=True))
+    monkeypatch.setattr(rcnn_rows, 'torchvision_all_stages_bn', _tiny_torchvision(nn.BatchNorm2d, keypoints=True))
+    argv = ['--cfg', 'configs/getting_started/shapes_demo_keypoint_R-18-FPN.yaml', '--mode', 'train', 'test',
+            '--height', '64', '--width', '64', '--batch', '2', '--iters', '1', '--rounds', '1', '--warmup', '0',
+            '--round-warmup', '0', '--realistic-per-class', '5', 'FPN.DIM', '32', 'FAST_RCNN.MLP_HEAD_DIM', '32',
+            'KRCNN.CONV_HEAD_DIM', '16', 'KRCNN.NUM_STACKED_CONVS', '1', 'TRAIN.RPN_PRE_NMS_TOP_N', '50',
+            'TRAIN.RPN_POST_NMS_TOP_N', '50', 'TRAIN.BATCH_SIZE_PER_IM', '16', 'TEST.RPN_PRE_NMS_TOP_N', '30',
+            'TEST.RPN_POST_NMS_TOP_N', '30']
+    report = cli.main(argv)
+    train = [r for r in report.records if r['section'] == 'train']
+    test = [r for r in report.records if r['section'] == 'test']
+    assert len(train) == 3 and all(r['loss_finite'] for r in train)
+    assert len(test) == 4 and all(r['median'] > 0 for r in test)

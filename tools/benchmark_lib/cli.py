@@ -10,7 +10,10 @@ RoI settings of our cfg. torchvision with BatchNorm in all stages (weights=None'
 benchmark's baseline) is kept as an extra row labelled as the unequal comparison it is. With a Mask
 R-CNN --cfg (MODEL.MASK_ON) torchvision's model is maskrcnn_resnet50_fpn (the same mask head), both
 train on the filled boxes as masks, and both end inference with one COCO RLE per detection (ours
-segm_results; torchvision's pasted masks binarised at 0.5 and encoded as its coco_eval reference does).
+segm_results; torchvision's pasted masks binarised at 0.5 and encoded as its coco_eval reference does). With a
+Keypoint R-CNN --cfg (MODEL.KEYPOINTS_ON) torchvision's model is keypointrcnn_resnet50_fpn (Detectron's v1convX
+keypoint head to 56 x 56 heatmaps), both train on the same KRCNN.NUM_KEYPOINTS visible keypoints drawn inside
+each box, and both end inference with keypoints for every detection.
 
 Sections (--mode):
   train    images/s of full training steps (forward, losses, backward, SGD step), per --batch;
@@ -43,6 +46,8 @@ row and a Markdown table (BENCHMARKS.md describes every row). Examples:
     python tools/benchmark.py --mode loops --catalog catalog.json --train-dataset coco_tiny_train \
         --test-dataset coco_tiny_val
     python tools/benchmark.py --mode startup --cfg configs/centernet/ctdet_coco_resdcn18.yaml
+    python tools/benchmark.py --mode train test --batch 2 --precision bf16 \
+        --cfg configs/12_2017_baselines/e2e_keypoint_rcnn_R-50-FPN_1x.yaml    # Keypoint R-CNN vs torchvision
     python tools/benchmark.py --mode retinanet --cfg configs/12_2017_baselines/retinanet_R-50-FPN_1x.yaml
     python tools/benchmark.py --height 256 --width 256 --iters 2 --rounds 2    # CPU smoke run
 Learning rate: --lr 0 by default. From random init a frozen-norm R-50 diverges within a few dozen

@@ -39,6 +39,9 @@ def ours_train_inputs(images, boxes, labels, device):
     if cfg.MODEL.MASK_ON:  # each object the filled box: its outline polygon, packed as the loader packs it
         for target, bx in zip(targets, boxes):
             target.update({k: v.to(device) for k, v in polygon_targets(_box_outlines(bx)).items()})
+    if cfg.MODEL.KEYPOINTS_ON:  # (N, 3, K) (x, y, v) rows, as minibatch.gt_targets packs them
+        for target, kps in zip(targets, synthetic_keypoints(boxes)):
+            target['keypoints'] = torch.from_numpy(kps.transpose(0, 2, 1).copy()).to(device)
     return blob, im_info, targets
 
 
@@ -50,7 +53,22 @@ def torchvision_train_inputs(images, boxes, labels, device):
     if cfg.MODEL.MASK_ON:  # the same filled boxes as (N, H, W) masks
         for target, bx, im in zip(targets, boxes, images):
             target['masks'] = torch.from_numpy(_box_masks(bx, *im.shape[:2])).to(device)
+    if cfg.MODEL.KEYPOINTS_ON:  # the same keypoints, torchvision's (N, K, 3)
+        for target, kps in zip(targets, synthetic_keypoints(boxes)):
+            target['keypoints'] = torch.from_numpy(kps).to(device)
     return ims, targets
+
+
+def synthetic_keypoints(boxes, seed=0):
+    """Per image (N, K, 3) float32 keypoints: KRCNN.NUM_KEYPOINTS visible points (v 2) at whole pixels drawn
+    uniformly inside each box (B, N, 4), the same for both models."""
+    rng = np.random.RandomState(seed)
+    per_image = []
+    for bx in boxes:
+        x = rng.uniform(bx[:, None, 0], bx[:, None, 2], size=(len(bx), cfg.KRCNN.NUM_KEYPOINTS))
+        y = rng.uniform(bx[:, None, 1], bx[:, None, 3], size=(len(bx), cfg.KRCNN.NUM_KEYPOINTS))
+        per_image.append(np.stack([np.floor(x), np.floor(y), np.full_like(x, 2)], axis=2).astype(np.float32))
+    return per_image
 
 
 def _box_masks(boxes, height, width):

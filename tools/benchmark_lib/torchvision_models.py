@@ -1,9 +1,16 @@
-"""torchvision's Faster (or, with MODEL.MASK_ON, Mask) R-CNN set up for the same work as ours: settings from our
-cfg, its models, its inference."""
+"""torchvision's Faster (or, with MODEL.MASK_ON, Mask; with MODEL.KEYPOINTS_ON, Keypoint) R-CNN set up for the same
+work as ours: settings from our cfg, its models, its inference."""
 import numpy as np
 import pycocotools.mask as mask_util
 import torch
-from torchvision.models.detection import FasterRCNN, MaskRCNN, fasterrcnn_resnet50_fpn, maskrcnn_resnet50_fpn
+from torchvision.models.detection import (
+    FasterRCNN,
+    KeypointRCNN,
+    MaskRCNN,
+    fasterrcnn_resnet50_fpn,
+    keypointrcnn_resnet50_fpn,
+    maskrcnn_resnet50_fpn,
+)
 from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 from torchvision.ops.misc import FrozenBatchNorm2d
 
@@ -31,11 +38,15 @@ def torchvision_settings(height, width):
 
 def torchvision_equal_work(num_classes, **settings):
     """fasterrcnn_resnet50_fpn (maskrcnn_resnet50_fpn with MODEL.MASK_ON: its mask head is Detectron's
-    4 conv + deconv on RoIAlign 14 / sampling 2) as built with ImageNet weights: FrozenBatchNorm2d,
-    layer2-4 trainable (conv1 and layer1 frozen, our FREEZE_AT 2), but random weights."""
+    4 conv + deconv on RoIAlign 14 / sampling 2; keypointrcnn_resnet50_fpn with MODEL.KEYPOINTS_ON: its
+    keypoint head is Detectron's v1convX, 8 conv 512 + deconv + bilinear x2 to 56 on RoIAlign 14 /
+    sampling 2) as built with ImageNet weights: FrozenBatchNorm2d, layer2-4 trainable (conv1 and layer1
+    frozen, our FREEZE_AT 2), but random weights."""
     torch.manual_seed(0)
     backbone = resnet_fpn_backbone(backbone_name='resnet50', weights=None, norm_layer=FrozenBatchNorm2d,
                                    trainable_layers=3)
+    if cfg.MODEL.KEYPOINTS_ON:
+        return KeypointRCNN(backbone, num_classes=num_classes, num_keypoints=cfg.KRCNN.NUM_KEYPOINTS, **settings)
     return (MaskRCNN if cfg.MODEL.MASK_ON else FasterRCNN)(backbone, num_classes=num_classes, **settings)
 
 
@@ -43,6 +54,9 @@ def torchvision_all_stages_bn(num_classes, **settings):
     """weights=None's fasterrcnn_resnet50_fpn: BatchNorm2d with batch statistics, every stage
     trainable; more work than our FREEZE_AT 2 model (the unequal comparison)."""
     torch.manual_seed(0)
+    if cfg.MODEL.KEYPOINTS_ON:
+        return keypointrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=num_classes,
+                                         num_keypoints=cfg.KRCNN.NUM_KEYPOINTS, **settings)
     build = maskrcnn_resnet50_fpn if cfg.MODEL.MASK_ON else fasterrcnn_resnet50_fpn
     return build(weights=None, weights_backbone=None, num_classes=num_classes, **settings)
 
