@@ -11,7 +11,7 @@ import numpy as np
 
 def generate_anchors(stride=16, sizes=(32, 64, 128, 256, 512), aspect_ratios=(0.5, 1, 2)):
     """(len(aspect_ratios) * len(sizes), 4) float64 anchors (x1, y1, x2, y2), ratio-major order."""
-    scales = np.asarray(sizes, dtype=float) / stride
+    scales = np.asarray(sizes, dtype=float).reshape(-1) / stride  # one size or several (C4)
     ratios = np.asarray(aspect_ratios, dtype=float)
     base_area = float(stride * stride)
     ratio_widths = np.round(np.sqrt(base_area / ratios))
