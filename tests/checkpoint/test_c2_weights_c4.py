@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from detectron.checkpoint.c2_weights import load_detectron_weights, load_weights, state_dict_to_detectron_blobs
-from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file, merge_cfg_from_list
-from detectron.modeling import FPN, model_builder
+from detectron.modeling import FPN
 from detectron.utils.io import save_object
+from tests.support.detectron_pkl import model_of_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WIDTH = 4  # RESNETS.WIDTH_PER_GROUP: narrow bottlenecks, the same layers and names
@@ -58,13 +58,9 @@ def c4_mask_rcnn_shapes():
 
 @pytest.fixture(scope='module')
 def c4_mask_model():
-    merge_cfg_from_file(os.path.join(REPO, 'configs', '12_2017_baselines', 'e2e_mask_rcnn_R-50-C4_1x.yaml'))
-    merge_cfg_from_list(['RESNETS.WIDTH_PER_GROUP', str(WIDTH), 'MODEL.NUM_CLASSES', str(NUM_CLASSES),
-                         'MRCNN.DIM_REDUCED', str(DIM_REDUCED), 'NUM_GPUS', '1'])
-    assert_and_infer_cfg()
-    model = model_builder.create(cfg)
-    cfg.defrost()
-    return model
+    return model_of_config(os.path.join('12_2017_baselines', 'e2e_mask_rcnn_R-50-C4_1x.yaml'),
+                           ['RESNETS.WIDTH_PER_GROUP', str(WIDTH), 'MODEL.NUM_CLASSES', str(NUM_CLASSES),
+                            'MRCNN.DIM_REDUCED', str(DIM_REDUCED), 'NUM_GPUS', '1'])
 
 
 # Our key of some blobs, by hand.
