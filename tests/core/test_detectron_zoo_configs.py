@@ -5,6 +5,7 @@ one refusal."""
 import json
 import os
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -139,7 +140,8 @@ for _path in DETECTRON_CONFIGS:
 @pytest.mark.slow
 @pytest.mark.parametrize('relative_path', DETECTRON_CONFIGS)
 def test_detectron_config_builds_and_trains_one_iteration(relative_path, tiny_catalog, tiny_proposals, tmp_path):
-    opts = _overrides(relative_path, tiny_catalog, tiny_proposals, tmp_path)
+    output_dir = tmp_path / 'output'
+    opts = _overrides(relative_path, tiny_catalog, tiny_proposals, output_dir)
     cfg.defrost()
     if relative_path.startswith(NOT_BUILT):
         with pytest.raises(ConfigValueError):
@@ -151,8 +153,11 @@ def test_detectron_config_builds_and_trains_one_iteration(relative_path, tiny_ca
     if first != relative_path:  # the same model as `first`, which trains: only the schedule differs
         assert not first.startswith(NOT_BUILT)
         return
-    final = train_engine.train_model()['final']
-    assert os.path.getsize(final) > 0
+    try:
+        final = train_engine.train_model()['final']
+        assert os.path.getsize(final) > 0
+    finally:  # 50 models' checkpoints would hold gigabytes of disk until pytest prunes its temporaries
+        shutil.rmtree(output_dir, ignore_errors=True)
 
 
 def test_the_count_of_distinct_models_trained():
