@@ -53,9 +53,9 @@ def test_retinanet_rows_on_the_cpu_at_toy_size(monkeypatch, capsys):
     train, test, ratios = by_section['train'], by_section['test'], by_section['ratio']
     assert [r['row'] for r in test] == ['ours, loaded', 'torchvision (equal work), loaded']
     assert all(r['loss_finite'] and len(r['rounds']) == 2 for r in train)
-    # Every class score loaded: each level hands PRE_NMS_TOP_N candidates to the NMS; ours keeps DETECTIONS_PER_IM
-    # (which of the tied scores each model takes, and so what survives the NMS, is its own).
-    assert test[0]['detections'] == 30 and 0 < test[1]['detections'] <= 30
+    # Every class score loaded: each level hands PRE_NMS_TOP_N candidates to the NMS, and both keep at most
+    # DETECTIONS_PER_IM (how many survive the class-wise NMS on a 64 px image depends on the random boxes).
+    assert 0 < test[0]['detections'] <= 30 and 0 < test[1]['detections'] <= 30
     speedup = ratios[0]
     assert speedup['row'].startswith(retinanet_rows.TRAIN_RATIO)
     assert speedup['rounds'] == pytest.approx([a / b for a, b in zip(train[0]['rounds'], train[1]['rounds'])])
