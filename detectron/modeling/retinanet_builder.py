@@ -63,10 +63,6 @@ class RetinaNetType(GeneralizedRCNNType):
     def detector(self):
         return functools.partial(_detect, image_params=image_params(self.cfg), params=inference_params(self.cfg))
 
-    def test_proposal_files(self):
-        # RetinaNet detects on its anchors: no proposal files, whatever MODEL.FASTER_RCNN says.
-        return ModelType.test_proposal_files(self)
-
 
 def _validation_losses(model, batch):
     with torch.no_grad():
