@@ -42,8 +42,8 @@ def test_retinanet_rows_on_the_cpu_at_toy_size(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     argv = ['--cfg', os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_retinanet_R-18-FPN.yaml'),
             '--mode', 'retinanet', '--height', '64', '--width', '64', '--batch', '1', '--iters', '1', '--rounds', '2',
-            '--warmup', '0', '--round-warmup', '0', 'FPN.DIM', '32', 'RETINANET.NUM_CONVS', '1',
-            'RETINANET.PRE_NMS_TOP_N', '20', 'TEST.DETECTIONS_PER_IM', '30']
+            '--warmup', '0', '--round-warmup', '0', '--profile', '--profile-steps', '1', 'FPN.DIM', '32',
+            'RETINANET.NUM_CONVS', '1', 'RETINANET.PRE_NMS_TOP_N', '20', 'TEST.DETECTIONS_PER_IM', '30']
     report = cli.main(argv)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{')]
     assert records == report.records
@@ -60,3 +60,8 @@ def test_retinanet_rows_on_the_cpu_at_toy_size(monkeypatch, capsys):
     assert speedup['row'].startswith(retinanet_rows.TRAIN_RATIO)
     assert speedup['rounds'] == pytest.approx([a / b for a, b in zip(train[0]['rounds'], train[1]['rounds'])])
     assert ratios[1]['rounds'] == pytest.approx(list(np.array(test[0]['rounds']) / np.array(test[1]['rounds'])))
+    # --profile adds the four rows' profiles; on the CPU there is no GPU work and no host synchronisation.
+    profiles = by_section['profile']
+    assert [r['row'] for r in profiles] == [r['row'] for r in train + test]
+    assert all(r['wall_ms_per_step'] > 0 and r['gpu_ops_per_step'] == 0 and r['host_syncs_per_step'] == 0
+               for r in profiles)

@@ -32,7 +32,8 @@ Sections (--mode):
   retinanet  with a RetinaNet --cfg (retinanet_rows.py): training images/s at the first --batch beside
            torchvision's retinanet_resnet50_fpn at equal work (FrozenBN, layer2-4 trainable, P6 on C5, 9
            anchors, our RETINANET settings), and inference ms/image of both with every class score loaded
-           above INFERENCE_TH (each level gives PRE_NMS_TOP_N candidates to the NMS);
+           above INFERENCE_TH (each level gives PRE_NMS_TOP_N candidates to the NMS); with profile
+           also the four rows' profiles;
   voting   Detectron's box_results_with_nms_and_limit on the host, STD_NMS True (variance voting) and
            False, on synthetic head outputs of one image (--voting-case, voting_rows.py);
   startup  for any model type (startup.py): test_net's model loaded -> first detection and train_net's

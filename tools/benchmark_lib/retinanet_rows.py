@@ -13,6 +13,7 @@ from detectron.modeling.optimizer import build_optimizer
 
 from .centernet_rows import training_step
 from .inputs import ours_train_inputs, synthetic_batch, synthetic_images, torchvision_train_inputs
+from .profiling import profile_row, trace_path
 from .rcnn_rows import build_ours, build_ours_for_training
 from .timing import Row, autocast, cfg_values, flat_tensors, model_tensors, per_round_ratios, run_interleaved
 from .torchvision_models import torchvision_detect, trainable_parameters
@@ -101,3 +102,8 @@ def run_retinanet(args, model_type, precision, report, timing):
         report.add_row(row, batch=row.images_per_step, precision=precision, size=[args.height, args.width])
     report.add_ratio('{}, batch {}'.format(TRAIN_RATIO, args.batch[0]), per_round_ratios(rows[0].values, rows[1].values))
     report.add_ratio(TEST_RATIO, per_round_ratios(rows[2].values, rows[3].values))
+    if 'profile' in args.mode:
+        for row, trace in zip(rows, ('train_ours', 'train_torchvision', 'test_ours', 'test_torchvision')):
+            report.add_profile(row.name, profile_row(row, args.profile_steps, args.warmup, timing['device'],
+                                                     trace_path(args, trace)),
+                               batch=row.images_per_step, size=[args.height, args.width])
