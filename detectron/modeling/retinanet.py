@@ -26,6 +26,7 @@ class RetinaNetParams:
     bbox_reg_beta: float = 0.11
     bbox_reg_weight: float = 1.0
     class_specific_bbox: bool = False
+    softmax: bool = False  # RETINANET.SOFTMAX: one softmax over background and the classes per anchor
 
     @property
     def num_anchors(self):
@@ -71,9 +72,10 @@ class RetinaNet(nn.Module):
             [x['is_crowd'] for x in targets], im_info, positive_overlap=p.positive_overlap,
             negative_overlap=p.negative_overlap, straddle_thresh=p.straddle_thresh)
         losses = {}
+        focal_loss = retinanet_heads.softmax_focal_loss if p.softmax else retinanet_heads.sigmoid_focal_loss
         for level, level_logits, level_deltas, labels, box_targets in zip(
                 p.levels, logits, deltas, t.labels, t.bbox_targets):
-            losses['loss_fl_fpn{}'.format(level)] = retinanet_heads.sigmoid_focal_loss(
+            losses['loss_fl_fpn{}'.format(level)] = focal_loss(
                 retinanet_heads.anchor_major(level_logits, p.num_anchors), labels, t.fg_num,
                 gamma=p.loss_gamma, alpha=p.loss_alpha)
             losses['loss_retnet_bbox_fpn{}'.format(level)] = p.bbox_reg_weight * retinanet_heads.select_smooth_l1_loss(

@@ -22,8 +22,7 @@ _LEVELS = (3, 7)
 # R-CNN features a RetinaNet does not have: refused rather than ignored.
 _NOT_RETINANET = {
     'MODEL.MASK_ON': 'a mask head', 'MODEL.KEYPOINTS_ON': 'keypoint heads', 'PRED_STD': 'the KL-Loss head',
-    'STD_NMS': 'variance voting', 'XYXY': "KL-Loss's XYXY box coding", 'TEST.BBOX_VOTE.ENABLED': 'box voting',
-    'RETINANET.SOFTMAX': 'the softmax focal loss (only the sigmoid one, of every shipped config, is ported)'}
+    'STD_NMS': 'variance voting', 'XYXY': "KL-Loss's XYXY box coding", 'TEST.BBOX_VOTE.ENABLED': 'box voting'}
 
 
 @register_model_type('retinanet')
@@ -79,7 +78,7 @@ def build_model(cfg):
     params = retinanet_params(cfg)
     head = RetinaNetHead(conv_body.out_channels, cfg.MODEL.NUM_CLASSES - 1, params.num_anchors, num_convs=r.NUM_CONVS,
                          share_tower=r.SHARE_CLS_BBOX_TOWER, class_specific_bbox=r.CLASS_SPECIFIC_BBOX,
-                         prior_prob=r.PRIOR_PROB)
+                         prior_prob=r.PRIOR_PROB, softmax=r.SOFTMAX)
     return RetinaNet(conv_body, head, params)
 
 
@@ -90,13 +89,15 @@ def retinanet_params(cfg):
         scales_per_octave=r.SCALES_PER_OCTAVE, aspect_ratios=tuple(r.ASPECT_RATIOS), anchor_scale=r.ANCHOR_SCALE,
         positive_overlap=r.POSITIVE_OVERLAP, negative_overlap=r.NEGATIVE_OVERLAP,
         straddle_thresh=cfg.TRAIN.RPN_STRADDLE_THRESH, loss_gamma=r.LOSS_GAMMA, loss_alpha=r.LOSS_ALPHA,
-        bbox_reg_beta=r.BBOX_REG_BETA, bbox_reg_weight=r.BBOX_REG_WEIGHT, class_specific_bbox=r.CLASS_SPECIFIC_BBOX)
+        bbox_reg_beta=r.BBOX_REG_BETA, bbox_reg_weight=r.BBOX_REG_WEIGHT, class_specific_bbox=r.CLASS_SPECIFIC_BBOX,
+        softmax=r.SOFTMAX)
 
 
 def inference_params(cfg):
     r, test = cfg.RETINANET, cfg.TEST
     return retinanet_inference.RetinaNetTestParams(
         num_classes=cfg.MODEL.NUM_CLASSES, pre_nms_top_n=r.PRE_NMS_TOP_N, inference_th=r.INFERENCE_TH,
-        class_specific_bbox=r.CLASS_SPECIFIC_BBOX, bbox_reg=test.BBOX_REG, bbox_xform_clip=cfg.BBOX_XFORM_CLIP,
+        class_specific_bbox=r.CLASS_SPECIFIC_BBOX, softmax=r.SOFTMAX, bbox_reg=test.BBOX_REG,
+        bbox_xform_clip=cfg.BBOX_XFORM_CLIP,
         nms=test.NMS, soft_nms=test.SOFT_NMS.ENABLED, soft_nms_method=test.SOFT_NMS.METHOD,
         soft_nms_sigma=test.SOFT_NMS.SIGMA, detections_per_im=test.DETECTIONS_PER_IM)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from detectron.modeling.rcnn_inference import model_device
-from detectron.modeling.retinanet_heads import anchor_major
+from detectron.modeling.retinanet_heads import anchor_major, class_probabilities
 from detectron.ops import nms as nms_ops
 from detectron.roi_data.retinanet import RETINANET_BBOX_REG_WEIGHTS
 from detectron.utils import blob as blob_utils
@@ -22,12 +22,13 @@ _SOFT_NMS_SCORE_THRESH = 0.0001
 
 @dataclass(frozen=True)
 class RetinaNetTestParams:
-    """RETINANET.PRE_NMS_TOP_N / INFERENCE_TH / CLASS_SPECIFIC_BBOX, TEST.BBOX_REG / NMS / SOFT_NMS /
+    """RETINANET.PRE_NMS_TOP_N / INFERENCE_TH / CLASS_SPECIFIC_BBOX / SOFTMAX, TEST.BBOX_REG / NMS / SOFT_NMS /
     DETECTIONS_PER_IM, BBOX_XFORM_CLIP and MODEL.NUM_CLASSES (with background)."""
     num_classes: int
     pre_nms_top_n: int = 1000
     inference_th: float = 0.05
     class_specific_bbox: bool = False
+    softmax: bool = False
     bbox_reg: bool = True
     bbox_xform_clip: float = box_utils.DEFAULT_XFORM_CLIP
     nms: float = 0.5
@@ -61,7 +62,7 @@ def candidate_detections(anchors, logits, deltas, params):
     last = len(logits) - 1
     for i, (level_anchors, level_logits, level_deltas) in enumerate(zip(anchors, logits, deltas)):
         num_anchors = level_anchors.shape[2]
-        probs = torch.sigmoid(anchor_major(level_logits[:1].float(), num_anchors)[0])
+        probs = class_probabilities(anchor_major(level_logits[:1], num_anchors)[0], params.softmax)
         num_fg = probs.shape[1]
         flat = probs.reshape(-1)
         top_scores, top_idx = flat.topk(min(params.pre_nms_top_n, flat.numel()))

@@ -7,9 +7,10 @@ import torch
 
 from detectron.modeling.FPN import FPNBody
 from detectron.modeling.ResNet import ResNet
-from detectron.modeling.retinanet_heads import (RetinaNetHead, anchor_major, retinanet_anchors, select_smooth_l1_loss,
-                                                sigmoid_focal_loss)
-from tests.support.retinanet_reference import np_cell_anchor, np_focal_loss_and_grad, np_level_anchors
+from detectron.modeling.retinanet_heads import (RetinaNetHead, anchor_major, class_probabilities, retinanet_anchors,
+                                                select_smooth_l1_loss, sigmoid_focal_loss, softmax_focal_loss)
+from tests.support.retinanet_reference import (np_cell_anchor, np_focal_loss_and_grad, np_level_anchors,
+                                               np_softmax_focal_loss_and_grad)
 
 RATIOS = (1.0, 2.0, 0.5)  # the shipped configs' order
 
@@ -54,6 +55,27 @@ def test_focal_loss_of_one_positive_by_hand():
     assert loss.item() == pytest.approx(-(0.25 + 0.75) * 0.25 * math.log(0.5))
 
 
+@pytest.mark.parametrize('gamma, alpha', [(2.0, 0.25), (1.5, 0.6)])
+def test_softmax_focal_loss_value_and_gradient_match_the_op_formulas(gamma, alpha):
+    rng = np.random.RandomState(1)
+    logits = rng.randn(7, 4) * 2  # C = 3 classes and background
+    labels = np.array([0, 1, 3, -1, 2, 0, -1])
+    logits_t = torch.tensor(logits, requires_grad=True)
+    loss = softmax_focal_loss(logits_t, torch.tensor(labels), torch.tensor(3.0), gamma=gamma, alpha=alpha)
+    loss.backward()
+    expected, grad = np_softmax_focal_loss_and_grad(logits, labels, 3.0, gamma=gamma, alpha=alpha)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    np.testing.assert_allclose(logits_t.grad.numpy(), grad, rtol=1e-4, atol=1e-7)
+    assert not logits_t.grad[[3, 6]].any()  # ignored anchors get no gradient
+
+
+def test_softmax_focal_loss_by_hand_and_normalised_by_at_least_one():
+    # Two equal logits: p_t = 0.5 for both anchors. fg (class 1): 0.25 * 0.5^2 * log 2; bg: 0.75 * 0.5^2 * log 2.
+    logits = torch.zeros(2, 2)
+    loss = softmax_focal_loss(logits, torch.tensor([1, 0]), torch.tensor(0.0))  # fg_num 0 divides by 1
+    assert loss.item() == pytest.approx((0.25 + 0.75) * 0.25 * math.log(2))
+
+
 def test_select_smooth_l1_reads_only_fg_anchors_and_their_class_columns():
     deltas = torch.tensor([[[0.05, 1.0, 0, 0, 9, 9, 9, 9]], [[5, 5, 5, 5, 0.0, 0.2, 0, 0]]])  # (2, 1, 4C), C = 2
     targets = torch.zeros(2, 1, 4)
@@ -75,6 +97,27 @@ def test_head_shares_towers_across_levels_and_starts_at_the_prior():
     assert [tuple(x.shape) for x in deltas] == [(2, 36, s, s) for s in (8, 4, 2)]
     shared = RetinaNetHead(16, num_classes=5, num_anchors=9, num_convs=2, share_tower=True, class_specific_bbox=True)
     assert shared.bbox_tower is None and shared.bbox_pred.out_channels == 9 * 4 * 5
+
+
+@pytest.mark.parametrize('num_classes, prior', [(5, 0.01), (80, 0.02)])
+def test_softmax_head_starts_every_anchor_at_the_prior(num_classes, prior):
+    # Detectron's bias init: background logit log(C (1 - p) / p), class logits 0 -> P(bg) = 1 - p, P(class) = p / C.
+    head = RetinaNetHead(16, num_classes=num_classes, num_anchors=9, num_convs=1, prior_prob=prior, softmax=True)
+    assert head.cls_pred.out_channels == 9 * (num_classes + 1)
+    bias = head.cls_pred.bias.detach().view(9, num_classes + 1)
+    np.testing.assert_allclose(bias[:, 0].numpy(), math.log(num_classes * (1 - prior) / prior), rtol=1e-6)
+    assert not bias[:, 1:].any()
+    probs = torch.softmax(bias.double(), dim=1)
+    np.testing.assert_allclose(probs[:, 0].numpy(), 1 - prior, rtol=1e-6)
+    np.testing.assert_allclose(probs[:, 1:].numpy(), prior / num_classes, rtol=1e-6)
+
+
+def test_class_probabilities_drop_the_softmax_background_column():
+    logits = torch.tensor([[2.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    e = np.exp([[2.0, 0.0, 1.0]])[0]
+    np.testing.assert_allclose(class_probabilities(logits, softmax=True).numpy(),
+                               [e[1:] / e.sum(), [1 / 3, 1 / 3]], rtol=1e-6)
+    np.testing.assert_allclose(class_probabilities(logits, softmax=False).numpy(), torch.sigmoid(logits).numpy())
 
 
 def test_anchor_major_orders_rows_like_the_anchors():
