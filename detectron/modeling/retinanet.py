@@ -71,15 +71,18 @@ class RetinaNet(nn.Module):
             anchors, [x['boxes'] for x in targets], [x['classes'] for x in targets],
             [x['is_crowd'] for x in targets], im_info, positive_overlap=p.positive_overlap,
             negative_overlap=p.negative_overlap, straddle_thresh=p.straddle_thresh)
-        losses = {}
+        # All levels at once: one focal loss and one smooth L1 over every anchor, summed per level after.
+        logits = torch.cat([retinanet_heads.anchor_major(x, p.num_anchors) for x in logits], dim=1)
+        deltas = torch.cat([retinanet_heads.anchor_major(x, p.num_anchors) for x in deltas], dim=1)
         focal_loss = retinanet_heads.softmax_focal_loss if p.softmax else retinanet_heads.sigmoid_focal_loss
-        for level, level_logits, level_deltas, labels, box_targets in zip(
-                p.levels, logits, deltas, t.labels, t.bbox_targets):
-            losses['loss_fl_fpn{}'.format(level)] = focal_loss(
-                retinanet_heads.anchor_major(level_logits, p.num_anchors), labels, t.fg_num,
-                gamma=p.loss_gamma, alpha=p.loss_alpha)
-            losses['loss_retnet_bbox_fpn{}'.format(level)] = p.bbox_reg_weight * retinanet_heads.select_smooth_l1_loss(
-                retinanet_heads.anchor_major(level_deltas, p.num_anchors), box_targets, labels, t.fg_num,
-                beta=p.bbox_reg_beta, class_specific=p.class_specific_bbox)
+        cls_loss = focal_loss(logits, t.labels, gamma=p.loss_gamma, alpha=p.loss_alpha).sum(0)
+        box_loss = retinanet_heads.select_smooth_l1_loss(deltas, t.bbox_targets, t.labels, beta=p.bbox_reg_beta,
+                                                         class_specific=p.class_specific_bbox).sum(0)
+        # Detectron's focal and box losses divide by max(retnet_fg_num, 1) (fg_num counts 1 per image).
+        normalizer = t.fg_num.clamp(min=1)
+        losses = {}
+        for level, level_cls, level_box in zip(p.levels, cls_loss.split(t.level_sizes), box_loss.split(t.level_sizes)):
+            losses['loss_fl_fpn{}'.format(level)] = level_cls.sum() / normalizer
+            losses['loss_retnet_bbox_fpn{}'.format(level)] = p.bbox_reg_weight * level_box.sum() / normalizer
         losses['retnet_fg_num'] = t.fg_num.detach()
         return losses

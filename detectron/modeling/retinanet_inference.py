@@ -56,30 +56,30 @@ def im_detect_bbox(model, im, image_params, params):
 
 def candidate_detections(anchors, logits, deltas, params):
     """The first image's candidates over all levels: (boxes (K, 4) decoded in network-input
-    coordinates, scores (K,), classes (K,) in 1..C), float32 on the logits' device. The levels'
-    thresholds are applied once, at the end: one host synchronisation per image."""
-    all_boxes, all_scores, all_classes, all_kept = [], [], [], []
-    last = len(logits) - 1
-    for i, (level_anchors, level_logits, level_deltas) in enumerate(zip(anchors, logits, deltas)):
-        num_anchors = level_anchors.shape[2]
-        probs = class_probabilities(anchor_major(level_logits[:1], num_anchors)[0], params.softmax)
-        num_fg = probs.shape[1]
-        flat = probs.reshape(-1)
-        top_scores, top_idx = flat.topk(min(params.pre_nms_top_n, flat.numel()))
-        all_kept.append(top_scores > (params.inference_th if i < last else 0.0))
-        anchor_idx, cls = top_idx // num_fg, top_idx % num_fg
-        box_deltas = anchor_major(level_deltas[:1].float(), num_anchors)[0][anchor_idx]
-        if params.class_specific_bbox:
-            box_deltas = box_deltas.view(-1, num_fg, 4)[torch.arange(len(cls), device=cls.device), cls]
-        boxes = level_anchors.reshape(-1, 4)[anchor_idx]
-        if params.bbox_reg:
-            boxes = box_utils.bbox_transform_t(boxes, box_deltas, RETINANET_BBOX_REG_WEIGHTS,
-                                               clip=params.bbox_xform_clip)
-        all_boxes.append(boxes)
-        all_scores.append(top_scores)
-        all_classes.append(cls + 1)
-    kept = torch.cat(all_kept)
-    return torch.cat(all_boxes)[kept], torch.cat(all_scores)[kept], torch.cat(all_classes)[kept]
+    coordinates, scores (K,), classes (K,) in 1..C), float32 on the logits' device. Only the top-k
+    runs per level; the candidates of all levels are gathered and decoded at once, and the levels'
+    thresholds applied at the end: one host synchronisation per image."""
+    top_scores, top_rows, kept = [], [], []
+    first_row, last = 0, len(logits) - 1
+    for i, (level_anchors, level_logits) in enumerate(zip(anchors, logits)):
+        probs = class_probabilities(anchor_major(level_logits[:1], level_anchors.shape[2])[0], params.softmax)
+        scores, rows = probs.reshape(-1).topk(min(params.pre_nms_top_n, probs.numel()))
+        top_scores.append(scores)
+        top_rows.append(rows + first_row * probs.shape[1])  # (anchor, class) rows of all levels' anchors
+        kept.append(scores > (params.inference_th if i < last else 0.0))
+        first_row += probs.shape[0]
+    num_fg = probs.shape[1]
+    rows = torch.cat(top_rows)
+    anchor_idx, cls = rows // num_fg, rows % num_fg
+    num_anchors = anchors[0].shape[2]
+    box_deltas = torch.cat([anchor_major(x[:1], num_anchors)[0] for x in deltas])[anchor_idx].float()
+    if params.class_specific_bbox:
+        box_deltas = box_deltas.view(-1, num_fg, 4)[torch.arange(len(cls), device=cls.device), cls]
+    boxes = torch.cat([level.reshape(-1, 4) for level in anchors])[anchor_idx]
+    if params.bbox_reg:
+        boxes = box_utils.bbox_transform_t(boxes, box_deltas, RETINANET_BBOX_REG_WEIGHTS, clip=params.bbox_xform_clip)
+    kept = torch.cat(kept)
+    return boxes[kept], torch.cat(top_scores)[kept], cls[kept] + 1
 
 
 def class_wise_nms(boxes, scores, classes, params):
