@@ -9,6 +9,7 @@ from torch import nn
 
 from detectron.modeling import retinanet_heads
 from detectron.roi_data.retinanet import retinanet_targets
+from detectron.utils.cuda_graphs import graphed_training_method
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class RetinaNetParams:
     bbox_reg_weight: float = 1.0
     class_specific_bbox: bool = False
     softmax: bool = False  # RETINANET.SOFTMAX: one softmax over background and the classes per anchor
+    train_cuda_graphs: bool = False  # on a GPU, replay body_and_head's forward and backward in training
+    train_max_graphs: int = 8  # TRAIN.CUDA_GRAPHS_MAX_SHAPES
 
     @property
     def num_anchors(self):
@@ -37,7 +40,13 @@ class RetinaNet(nn.Module):
     """`model(images, im_info, targets)` -> losses in training (`loss_fl_fpn<l>` and
     `loss_retnet_bbox_fpn<l>` per level, as Detectron's fl_fpn<l> / retnet_loss_bbox_fpn<l>, and the
     metric `retnet_fg_num`); in inference {'anchors', 'logits', 'deltas'}, per level, for
-    retinanet_inference."""
+    retinanet_inference.
+
+    `body_and_head(images)` is the part of the forward with fixed shapes for a given image size (no
+    host synchronisation): the test path may replay it from a CUDA graph (`model(images, im_info,
+    body=...)` takes its outputs from `body`), and with params.train_cuda_graphs training replays
+    its forward and backward from graphs per padded batch shape, as GeneralizedRCNN's body.
+    """
 
     def __init__(self, conv_body, head, params: RetinaNetParams):
         super().__init__()
@@ -52,18 +61,25 @@ class RetinaNet(nn.Module):
         self.to(memory_format=torch.channels_last)
         self.channels_last = True
 
-    def forward(self, images, im_info, targets=None):
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        features = self.conv_body(images)
-        logits, deltas = self.head(features)
+    def forward(self, images, im_info, targets=None, body=None):
         p = self.params
+        if body is None and self.training and p.train_cuda_graphs:
+            body = graphed_training_method(self, 'body_and_head', RetinaNet.body_and_head, max_graphs=p.train_max_graphs)
+        flat = (body or self.body_and_head)(images)
+        logits, deltas = list(flat[:len(p.levels)]), list(flat[len(p.levels):])
         anchors = retinanet_heads.retinanet_anchors(
-            [f.shape[-2:] for f in features], tuple(2 ** level for level in p.levels), p.scales_per_octave,
+            [x.shape[-2:] for x in logits], tuple(2 ** level for level in p.levels), p.scales_per_octave,
             p.aspect_ratios, p.anchor_scale, device=images.device)
         if self.training:
             return self._losses(logits, deltas, anchors, im_info, targets)
         return {'anchors': anchors, 'logits': logits, 'deltas': deltas}
+
+    def body_and_head(self, images):
+        """The class logits, then the box deltas, of every level, as one flat tuple."""
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        logits, deltas = self.head(self.conv_body(images))
+        return tuple(logits) + tuple(deltas)
 
     def _losses(self, logits, deltas, anchors, im_info, targets):
         p = self.params

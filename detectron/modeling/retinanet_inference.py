@@ -15,6 +15,7 @@ from detectron.ops import nms as nms_ops
 from detectron.roi_data.retinanet import RETINANET_BBOX_REG_WEIGHTS
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
+from detectron.utils.cuda_graphs import DEFAULT_MAX_GRAPHS, graphed_method
 
 # Detectron's test_retinanet soft-NMS drops boxes below this score.
 _SOFT_NMS_SCORE_THRESH = 0.0001
@@ -38,16 +39,21 @@ class RetinaNetTestParams:
     detections_per_im: int = 100
 
 
-def im_detect_bbox(model, im, image_params, params):
+def im_detect_bbox(model, im, image_params, params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):
     """cls_boxes of one BGR image (H, W, 3): cls_boxes[j] (N_j, 5) float32 (x1, y1, x2, y2, score) in
-    original image coordinates, cls_boxes[0] empty. image_params: rcnn_inference.ImageParams."""
+    original image coordinates, cls_boxes[0] empty. image_params: rcnn_inference.ImageParams.
+    cuda_graphs [TEST.CUDA_GRAPHS]: on a GPU, replay the body and head from a CUDA graph per padded
+    size, for max_graph_shapes [TEST.CUDA_GRAPHS_MAX_SHAPES] sizes."""
     if model.training:
         raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
     blob, im_scale, im_info = blob_utils.get_image_blob_t(
         im, image_params.scale, image_params.max_size, image_params.pixel_means, image_params.stride,
         model_device(model))
+    graphed = {}
+    if cuda_graphs and blob.is_cuda:
+        graphed['body'] = graphed_method(model, 'body_and_head', type(model).body_and_head, max_graphs=max_graph_shapes)
     with torch.no_grad():
-        out = model(blob, im_info)
+        out = model(blob, im_info, **graphed)
     boxes, scores, classes = candidate_detections(out['anchors'], out['logits'], out['deltas'], params)
     boxes = box_utils.clip_tiled_boxes_t(box_utils.divide(boxes, im_scale), im.shape[0], im.shape[1])
     dets, det_classes = class_wise_nms(boxes, scores, classes, params)
