@@ -48,14 +48,6 @@ def _batch():
     return images, im_info, targets
 
 
-@pytest.fixture
-def deterministic_cudnn():
-    previous = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
-
-
 @pytest.mark.cuda
 @needs_cuda
 def test_graphed_training_losses_and_gradients_equal_the_eager_ones(deterministic_cudnn):
