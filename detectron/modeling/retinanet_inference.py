@@ -84,7 +84,7 @@ def candidate_detections(anchors, logits, deltas, params):
     boxes = torch.cat([level.reshape(-1, 4) for level in anchors])[anchor_idx]
     if params.bbox_reg:
         boxes = box_utils.bbox_transform_t(boxes, box_deltas, RETINANET_BBOX_REG_WEIGHTS, clip=params.bbox_xform_clip)
-    kept = torch.cat(kept)
+    kept = torch.cat(kept).nonzero().squeeze(1)  # the one host synchronisation
     return boxes[kept], torch.cat(top_scores)[kept], cls[kept] + 1
 
 
@@ -123,6 +123,8 @@ def _soft_nms_per_class(dets, classes, params):
 
 def cls_boxes_of(dets, classes, num_classes):
     """Detectron's cls_boxes list from detections grouped by ascending class."""
-    dets, classes = dets.cpu().numpy().astype(np.float32, copy=False), classes.cpu().numpy()
+    # One copy to the host: the classes (< 2^24) ride along as float32.
+    both = torch.cat([dets.float(), classes[:, None].float()], dim=1).cpu().numpy()
+    dets, classes = np.ascontiguousarray(both[:, :5]), both[:, 5].astype(np.int64)
     counts = np.bincount(classes, minlength=num_classes)
     return np.split(dets, np.cumsum(counts)[:-1])

@@ -71,6 +71,7 @@ def test_graphed_training_losses_and_gradients_equal_the_eager_ones(deterministi
 @needs_cuda
 def test_detections_with_the_graphed_body_and_head_equal_the_eager_ones():
     model = _model().eval()
+    model.use_channels_last()  # as RetinaNetType.prepare_for_inference on a GPU
     with torch.no_grad():  # every class score 0.5: each level hands PRE_NMS_TOP_N candidates to the NMS
         model.head.cls_pred.weight.zero_()
         model.head.cls_pred.bias.zero_()
