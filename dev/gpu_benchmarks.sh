@@ -6,7 +6,7 @@
 # Steps:
 #   setup (dev/gpu_env.sh) bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   two_stage bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
-#   checkpoint_activations_bench mask_train mask_test tta_test mask_bench mask_targets
+#   checkpoint_activations_bench mask_train mask_test tta_test mask_bench mask_targets retinanet_bench retinanet_coco_tiny
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -36,6 +36,20 @@ kl_scaling() {  # KL-Loss R-CNN, bf16, 800x1333, 2 images per GPU, NUM_GPUS 1 th
       OUTPUT_DIR /tmp/kl_gpus$n > "$OUT/kl_train_gpus$n.log" 2>&1
     echo "NUM_GPUS $n exit $?"; grep json_stats "$OUT/kl_train_gpus$n.log" | tail -2
   done
+}
+
+retinanet_bench() {  # RetinaNet R-50-FPN against torchvision's retinanet_resnet50_fpn at equal work, bf16, 800x1333, batch 2: with our CUDA graphs (the defaults), then without (the eager step and detector)
+  local cmd=(python3 tools/benchmark.py --mode retinanet --cfg configs/12_2017_baselines/retinanet_R-50-FPN_1x.yaml
+             --batch 2 --height 800 --width 1333)
+  "${cmd[@]}" 2>&1 | tee "$OUT/retinanet_bench.log"
+  "${cmd[@]}" TRAIN.CUDA_GRAPHS False TEST.CUDA_GRAPHS False 2>&1 | tee "$OUT/retinanet_bench_eager.log"
+}
+
+retinanet_coco_tiny() {  # RetinaNet R-50-FPN (GN from scratch) 100 iterations on coco_tiny's JPEGs, bf16, 2 images per GPU, then test_net on val: the graphs in train_net's loop over many batch shapes; images/s = 2 / json_stats time
+  python3 tools/train_net.py -c configs/12_2017_baselines/retinanet_R-50-FPN_1x.yaml "${KL[@]}" NUM_GPUS 1 \
+    SOLVER.MAX_ITER 100 TRAIN.IMS_PER_BATCH 2 OUTPUT_DIR /tmp/retinanet_coco_tiny > "$OUT/retinanet_coco_tiny.log" 2>&1
+  echo "retinanet exit $?"; grep json_stats "$OUT/retinanet_coco_tiny.log" | tail -2
+  grep -E "copypaste: [0-9]|CUDA graph" "$OUT/retinanet_coco_tiny.log"
 }
 
 two_stage() {  # Detectron's two-stage R-CNN on coco_tiny, bf16, 800x1333, 2 images per GPU, 1 GPU: an RPN-only model (100 iterations) writes rpn_proposals.pkl for val and train, then a Fast R-CNN trains 100 iterations on them and tests; images/s = 2 / json_stats time

@@ -97,3 +97,12 @@ def on_the_cpu(monkeypatch):
     """The expected lines name the CPU (no memory statistics): hide a GPU the machine may have."""
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+
+
+@pytest.fixture
+def deterministic_cudnn():
+    """cuDNN's deterministic algorithms, no autotuning: graphed and eager GPU runs compare value for value."""
+    previous = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous

@@ -10,7 +10,7 @@ import torch
 
 from detectron.modeling import retinanet_inference
 from detectron.modeling.model_type import ModelType, register_model_type
-from detectron.modeling.rcnn_builder import GeneralizedRCNNType, build_conv_body, image_params
+from detectron.modeling.rcnn_builder import GeneralizedRCNNType, build_conv_body, image_params, test_graphs
 from detectron.modeling.rcnn_checks import check_conv_body
 from detectron.modeling.retinanet import RetinaNet, RetinaNetParams
 from detectron.modeling.retinanet_heads import RetinaNetHead
@@ -22,8 +22,7 @@ _LEVELS = (3, 7)
 # R-CNN features a RetinaNet does not have: refused rather than ignored.
 _NOT_RETINANET = {
     'MODEL.MASK_ON': 'a mask head', 'MODEL.KEYPOINTS_ON': 'keypoint heads', 'PRED_STD': 'the KL-Loss head',
-    'STD_NMS': 'variance voting', 'XYXY': "KL-Loss's XYXY box coding", 'TEST.BBOX_VOTE.ENABLED': 'box voting',
-    'RETINANET.SOFTMAX': 'the softmax focal loss (only the sigmoid one, of every shipped config, is ported)'}
+    'STD_NMS': 'variance voting', 'XYXY': "KL-Loss's XYXY box coding", 'TEST.BBOX_VOTE.ENABLED': 'box voting'}
 
 
 @register_model_type('retinanet')
@@ -50,9 +49,17 @@ class RetinaNetType(GeneralizedRCNNType):
     def build(self):
         return build_model(self.cfg)
 
+    def prepare_for_inference(self, model):
+        # On the GPU the body and head run channels_last, as in training: cuDNN's bf16 convolutions
+        # are NHWC, and NCHW tensors cost two layout conversions per convolution.
+        if next(model.parameters()).device.type == 'cuda':
+            model.use_channels_last()
+        return model
+
     def memory_settings(self, training):
         if not training:
-            return 'lower TEST.SCALE {} / TEST.MAX_SIZE {}'.format(self.cfg.TEST.SCALE, self.cfg.TEST.MAX_SIZE)
+            graphs = '; TEST.CUDA_GRAPHS False' if self.cfg.TEST.CUDA_GRAPHS else ''
+            return 'lower TEST.SCALE {} / TEST.MAX_SIZE {}{}'.format(self.cfg.TEST.SCALE, self.cfg.TEST.MAX_SIZE, graphs)
         return ModelType.memory_settings(self, training)
 
     def validation_losses(self):
@@ -61,16 +68,19 @@ class RetinaNetType(GeneralizedRCNNType):
     exporter = ModelType.exporter  # not exported (yet): the R-CNN graph does not fit it
 
     def detector(self):
-        return functools.partial(_detect, image_params=image_params(self.cfg), params=inference_params(self.cfg))
+        return functools.partial(_detect, image_params=image_params(self.cfg), params=inference_params(self.cfg),
+                                 graphs=test_graphs(self.cfg))
 
 
 def _validation_losses(model, batch):
+    """Training-mode losses with the eager body and head (a CUDA-graphed training body keeps its
+    buffers for the backward)."""
     with torch.no_grad():
-        return model(*batch)
+        return model(*batch, body=model.body_and_head)
 
 
-def _detect(model, sample, image_params, params):
-    return retinanet_inference.im_detect_bbox(model, sample['image'], image_params, params)
+def _detect(model, sample, image_params, params, graphs):
+    return retinanet_inference.im_detect_bbox(model, sample['image'], image_params, params, **graphs)
 
 
 def build_model(cfg):
@@ -79,7 +89,7 @@ def build_model(cfg):
     params = retinanet_params(cfg)
     head = RetinaNetHead(conv_body.out_channels, cfg.MODEL.NUM_CLASSES - 1, params.num_anchors, num_convs=r.NUM_CONVS,
                          share_tower=r.SHARE_CLS_BBOX_TOWER, class_specific_bbox=r.CLASS_SPECIFIC_BBOX,
-                         prior_prob=r.PRIOR_PROB)
+                         prior_prob=r.PRIOR_PROB, softmax=r.SOFTMAX)
     return RetinaNet(conv_body, head, params)
 
 
@@ -90,13 +100,17 @@ def retinanet_params(cfg):
         scales_per_octave=r.SCALES_PER_OCTAVE, aspect_ratios=tuple(r.ASPECT_RATIOS), anchor_scale=r.ANCHOR_SCALE,
         positive_overlap=r.POSITIVE_OVERLAP, negative_overlap=r.NEGATIVE_OVERLAP,
         straddle_thresh=cfg.TRAIN.RPN_STRADDLE_THRESH, loss_gamma=r.LOSS_GAMMA, loss_alpha=r.LOSS_ALPHA,
-        bbox_reg_beta=r.BBOX_REG_BETA, bbox_reg_weight=r.BBOX_REG_WEIGHT, class_specific_bbox=r.CLASS_SPECIFIC_BBOX)
+        bbox_reg_beta=r.BBOX_REG_BETA, bbox_reg_weight=r.BBOX_REG_WEIGHT, class_specific_bbox=r.CLASS_SPECIFIC_BBOX,
+        softmax=r.SOFTMAX,
+        # Checkpointed stages recompute their forward inside the backward: left to run eagerly, as R-CNN's.
+        train_cuda_graphs=cfg.TRAIN.CUDA_GRAPHS and not cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
+        train_max_graphs=cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES)
 
 
 def inference_params(cfg):
     r, test = cfg.RETINANET, cfg.TEST
     return retinanet_inference.RetinaNetTestParams(
         num_classes=cfg.MODEL.NUM_CLASSES, pre_nms_top_n=r.PRE_NMS_TOP_N, inference_th=r.INFERENCE_TH,
-        class_specific_bbox=r.CLASS_SPECIFIC_BBOX, bbox_reg=test.BBOX_REG, bbox_xform_clip=cfg.BBOX_XFORM_CLIP,
-        nms=test.NMS, soft_nms=test.SOFT_NMS.ENABLED, soft_nms_method=test.SOFT_NMS.METHOD,
-        soft_nms_sigma=test.SOFT_NMS.SIGMA, detections_per_im=test.DETECTIONS_PER_IM)
+        class_specific_bbox=r.CLASS_SPECIFIC_BBOX, softmax=r.SOFTMAX, bbox_reg=test.BBOX_REG,
+        bbox_xform_clip=cfg.BBOX_XFORM_CLIP, nms=test.NMS, soft_nms=test.SOFT_NMS.ENABLED,
+        soft_nms_method=test.SOFT_NMS.METHOD, soft_nms_sigma=test.SOFT_NMS.SIGMA, detections_per_im=test.DETECTIONS_PER_IM)

@@ -10,11 +10,12 @@ import numpy as np
 import torch
 
 from detectron.modeling.rcnn_inference import model_device
-from detectron.modeling.retinanet_heads import anchor_major
+from detectron.modeling.retinanet_heads import anchor_major, class_probabilities
 from detectron.ops import nms as nms_ops
 from detectron.roi_data.retinanet import RETINANET_BBOX_REG_WEIGHTS
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
+from detectron.utils.cuda_graphs import DEFAULT_MAX_GRAPHS, graphed_method
 
 # Detectron's test_retinanet soft-NMS drops boxes below this score.
 _SOFT_NMS_SCORE_THRESH = 0.0001
@@ -22,12 +23,13 @@ _SOFT_NMS_SCORE_THRESH = 0.0001
 
 @dataclass(frozen=True)
 class RetinaNetTestParams:
-    """RETINANET.PRE_NMS_TOP_N / INFERENCE_TH / CLASS_SPECIFIC_BBOX, TEST.BBOX_REG / NMS / SOFT_NMS /
+    """RETINANET.PRE_NMS_TOP_N / INFERENCE_TH / CLASS_SPECIFIC_BBOX / SOFTMAX, TEST.BBOX_REG / NMS / SOFT_NMS /
     DETECTIONS_PER_IM, BBOX_XFORM_CLIP and MODEL.NUM_CLASSES (with background)."""
     num_classes: int
     pre_nms_top_n: int = 1000
     inference_th: float = 0.05
     class_specific_bbox: bool = False
+    softmax: bool = False
     bbox_reg: bool = True
     bbox_xform_clip: float = box_utils.DEFAULT_XFORM_CLIP
     nms: float = 0.5
@@ -37,16 +39,21 @@ class RetinaNetTestParams:
     detections_per_im: int = 100
 
 
-def im_detect_bbox(model, im, image_params, params):
+def im_detect_bbox(model, im, image_params, params, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):
     """cls_boxes of one BGR image (H, W, 3): cls_boxes[j] (N_j, 5) float32 (x1, y1, x2, y2, score) in
-    original image coordinates, cls_boxes[0] empty. image_params: rcnn_inference.ImageParams."""
+    original image coordinates, cls_boxes[0] empty. image_params: rcnn_inference.ImageParams.
+    cuda_graphs [TEST.CUDA_GRAPHS]: on a GPU, replay the body and head from a CUDA graph per padded
+    size, for max_graph_shapes [TEST.CUDA_GRAPHS_MAX_SHAPES] sizes."""
     if model.training:
         raise ValueError('im_detect_bbox needs the model in eval mode: call model.eval() first')
     blob, im_scale, im_info = blob_utils.get_image_blob_t(
         im, image_params.scale, image_params.max_size, image_params.pixel_means, image_params.stride,
         model_device(model))
+    graphed = {}
+    if cuda_graphs and blob.is_cuda:
+        graphed['body'] = graphed_method(model, 'body_and_head', type(model).body_and_head, max_graphs=max_graph_shapes)
     with torch.no_grad():
-        out = model(blob, im_info)
+        out = model(blob, im_info, **graphed)
     boxes, scores, classes = candidate_detections(out['anchors'], out['logits'], out['deltas'], params)
     boxes = box_utils.clip_tiled_boxes_t(box_utils.divide(boxes, im_scale), im.shape[0], im.shape[1])
     dets, det_classes = class_wise_nms(boxes, scores, classes, params)
@@ -55,30 +62,30 @@ def im_detect_bbox(model, im, image_params, params):
 
 def candidate_detections(anchors, logits, deltas, params):
     """The first image's candidates over all levels: (boxes (K, 4) decoded in network-input
-    coordinates, scores (K,), classes (K,) in 1..C), float32 on the logits' device. The levels'
-    thresholds are applied once, at the end: one host synchronisation per image."""
-    all_boxes, all_scores, all_classes, all_kept = [], [], [], []
-    last = len(logits) - 1
-    for i, (level_anchors, level_logits, level_deltas) in enumerate(zip(anchors, logits, deltas)):
-        num_anchors = level_anchors.shape[2]
-        probs = torch.sigmoid(anchor_major(level_logits[:1].float(), num_anchors)[0])
-        num_fg = probs.shape[1]
-        flat = probs.reshape(-1)
-        top_scores, top_idx = flat.topk(min(params.pre_nms_top_n, flat.numel()))
-        all_kept.append(top_scores > (params.inference_th if i < last else 0.0))
-        anchor_idx, cls = top_idx // num_fg, top_idx % num_fg
-        box_deltas = anchor_major(level_deltas[:1].float(), num_anchors)[0][anchor_idx]
-        if params.class_specific_bbox:
-            box_deltas = box_deltas.view(-1, num_fg, 4)[torch.arange(len(cls), device=cls.device), cls]
-        boxes = level_anchors.reshape(-1, 4)[anchor_idx]
-        if params.bbox_reg:
-            boxes = box_utils.bbox_transform_t(boxes, box_deltas, RETINANET_BBOX_REG_WEIGHTS,
-                                               clip=params.bbox_xform_clip)
-        all_boxes.append(boxes)
-        all_scores.append(top_scores)
-        all_classes.append(cls + 1)
-    kept = torch.cat(all_kept)
-    return torch.cat(all_boxes)[kept], torch.cat(all_scores)[kept], torch.cat(all_classes)[kept]
+    coordinates, scores (K,), classes (K,) in 1..C), float32 on the logits' device. Only the top-k
+    runs per level; the candidates of all levels are gathered and decoded at once, and the levels'
+    thresholds applied at the end: one host synchronisation per image."""
+    top_scores, top_rows, kept = [], [], []
+    first_row, last = 0, len(logits) - 1
+    for i, (level_anchors, level_logits) in enumerate(zip(anchors, logits)):
+        probs = class_probabilities(anchor_major(level_logits[:1], level_anchors.shape[2])[0], params.softmax)
+        scores, rows = probs.reshape(-1).topk(min(params.pre_nms_top_n, probs.numel()))
+        top_scores.append(scores)
+        top_rows.append(rows + first_row * probs.shape[1])  # (anchor, class) rows of all levels' anchors
+        kept.append(scores > (params.inference_th if i < last else 0.0))
+        first_row += probs.shape[0]
+    num_fg = probs.shape[1]
+    rows = torch.cat(top_rows)
+    anchor_idx, cls = rows // num_fg, rows % num_fg
+    num_anchors = anchors[0].shape[2]
+    box_deltas = torch.cat([anchor_major(x[:1], num_anchors)[0] for x in deltas])[anchor_idx].float()
+    if params.class_specific_bbox:
+        box_deltas = box_deltas.view(-1, num_fg, 4)[torch.arange(len(cls), device=cls.device), cls]
+    boxes = torch.cat([level.reshape(-1, 4) for level in anchors])[anchor_idx]
+    if params.bbox_reg:
+        boxes = box_utils.bbox_transform_t(boxes, box_deltas, RETINANET_BBOX_REG_WEIGHTS, clip=params.bbox_xform_clip)
+    kept = torch.cat(kept).nonzero().squeeze(1)  # the one host synchronisation
+    return boxes[kept], torch.cat(top_scores)[kept], cls[kept] + 1
 
 
 def class_wise_nms(boxes, scores, classes, params):
@@ -116,6 +123,8 @@ def _soft_nms_per_class(dets, classes, params):
 
 def cls_boxes_of(dets, classes, num_classes):
     """Detectron's cls_boxes list from detections grouped by ascending class."""
-    dets, classes = dets.cpu().numpy().astype(np.float32, copy=False), classes.cpu().numpy()
+    # One copy to the host: the classes (< 2^24) ride along as float32.
+    both = torch.cat([dets.float(), classes[:, None].float()], dim=1).cpu().numpy()
+    dets, classes = np.ascontiguousarray(both[:, :5]), both[:, 5].astype(np.int64)
     counts = np.bincount(classes, minlength=num_classes)
     return np.split(dets, np.cumsum(counts)[:-1])

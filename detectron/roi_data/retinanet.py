@@ -20,10 +20,11 @@ RETINANET_BBOX_REG_WEIGHTS = RPN_BBOX_REG_WEIGHTS
 
 
 class RetinaNetTargets(NamedTuple):
-    """Per level, rows in the anchors' (H, W, A) order."""
-    labels: List[torch.Tensor]        # (B, H*W*A) int64: class 1..C fg, 0 bg, -1 ignored
-    bbox_targets: List[torch.Tensor]  # (B, H*W*A, 4): the fg anchors' targets, 0 elsewhere
-    fg_num: torch.Tensor              # () float32: Detectron's retnet_fg_num, the losses' normaliser
+    """Over the anchors of all levels, finest first, each level's rows in its (H, W, A) order."""
+    labels: torch.Tensor        # (B, N) int64: class 1..C fg, 0 bg, -1 ignored
+    bbox_targets: torch.Tensor  # (B, N, 4): the fg anchors' targets, 0 elsewhere
+    fg_num: torch.Tensor        # () float32: Detectron's retnet_fg_num, the losses' normaliser
+    level_sizes: List[int]      # the anchors of each level (H * W * A), summing to N
 
 
 def retinanet_targets(anchors, gt_boxes, gt_classes, gt_is_crowd, im_info, positive_overlap=0.5,
@@ -62,7 +63,7 @@ def retinanet_targets(anchors, gt_boxes, gt_classes, gt_is_crowd, im_info, posit
         RETINANET_BBOX_REG_WEIGHTS).view(num_images, num_anchors, 4)
     targets = torch.where((labels > 0).unsqueeze(2), targets, torch.zeros_like(targets))
     sizes = [level.shape[0] * level.shape[1] * level.shape[2] for level in anchors]
-    return RetinaNetTargets(list(labels.split(sizes, 1)), list(targets.split(sizes, 1)), fg_num)
+    return RetinaNetTargets(labels, targets, fg_num, sizes)
 
 
 def _padded_classes(gt_classes, gt_valid):

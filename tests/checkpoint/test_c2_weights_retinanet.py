@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from detectron.checkpoint.c2_weights import load_detectron_weights
+from detectron.utils.errors import WeightsError
 from tests.support.detectron_pkl import (R50_BLOCKS, check_pkl_fills_every_parameter, model_of_config, r50_body_names,
                                          random_blobs)
 
@@ -54,3 +55,17 @@ def test_missing_and_unused_retinanet_blobs_are_reported(retinanet_model):
     blobs['retnet_cls_conv_n0_fpn4_w'] = np.zeros(3, np.float32)  # Detectron shares fpn3's: never a blob of its own
     missing, unused = load_detectron_weights(retinanet_model, blobs)
     assert (missing, unused) == (['head.bbox_tower.2.weight'], ['retnet_cls_conv_n0_fpn4_w'])
+
+
+def test_a_softmax_retinanet_pkl_loads_with_its_background_logits(tmp_path):
+    # RETINANET.SOFTMAX: retnet_cls_pred_fpn3 predicts NUM_CLASSES (background included) logits per anchor, 9 anchors.
+    model = model_of_config(os.path.join('12_2017_baselines', 'retinanet_R-50-FPN_1x.yaml'),
+                            ['RESNETS.WIDTH_PER_GROUP', '16', 'FPN.DIM', '32', 'MODEL.NUM_CLASSES', '5',
+                             'RETINANET.SOFTMAX', 'True'])
+    blobs = random_blobs(model, detectron_retinanet_names())
+    assert blobs['retnet_cls_pred_fpn3_w'].shape == (9 * 5, 32, 3, 3) and blobs['retnet_cls_pred_fpn3_b'].shape == (45,)
+    check_pkl_fills_every_parameter(model, blobs, str(tmp_path / 'model_final.pkl'), HAND_MAPPED)
+    sigmoid_blobs = dict(blobs, retnet_cls_pred_fpn3_w=blobs['retnet_cls_pred_fpn3_w'][:36],
+                         retnet_cls_pred_fpn3_b=blobs['retnet_cls_pred_fpn3_b'][:36])
+    with pytest.raises(WeightsError, match='head.cls_pred.weight'):  # a sigmoid model's file does not fit
+        load_detectron_weights(model, sigmoid_blobs)

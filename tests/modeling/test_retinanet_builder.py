@@ -30,6 +30,18 @@ def test_retinanet_trains_and_tests_through_the_engines(tiny_catalog, tmp_path, 
     assert set(results['tiny_val']['box']) >= {'AP', 'AP50', 'AP75'}
 
 
+def test_softmax_retinanet_trains_one_iteration_and_tests_through_the_engines(tiny_catalog, tmp_path, capsys):
+    use_retinanet(tiny_catalog, tmp_path, 'RETINANET.SOFTMAX', 'True', 'SOLVER.MAX_ITER', '1')
+    model_type = model_builder.build_model_type(cfg)
+    assert model_builder.checked_model(model_type).head.cls_pred.out_channels == 9 * 3  # background + 2 classes
+    weights = train_engine.train_model()['final']
+    _, stats = json_stats(capsys.readouterr().out)
+    assert len(stats) == 1 and float(stats[0]['loss']) > 0
+    assert all(np.isfinite(float(stats[0]['loss_fl_fpn{}'.format(level)])) for level in range(3, 8))
+    results = test_engine.run_inference(model_type, weights)
+    assert set(results['tiny_val']['box']) >= {'AP', 'AP50', 'AP75'}
+
+
 def test_sgd_steps_on_one_batch_lower_the_loss(tiny_catalog, tmp_path):
     use_retinanet(tiny_catalog, tmp_path)
     torch.manual_seed(0)
@@ -66,7 +78,6 @@ def test_detectrons_retinanet_configs_build(name):
 
 @pytest.mark.parametrize('overrides, message', [
     (['RETINANET.RETINANET_ON', 'False'], 'MODEL.TYPE retinanet needs RETINANET.RETINANET_ON True'),
-    (['RETINANET.SOFTMAX', 'True'], 'RETINANET.SOFTMAX True asks for the softmax focal loss'),
     (['FPN.RPN_MAX_LEVEL', '6'], 'RetinaNet is built on FPN levels P3..P7'),
     (['FPN.EXTRA_CONV_LEVELS', 'False'], 'RetinaNet is built on FPN levels P3..P7'),
     (['MODEL.MASK_ON', 'True'], 'MODEL.MASK_ON True asks for a mask head'),

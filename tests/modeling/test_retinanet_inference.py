@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -95,3 +96,18 @@ def test_class_specific_deltas_are_read_for_the_candidates_class():
     assert classes.tolist() == [2]
     np.testing.assert_allclose(boxes.numpy(), np_decode(np.array([[0, 0, 15, 15]], float),
                                                         np.array([[0.5, 0, 0, 0]])), atol=1e-4)
+
+
+def test_softmax_scores_are_the_class_columns_of_one_softmax_per_anchor():
+    # A = 1, 2 cells, C = 2: logits (bg, class 1, class 2) per cell; the background column never becomes a candidate.
+    cell_logits = np.array([[3.0, 1.0, 0.0], [0.0, 2.0, 2.5]])
+    probs = np.exp(cell_logits) / np.exp(cell_logits).sum(axis=1, keepdims=True)
+    anchors = [torch.tensor([[[[0, 0, 15, 15]], [[8, 0, 23, 15]]]], dtype=torch.float32)]
+    logits = [torch.tensor(cell_logits.T[None, :, None, :], dtype=torch.float32)]  # (1, A*K, 1, 2)
+    deltas = [torch.zeros(1, 4, 1, 2)]
+    params = RetinaNetTestParams(num_classes=3, pre_nms_top_n=10, inference_th=0.0, softmax=True)
+    boxes, scores, classes = candidate_detections(anchors, logits, deltas, params)
+    np.testing.assert_allclose(sorted(scores.tolist()), sorted(probs[:, 1:].ravel()), rtol=1e-6)
+    best = int(scores.argmax())
+    assert classes[best].item() == 2 and scores[best].item() == pytest.approx(probs[1, 2], rel=1e-6)
+    np.testing.assert_allclose(boxes[best].numpy(), [8, 0, 23, 15], atol=1e-4)

@@ -22,22 +22,22 @@ def test_hand_made_labels_and_targets():
     # gt 1 (class 2) is anchor 0 shifted by 2 px; gt 2 (class 1) is the right half of anchor 3.
     gt = [[2, 0, 17, 15], [24, 16, 31, 31]]
     t = _targets(anchors, [gt], [[2, 1]])
-    labels = t.labels[0][0].tolist()
+    labels = t.labels[0].tolist()
     # anchor 0: IoU 14*16 / (2*256 - 14*16) = 0.78 with gt 1 -> class 2; anchor 1: IoU 2*16 / (2*256 - 2*16)
     # = 0.067 with gt 1 -> bg; anchor 2: no overlap -> bg; anchor 3: IoU 8*16 / 256 = 0.5 with gt 2 -> class 1.
     assert labels == [2, 0, 0, 1]
     assert t.fg_num.item() == 2 + 1
     # Targets with unit weights: anchor 0 -> gt 1: dx = 2 / 16, widths equal; anchor 3 -> gt 2: centre x 28 vs
     # 24, width 8 vs 16.
-    np.testing.assert_allclose(t.bbox_targets[0][0, 0].numpy(), [2 / 16, 0, 0, 0], atol=1e-6)
-    np.testing.assert_allclose(t.bbox_targets[0][0, 3].numpy(), [4 / 16, 0, np.log(0.5), 0], atol=1e-6)
-    assert not t.bbox_targets[0][0, 1:3].any()
+    np.testing.assert_allclose(t.bbox_targets[0, 0].numpy(), [2 / 16, 0, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(t.bbox_targets[0, 3].numpy(), [4 / 16, 0, np.log(0.5), 0], atol=1e-6)
+    assert not t.bbox_targets[0, 1:3].any()
 
 
 def test_best_anchor_below_the_negative_overlap_is_bg_but_counted():
     anchors = [torch.tensor([[[[0, 0, 15, 15]], [[16, 0, 31, 15]]]], dtype=torch.float32)]
     t = _targets(anchors, [[[0, 0, 3, 3]]], [[1]])  # IoU 16 / 256 with anchor 0, its best
-    assert t.labels[0][0].tolist() == [0, 0]
+    assert t.labels[0].tolist() == [0, 0]
     assert t.fg_num.item() == 1 + 1
 
 
@@ -45,16 +45,16 @@ def test_crowd_boxes_are_not_ground_truth_and_an_image_without_gt_is_bg():
     anchors = [torch.tensor([[[[0, 0, 15, 15]], [[16, 0, 31, 15]]]], dtype=torch.float32)]
     crowd = [torch.tensor([True]), torch.zeros(0, dtype=torch.bool)]
     t = _targets(anchors, [[[0, 0, 15, 15]], []], [[1], []], crowd=crowd, im_info=((16.0, 32.0, 1.0),) * 2)
-    assert t.labels[0].tolist() == [[0, 0], [0, 0]]
+    assert t.labels.tolist() == [[0, 0], [0, 0]]
     assert t.fg_num.item() == 2  # (0 + 1) per image
 
 
 def test_straddle_thresh_ignores_anchors_leaving_the_image():
     anchors = [torch.tensor([[[[-8, 0, 7, 15]], [[16, 0, 31, 15]]]], dtype=torch.float32)]
     t = _targets(anchors, [[[16, 0, 31, 15]]], [[1]], im_info=((16.0, 32.0, 1.0),), straddle_thresh=0)
-    assert t.labels[0][0].tolist() == [-1, 1]
+    assert t.labels[0].tolist() == [-1, 1]
     kept = _targets(anchors, [[[16, 0, 31, 15]]], [[1]], im_info=((16.0, 32.0, 1.0),), straddle_thresh=-1)
-    assert kept.labels[0][0].tolist() == [0, 1]
+    assert kept.labels[0].tolist() == [0, 1]
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
@@ -71,6 +71,7 @@ def test_random_boxes_match_detectrons_blobs(seed):
     flat = torch.cat([a.reshape(-1, 4) for a in anchors]).double().numpy()
     labels, targets, num_fg = np_retinanet_labels(flat, gt, classes, 0.5, 0.4)
     assert (labels > 0).any() and (labels == -1).any() and (labels == 0).any()
-    np.testing.assert_array_equal(torch.cat(t.labels, 1)[0].numpy(), labels)
-    np.testing.assert_allclose(torch.cat(t.bbox_targets, 1)[0].numpy(), targets, atol=1e-5)
+    np.testing.assert_array_equal(t.labels[0].numpy(), labels)
+    np.testing.assert_allclose(t.bbox_targets[0].numpy(), targets, atol=1e-5)
     assert t.fg_num.item() == num_fg + 1
+    assert t.level_sizes == [16 * 16 * 9, 8 * 8 * 9, 4 * 4 * 9]

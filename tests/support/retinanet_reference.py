@@ -74,3 +74,19 @@ def np_decode(anchors, deltas, clip=math.log(1000.0 / 16.0)):
     px, py = deltas[:, 0] * widths + ctr_x, deltas[:, 1] * heights + ctr_y
     pw, ph = np.exp(dw) * widths, np.exp(dh) * heights
     return np.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw - 1, py + 0.5 * ph - 1], axis=1)
+
+
+def np_softmax_focal_loss_and_grad(logits, labels, normalizer, gamma, alpha):
+    """The SoftmaxFocalLoss op: (sum of the losses / max(normalizer, 1), d loss / d logits) of (N, C + 1)
+    logits (background first) and (N,) labels in {-1, 0, 1..C}, by the closed forms of its kernels: per
+    labelled anchor z (1 - p_t)^gamma (-log p_t) with z = alpha for a class, 1 - alpha for background,
+    and the gradient z (gamma (1 - p_t)^(gamma - 1) p_t log p_t - (1 - p_t)^gamma) (1[c = t] - p_c)."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p = shifted / shifted.sum(axis=1, keepdims=True)
+    labelled = labels >= 0
+    z = np.where(labels > 0, alpha, 1 - alpha) * labelled / max(normalizer, 1.0)
+    p_t = p[np.arange(len(labels)), np.maximum(labels, 0)]
+    loss = -(z * (1 - p_t) ** gamma * np.log(p_t)).sum()
+    weight = z * (gamma * (1 - p_t) ** (gamma - 1) * p_t * np.log(p_t) - (1 - p_t) ** gamma)
+    one_hot = (np.arange(logits.shape[1])[None, :] == labels[:, None]).astype(float)
+    return loss, weight[:, None] * (one_hot - p)

@@ -240,14 +240,6 @@ def test_training_graphs_run_the_method_itself_on_the_cpu_and_without_grad_mode(
     assert not graphed._graphs and not graphed._seen_once  # never even looked at a shape
 
 
-@pytest.fixture
-def deterministic_cudnn():
-    previous = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
-
-
 @pytest.mark.cuda
 @needs_cuda
 def test_graphed_training_gradients_equal_eager_ones_and_accumulate(deterministic_cudnn):
