@@ -186,11 +186,6 @@ def _check_form(cfg):
         raise ConfigValueError('RPN.RPN_ON True with MODEL.FASTER_RCNN and MODEL.RPN_ONLY False (an RPN beside a '
                                'Fast R-CNN that does not use its proposals) is not supported: set MODEL.FASTER_RCNN '
                                'True, or RPN.RPN_ON False for a Fast R-CNN on TRAIN/TEST.PROPOSAL_FILES')
-    if cfg.MODEL.KEYPOINTS_ON and not has_rpn(cfg):
-        raise ConfigValueError('MODEL.KEYPOINTS_ON True on precomputed proposals (MODEL.FASTER_RCNN False, Detectron\'s '
-                               'two-stage keypoint_rcnn_*) is not supported: Detectron redraws its minibatches with at '
-                               'most KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH visible keypoints, which is not '
-                               'ported; train end to end (MODEL.FASTER_RCNN True, as e2e_keypoint_rcnn_*)')
     files = {'TRAIN.PROPOSAL_FILES': cfg.TRAIN.PROPOSAL_FILES, 'TEST.PROPOSAL_FILES': cfg.TEST.PROPOSAL_FILES}
     given = [key for key, value in files.items() if value]
     if has_rpn(cfg) and given:
