@@ -96,7 +96,6 @@ _NOT_ACTED_ON = {
     'TEST.BBOX_AUG.AREA_TH_HI': _SIZE_DEPENDENT_AUG,
     'TEST.MASK_AUG.SCALE_SIZE_DEP': _SIZE_DEPENDENT_AUG,
     'TEST.MASK_AUG.AREA_TH': _SIZE_DEPENDENT_AUG,
-    'TEST.KPS_AUG.': 'test-time keypoint augmentation is not ported',
     'KRCNN.DILATION': 'it serves the ResNet conv5 keypoint head; only add_roi_pose_head_v1convX is built',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',

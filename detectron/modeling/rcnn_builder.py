@@ -150,7 +150,8 @@ class GeneralizedRCNNType(ModelType):
         aug = test_aug(cfg)
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
-                                 aug=aug if aug.bbox or aug.mask else None, keypoint_params=keypoint_params(cfg),
+                                 aug=aug if aug.bbox or aug.mask or aug.keypoints else None,
+                                 keypoint_params=keypoint_params(cfg),
                                  **proposals)
 
     def results_format(self):
@@ -253,24 +254,26 @@ def _validation_losses(model, batch):
 
 def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, aug, keypoint_params,
             dedup_boxes=None):
-    if aug is not None:
-        return test_time_aug.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, aug,
-                                           mask_thresh=mask_thresh, **graphs)
-    if dedup_boxes is None:
-        return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                            mask_thresh=mask_thresh, keypoint_params=keypoint_params, **graphs)
-    if 'proposals' not in sample:
-        raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it with '
-                               'tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
-    if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
-        cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
-        if keypoint_params is not None:
-            return cls_boxes, None if mask_thresh is None else [[] for _ in cls_boxes], [[] for _ in cls_boxes]
-        return cls_boxes if mask_thresh is None else (cls_boxes, [[] for _ in cls_boxes])
-    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        mask_thresh=mask_thresh, keypoint_params=keypoint_params,
-                                        proposals=sample['proposals'],
-                                        dedup_boxes=dedup_boxes, **graphs)
+    proposals = {}
+    if dedup_boxes is not None:
+        if 'proposals' not in sample:
+            raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it '
+                                   'with tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
+        if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
+            return _no_detections(model.params.num_classes, mask_thresh, keypoint_params)
+        proposals = {'proposals': sample['proposals'], 'dedup_boxes': dedup_boxes}
+    detect = rcnn_inference.im_detect_all if aug is None else functools.partial(test_time_aug.im_detect_all, aug=aug)
+    return detect(model, sample['image'], image_params, decode_params, nms_params, mask_thresh=mask_thresh,
+                  keypoint_params=keypoint_params, **proposals, **graphs)
+
+
+def _no_detections(num_classes, mask_thresh, keypoint_params):
+    """im_detect_all's result for an image without detections."""
+    cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(num_classes)]
+    cls_segms = None if mask_thresh is None else [[] for _ in cls_boxes]
+    if keypoint_params is not None:
+        return cls_boxes, cls_segms, [[] for _ in cls_boxes]
+    return cls_boxes if cls_segms is None else (cls_boxes, cls_segms)
 
 
 def _detect_proposals(model, sample, image_params, graphs):
@@ -284,10 +287,12 @@ def image_stride(cfg):
 
 
 def test_aug(cfg):
-    """test_time_aug.Augmentations of TEST.BBOX_AUG and TEST.MASK_AUG (a part's None when not ENABLED; masks
-    only with MODEL.MASK_ON)."""
-    return test_time_aug.Augmentations(bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
-                                 mask=mask_aug(cfg) if cfg.TEST.MASK_AUG.ENABLED and cfg.MODEL.MASK_ON else None)
+    """test_time_aug.Augmentations of TEST.BBOX_AUG, TEST.MASK_AUG and TEST.KPS_AUG (a part's None when not
+    ENABLED; masks only with MODEL.MASK_ON, keypoints only with MODEL.KEYPOINTS_ON)."""
+    return test_time_aug.Augmentations(
+        bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
+        mask=mask_aug(cfg) if cfg.TEST.MASK_AUG.ENABLED and cfg.MODEL.MASK_ON else None,
+        keypoints=keypoint_rcnn_builder.kps_aug(cfg) if cfg.TEST.KPS_AUG.ENABLED and cfg.MODEL.KEYPOINTS_ON else None)
 
 
 def box_aug(cfg):
