@@ -214,16 +214,23 @@ def im_detect_mask_aug(model, im, boxes, classes, image_params, aug, cuda_graphs
     augmentation of aug (a MaskAug) from its own body features, flipped masks mirrored back, combined
     by aug.heur."""
     masks_ts = []
+    for t, features, boxes_t, im_scale in _identity_then_transforms(model, im, boxes, image_params, aug.transforms,
+                                                                    cuda_graphs, max_graph_shapes):
+        with torch.no_grad():
+            masks = mask_inference.detect_masks(model, features, boxes_t, classes, im_scale)
+        masks_ts.append(masks.flip(-1) if t.hflip else masks)
+    return combine_masks(aug.heur, masks_ts)
+
+
+def _identity_then_transforms(model, im, boxes, image_params, aug_transforms, cuda_graphs, max_graph_shapes):
+    """Per Transform (the identity, then those of aug_transforms): (t, the body features of the image under t,
+    boxes in its frame, its scale), for a head run on the detections of every augmentation."""
     identity = Transform(image_params.scale, image_params.max_size)
-    for t in [identity] + transforms(aug.transforms, image_params.scale, image_params.max_size):
+    for t in [identity] + transforms(aug_transforms, image_params.scale, image_params.max_size):
         im_t = transformed_image(im, t)
         features, im_scale = rcnn_inference.body_features(model, im_t, _at_scale(image_params, t), cuda_graphs,
                                                           max_graph_shapes)
-        with torch.no_grad():
-            masks = mask_inference.detect_masks(model, features, boxes_to_transformed(boxes, t, im_t.shape[1]),
-                                                classes, im_scale)
-        masks_ts.append(masks.flip(-1) if t.hflip else masks)
-    return combine_masks(aug.heur, masks_ts)
+        yield t, features, boxes_to_transformed(boxes, t, im_t.shape[1]), im_scale
 
 
 def combine_heatmaps(heur, heatmaps_ts, downscaled, upscaled, boxes, scale_size_dep=False, area_th=0.0):
@@ -252,14 +259,10 @@ def im_detect_keypoints_aug(model, im, boxes, image_params, aug, cuda_graphs=Fal
     (a KpsAug) from its own body features, flipped heatmaps mirrored back (flip_heatmaps), combined by
     combine_heatmaps (an augmentation's scale below the test scale flags it downscaled, above it upscaled)."""
     heatmaps_ts, downscaled, upscaled = [], [], []
-    identity = Transform(image_params.scale, image_params.max_size)
-    for t in [identity] + transforms(aug.transforms, image_params.scale, image_params.max_size):
-        im_t = transformed_image(im, t)
-        features, im_scale = rcnn_inference.body_features(model, im_t, _at_scale(image_params, t), cuda_graphs,
-                                                          max_graph_shapes)
+    for t, features, boxes_t, im_scale in _identity_then_transforms(model, im, boxes, image_params, aug.transforms,
+                                                                    cuda_graphs, max_graph_shapes):
         with torch.no_grad():
-            heatmaps = keypoint_inference.detect_keypoint_heatmaps(
-                model, features, boxes_to_transformed(boxes, t, im_t.shape[1]), im_scale)
+            heatmaps = keypoint_inference.detect_keypoint_heatmaps(model, features, boxes_t, im_scale)
         heatmaps_ts.append(flip_heatmaps(heatmaps, aug.flip_order) if t.hflip else heatmaps)
         downscaled.append(t.scale < image_params.scale)
         upscaled.append(t.scale > image_params.scale)
