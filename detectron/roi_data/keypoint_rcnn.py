@@ -132,13 +132,34 @@ def visible_keypoint_count(entries, iteration, seed, scales, max_size, fg_thresh
     return int(kt.weights.sum())
 
 
+def _fewest_visible_keypoints(entries, fg_rois_per_image):
+    """A lower bound of visible_keypoint_count from the gt rows alone, without the proposals' overlaps: per image
+    the visible keypoints inside the non-crowd gt rows' own boxes (each such row a keypoint RoI candidate), or
+    fg_rois_per_image when fewer (more candidates than that give as many RoIs, each with a visible keypoint)."""
+    total = 0
+    for entry in entries:
+        keypoints = np.asarray(entry['gt_keypoints'], dtype=np.float32)
+        num_gt = len(keypoints)  # the gt rows lead the entry's rows
+        rows = (np.asarray(entry['gt_classes'][:num_gt]) > 0) & ~np.asarray(entry['is_crowd'][:num_gt], dtype=bool)
+        boxes = np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[:num_gt][rows]
+        x, y, v = keypoints[rows, 0], keypoints[rows, 1], keypoints[rows, 2]
+        inside = (x >= boxes[:, 0:1]) & (x <= boxes[:, 2:3]) & (y >= boxes[:, 1:2]) & (y <= boxes[:, 3:4]) & (v > 0)
+        total += min(int(inside.sum()), fg_rois_per_image)
+    return total
+
+
 def invalid_keypoint_minibatch(rank_batches, iteration, roidb, min_count, **count_args):
     """samplers.GroupedDistributedBatchSampler's check for a Keypoint R-CNN on precomputed proposals: why the
     global batch is invalid, or None. As Detectron's finalize_keypoint_minibatch judges each GPU's minibatch,
     each rank's part is invalid unless its keypoint RoIs hold more than min_count
-    [KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH] visible keypoints (count_args: visible_keypoint_count's)."""
+    [KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH] visible keypoints (count_args: visible_keypoint_count's).
+    A part whose gt rows alone guarantee more is not counted: every rank judges every part, at each step and
+    again for the steps before a resume."""
     for batch in rank_batches:
-        count = visible_keypoint_count([(i, roidb[i]) for i in batch], iteration, **count_args)
+        entries = [roidb[i] for i in batch]
+        if _fewest_visible_keypoints(entries, count_args['fg_rois_per_image']) > min_count:
+            continue
+        count = visible_keypoint_count(list(zip(batch, entries)), iteration, **count_args)
         if count <= min_count:
             return ('the keypoint RoIs of {} hold {} visible keypoints, not more than '
                     'KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH {}'.format(

@@ -122,3 +122,30 @@ def test_the_judged_count_is_the_count_the_model_trains_on(tmp_path):
         counts.append(int(trained.weights.sum()))
         assert visible_keypoint_count([(0, entry)], iteration, **args) == counts[-1]
     assert set(counts) == {1, 2}
+
+
+def test_the_gt_rows_bound_never_exceeds_the_count():
+    """invalid_keypoint_minibatch skips counting a part whose gt rows alone hold more than the minimum: that bound
+    (per image the gt rows' visible keypoints inside their boxes, at most fg_rois_per_image) is at most the count."""
+    rng = np.random.RandomState(1)
+    for trial in range(40):
+        num_gt, num_proposals = rng.randint(1, 4), rng.randint(0, 30)
+        gt = np.sort(rng.uniform(0, 70, (num_gt, 2, 2)), axis=1).transpose(0, 2, 1).reshape(num_gt, 4)
+        proposals = gt[rng.randint(num_gt, size=num_proposals)] + rng.uniform(-8, 8, (num_proposals, 4))
+        keypoints = np.stack([rng.uniform(0, 80, (num_gt, 6)), rng.uniform(0, 80, (num_gt, 6)),
+                              rng.choice([0, 2], (num_gt, 6))], axis=1).transpose(0, 2, 1)
+        entry = _entry('random.png', gt[0].tolist(), keypoints[0].tolist(), proposals.tolist())
+        entry['boxes'] = np.vstack([gt, proposals]).astype(np.float32)
+        entry['gt_keypoints'] = keypoints.transpose(0, 2, 1).astype(np.float32)
+        entry['gt_classes'] = np.array([1] * num_gt + [0] * num_proposals)
+        entry['is_crowd'] = np.zeros(num_gt + num_proposals, bool)
+        entry['max_overlaps'] = np.ones(num_gt + num_proposals, np.float32)
+        args = dict(COUNT_ARGS, fg_rois_per_image=rng.randint(1, 6))
+        count = visible_keypoint_count([(0, entry)], trial, **args)
+        inside = sum(int(((k[:, 0] >= b[0]) & (k[:, 0] <= b[2]) & (k[:, 1] >= b[1]) & (k[:, 1] <= b[3])
+                          & (k[:, 2] > 0)).sum()) for k, b in zip(keypoints, gt))
+        bound = min(inside, args['fg_rois_per_image'])
+        assert bound <= count
+        check = functools.partial(invalid_keypoint_minibatch, roidb=[entry], **args)
+        for min_count in range(max(0, count - 2), count + 2):
+            assert (check([[0]], trial, min_count=min_count) is None) == (count > min_count)
