@@ -5,7 +5,8 @@ rank takes a fixed slice of every global batch. Hence
 - all ranks agree without communicating, and no entry is used twice within an epoch;
 - the stream is the same whatever the number of processes, as long as the global batch is: a run
   resumed at iteration k on another number of GPUs sees what the uninterrupted run would have seen;
-- the position is just the iteration number: batch k is computed directly, nothing is replayed.
+- the position is just the iteration number: batch k is computed directly, nothing is replayed (unless a
+  check drops batches: see GroupedDistributedBatchSampler).
 
 Inference: Detectron's np.array_split ranges (contiguous, the first n % k one larger, no padding), so
 merging the per-rank results in rank order gives the single-process order.
