@@ -96,12 +96,7 @@ _NOT_ACTED_ON = {
     'TEST.BBOX_AUG.AREA_TH_HI': _SIZE_DEPENDENT_AUG,
     'TEST.MASK_AUG.SCALE_SIZE_DEP': _SIZE_DEPENDENT_AUG,
     'TEST.MASK_AUG.AREA_TH': _SIZE_DEPENDENT_AUG,
-    'TEST.KPS_AUG.': 'test-time keypoint augmentation is not ported',
     'KRCNN.DILATION': 'it serves the ResNet conv5 keypoint head; only add_roi_pose_head_v1convX is built',
-    'KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH': 'it skips minibatches of the two-stage keypoint_rcnn_* on '
-                                                    'precomputed proposals, which are refused; end-to-end training '
-                                                    'ignores it, as Detectron\'s CollectAndDistributeFpnRpnProposals '
-                                                    'op does',
     'RESNETS.RES5_DILATION': 'a dilated res5 is not ported',
     'RFCN.PS_GRID_SIZE': 'R-FCN is not ported',
     'MODEL.EXECUTION_TYPE': 'a Caffe2 net setting; PyTorch runs the model eagerly',

@@ -2,7 +2,7 @@
 
 `im_detect_all` runs a model of the model type it is handed and returns Detectron's `cls_boxes`
 (with `cls_segms` beside them for a Mask R-CNN, and `cls_keyps` for a Keypoint R-CNN). `im_detect_bbox`,
-`im_detect_bbox_aug`, `im_detect_mask_aug`, `box_results_with_nms_and_limit`, `segm_results` and
+`im_detect_bbox_aug`, `im_detect_mask_aug`, `im_detect_keypoints_aug`, `box_results_with_nms_and_limit`, `segm_results` and
 `keypoint_results` are Detectron's R-CNN functions of those names (with KL-Loss's variance voting when
 STD_NMS), with the model type as their first argument: they take their settings from the cfg the model type
 is bound to (model_type.cfg), not the global one, and call the plain-argument implementations in
@@ -51,14 +51,16 @@ def im_detect_bbox(model_type, model, im, target_scale, target_max_size, boxes=N
 
 def im_detect_bbox_aug(model_type, model, im, box_proposals=None):
     """Detectron's `im_detect_bbox_aug`: im_detect_bbox's results (numpy; sigmas fourth with STD_NMS)
-    under TEST.BBOX_AUG's augmentations combined by its heuristics (modeling/test_time_aug.py)."""
-    if box_proposals is not None:
-        raise ConfigValueError('im_detect_bbox_aug got precomputed proposals, but only Faster R-CNN (RPN '
-                               'proposals) is supported: call it without box_proposals')
+    under TEST.BBOX_AUG's augmentations combined by its heuristics (modeling/test_time_aug.py); box_proposals
+    (R, 4): a Fast R-CNN's precomputed proposals in the image's coordinates, as im_detect_bbox's boxes."""
     cfg = model_type.cfg
+    if (box_proposals is not None) == rcnn_checks.has_rpn(cfg):
+        raise ConfigValueError('im_detect_bbox_aug takes box_proposals (precomputed proposals) for a Fast R-CNN '
+                               '(MODEL.FASTER_RCNN False) and only for it: a model with an RPN makes its own')
+    proposals = {} if box_proposals is None else {'proposals': box_proposals, 'dedup_boxes': cfg.DEDUP_BOXES}
     scores, boxes, confs, im_scale, _ = test_time_aug.im_detect_bbox_aug(
         model, im, rcnn_builder.image_params(cfg), rcnn_builder.decode_params(cfg), rcnn_builder.box_aug(cfg),
-        **rcnn_builder.test_graphs(cfg))
+        **rcnn_builder.test_graphs(cfg), **proposals)
     if confs is None:
         return scores.cpu().numpy(), boxes.cpu().numpy(), im_scale
     return scores.cpu().numpy(), boxes.cpu().numpy(), im_scale, confs.cpu().numpy()
@@ -73,6 +75,17 @@ def im_detect_mask_aug(model_type, model, im, boxes, classes):
         model, im, torch.as_tensor(boxes, device=device), torch.as_tensor(classes, device=device),
         rcnn_builder.image_params(cfg), rcnn_builder.mask_aug(cfg), **rcnn_builder.test_graphs(cfg))
     return masks.cpu().numpy()
+
+
+def im_detect_keypoints_aug(model_type, model, im, boxes):
+    """Detectron's `im_detect_keypoints_aug` for the detections boxes (R, 4): heatmap logits (R, K, M, M) under
+    TEST.KPS_AUG's augmentations, combined by its HEUR (and SCALE_SIZE_DEP)."""
+    cfg = model_type.cfg
+    device = rcnn_inference.model_device(model)
+    heatmaps = test_time_aug.im_detect_keypoints_aug(
+        model, im, torch.as_tensor(boxes, device=device), rcnn_builder.image_params(cfg),
+        keypoint_rcnn_builder.kps_aug(cfg), **rcnn_builder.test_graphs(cfg))
+    return heatmaps.cpu().numpy()
 
 
 def box_results_with_nms_and_limit(model_type, scores, boxes, confs=None):

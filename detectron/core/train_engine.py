@@ -258,7 +258,7 @@ def training_batches(model_type, start_iter, device):
     sampler = GroupedDistributedBatchSampler(
         model_type.training_groups(roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
         world_size=comm.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
-        start_iter=start_iter * cfg.SOLVER.ITER_SIZE)
+        start_iter=start_iter * cfg.SOLVER.ITER_SIZE, check=model_type.training_batch_check(roidb))
     loader = build_train_loader(
         model_type.training_dataset(roidb, device), sampler, model_type.collate(device),
         num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE,

@@ -1,10 +1,13 @@
 """The Keypoint R-CNN part of rcnn_builder (MODEL.KEYPOINTS_ON): KRCNN's checks, the keypoint head, its
 training parameters and test settings, read from cfg."""
+from detectron.datasets.json_dataset import JsonDataset
 from detectron.datasets.json_dataset_evaluator import KEYPOINT_CONFIDENCES
 from detectron.modeling.generalized_rcnn import KeypointParams
 from detectron.modeling.keypoint_inference import KeypointInferenceParams
 from detectron.modeling.keypoint_rcnn_heads import KEYPOINT_HEADS, KeypointRCNNHead
 from detectron.modeling.mask_rcnn_heads import CONV_INITS
+from detectron.modeling.test_time_aug import AugTransforms, KpsAug
+from detectron.utils import keypoints as keypoint_utils
 from detectron.utils.errors import ConfigValueError
 
 
@@ -71,3 +74,29 @@ def keypoint_training_params(cfg):
     return KeypointParams(heatmap_size=k.HEATMAP_SIZE, roi_resolution=k.ROI_XFORM_RESOLUTION,
                           roi_sampling_ratio=k.ROI_XFORM_SAMPLING_RATIO, loss_weight=k.LOSS_WEIGHT,
                           normalize_by_visible_keypoints=k.NORMALIZE_BY_VISIBLE_KEYPOINTS)
+
+
+def kps_aug(cfg):
+    """test_time_aug.KpsAug of TEST.KPS_AUG, with the flip order of the test data's keypoints when a flip is
+    asked for (keypoint_names)."""
+    kps = cfg.TEST.KPS_AUG
+    transforms = AugTransforms(h_flip=kps.H_FLIP, scales=tuple(kps.SCALES), max_size=kps.MAX_SIZE,
+                               scale_h_flip=kps.SCALE_H_FLIP, aspect_ratios=tuple(kps.ASPECT_RATIOS),
+                               aspect_ratio_h_flip=kps.ASPECT_RATIO_H_FLIP)
+    flips = kps.H_FLIP or kps.SCALES and kps.SCALE_H_FLIP or kps.ASPECT_RATIOS and kps.ASPECT_RATIO_H_FLIP
+    order = ()
+    if flips:
+        names = keypoint_names(cfg)
+        order = keypoint_utils.flip_order(names, keypoint_utils.flip_map_of(names))
+    return KpsAug(transforms, kps.HEUR, kps.SCALE_SIZE_DEP, kps.AREA_TH, order)
+
+
+def keypoint_names(cfg):
+    """The keypoint names of the first TEST.DATASETS entry (which a flipped heatmap's channels exchange by),
+    or COCO's person keypoints (Detectron's get_keypoints) without one."""
+    names = JsonDataset(cfg.TEST.DATASETS[0]).keypoints if cfg.TEST.DATASETS else keypoint_utils.get_keypoints()[0]
+    if names is None or len(names) != cfg.KRCNN.NUM_KEYPOINTS:
+        raise ConfigValueError('TEST.KPS_AUG flips heatmaps by the keypoint names of TEST.DATASETS {}, which has {} '
+                               'keypoints, not KRCNN.NUM_KEYPOINTS {}'.format(
+                                   tuple(cfg.TEST.DATASETS), len(names or ()), cfg.KRCNN.NUM_KEYPOINTS))
+    return list(names)

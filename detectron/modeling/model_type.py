@@ -105,6 +105,11 @@ class ModelType:
         """A group id per roidb entry; a training batch holds entries of one group."""
         return [0] * len(roidb)
 
+    def training_batch_check(self, roidb):
+        """None, or the check by which the sampler drops invalid training batches (samplers.
+        GroupedDistributedBatchSampler's check, over indices of roidb); by default every batch trains."""
+        return None
+
     def training_dataset(self, roidb, device):
         """The samples of roidb for training on device (a torch.device), made in loader workers."""
         raise NotImplementedError

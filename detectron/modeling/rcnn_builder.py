@@ -24,6 +24,7 @@ from detectron.modeling.rcnn_checks import (C4_BOX_HEAD, C4_STRIDE, CONV_BODIES,
 from detectron.modeling.model_type import Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
+from detectron.roi_data.keypoint_rcnn import invalid_keypoint_minibatch, with_keypoint_priority
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
 from detectron.roi_data.minibatch import (PROPOSAL_KEYS, TRAINING_KEYS, UnresizedImages, collate_minibatch,
                                           collate_unresized, prepare_training_entry, prepare_unresized_training_entry)
@@ -91,6 +92,18 @@ class GeneralizedRCNNType(ModelType):
     def training_groups(self, roidb):
         return aspect_ratio_groups(roidb) if self.cfg.TRAIN.ASPECT_GROUPING else [True] * len(roidb)
 
+    def training_batch_check(self, roidb):
+        # Detectron's loader redraws the minibatches of a Keypoint R-CNN on precomputed proposals that
+        # finalize_keypoint_minibatch calls invalid; end to end its RPN's proposals are never judged.
+        cfg = self.cfg
+        if not _judges_keypoint_minibatches(cfg):
+            return None
+        return functools.partial(
+            invalid_keypoint_minibatch, roidb=roidb, min_count=cfg.KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH,
+            seed=cfg.RNG_SEED, scales=tuple(cfg.TRAIN.SCALES), max_size=cfg.TRAIN.MAX_SIZE,
+            fg_thresh=cfg.TRAIN.FG_THRESH, fg_rois_per_image=int(round(cfg.TRAIN.FG_FRACTION * cfg.TRAIN.BATCH_SIZE_PER_IM)),
+            heatmap_size=cfg.KRCNN.HEATMAP_SIZE)
+
     def training_dataset(self, roidb, device):
         return self._samples(roidb, device, scales=tuple(self.cfg.TRAIN.SCALES), max_size=self.cfg.TRAIN.MAX_SIZE)
 
@@ -101,6 +114,8 @@ class GeneralizedRCNNType(ModelType):
         else:
             prepare = functools.partial(prepare_training_entry, scales=scales, max_size=max_size,
                                         pixel_means=cfg.PIXEL_MEANS)
+        if _judges_keypoint_minibatches(cfg):
+            prepare = functools.partial(with_keypoint_priority, prepare=prepare)
         keys = (TRAINING_KEYS + (('segms',) if cfg.MODEL.MASK_ON else ())
                 + (('gt_keypoints',) if cfg.MODEL.KEYPOINTS_ON else ())
                 + (PROPOSAL_KEYS if reads_proposal_files(cfg) else ()))
@@ -135,7 +150,8 @@ class GeneralizedRCNNType(ModelType):
         aug = test_aug(cfg)
         return functools.partial(_detect, image_params=image_params(cfg), decode_params=decode_params(cfg),
                                  nms_params=nms_params(cfg), mask_thresh=mask_thresh(cfg), graphs=test_graphs(cfg),
-                                 aug=aug if aug.bbox or aug.mask else None, keypoint_params=keypoint_params(cfg),
+                                 aug=aug if aug.bbox or aug.mask or aug.keypoints else None,
+                                 keypoint_params=keypoint_params(cfg),
                                  **proposals)
 
     def results_format(self):
@@ -209,6 +225,11 @@ def _training_proposals(cfg, files=None):
             'roi_thresholds': (cfg.TRAIN.FG_THRESH, cfg.TRAIN.BG_THRESH_HI, cfg.TRAIN.BG_THRESH_LO)}
 
 
+def _judges_keypoint_minibatches(cfg):
+    """A Keypoint R-CNN on precomputed proposals: its sampler judges each minibatch's keypoint RoIs."""
+    return cfg.MODEL.KEYPOINTS_ON and reads_proposal_files(cfg)
+
+
 def resizes_on_device(cfg, device):
     """TRAIN.RESIZE_ON_DEVICE on a GPU: the loader workers read and flip, the device does the rest.
     At batch 2 the training step is host-bound, and the workers' float32 blobs (11.7 MB per COCO
@@ -233,22 +254,26 @@ def _validation_losses(model, batch):
 
 def _detect(model, sample, image_params, decode_params, nms_params, mask_thresh, graphs, aug, keypoint_params,
             dedup_boxes=None):
-    if aug is not None:
-        return test_time_aug.im_detect_all(model, sample['image'], image_params, decode_params, nms_params, aug,
-                                           mask_thresh=mask_thresh, **graphs)
-    if dedup_boxes is None:
-        return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                            mask_thresh=mask_thresh, keypoint_params=keypoint_params, **graphs)
-    if 'proposals' not in sample:
-        raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it with '
-                               'tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
-    if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
-        cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(model.params.num_classes)]
-        return cls_boxes if mask_thresh is None else (cls_boxes, [[] for _ in cls_boxes])
-    # No keypoint_params: a Keypoint R-CNN on proposals is refused (_check_form).
-    return rcnn_inference.im_detect_all(model, sample['image'], image_params, decode_params, nms_params,
-                                        mask_thresh=mask_thresh, proposals=sample['proposals'],
-                                        dedup_boxes=dedup_boxes, **graphs)
+    proposals = {}
+    if dedup_boxes is not None:
+        if 'proposals' not in sample:
+            raise ConfigValueError('a Fast R-CNN (MODEL.FASTER_RCNN False) detects on precomputed proposals: test it '
+                                   'with tools/test_net.py and TEST.PROPOSAL_FILES; it cannot detect on an image alone')
+        if not len(sample['proposals']):  # Detectron's test_engine skips an image without proposals
+            return _no_detections(model.params.num_classes, mask_thresh, keypoint_params)
+        proposals = {'proposals': sample['proposals'], 'dedup_boxes': dedup_boxes}
+    detect = rcnn_inference.im_detect_all if aug is None else functools.partial(test_time_aug.im_detect_all, aug=aug)
+    return detect(model, sample['image'], image_params, decode_params, nms_params, mask_thresh=mask_thresh,
+                  keypoint_params=keypoint_params, **proposals, **graphs)
+
+
+def _no_detections(num_classes, mask_thresh, keypoint_params):
+    """im_detect_all's result for an image without detections."""
+    cls_boxes = [np.zeros((0, 5), np.float32) for _ in range(num_classes)]
+    cls_segms = None if mask_thresh is None else [[] for _ in cls_boxes]
+    if keypoint_params is not None:
+        return cls_boxes, cls_segms, [[] for _ in cls_boxes]
+    return cls_boxes if cls_segms is None else (cls_boxes, cls_segms)
 
 
 def _detect_proposals(model, sample, image_params, graphs):
@@ -262,10 +287,12 @@ def image_stride(cfg):
 
 
 def test_aug(cfg):
-    """test_time_aug.Augmentations of TEST.BBOX_AUG and TEST.MASK_AUG (a part's None when not ENABLED; masks
-    only with MODEL.MASK_ON)."""
-    return test_time_aug.Augmentations(bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
-                                 mask=mask_aug(cfg) if cfg.TEST.MASK_AUG.ENABLED and cfg.MODEL.MASK_ON else None)
+    """test_time_aug.Augmentations of TEST.BBOX_AUG, TEST.MASK_AUG and TEST.KPS_AUG (a part's None when not
+    ENABLED; masks only with MODEL.MASK_ON, keypoints only with MODEL.KEYPOINTS_ON)."""
+    return test_time_aug.Augmentations(
+        bbox=box_aug(cfg) if cfg.TEST.BBOX_AUG.ENABLED else None,
+        mask=mask_aug(cfg) if cfg.TEST.MASK_AUG.ENABLED and cfg.MODEL.MASK_ON else None,
+        keypoints=keypoint_rcnn_builder.kps_aug(cfg) if cfg.TEST.KPS_AUG.ENABLED and cfg.MODEL.KEYPOINTS_ON else None)
 
 
 def box_aug(cfg):

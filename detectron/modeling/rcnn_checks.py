@@ -27,7 +27,6 @@ C4_STRIDE = 16
 _OLD_BOX_HEAD_NAMES = {'head_builder.add_roi_2mlp_head': 'fast_rcnn_heads.add_roi_2mlp_head'}
 
 # Detectron features this port does not build: refused loudly rather than silently ignored.
-# (Test-time augmentation is refused for every model: core/config.py's _NOT_ACTED_ON.)
 _UNSUPPORTED = {'RETINANET.RETINANET_ON': 'RetinaNet (MODEL.TYPE retinanet)'}
 # MRCNN values of Detectron's other mask heads, which this port does not build: key -> the one value built.
 _MRCNN_BUILT = {'MRCNN.ROI_XFORM_METHOD': 'RoIAlign', 'MRCNN.DILATION': 1, 'MRCNN.UPSAMPLE_RATIO': 1,
@@ -55,22 +54,21 @@ def is_c4(cfg):
 
 def _check_test_aug(cfg):
     """Detectron's assertions of im_detect_bbox_aug: UNION for scores and coordinates together, and
-    for a Faster R-CNN (its proposals, so its rows, differ from one augmentation to the next)."""
+    for a Faster R-CNN (its proposals, so its rows, differ from one augmentation to the next); the
+    heuristics of TEST.MASK_AUG and TEST.KPS_AUG."""
     box = cfg.TEST.BBOX_AUG
     mask = cfg.TEST.MASK_AUG
     for key, value, choices in (('TEST.BBOX_AUG.SCORE_HEUR', box.SCORE_HEUR, test_time_aug.BOX_HEURISTICS),
                                 ('TEST.BBOX_AUG.COORD_HEUR', box.COORD_HEUR, test_time_aug.BOX_HEURISTICS),
-                                ('TEST.MASK_AUG.HEUR', mask.HEUR, test_time_aug.MASK_HEURISTICS)):
+                                ('TEST.MASK_AUG.HEUR', mask.HEUR, test_time_aug.MASK_HEURISTICS),
+                                ('TEST.KPS_AUG.HEUR', cfg.TEST.KPS_AUG.HEUR, test_time_aug.KEYPOINT_HEURISTICS)):
         if value not in choices:
             raise ConfigValueError('{} must be one of {}, got {!r}'.format(key, ', '.join(map(repr, choices)), value))
     if not box.ENABLED:
         return
-    if cfg.MODEL.KEYPOINTS_ON:
-        raise ConfigValueError('TEST.BBOX_AUG.ENABLED True on a Keypoint R-CNN is not supported: test-time augmentation '
-                               'is built for the box and mask heads; test this model without it')
-    if not has_rpn(cfg) or cfg.MODEL.RPN_ONLY:
-        raise ConfigValueError('TEST.BBOX_AUG.ENABLED True is built for end-to-end Faster / Mask R-CNN; test this '
-                               'model (RPN-only, or a Fast R-CNN on proposal files) without it')
+    if cfg.MODEL.RPN_ONLY:
+        raise ConfigValueError('TEST.BBOX_AUG.ENABLED True is built for Faster / Mask / Keypoint R-CNN and Fast R-CNN '
+                               'on proposal files; test this RPN-only model without it')
     heurs = 'TEST.BBOX_AUG.SCORE_HEUR {} and COORD_HEUR {}'.format(box.SCORE_HEUR, box.COORD_HEUR)
     if (box.SCORE_HEUR == 'UNION') != (box.COORD_HEUR == 'UNION'):
         raise ConfigValueError(heurs + ': UNION combines scores and coordinates together; set both to UNION or '
@@ -186,11 +184,6 @@ def _check_form(cfg):
         raise ConfigValueError('RPN.RPN_ON True with MODEL.FASTER_RCNN and MODEL.RPN_ONLY False (an RPN beside a '
                                'Fast R-CNN that does not use its proposals) is not supported: set MODEL.FASTER_RCNN '
                                'True, or RPN.RPN_ON False for a Fast R-CNN on TRAIN/TEST.PROPOSAL_FILES')
-    if cfg.MODEL.KEYPOINTS_ON and not has_rpn(cfg):
-        raise ConfigValueError('MODEL.KEYPOINTS_ON True on precomputed proposals (MODEL.FASTER_RCNN False, Detectron\'s '
-                               'two-stage keypoint_rcnn_*) is not supported: Detectron redraws its minibatches with at '
-                               'most KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH visible keypoints, which is not '
-                               'ported; train end to end (MODEL.FASTER_RCNN True, as e2e_keypoint_rcnn_*)')
     files = {'TRAIN.PROPOSAL_FILES': cfg.TRAIN.PROPOSAL_FILES, 'TEST.PROPOSAL_FILES': cfg.TEST.PROPOSAL_FILES}
     given = [key for key, value in files.items() if value]
     if has_rpn(cfg) and given:

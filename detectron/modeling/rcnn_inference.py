@@ -101,8 +101,9 @@ def body_features(model, im, image_params, cuda_graphs=False, max_graph_shapes=D
     body = _graphed_body(model, blob, cuda_graphs, max_graph_shapes).get('body', model.body_and_rpn_head)
     with torch.no_grad():
         flat = body(blob)
-    # body_and_rpn_head's flat tuple: features, RPN logits, RPN deltas, three equally long lists.
-    return list(flat[:len(flat) // 3]), im_scale
+    # body_and_rpn_head's flat tuple: features, RPN logits, RPN deltas, three equally long lists (the features
+    # alone without an RPN: a Fast R-CNN).
+    return list(flat if model.rpn is None else flat[:len(flat) // 3]), im_scale
 
 
 def _forward(model, im, image_params, cuda_graphs, max_graph_shapes, proposals=None, dedup_boxes=0):
@@ -180,13 +181,15 @@ def im_detect_all(model, im, image_params, decode_params, nms_params, mask_thres
                                                              max_graph_shapes, proposals, dedup_boxes)
     dets, det_classes = final_detections_t(scores, boxes, confs, nms_params)
     num_classes = scores.shape[1]
-    if keypoint_params is not None:
-        return _with_keypoints(model, out, im, im_scale, dets, det_classes, num_classes, mask_thresh,
-                               keypoint_params)
 
     def soft_masks(boxes, classes):
         return mask_inference.detect_masks(model, out['features'], boxes, classes, im_scale)
 
+    if keypoint_params is not None:
+        def heatmaps_of(boxes):
+            return keypoint_inference.detect_keypoint_heatmaps(model, out['features'], boxes, im_scale)
+        return keypoint_image_results(dets, det_classes, num_classes, im.shape[:2], mask_thresh, soft_masks,
+                                      heatmaps_of, keypoint_params)
     return image_results(dets, det_classes, num_classes, im.shape[:2], mask_thresh, soft_masks)
 
 
@@ -207,21 +210,21 @@ def image_results(dets, det_classes, num_classes, im_hw, mask_thresh, soft_masks
     return cls_boxes, mask_inference.segm_results(cls_boxes, masks, dets[:, :4], im_hw[0], im_hw[1], mask_thresh)
 
 
-def _with_keypoints(model, out, im, im_scale, dets, det_classes, num_classes, mask_thresh, keypoint_params):
-    """im_detect_all's (cls_boxes, cls_segms or None, cls_keyps) of a Keypoint R-CNN."""
+def keypoint_image_results(dets, det_classes, num_classes, im_hw, mask_thresh, soft_masks, heatmaps_of,
+                           keypoint_params):
+    """image_results of a Keypoint R-CNN: (cls_boxes, cls_segms or None, cls_keyps), the keypoints from the
+    heatmap logits (R, K, M, M) of heatmaps_of(boxes)."""
     with torch.no_grad():
-        masks = (mask_inference.detect_masks(model, out['features'], dets[:, :4], det_classes, im_scale)
-                 if mask_thresh is not None and len(dets) else None)
-        heatmaps = (keypoint_inference.detect_keypoint_heatmaps(model, out['features'], dets[:, :4], im_scale)
-                    if len(dets) else None)
+        masks = soft_masks(dets[:, :4], det_classes) if mask_thresh is not None and len(dets) else None
+        heatmaps = heatmaps_of(dets[:, :4]) if len(dets) else None
     dets, det_classes = dets.cpu().numpy(), det_classes.cpu().numpy()
     cls_boxes = _split_by_class(dets, det_classes, num_classes)
     if heatmaps is None:
         return cls_boxes, [[] for _ in cls_boxes] if mask_thresh is not None else None, [[] for _ in cls_boxes]
     cls_segms = None
     if masks is not None:
-        cls_segms = mask_inference.segm_results(cls_boxes, masks.cpu().numpy(), dets[:, :4], im.shape[0],
-                                                im.shape[1], mask_thresh)
+        cls_segms = mask_inference.segm_results(cls_boxes, masks.cpu().numpy(), dets[:, :4], im_hw[0], im_hw[1],
+                                                mask_thresh)
     kept_boxes, cls_keyps = keypoint_inference.keypoint_results(cls_boxes, heatmaps.cpu().numpy(), dets[:, :4],
                                                                 keypoint_params)
     return kept_boxes, cls_segms, cls_keyps

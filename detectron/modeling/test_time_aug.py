@@ -1,12 +1,13 @@
-"""R-CNN test-time augmentation: Detectron's `im_detect_bbox_aug` and `im_detect_mask_aug` (core/test.py)
-with plain arguments.
+"""R-CNN test-time augmentation: Detectron's `im_detect_bbox_aug`, `im_detect_mask_aug` and
+`im_detect_keypoints_aug` (core/test.py) with plain arguments.
 
 An augmentation is a `Transform` (a test scale and max size, optionally a width-relative aspect ratio,
 then optionally a horizontal flip): Detectron's `im_detect_bbox_hflip`, `im_detect_bbox_scale` and
 `im_detect_bbox_aspect_ratio` (and their mask twins) are its cases. `transforms` lists one TEST.*_AUG
 set's augmentations in Detectron's order; the image, the boxes into its frame and the detections back
 to the original frame go through `transformed_image`, `boxes_to_transformed` and `boxes_to_original`,
-so a keypoint head's augmentation (TEST.KPS_AUG) can reuse them with its own combination.
+so the mask and keypoint heads' augmentations (TEST.MASK_AUG, TEST.KPS_AUG) reuse them with their own
+combinations. A Fast R-CNN's proposals go through boxes_to_transformed as its detections do.
 
 KL-Loss' learned sigmas (PRED_STD) travel with their boxes. They are in the head's normalised delta
 units (an edge offset divided by the RoI's width or height), which a rescaled or width-stretched image
@@ -21,12 +22,14 @@ from dataclasses import dataclass
 import cv2
 import torch
 
-from detectron.modeling import mask_inference, rcnn_inference
+from detectron.modeling import keypoint_inference, mask_inference, rcnn_inference
 from detectron.utils import boxes as box_utils
+from detectron.utils.keypoints import flip_heatmaps
 from detectron.utils.cuda_graphs import DEFAULT_MAX_GRAPHS
 
 BOX_HEURISTICS = ('ID', 'AVG', 'UNION')
 MASK_HEURISTICS = ('SOFT_AVG', 'SOFT_MAX', 'LOGIT_AVG')
+KEYPOINT_HEURISTICS = ('HM_AVG', 'HM_MAX')
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,23 @@ class MaskAug:
 
 
 @dataclass(frozen=True)
+class KpsAug:
+    """TEST.KPS_AUG: the augmentations, how their heatmaps combine (heur; with scale_size_dep, objects of
+    area below area_th ignore the downscaled ones and the others the upscaled ones) and flip_order
+    (keypoints.flip_order of the dataset's keypoints) for the mirrored heatmaps."""
+    transforms: AugTransforms = AugTransforms()
+    heur: str = 'HM_AVG'
+    scale_size_dep: bool = False
+    area_th: float = 180 ** 2
+    flip_order: tuple = ()
+
+
+@dataclass(frozen=True)
 class Augmentations:
     """Which parts of R-CNN inference are augmented (None: that part runs once, unaugmented)."""
     bbox: BoxAug = None
     mask: MaskAug = None
+    keypoints: KpsAug = None
 
 
 @dataclass(frozen=True)
@@ -159,24 +175,29 @@ def combine_masks(heur, masks_ts):
 
 
 def im_detect_bbox_aug(model, im, image_params, decode_params, aug, cuda_graphs=False,
-                       max_graph_shapes=DEFAULT_MAX_GRAPHS):
+                       max_graph_shapes=DEFAULT_MAX_GRAPHS, proposals=None, dedup_boxes=0):
     """Detectron's `im_detect_bbox_aug` on one BGR image: the augmentations of aug (a BoxAug), then
-    the identity at image_params' scale, last, combined by aug's heuristics.
+    the identity at image_params' scale, last, combined by aug's heuristics; a Fast R-CNN's proposals
+    ((R, 4) in the image) are carried into each augmentation's frame.
 
     Returns (scores, boxes, confs, im_scale, out): combined scores (R, K), boxes (R, 4K) in the
     original image, their sigmas (None unless decode_params.std_nms), and the identity's scale and
     inference dict (its 'features' serve an unaugmented mask head)."""
     graphs = {'cuda_graphs': cuda_graphs, 'max_graph_shapes': max_graph_shapes}
+    if proposals is not None:
+        proposals = torch.as_tensor(proposals, dtype=torch.float32).reshape(-1, 4)
     scores_ts, boxes_ts, confs_ts = [], [], []
     for t in transforms(aug.transforms, image_params.scale, image_params.max_size):
         im_t = transformed_image(im, t)
+        proposals_t = None if proposals is None else boxes_to_transformed(proposals, t, im_t.shape[1])
         _, scores, boxes, confs, _ = rcnn_inference.forward_and_decode(
-            model, im_t, _at_scale(image_params, t), decode_params, **graphs)
+            model, im_t, _at_scale(image_params, t), decode_params, proposals=proposals_t, dedup_boxes=dedup_boxes,
+            **graphs)
         scores_ts.append(scores)
         boxes_ts.append(boxes_to_original(boxes, t, im_t.shape[1]))
         confs_ts.append(flip_sigmas(confs, decode_params.xyxy) if confs is not None and t.hflip else confs)
     out, scores_i, boxes_i, confs_i, im_scale_i = rcnn_inference.forward_and_decode(
-        model, im, image_params, decode_params, **graphs)
+        model, im, image_params, decode_params, proposals=proposals, dedup_boxes=dedup_boxes, **graphs)
     scores_ts.append(scores_i)
     boxes_ts.append(boxes_i)
     confs_ts.append(confs_i)
@@ -193,30 +214,75 @@ def im_detect_mask_aug(model, im, boxes, classes, image_params, aug, cuda_graphs
     augmentation of aug (a MaskAug) from its own body features, flipped masks mirrored back, combined
     by aug.heur."""
     masks_ts = []
-    identity = Transform(image_params.scale, image_params.max_size)
-    for t in [identity] + transforms(aug.transforms, image_params.scale, image_params.max_size):
-        im_t = transformed_image(im, t)
-        features, im_scale = rcnn_inference.body_features(model, im_t, _at_scale(image_params, t), cuda_graphs,
-                                                          max_graph_shapes)
+    for t, features, boxes_t, im_scale in _identity_then_transforms(model, im, boxes, image_params, aug.transforms,
+                                                                    cuda_graphs, max_graph_shapes):
         with torch.no_grad():
-            masks = mask_inference.detect_masks(model, features, boxes_to_transformed(boxes, t, im_t.shape[1]),
-                                                classes, im_scale)
+            masks = mask_inference.detect_masks(model, features, boxes_t, classes, im_scale)
         masks_ts.append(masks.flip(-1) if t.hflip else masks)
     return combine_masks(aug.heur, masks_ts)
 
 
+def _identity_then_transforms(model, im, boxes, image_params, aug_transforms, cuda_graphs, max_graph_shapes):
+    """Per Transform (the identity, then those of aug_transforms): (t, the body features of the image under t,
+    boxes in its frame, its scale), for a head run on the detections of every augmentation."""
+    identity = Transform(image_params.scale, image_params.max_size)
+    for t in [identity] + transforms(aug_transforms, image_params.scale, image_params.max_size):
+        im_t = transformed_image(im, t)
+        features, im_scale = rcnn_inference.body_features(model, im_t, _at_scale(image_params, t), cuda_graphs,
+                                                          max_graph_shapes)
+        yield t, features, boxes_to_transformed(boxes, t, im_t.shape[1]), im_scale
+
+
+def combine_heatmaps(heur, heatmaps_ts, downscaled, upscaled, boxes, scale_size_dep=False, area_th=0.0):
+    """Detectron's combination of keypoint heatmap logits (each (R, K, M, M)): HM_AVG their mean, HM_MAX their
+    maximum. With scale_size_dep (combine_heatmaps_size_dep) a box (R, 4) of area (+1 sides) below area_th
+    leaves out the augmentations flagged downscaled, the others those flagged upscaled (the identity, never
+    flagged, always counts)."""
+    stacked = torch.stack(heatmaps_ts)
+    keep = torch.ones(stacked.shape[:2], dtype=torch.bool, device=stacked.device)
+    if scale_size_dep:
+        small = box_utils.boxes_area_t(boxes) < area_th
+        down = torch.tensor(downscaled, device=stacked.device).unsqueeze(1)
+        up = torch.tensor(upscaled, device=stacked.device).unsqueeze(1)
+        keep = ~(small & down) & ~(~small & up)
+    keep = keep[:, :, None, None, None]
+    if heur == 'HM_AVG':
+        return (stacked * keep).sum(dim=0) / keep.sum(dim=0)
+    if heur == 'HM_MAX':
+        return stacked.masked_fill(~keep, float('-inf')).amax(dim=0)
+    raise ValueError('keypoint heuristic {} not supported; use one of {}'.format(heur, KEYPOINT_HEURISTICS))
+
+
+def im_detect_keypoints_aug(model, im, boxes, image_params, aug, cuda_graphs=False, max_graph_shapes=DEFAULT_MAX_GRAPHS):
+    """Detectron's `im_detect_keypoints_aug`: heatmap logits (R, K, M, M) of the detections `boxes` (R, 4,
+    original image, on the model's device), computed on the identity first, then on each augmentation of aug
+    (a KpsAug) from its own body features, flipped heatmaps mirrored back (flip_heatmaps), combined by
+    combine_heatmaps (an augmentation's scale below the test scale flags it downscaled, above it upscaled)."""
+    heatmaps_ts, downscaled, upscaled = [], [], []
+    for t, features, boxes_t, im_scale in _identity_then_transforms(model, im, boxes, image_params, aug.transforms,
+                                                                    cuda_graphs, max_graph_shapes):
+        with torch.no_grad():
+            heatmaps = keypoint_inference.detect_keypoint_heatmaps(model, features, boxes_t, im_scale)
+        heatmaps_ts.append(flip_heatmaps(heatmaps, aug.flip_order) if t.hflip else heatmaps)
+        downscaled.append(t.scale < image_params.scale)
+        upscaled.append(t.scale > image_params.scale)
+    return combine_heatmaps(aug.heur, heatmaps_ts, downscaled, upscaled, boxes, aug.scale_size_dep, aug.area_th)
+
+
 def im_detect_all(model, im, image_params, decode_params, nms_params, aug, mask_thresh=None, cuda_graphs=False,
-                  max_graph_shapes=DEFAULT_MAX_GRAPHS):
+                  max_graph_shapes=DEFAULT_MAX_GRAPHS, keypoint_params=None, proposals=None, dedup_boxes=0):
     """rcnn_inference.im_detect_all with test-time augmentation (aug, an Augmentations): the boxes of
     im_detect_bbox_aug when aug.bbox, then NMS / soft-NMS / variance voting and box voting on the
-    combined detections as without augmentation, then the masks of im_detect_mask_aug when aug.mask."""
+    combined detections as without augmentation, then the masks of im_detect_mask_aug when aug.mask and
+    the keypoints of im_detect_keypoints_aug when aug.keypoints (a Keypoint R-CNN: keypoint_params given)."""
     graphs = {'cuda_graphs': cuda_graphs, 'max_graph_shapes': max_graph_shapes}
+    given = {'proposals': proposals, 'dedup_boxes': dedup_boxes}
     if aug.bbox is not None:
         scores, boxes, confs, im_scale, out = im_detect_bbox_aug(model, im, image_params, decode_params, aug.bbox,
-                                                                 **graphs)
+                                                                 **graphs, **given)
     else:
         out, scores, boxes, confs, im_scale = rcnn_inference.forward_and_decode(model, im, image_params,
-                                                                                decode_params, **graphs)
+                                                                                decode_params, **graphs, **given)
     dets, det_classes = rcnn_inference.final_detections_t(scores, boxes, confs, nms_params)
 
     def soft_masks(boxes, classes):
@@ -224,7 +290,16 @@ def im_detect_all(model, im, image_params, decode_params, nms_params, aug, mask_
             return im_detect_mask_aug(model, im, boxes, classes, image_params, aug.mask, **graphs)
         return mask_inference.detect_masks(model, out['features'], boxes, classes, im_scale)
 
-    return rcnn_inference.image_results(dets, det_classes, scores.shape[1], im.shape[:2], mask_thresh, soft_masks)
+    if keypoint_params is None:
+        return rcnn_inference.image_results(dets, det_classes, scores.shape[1], im.shape[:2], mask_thresh, soft_masks)
+
+    def heatmaps_of(boxes):
+        if aug.keypoints is not None:
+            return im_detect_keypoints_aug(model, im, boxes, image_params, aug.keypoints, **graphs)
+        return keypoint_inference.detect_keypoint_heatmaps(model, out['features'], boxes, im_scale)
+
+    return rcnn_inference.keypoint_image_results(dets, det_classes, scores.shape[1], im.shape[:2], mask_thresh,
+                                                 soft_masks, heatmaps_of, keypoint_params)
 
 
 def _at_scale(image_params, t):

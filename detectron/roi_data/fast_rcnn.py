@@ -189,11 +189,14 @@ def count_per_image(mask, image_ids, num_images):
         0, image_ids, mask.long())
 
 
-def random_subset(eligible, image_ids, quotas, generator):
+def random_subset(eligible, image_ids, quotas, generator, priority=None):
     """Per image i, a uniformly random quotas[i] of its eligible rows, without replacement
-    (Detectron's npr.choice(..., replace=False)); a bool mask, computed without host sync."""
+    (Detectron's npr.choice(..., replace=False)); a bool mask, computed without host sync. priority:
+    the rows' uniform [0, 1) draws when the caller made them (the eligible rows of lowest priority are
+    taken), else drawn here from generator."""
     num_rows = len(eligible)
-    priority = torch.rand(num_rows, dtype=torch.float64, generator=generator, device=eligible.device)
+    if priority is None:
+        priority = torch.rand(num_rows, dtype=torch.float64, generator=generator, device=eligible.device)
     # Sort image-major with the eligible rows of an image first, in random order.
     order = (image_ids.double() * 2 + (~eligible).double() + priority).argsort()
     sorted_ids = image_ids[order]

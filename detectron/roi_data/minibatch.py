@@ -146,7 +146,9 @@ def gt_targets(entry):
         'is_crowd': torch.from_numpy(np.asarray(entry['is_crowd'], dtype=bool)[is_gt]),
     }
     if 'gt_keypoints' in entry:  # Keypoint R-CNN: the gt rows' (x, y, v) keypoints, float32 (G, 3, K)
-        targets['keypoints'] = torch.from_numpy(np.asarray(entry['gt_keypoints'], dtype=np.float32)[is_gt])
+        # A Fast R-CNN's proposal rows follow the gt rows, without keypoints (Detectron's merged roidb).
+        keypoints = np.asarray(entry['gt_keypoints'], dtype=np.float32)
+        targets['keypoints'] = torch.from_numpy(keypoints[is_gt[:len(keypoints)]])
     if 'max_overlaps' in entry:
         targets['proposals'] = torch.from_numpy(proposal_rows(entry))
     if 'segms' in entry:
@@ -225,17 +227,18 @@ def _training_im_info(im, scale):
 def prepare_training_entry(entry, rng, scales, max_size, pixel_means):
     """One entry at a training scale drawn from `scales` with rng (a RandomState owned by this
     (iteration, entry) draw, see loader.TrainingDataset)."""
-    return prepare_training_image(entry, _drawn_scale(scales, rng), max_size, pixel_means)
+    return prepare_training_image(entry, drawn_scale(scales, rng), max_size, pixel_means)
 
 
-def _drawn_scale(scales, rng):
+def drawn_scale(scales, rng):
+    """The training scale of a sample: one draw of rng."""
     return scales[rng.randint(len(scales))]
 
 
 def prepare_unresized_training_entry(entry, rng, scales, max_size):
     """prepare_training_entry for a device that resizes (UnresizedImages): the same draw, the image
     read and flipped but left uint8 at its size -> (uint8 HxWx3 image, its scale, im_info, targets)."""
-    target_size = _drawn_scale(scales, rng)
+    target_size = drawn_scale(scales, rng)
     im = np.ascontiguousarray(_read_flipped(entry))
     scale = resize_scale(im.shape[0], im.shape[1], target_size, max_size)
     return im, scale, _training_im_info(im, scale), gt_targets(entry)

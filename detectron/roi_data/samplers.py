@@ -5,14 +5,19 @@ rank takes a fixed slice of every global batch. Hence
 - all ranks agree without communicating, and no entry is used twice within an epoch;
 - the stream is the same whatever the number of processes, as long as the global batch is: a run
   resumed at iteration k on another number of GPUs sees what the uninterrupted run would have seen;
-- the position is just the iteration number: batch k is computed directly, nothing is replayed.
+- the position is just the iteration number: batch k is computed directly, nothing is replayed (unless a
+  check drops batches: see GroupedDistributedBatchSampler).
 
 Inference: Detectron's np.array_split ranges (contiguous, the first n % k one larger, no padding), so
 merging the per-rank results in rank order gives the single-process order.
 """
+import logging
+
 import numpy as np
 
 from detectron.utils.errors import ConfigValueError
+
+logger = logging.getLogger(__name__)
 
 
 class GroupedDistributedBatchSampler:
@@ -25,6 +30,12 @@ class GroupedDistributedBatchSampler:
     rank_batch_sizes: per-rank sizes that may differ (CenterNet's chunk sizes); overrides
       ims_per_batch. The global batch is their sum.
     start_iter: the first global batch to yield (resume).
+    check: None, or fn(rank_batches, iteration) -> None for a valid global batch, else why it is not
+      (rank_batches: every rank's slice, in rank order; iteration: the one it would train). An invalid
+      global batch is dropped and the next drawn (Detectron's loader redraws a minibatch that
+      get_minibatch calls invalid); every rank judges all slices, so the ranks drop the same ones.
+      The draws before start_iter are judged again to find its position: it stays a function of
+      start_iter, and a resumed run draws what the uninterrupted run drew.
 
     Epoch e (a pass over the data) follows Detectron's roi_data/loader.py _shuffle_roidb_inds, with the
     global batch in place of the per-GPU one: shuffle each group, drop each group's remainder modulo
@@ -35,24 +46,58 @@ class GroupedDistributedBatchSampler:
     """
 
     def __init__(self, aspect_ratios, ims_per_batch, seed, rank, world_size, shuffle=True,
-                 rank_batch_sizes=None, start_iter=0):
+                 rank_batch_sizes=None, start_iter=0, check=None):
         sizes = list(rank_batch_sizes) if rank_batch_sizes is not None else [ims_per_batch] * world_size
         _check_rank_sizes(sizes, rank, world_size)
         self.seed = seed
         self.shuffle = shuffle
         self.start_iter = start_iter
         self.global_batch_size = sum(sizes)
-        self._rank_slice = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
+        self._rank_slices = [slice(sum(sizes[:r]), sum(sizes[:r + 1])) for r in range(world_size)]
+        self._rank_slice = self._rank_slices[rank]
+        self._check = check
+        self.skipped = 0  # global batches dropped by check, from the start of the run
         _, self._group_of_entry = np.unique(np.asarray(aspect_ratios), return_inverse=True)
         self._group_of_entry = self._group_of_entry.reshape(-1)
         self.batches_per_epoch = _batches_per_epoch(self._group_of_entry, self.global_batch_size)
         self._epoch_cache = (None, None)
 
     def __iter__(self):
-        iteration = self.start_iter
+        if self._check is None:
+            iteration = self.start_iter
+            while True:
+                yield self.global_batch(iteration)[self._rank_slice].tolist()
+                iteration += 1
+        draws = self._checked_draws()
+        for _ in range(self.start_iter):
+            next(draws)
+        if self.skipped:
+            logger.info('%d training minibatches skipped before iteration %d', self.skipped, self.start_iter)
+        for batch in draws:
+            yield batch[self._rank_slice].tolist()
+
+    def _checked_draws(self):
+        """The valid global batches in order (the check's draws from the start of the run)."""
+        self.skipped = 0
+        draw, iteration, in_a_row = 0, 0, 0
         while True:
-            yield self.global_batch(iteration)[self._rank_slice].tolist()
-            iteration += 1
+            batch = self.global_batch(draw)
+            why = self._check([batch[s].tolist() for s in self._rank_slices], iteration)
+            if why is None:
+                yield batch
+                iteration += 1
+                in_a_row = 0
+            else:
+                self.skipped += 1
+                in_a_row += 1
+                # Two epochs' worth in a row hold a whole epoch: Detectron's loader would redraw forever.
+                if in_a_row >= 2 * self.batches_per_epoch:
+                    raise ConfigValueError('no training minibatch of a whole epoch is valid ({} in a row); the last: '
+                                           '{}'.format(in_a_row, why))
+                if iteration >= self.start_iter:
+                    logger.info('Training minibatch of images %s skipped at iteration %d: %s (%d skipped so far)',
+                                batch.tolist(), iteration, why, self.skipped)
+            draw += 1
 
     def global_batch(self, iteration):
         """Dataset indices of global batch `iteration`, all ranks' slices in rank order."""

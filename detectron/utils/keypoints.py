@@ -46,6 +46,22 @@ def kp_connections(names):
     return [(names.index(a), names.index(b)) for a, b in edges]
 
 
+def flip_order(keypoints, keypoint_flip_map):
+    """The keypoint index each heatmap channel of a mirrored image takes its map from: every flip pair's
+    two indices exchanged, the others kept."""
+    order = list(range(len(keypoints)))
+    for left, right in keypoint_flip_map.items():
+        lid, rid = keypoints.index(left), keypoints.index(right)
+        order[lid], order[rid] = rid, lid
+    return tuple(order)
+
+
+def flip_heatmaps(heatmaps, order):
+    """Detectron's flip_heatmaps on (R, K, M, M) heatmaps (a tensor) of a mirrored image: the channels of each
+    flip pair exchanged (order: flip_order) and every map mirrored left-right."""
+    return heatmaps[:, list(order)].flip(-1)
+
+
 def flip_keypoints(keypoints, keypoint_flip_map, keypoint_coords, width):
     """Detectron's flip_keypoints: (N, 3, K) coordinates of an image of `width` mirrored left-right
     (x -> width - x - 1), the columns of each flip pair swapped, x of unlabelled keypoints kept 0."""

@@ -241,7 +241,7 @@ def test_every_augmentation_with_kl_sigmas_gives_detections_and_masks():
     (['TEST.MASK_AUG.HEUR', 'HM_AVG'], 'TEST.MASK_AUG.HEUR must be one of'),
     (['TEST.BBOX_AUG.SCALE_SIZE_DEP', 'True'], 'not implemented in Detectron either'),
     (['TEST.MASK_AUG.AREA_TH', '100'], 'not implemented in Detectron either'),
-    (['TEST.KPS_AUG.ENABLED', 'True'], 'test-time keypoint augmentation is not ported'),
+    (['TEST.KPS_AUG.HEUR', 'SOFT_AVG'], "TEST.KPS_AUG.HEUR must be one of 'HM_AVG', 'HM_MAX'"),
 ])
 def test_settings_detectron_does_not_run_are_one_error(opts, message):
     with pytest.raises(ConfigValueError, match=message):

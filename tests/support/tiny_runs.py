@@ -4,6 +4,7 @@ Shared by the engine tests (tests/core), tests/datasets, tests/tools and tests/u
 tiny_catalog and private_dataset_registrations are in tests/conftest.py."""
 import json
 import os
+import pickle
 
 import cv2
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.datasets import dataset_catalog
+from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.utils import keypoints as keypoint_utils
 
@@ -94,6 +96,26 @@ def _outline(x, y, w, h):
     """The polygon along the pixel edges of a filled rectangle: pycocotools rasterises it to exactly
     its w x h pixels (Mask R-CNN's targets and the segm evaluation)."""
     return [x, y, x + w, y, x + w, y + h, x, y + h]
+
+
+def write_tiny_proposals(catalog, path, dataset='tiny_keypoints'):
+    """A Detectron-format proposal file at path for the images of dataset (tiny_keypoints: all 8, so it serves
+    tiny_train and tiny_val too): each gt box shifted, plus boxes spread over the image, scored in decreasing
+    order."""
+    dataset_catalog.register_catalog_file(str(catalog))
+    roidb = JsonDataset(dataset).get_roidb(gt=True)
+    rng = np.random.RandomState(0)
+    boxes, scores, ids = [], [], []
+    for entry in roidb:
+        shifted = entry['boxes'] + rng.uniform(-3, 3, size=entry['boxes'].shape)
+        spread = np.sort(rng.uniform(0, 60, size=(20, 4)).reshape(20, 2, 2), axis=1).transpose(0, 2, 1).reshape(20, 4)
+        entry_boxes = np.vstack([shifted, spread]).astype(np.float32)
+        boxes.append(entry_boxes)
+        scores.append(np.linspace(1, 0.1, len(entry_boxes)).astype(np.float32))
+        ids.append(entry['id'])
+    with open(path, 'wb') as f:
+        pickle.dump({'boxes': boxes, 'scores': scores, 'ids': ids}, f)
+    return str(path)
 
 
 def write_coco(path, images, annotations):

@@ -52,6 +52,27 @@ def _infer_with_random_weights(tmp_path, config, folder, overrides):
                            torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
 
 
+def _infer_with_a_drawn_head(tmp_path, config, folder, overrides, head):
+    """_infer_with_random_weights with the model's `head` drawn from N(0, 0.3) (large enough to show); returns
+    (the model type, the model as test_net would load it)."""
+    merge_cfg_from_file(config)
+    merge_cfg_from_list(overrides)
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    model = model_builder.create(cfg)
+    with torch.no_grad():
+        for param in getattr(model, head).parameters():
+            param.normal_(0.0, 0.3)
+    weights = tmp_path / 'random.pth'
+    torch.save({'model': model.state_dict()}, weights)
+    result = _run('--cfg', config, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
+                  '--thresh', '0.0', str(folder), *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    model_type = model_builder.build_model_type(cfg)
+    return model_type, load_test_model(model_type, str(weights),
+                                       torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
+
+
 def _write_inputs(root):
     """Two JPEGs (and a PNG the default --image-ext skips), random-init weights, a names-only catalog."""
     rng = np.random.RandomState(0)
@@ -139,24 +160,37 @@ def test_mask_rcnn_through_infer_simple_draws_the_masks(tmp_path):
     config = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_mask_R-18-FPN.yaml')
     folder = _random_image_folder(tmp_path, 3, (64, 80, 3))
     overrides = ['TEST.DATASETS', '()', 'TEST.SCORE_THRESH', '0.0', 'TEST.DETECTIONS_PER_IM', '5']
-    merge_cfg_from_file(config)
-    merge_cfg_from_list(overrides)
-    assert_and_infer_cfg()
-    torch.manual_seed(0)
-    model = model_builder.create(cfg)
-    with torch.no_grad():  # a mask head whose random masks are not all at the 0.5 threshold
-        for param in model.mask_head.parameters():
-            param.normal_(0.0, 0.3)
-    weights = tmp_path / 'random.pth'
-    torch.save({'model': model.state_dict()}, weights)
-    result = _run('--cfg', config, '--wts', str(weights), '--output-dir', str(tmp_path / 'vis'),
-                  '--thresh', '0.0', str(folder), *overrides)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # A mask head whose random masks are not all at the 0.5 threshold.
+    model_type, model = _infer_with_a_drawn_head(tmp_path, config, folder, overrides, 'mask_head')
     image = cv2.imread(str(folder / 'one.jpg'))
-    model_type = model_builder.build_model_type(cfg)
-    model = load_test_model(model_type, str(weights), torch.device('cuda' if torch.cuda.is_available() else 'cpu'))
     cls_boxes, cls_segms = im_detect_all(model_type, model, image)
     assert sum(int(mask_util.area(rle)) for segms in cls_segms for rle in segms) > 0
     written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
     assert np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0, cls_segms=cls_segms))
     assert not np.array_equal(written, vis_one_image(image, cls_boxes, None, 0.0))  # the masks are drawn
+
+
+@pytest.mark.processes
+def test_keypoint_rcnn_through_infer_simple_draws_the_skeleton(tmp_path):
+    """A Keypoint R-CNN's detections are drawn with their keypoints and the skeleton of the dataset's names
+    (each left keypoint joined to its right one): the pixels of vis_one_image with those names, and not those
+    without names (no edges)."""
+    config = os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_keypoint_R-18-FPN.yaml')
+    folder = _random_image_folder(tmp_path, 4, (64, 80, 3))
+    names = ['left_top', 'right_top', 'right_bottom', 'left_bottom', 'center']
+    annotations = tmp_path / 'names.json'
+    annotations.write_text(json.dumps({'images': [], 'annotations': [], 'categories': [
+        {'id': 1, 'name': 'square', 'keypoints': names, 'skeleton': [], 'keypoint_oks_sigmas': [0.05] * 5}]}))
+    catalog = tmp_path / 'catalog.json'
+    catalog.write_text(json.dumps({'names_only': {'image_directory': str(folder), 'annotation_file': str(annotations)}}))
+    overrides = ['DATASET_CATALOG', str(catalog), 'TEST.DATASETS', "('names_only',)", 'TEST.SCORE_THRESH', '0.0',
+                 'TEST.DETECTIONS_PER_IM', '5']
+    # A keypoint head whose random logits pass the drawing threshold.
+    model_type, model = _infer_with_a_drawn_head(tmp_path, config, folder, overrides, 'keypoint_head')
+    image = cv2.imread(str(folder / 'one.jpg'))
+    cls_boxes, _, cls_keyps = im_detect_all(model_type, model, image)
+    written = cv2.imread(str(tmp_path / 'vis' / 'one.png'))
+    classes = ['__background__', 'square']  # the labels the tool takes from the dataset
+    with_skeleton = vis_one_image(image, cls_boxes, classes, 0.0, cls_keyps=cls_keyps, keypoint_names=names)
+    assert np.array_equal(written, with_skeleton)
+    assert not np.array_equal(written, vis_one_image(image, cls_boxes, classes, 0.0, cls_keyps=cls_keyps))
