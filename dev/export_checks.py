@@ -6,6 +6,8 @@ torch.compile and, on the CPU, the ONNX file in onnxruntime.
 
     python dev/export_checks.py --cfg configs/getting_started/shapes_demo_centernet_res18.yaml \
         --device cuda [--wts model_final.pth] [--images 20 --size 512 512 --rounds 3] [KEY VALUE ...]
+    python dev/export_checks.py --cfg configs/getting_started/shapes_demo_R-18-FPN_kl.yaml --device cpu \
+        --wts model_final.pth --dataset shapes_val --no-compile
 
 Without --wts the model has random weights (timings only: its detections are meaningless).
 """
@@ -16,6 +18,7 @@ import sys
 import tempfile
 import time
 
+import cv2
 import numpy as np
 import torch
 
@@ -24,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from detectron.core import export, test_engine
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
+from detectron.datasets.json_dataset import JsonDataset
 from detectron.modeling import model_builder
 from detectron.utils.cli import parse_args_anywhere
 
@@ -37,6 +41,10 @@ def parse_args(argv):
     parser.add_argument('--size', type=int, nargs=2, default=(480, 640), metavar=('H', 'W'))
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--compile-backend', default='inductor')
+    parser.add_argument('--no-compile', action='store_true', help='leave out the torch.compile variant (its CPU '
+                        'compilation of an unrolled soft-NMS takes minutes)')
+    parser.add_argument('--dataset', default=None, help="the first --images images of this registered dataset "
+                        '(default: random images of --size)')
     parser.add_argument('opts', nargs='*')
     return parse_args_anywhere(parser, argv)
 
@@ -50,6 +58,15 @@ def as_numpy(outputs):
     return [x.detach().float().cpu().numpy() if x.is_floating_point() else x.cpu().numpy() for x in outputs]
 
 
+def images(args):
+    """BGR uint8 images: the first args.images of args.dataset, else random ones of args.size."""
+    if args.dataset:
+        roidb = JsonDataset(args.dataset).get_roidb()[:args.images]
+        return [cv2.imread(entry['image']) for entry in roidb]
+    rng = np.random.RandomState(0)
+    return [rng.randint(0, 256, size=(*args.size, 3)).astype(np.uint8) for _ in range(args.images)]
+
+
 def main(argv):
     args = parse_args(argv)
     finalize_cfg(args.cfg_file, args.opts)
@@ -60,9 +77,8 @@ def main(argv):
     else:
         torch.manual_seed(0)
         model = model_type.prepare_for_inference(model_builder.checked_model(model_type).to(device).eval())
-    rng = np.random.RandomState(0)
     prepare = model_type.test_inputs()
-    samples = [prepare(rng.randint(0, 256, size=(*args.size, 3)).astype(np.uint8)) for _ in range(args.images)]
+    samples = [prepare(im) for im in images(args)]
     exporter = model_type.exporter(model)
     graph = exporter.graph.eval()
     inputs = [on_device(exporter.inputs(s), device) for s in samples]
@@ -81,10 +97,11 @@ def main(argv):
               'difference {:.3g}, box {:.3g} px'.format(comparison.matched, len(comparison.unmatched),
                                                         sum(u[3] for u in comparison.unmatched),
                                                         comparison.max_score_diff, comparison.max_box_diff))
-    compiled = torch.compile(graph, backend=args.compile_backend)
     variants = {'detector (eager test path)': lambda i: model_type.detector()(model, samples[i]),
-                'graph, eager': lambda i: graph(*inputs[i]),
-                'graph, torch.compile': lambda i: compiled(*inputs[i])}
+                'graph, eager': lambda i: graph(*inputs[i])}
+    if not args.no_compile:
+        compiled = torch.compile(graph, backend=args.compile_backend)
+        variants['graph, torch.compile'] = lambda i: compiled(*inputs[i])
     if device.type == 'cpu':
         path = os.path.join(tempfile.mkdtemp(), 'model.onnx')
         export.export_model(model_type, model, 'onnx', path, samples[0])
@@ -106,8 +123,8 @@ def main(argv):
                     torch.cuda.synchronize(device)
                 timings[name].append((time.perf_counter() - started) * 1000 / len(samples))
     base = statistics.median(timings['graph, eager'])
-    print('| {} {}x{} ({}) | ms/image (median of {} rounds) | vs graph, eager |'.format(
-        cfg.MODEL.TYPE, *args.size, device, args.rounds))
+    print('| {} {} ({}) | ms/image (median of {} rounds) | vs graph, eager |'.format(
+        cfg.MODEL.TYPE, args.dataset or '{}x{}'.format(*args.size), device, args.rounds))
     print('|---|---|---|')
     for name, values in timings.items():
         print('| {} | {:.2f} | {:.2f}x |'.format(name, statistics.median(values), statistics.median(values) / base))
