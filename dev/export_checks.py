@@ -33,20 +33,34 @@ from detectron.utils.cli import parse_args_anywhere
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--cfg', '-c', dest='cfg_file', required=True)
-    parser.add_argument('--wts', default=None, help='weights (default: random)')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--images', type=int, default=20, help='random images per round')
-    parser.add_argument('--size', type=int, nargs=2, default=(480, 640), metavar=('H', 'W'))
-    parser.add_argument('--rounds', type=int, default=3)
+    parser = model_parser(__doc__, (480, 640))
     parser.add_argument('--compile-backend', default='inductor')
     parser.add_argument('--no-compile', action='store_true', help='leave out the torch.compile variant (its CPU '
                         'compilation of an unrolled soft-NMS takes minutes)')
     parser.add_argument('--dataset', default=None, help="the first --images images of this registered dataset "
                         '(default: random images of --size)')
-    parser.add_argument('opts', nargs='*')
     return parse_args_anywhere(parser, argv)
+
+
+def model_parser(description, size):
+    """The arguments of the dev timing scripts: the model, its device, the images and the rounds."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--cfg', '-c', dest='cfg_file', required=True)
+    parser.add_argument('--wts', default=None, help='weights (default: random)')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--images', type=int, default=20, help='random images per round')
+    parser.add_argument('--size', type=int, nargs=2, default=size, metavar=('H', 'W'))
+    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('opts', nargs='*')
+    return parser
+
+
+def test_model(model_type, wts, device):
+    """The model in eval mode for inference on device: wts loaded, else random weights."""
+    if wts:
+        return test_engine.load_test_model(model_type, wts, device)
+    torch.manual_seed(0)
+    return model_type.prepare_for_inference(model_builder.checked_model(model_type).to(device).eval())
 
 
 def on_device(tensors, device):
@@ -72,11 +86,7 @@ def main(argv):
     finalize_cfg(args.cfg_file, args.opts)
     device = torch.device(args.device)
     model_type = model_builder.build_model_type(cfg)
-    if args.wts:
-        model = test_engine.load_test_model(model_type, args.wts, device)
-    else:
-        torch.manual_seed(0)
-        model = model_type.prepare_for_inference(model_builder.checked_model(model_type).to(device).eval())
+    model = test_model(model_type, args.wts, device)
     prepare = model_type.test_inputs()
     samples = [prepare(im) for im in images(args)]
     exporter = model_type.exporter(model)

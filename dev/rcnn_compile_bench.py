@@ -12,7 +12,6 @@ Prints the compile time (the first compiled image), the largest score and box di
 the two detectors' detections (core/export.compare) and the timing table. Without --wts the model has
 random weights (timings only).
 """
-import argparse
 import os
 import statistics
 import sys
@@ -23,8 +22,11 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from detectron.core import export, test_engine
+import export_checks  # dev/, put on the path above
+
+from detectron.core import export
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.modeling import model_builder
@@ -32,16 +34,8 @@ from detectron.utils.cli import parse_args_anywhere
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--cfg', '-c', dest='cfg_file', required=True)
-    parser.add_argument('--wts', default=None, help='weights (default: random)')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--images', type=int, default=20, help='random images per round')
-    parser.add_argument('--size', type=int, nargs=2, default=(800, 1216), metavar=('H', 'W'),
-                        help='the images\' size (one size: the body compiles once)')
-    parser.add_argument('--rounds', type=int, default=3)
+    parser = export_checks.model_parser(__doc__, (800, 1216))
     parser.add_argument('--backend', default='inductor', help="torch.compile's backend (aot_eager to test the logic)")
-    parser.add_argument('opts', nargs='*')
     return parse_args_anywhere(parser, argv)
 
 
@@ -113,11 +107,7 @@ def main(argv):
     finalize_cfg(args.cfg_file, list(args.opts) + ['TEST.CUDA_GRAPHS', 'False'])
     device = torch.device(args.device)
     model_type = model_builder.build_model_type(cfg)
-    if args.wts:
-        model = test_engine.load_test_model(model_type, args.wts, device)
-    else:
-        torch.manual_seed(0)
-        model = model_type.prepare_for_inference(model_builder.checked_model(model_type).to(device).eval())
+    model = export_checks.test_model(model_type, args.wts, device)
     if not hasattr(model, 'box_head') or model.box_head is None:
         sys.exit('error: dev/rcnn_compile_bench.py times an R-CNN with a box head (MODEL.TYPE generalized_rcnn)')
     rng = np.random.RandomState(0)
