@@ -37,6 +37,7 @@ def parse_args(argv):
     parser.add_argument('--compile-backend', default='inductor')
     parser.add_argument('--no-compile', action='store_true', help='leave out the torch.compile variant (its CPU '
                         'compilation of an unrolled soft-NMS takes minutes)')
+    parser.add_argument('--no-program', action='store_true', help='leave out torch.export and its comparison')
     parser.add_argument('--dataset', default=None, help="the first --images images of this registered dataset "
                         '(default: random images of --size)')
     return parse_args_anywhere(parser, argv)
@@ -81,6 +82,28 @@ def images(args):
     return [rng.randint(0, 256, size=(*args.size, 3)).astype(np.uint8) for _ in range(args.images)]
 
 
+def check_program(graph, exporter, samples, inputs, eager):
+    """torch.export of the graph on the first sample's inputs; its detections against the eager
+    graph's on the samples of that input shape (the program has the shapes it was traced on)."""
+    device = inputs[0][0].device
+    with torch.no_grad():
+        started = time.perf_counter()
+        program = torch.export.export(graph, inputs[0], strict=False)
+        print('torch.export on {}: {:.1f} s; custom ops in the program: {}'.format(
+            device, time.perf_counter() - started, sorted({str(n.target) for n in program.graph.nodes
+                                                           if str(n.target).startswith('detectron.')})))
+        comparison = export.Comparison()
+        for sample, x, reference in zip(samples, inputs, eager):
+            if [t.shape for t in x] != [t.shape for t in inputs[0]]:
+                continue
+            export.compare(exporter.detections(as_numpy(reference), sample),
+                           exporter.detections(as_numpy(program.module()(*x)), sample), comparison)
+        print('exported program against the eager graph: {} matched, {} unpaired ({} ties), largest score '
+              'difference {:.3g}, box {:.3g} px'.format(comparison.matched, len(comparison.unmatched),
+                                                        sum(u[3] for u in comparison.unmatched),
+                                                        comparison.max_score_diff, comparison.max_box_diff))
+
+
 def main(argv):
     args = parse_args(argv)
     finalize_cfg(args.cfg_file, args.opts)
@@ -94,19 +117,8 @@ def main(argv):
     inputs = [on_device(exporter.inputs(s), device) for s in samples]
     with torch.no_grad():
         eager = [graph(*x) for x in inputs]  # also fills the model's caches with real tensors
-        started = time.perf_counter()
-        program = torch.export.export(graph, inputs[0], strict=False)
-        print('torch.export on {}: {:.1f} s; custom ops in the program: {}'.format(
-            device, time.perf_counter() - started, sorted({str(n.target) for n in program.graph.nodes
-                                                           if str(n.target).startswith('detectron.')})))
-        comparison = export.Comparison()
-        for sample, x, reference in zip(samples, inputs, eager):
-            export.compare(exporter.detections(as_numpy(reference), sample),
-                           exporter.detections(as_numpy(program.module()(*x)), sample), comparison)
-        print('exported program against the eager graph: {} matched, {} unpaired ({} ties), largest score '
-              'difference {:.3g}, box {:.3g} px'.format(comparison.matched, len(comparison.unmatched),
-                                                        sum(u[3] for u in comparison.unmatched),
-                                                        comparison.max_score_diff, comparison.max_box_diff))
+    if not args.no_program:
+        check_program(graph, exporter, samples, inputs, eager)
     variants = {'detector (eager test path)': lambda i: model_type.detector()(model, samples[i]),
                 'graph, eager': lambda i: graph(*inputs[i])}
     if not args.no_compile:

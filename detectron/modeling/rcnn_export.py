@@ -75,7 +75,8 @@ class RCNNGraph(nn.Module):
         if p.pred_std:
             sigmas = rcnn_inference._per_class_columns(box_utils.exp(out['bbox_pred_std'].float() / 2.0),
                                                        scores.shape[1], decode.cls_agnostic_bbox_reg)
-        det_boxes, det_scores, classes, roi_idx = detections(scores, boxes.float(), sigmas, self.params.nms)
+        det_boxes, det_scores, classes, roi_idx = detections(scores, boxes.float(), sigmas, self.params.nms,
+                                                             p.test_proposals.post_nms_top_n)
         keep = graph_ops.limit_detections(det_scores, self.params.nms.detections_per_im)
         outputs = [det_boxes[keep], det_scores[keep], classes[keep]]
         if p.pred_std:
@@ -101,16 +102,16 @@ class RCNNGraph(nn.Module):
         return torch.sigmoid(logits.gather(1, index).squeeze(1).float())
 
 
-def detections(scores, boxes, sigmas, nms):
+def detections(scores, boxes, sigmas, nms, max_rois=0):
     """rcnn_inference.final_detections_t before the cap, in graph ops: boxes (D, 4), scores (D,),
     classes (D,) and RoI index (D,) of the detections that NMS (greedy, Detectron's soft-NMS or
     KL-Loss's soft-NMS with variance voting) and box voting leave. scores (R, K), boxes and
-    sigmas (R, 4K) (sigmas None without PRED_STD)."""
+    sigmas (R, 4K) (sigmas None without PRED_STD); max_rois > 0: R's bound (see _soft_nms)."""
     roi_idx, classes = rcnn_inference._candidates_t(scores, nms.score_thresh)
     all_boxes = rcnn_inference._class_columns_t(boxes, roi_idx, classes)
     all_scores = scores[roi_idx, classes].float()
     if nms.std_nms or nms.soft_nms:
-        det_boxes, det_scores, classes_kept, roi_kept = _soft_nms(scores, boxes, sigmas, nms)
+        det_boxes, det_scores, classes_kept, roi_kept = _soft_nms(scores, boxes, sigmas, nms, max_rois)
     else:
         keep = graph_ops.batched_nms(all_boxes, all_scores, classes, nms.nms)
         det_boxes, det_scores, classes_kept, roi_kept = all_boxes[keep], all_scores[keep], classes[keep], roi_idx[keep]
@@ -122,12 +123,23 @@ def detections(scores, boxes, sigmas, nms):
     return det_boxes, det_scores, classes_kept, roi_kept
 
 
-def _soft_nms(scores, boxes, sigmas, nms):
+def _soft_nms(scores, boxes, sigmas, nms, max_rois=0):
     """The first DETECTIONS_PER_IM selections of the soft-NMS of each class (all that its cap can
-    keep: graph_soft_nms), the class's candidates in RoI order as the eager path's sets."""
+    keep: graph_soft_nms), the class's candidates in RoI order as the eager path's sets. With
+    max_rois > 0 (at least R) the sets are padded to that static width: torch.export then traces
+    the unrolled steps with static shapes instead of reasoning about R's symbol in every op."""
     num_rois, num_classes = scores.shape
+    if max_rois > 0:
+        if not torch.jit.is_tracing():  # torch.export's R is a symbol (the ONNX tracer's a tensor)
+            torch._check(num_rois <= max_rois)
+        padding = max_rois - num_rois
+        scores = torch.cat([scores, scores.new_zeros(padding, num_classes)])
+        boxes = torch.cat([boxes, boxes.new_zeros(padding, boxes.shape[1])])
+        sigmas = None if sigmas is None else torch.cat([sigmas, sigmas.new_ones(padding, sigmas.shape[1])])
+        num_rois = max_rois
     set_boxes = boxes.reshape(num_rois, num_classes, 4)[:, 1:].transpose(0, 1)
     set_scores = scores[:, 1:].T.float()
+    # Padded rows score 0, never above the threshold (at least 0).
     live = set_scores > nms.score_thresh
     vote = None
     if nms.std_nms:

@@ -184,6 +184,17 @@ def test_torch_export_of_the_cpu_models(tiny_catalog, tmp_path, restore_global_c
         _check_close(reference, exported)
 
 
+def test_torch_export_of_the_kl_rcnn_with_variance_voting(tiny_catalog, tmp_path):
+    """The unrolled soft-NMS with variance voting, its sets padded to a static width, in a torch.export
+    program: the detector's detections."""
+    model_type, model = _rcnn(tiny_catalog, tmp_path, 'PRED_STD', 'True', 'XYXY', 'True', 'STD_NMS', 'True',
+                              'TEST.DETECTIONS_PER_IM', '20')
+    example = model_type.test_inputs()(_noise((64, 96, 3), seed=0))
+    for reference, exported in _export_and_run(model_type, model, tmp_path / 'k.pt2', example,
+                                               [_noise((64, 96, 3))], fmt='exported_program'):
+        _check_close(reference, exported)
+
+
 def test_export_refuses_settings_the_graph_does_not_run(tiny_catalog, tmp_path):
     model_type, model = _rcnn(tiny_catalog, tmp_path, 'TEST.SOFT_NMS.ENABLED', 'True', 'TEST.DETECTIONS_PER_IM', '0')
     with pytest.raises(ConfigValueError, match='TEST.DETECTIONS_PER_IM can keep; set it above 0'):
