@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from detectron.modeling import mask_inference, rcnn_inference, rpn_heads
-from detectron.ops import graph_ops
+from detectron.ops import graph_ops, graph_soft_nms
 from detectron.utils import blob as blob_utils
 from detectron.utils import boxes as box_utils
 from detectron.utils.errors import ConfigValueError
@@ -71,15 +71,15 @@ class RCNNGraph(nn.Module):
         # Back to original-image pixels, as rcnn_inference.decode_detections (a tensor scale here).
         boxes = rcnn_inference._decode_boxes_t(rois[:, 1:5] / im_info[0, 2], result['bbox_pred'], scores.shape[1],
                                                im_hw, decode)
-        roi_idx, classes = rcnn_inference._candidates_t(scores, self.params.nms.score_thresh)
-        det_boxes = rcnn_inference._class_columns_t(boxes, roi_idx, classes).float()
-        det_scores = scores[roi_idx, classes].float()
-        keep = graph_ops.batched_nms(det_boxes, det_scores, classes, self.params.nms.nms)
-        keep = keep[graph_ops.limit_detections(det_scores[keep], self.params.nms.detections_per_im)]
-        outputs = [det_boxes[keep], det_scores[keep], classes[keep]]
+        sigmas = None
         if p.pred_std:
             sigmas = rcnn_inference._per_class_columns(box_utils.exp(out['bbox_pred_std'].float() / 2.0),
                                                        scores.shape[1], decode.cls_agnostic_bbox_reg)
+        det_boxes, det_scores, classes, roi_idx = detections(scores, boxes.float(), sigmas, self.params.nms,
+                                                             p.test_proposals.post_nms_top_n)
+        keep = graph_ops.limit_detections(det_scores, self.params.nms.detections_per_im)
+        outputs = [det_boxes[keep], det_scores[keep], classes[keep]]
+        if p.pred_std:
             outputs.append(rcnn_inference._class_columns_t(sigmas, roi_idx[keep], classes[keep]))
         if model.mask_head is not None:
             outputs.append(self._masks(features, outputs[0], outputs[2], im_info[0, 2]))
@@ -100,6 +100,65 @@ class RCNNGraph(nn.Module):
         size = logits.shape[-1]
         index = channels.view(-1, 1, 1, 1).expand(-1, 1, size, size)
         return torch.sigmoid(logits.gather(1, index).squeeze(1).float())
+
+
+def detections(scores, boxes, sigmas, nms, max_rois=0):
+    """rcnn_inference.final_detections_t before the cap, in graph ops: boxes (D, 4), scores (D,),
+    classes (D,) and RoI index (D,) of the detections that NMS (greedy, Detectron's soft-NMS or
+    KL-Loss's soft-NMS with variance voting) and box voting leave. scores (R, K), boxes and
+    sigmas (R, 4K) (sigmas None without PRED_STD); max_rois > 0: R's bound (see _soft_nms)."""
+    roi_idx, classes = rcnn_inference._candidates_t(scores, nms.score_thresh)
+    all_boxes = rcnn_inference._class_columns_t(boxes, roi_idx, classes)
+    all_scores = scores[roi_idx, classes].float()
+    if nms.std_nms or nms.soft_nms:
+        det_boxes, det_scores, classes_kept, roi_kept = _soft_nms(scores, boxes, sigmas, nms, max_rois)
+    else:
+        keep = graph_ops.batched_nms(all_boxes, all_scores, classes, nms.nms)
+        det_boxes, det_scores, classes_kept, roi_kept = all_boxes[keep], all_scores[keep], classes[keep], roi_idx[keep]
+    if nms.bbox_vote:
+        voted = graph_soft_nms.box_voting(torch.cat([det_boxes, det_scores[:, None]], 1), classes_kept,
+                                          torch.cat([all_boxes, all_scores[:, None]], 1), classes, nms.bbox_vote_th,
+                                          nms.bbox_vote_scoring_method, nms.bbox_vote_scoring_beta)
+        det_boxes, det_scores = voted[:, :4], voted[:, 4]
+    return det_boxes, det_scores, classes_kept, roi_kept
+
+
+def _soft_nms(scores, boxes, sigmas, nms, max_rois=0):
+    """The first DETECTIONS_PER_IM selections of the soft-NMS of each class (all that its cap can
+    keep: graph_soft_nms), the class's candidates in RoI order as the eager path's sets. With
+    max_rois > 0 (at least R) the sets are padded to that static width: torch.export then traces
+    the unrolled steps with static shapes instead of reasoning about R's symbol in every op."""
+    num_rois, num_classes = scores.shape
+    if max_rois > 0:
+        if not torch.jit.is_tracing():  # torch.export's R is a symbol (the ONNX tracer's a tensor)
+            torch._check(num_rois <= max_rois)
+        padding = max_rois - num_rois
+        scores = torch.cat([scores, scores.new_zeros(padding, num_classes)])
+        boxes = torch.cat([boxes, boxes.new_zeros(padding, boxes.shape[1])])
+        sigmas = None if sigmas is None else torch.cat([sigmas, sigmas.new_ones(padding, sigmas.shape[1])])
+        num_rois = max_rois
+    set_boxes = boxes.reshape(num_rois, num_classes, 4)[:, 1:].transpose(0, 1)
+    set_scores = scores[:, 1:].T.float()
+    # Padded rows score 0, never above the threshold (at least 0).
+    live = set_scores > nms.score_thresh
+    vote = None
+    if nms.std_nms:
+        settings = rcnn_inference._kl_soft_settings(nms)
+        rescore = graph_soft_nms.KLRescore(settings['hard_nms_thresh'])
+        drop_below = graph_soft_nms.KL_DROP_SCORE
+        if settings['vote']:
+            if sigmas is None:
+                raise ConfigValueError('STD_NMS True needs a model with the bbox_pred_std head: set PRED_STD True')
+            columns = rcnn_inference._SIGMA_COLUMNS_FOR_BOX_COLUMNS[nms.sigma_column_order]
+            set_sigmas = sigmas.reshape(num_rois, num_classes, 4)[:, 1:, columns].transpose(0, 1)
+            vote = graph_soft_nms.KLVote(set_boxes, set_sigmas, settings['vote_thresh'], settings['iou_sigma'])
+    else:
+        rescore = graph_soft_nms.DetectronRescore(nms.soft_nms_method, nms.soft_nms_sigma, nms.nms)
+        drop_below = rcnn_inference._DETECTRON_SOFT_NMS_SCORE_THRESH
+    rows, valid, sel_scores, sel_boxes = graph_soft_nms.soft_nms_selections(
+        set_boxes, set_scores, live, nms.detections_per_im, rescore, drop_below, vote)
+    sets, steps = valid.nonzero(as_tuple=True)
+    return sel_boxes[sets, steps], sel_scores[sets, steps], sets + 1, rows[sets, steps]
 
 
 def proposals(logits, deltas, im_info, p):
@@ -177,9 +236,12 @@ def graph_detections(outputs, sample, params, num_classes):
 def check_exportable(params):
     """ConfigValueError for test settings the graph does not run (they stay on the eager path)."""
     nms = params.nms
-    unsupported = [name for name, on in (('TEST.SOFT_NMS.ENABLED', nms.soft_nms), ('TEST.BBOX_VOTE.ENABLED',
-                                                                                    nms.bbox_vote),
-                                         ('TEST.STD_NMS', nms.std_nms)) if on]
-    if unsupported:
-        raise ConfigValueError('the exported R-CNN runs greedy NMS only; set {} False to export'.format(
-            ' and '.join(unsupported)))
+    if not (nms.std_nms or nms.soft_nms):
+        return
+    if nms.detections_per_im <= 0:
+        raise ConfigValueError('the exported R-CNN runs soft-NMS for the detections that TEST.DETECTIONS_PER_IM '
+                               'can keep; set it above 0 to export')
+    if nms.bbox_vote and (nms.std_nms or nms.bbox_vote_scoring_method != 'ID'):
+        raise ConfigValueError('the exported R-CNN votes boxes after soft-NMS only with '
+                               "TEST.BBOX_VOTE.SCORING_METHOD 'ID' and STD_NMS False (they need the "
+                               'whole soft-NMS run); set TEST.BBOX_VOTE.ENABLED False to export')

@@ -58,17 +58,23 @@ def box_iou_t(boxes_a, boxes_b):
     as torch's, were 1-2 ulp apart on a few pairs in a hundred). Pairs without a positive
     intersection width and height get 0.
     """
+    return box_iou_pairs_t(boxes_a[:, None], boxes_b[None])
+
+
+def box_iou_pairs_t(boxes_a, boxes_b):
+    """box_iou_t's IoU of the pairs of broadcast (..., 4) boxes boxes_a and query boxes boxes_b
+    (the same arithmetic: Detectron's soft-NMS computes its IoUs this way too)."""
     single = boxes_a.dtype
     width_a, height_a = _double_sides_t(boxes_a)
     width_b, height_b = _double_sides_t(boxes_b)
     area_b = (width_b * height_b).to(single)
-    inter_w = _double_plus_one(torch.minimum(boxes_a[:, None, 2], boxes_b[None, :, 2])
-                               - torch.maximum(boxes_a[:, None, 0], boxes_b[None, :, 0])).to(single)
-    inter_h = _double_plus_one(torch.minimum(boxes_a[:, None, 3], boxes_b[None, :, 3])
-                               - torch.maximum(boxes_a[:, None, 1], boxes_b[None, :, 1])).to(single)
+    inter_w = _double_plus_one(torch.minimum(boxes_a[..., 2], boxes_b[..., 2])
+                               - torch.maximum(boxes_a[..., 0], boxes_b[..., 0])).to(single)
+    inter_h = _double_plus_one(torch.minimum(boxes_a[..., 3], boxes_b[..., 3])
+                               - torch.maximum(boxes_a[..., 1], boxes_b[..., 1])).to(single)
     inter = inter_w * inter_h
-    # (N, K) pairs: in-place steps (each exact in double) keep one double matrix alive at a time.
-    union = ((width_a * height_a)[:, None] + area_b[None, :]).sub_(inter).to(single)
+    # All pairs: in-place steps (each exact in double) keep one double matrix alive at a time.
+    union = ((width_a * height_a) + area_b).sub_(inter).to(single)
     overlapping = (inter_w > 0) & (inter_h > 0)
     return torch.where(overlapping, inter / torch.where(overlapping, union, 1.0), 0.0)
 
@@ -78,8 +84,8 @@ def _double_plus_one(difference):
 
 
 def _double_sides_t(boxes):
-    """+1 widths and heights in double of (N, 4) boxes (from their own-dtype differences)."""
-    return _double_plus_one(boxes[:, 2] - boxes[:, 0]), _double_plus_one(boxes[:, 3] - boxes[:, 1])
+    """+1 widths and heights in double of (..., 4) boxes (from their own-dtype differences)."""
+    return _double_plus_one(boxes[..., 2] - boxes[..., 0]), _double_plus_one(boxes[..., 3] - boxes[..., 1])
 
 
 def clip_tiled_boxes_t(boxes, height, width):

@@ -99,9 +99,14 @@ def test_rcnn_graph_eagerly_equals_the_detector(tiny_catalog, tmp_path):
         assert comparison.matched == sum(len(b) for b in reference)
 
 
-@pytest.mark.parametrize('overrides', [(), ('MODEL.BBOX_REG_WEIGHTS', '(5., 5., 2., 2.)')], ids=['rcnn', 'weights'])
+@pytest.mark.parametrize('overrides', [
+    (), ('MODEL.BBOX_REG_WEIGHTS', '(5., 5., 2., 2.)'),
+    ('PRED_STD', 'True', 'XYXY', 'True', 'STD_NMS', 'True', 'TEST.DETECTIONS_PER_IM', '20'),
+    ('TEST.SOFT_NMS.ENABLED', 'True', 'TEST.SOFT_NMS.METHOD', 'gaussian', 'TEST.DETECTIONS_PER_IM', '20'),
+], ids=['rcnn', 'weights', 'kl_std_nms', 'soft_nms'])
 def test_rcnn_onnx_matches_pytorch_at_other_image_sizes(tiny_catalog, tmp_path, overrides):
-    """Traced on one image size, the ONNX graph detects on others (its sizes are dynamic)."""
+    """Traced on one image size, the ONNX graph detects on others (its sizes are dynamic), with
+    greedy NMS, KL-Loss's soft-NMS with variance voting and Detectron's soft-NMS."""
     _onnxruntime()
     model_type, model = _rcnn(tiny_catalog, tmp_path, *overrides)
     example = model_type.test_inputs()(_noise((64, 96, 3), seed=0))
@@ -133,7 +138,7 @@ def test_mask_rcnn_onnx_masks_match_pytorch(tiny_catalog, tmp_path):
 
 def test_kl_rcnn_sigmas_are_the_decoded_stds(tiny_catalog, tmp_path):
     """With PRED_STD the graph also gives each detection's sigmas exp(alpha / 2), those that
-    decode_detections computes for its RoI and class (STD_NMS stays on the eager path)."""
+    decode_detections computes for its RoI and class."""
     model_type, model = _rcnn(tiny_catalog, tmp_path, 'PRED_STD', 'True', 'XYXY', 'True')
     exporter = model_type.exporter(model)
     assert exporter.output_names == ('boxes', 'scores', 'classes', 'sigmas')
@@ -179,9 +184,20 @@ def test_torch_export_of_the_cpu_models(tiny_catalog, tmp_path, restore_global_c
         _check_close(reference, exported)
 
 
+def test_torch_export_of_the_kl_rcnn_with_variance_voting(tiny_catalog, tmp_path):
+    """The unrolled soft-NMS with variance voting, its sets padded to a static width, in a torch.export
+    program: the detector's detections."""
+    model_type, model = _rcnn(tiny_catalog, tmp_path, 'PRED_STD', 'True', 'XYXY', 'True', 'STD_NMS', 'True',
+                              'TEST.DETECTIONS_PER_IM', '20')
+    example = model_type.test_inputs()(_noise((64, 96, 3), seed=0))
+    for reference, exported in _export_and_run(model_type, model, tmp_path / 'k.pt2', example,
+                                               [_noise((64, 96, 3))], fmt='exported_program'):
+        _check_close(reference, exported)
+
+
 def test_export_refuses_settings_the_graph_does_not_run(tiny_catalog, tmp_path):
-    model_type, model = _rcnn(tiny_catalog, tmp_path, 'TEST.SOFT_NMS.ENABLED', 'True')
-    with pytest.raises(ConfigValueError, match='greedy NMS only; set TEST.SOFT_NMS.ENABLED False'):
+    model_type, model = _rcnn(tiny_catalog, tmp_path, 'TEST.SOFT_NMS.ENABLED', 'True', 'TEST.DETECTIONS_PER_IM', '0')
+    with pytest.raises(ConfigValueError, match='TEST.DETECTIONS_PER_IM can keep; set it above 0'):
         model_type.exporter(model)
     with pytest.raises(ConfigValueError, match='unknown export format'):
         export.export_model(model_type, model, 'tflite', str(tmp_path / 'x'), None)
