@@ -65,11 +65,7 @@ def flip_heatmaps(heatmaps, order):
 def flip_keypoints(keypoints, keypoint_flip_map, keypoint_coords, width):
     """Detectron's flip_keypoints: (N, 3, K) coordinates of an image of `width` mirrored left-right
     (x -> width - x - 1), the columns of each flip pair swapped, x of unlabelled keypoints kept 0."""
-    flipped = keypoint_coords.copy()
-    for left, right in keypoint_flip_map.items():
-        lid, rid = keypoints.index(left), keypoints.index(right)
-        flipped[:, :, lid] = keypoint_coords[:, :, rid]
-        flipped[:, :, rid] = keypoint_coords[:, :, lid]
+    flipped = keypoint_coords[:, :, list(flip_order(keypoints, keypoint_flip_map))]  # a copy
     flipped[:, 0, :] = width - flipped[:, 0, :] - 1
     flipped[:, 0, :][flipped[:, 2, :] == 0] = 0  # COCO's convention: visibility 0 has x = y = 0
     return flipped
