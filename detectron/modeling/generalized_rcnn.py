@@ -11,7 +11,7 @@ from torch import nn
 
 from detectron.modeling import fast_rcnn_heads, keypoint_rcnn_heads, mask_rcnn_heads, rpn_heads
 from detectron.ops.roi_pooling import roi_feature_transform, single_level_roi_transform
-from detectron.roi_data.fast_rcnn import candidate_assignments, sample_rois
+from detectron.roi_data.fast_rcnn import candidate_assignments, fg_rois_per_image, sample_rois
 from detectron.roi_data.keypoint_rcnn import keypoint_targets
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.rpn import rpn_targets
@@ -212,7 +212,7 @@ class GeneralizedRCNN(nn.Module):
     def _keypoint_targets(self, proposals, proposal_valid, im_info, targets, candidates):
         p = self.params
         return keypoint_targets(proposals, im_info[:, 2], targets, fg_thresh=p.fg_thresh,
-                                fg_rois_per_image=int(round(p.fg_fraction * p.batch_size_per_im)),
+                                fg_rois_per_image=fg_rois_per_image(p.fg_fraction, p.batch_size_per_im),
                                 heatmap_size=p.keypoints.heatmap_size, proposal_valid=proposal_valid,
                                 candidates=candidates)
 

@@ -24,6 +24,7 @@ from detectron.modeling.rcnn_checks import (C4_BOX_HEAD, C4_STRIDE, CONV_BODIES,
 from detectron.modeling.model_type import Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
+from detectron.roi_data.fast_rcnn import fg_rois_per_image
 from detectron.roi_data.keypoint_rcnn import invalid_keypoint_minibatch, with_keypoint_priority
 from detectron.roi_data.loader import TrainingDataset, aspect_ratio_groups, image_only, to_device
 from detectron.roi_data.minibatch import (PROPOSAL_KEYS, TRAINING_KEYS, UnresizedImages, collate_minibatch,
@@ -101,7 +102,8 @@ class GeneralizedRCNNType(ModelType):
         return functools.partial(
             invalid_keypoint_minibatch, roidb=roidb, min_count=cfg.KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH,
             seed=cfg.RNG_SEED, scales=tuple(cfg.TRAIN.SCALES), max_size=cfg.TRAIN.MAX_SIZE,
-            fg_thresh=cfg.TRAIN.FG_THRESH, fg_rois_per_image=int(round(cfg.TRAIN.FG_FRACTION * cfg.TRAIN.BATCH_SIZE_PER_IM)),
+            fg_thresh=cfg.TRAIN.FG_THRESH,
+            fg_rois_per_image=fg_rois_per_image(cfg.TRAIN.FG_FRACTION, cfg.TRAIN.BATCH_SIZE_PER_IM),
             heatmap_size=cfg.KRCNN.HEATMAP_SIZE)
 
     def training_dataset(self, roidb, device):

@@ -67,7 +67,7 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
         # A row is sampled at most once, or twice when the fg and bg ranges overlap.
         num_slots = min(num_images * int(batch_size_per_im), len(boxes) * (2 if bg_thresh_hi > fg_thresh else 1))
     fg_per_image = count_per_image(fg, image_ids, num_images).clamp(
-        max=int(round(fg_fraction * batch_size_per_im)))
+        max=fg_rois_per_image(fg_fraction, batch_size_per_im))
     bg_per_image = torch.minimum(count_per_image(bg, image_ids, num_images),
                                  int(batch_size_per_im) - fg_per_image)
     fg = random_subset(fg, image_ids, fg_per_image, generator)
@@ -98,6 +98,11 @@ class Candidates(NamedTuple):
     present: torch.Tensor      # (B, G) bool: a real gt column
     max_overlap: torch.Tensor  # (M,) Detectron's max_overlaps
     max_class: torch.Tensor    # (M,) Detectron's max_classes
+
+
+def fg_rois_per_image(fg_fraction, batch_size_per_im):
+    """Detectron's fg_rois_per_image: the most foreground RoIs an image's minibatch takes."""
+    return int(round(fg_fraction * batch_size_per_im))
 
 
 def candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
