@@ -3,8 +3,8 @@
 
 Starting from a file means one of two different things; they are separate functions on purpose:
 - `resume_from(path, model, optimizer)` continues an interrupted run: model, optimizer (momentum),
-  iteration, RNG states and, through the iteration, the sampler position. The learning rate is not
-  stored: as in Detectron it is recomputed from the iteration.
+  iteration, RNG states and the sampler position (the iteration, or the stored draw count where a check
+  drops draws). The learning rate is not stored: as in Detectron it is recomputed from the iteration.
 - Initialising from weights (TRAIN.WEIGHTS: a Detectron .pkl, torchvision weights or a
   model_final.pth) loads model tensors only and starts at iteration 0 with a fresh optimizer; that is
   detectron/checkpoint/c2_weights.py's `load_weights`, not this module.
@@ -109,7 +109,8 @@ def save_checkpoint(path, model, optimizer, iteration, extra=None, rng_states=No
     iteration: the last completed iteration, Detectron's N of model_iterN; a resume starts at N + 1.
     rng_states: {rank: state} from gather_rng_states(), a collective every rank calls before rank 0
       saves; by default only this process's state is stored.
-    sampler_state: plain values that must match on resume, e.g. {'seed': s, 'global_batch_size': g}.
+    sampler_state: plain values that must match on resume, e.g. {'seed': s, 'global_batch_size': g}, and
+      others a resume reads back (resume_from_last), e.g. the sampler's 'position'.
     extra: plain data to keep alongside, e.g. {'cfg': cfg.dump()}.
     Readers see the old file or the complete new one, never a partial file. Raises
     DivergedWeightsError (and writes nothing) if a parameter or optimizer state is not finite or beyond
@@ -207,8 +208,8 @@ def checkpoints_newest_first(output_dir):
 def resume_from_last(output_dir, model, optimizer, sampler_state=None):
     """Resume from the newest readable and intact checkpoint of output_dir (see resume_from).
 
-    Returns (path, iteration to start at, the checkpoint's `extra` data), or (None, 0, {}) when
-    output_dir has no checkpoint. Newer files
+    Returns (path, iteration to start at, the checkpoint's `extra` data, its sampler state or None), or
+    (None, 0, {}, None) when output_dir has no checkpoint. Newer files
     that are truncated or damaged are skipped with a warning naming them; if every file is, the newest
     one's error is raised. A checkpoint that reads but does not fit the model is an error, not skipped.
     """
@@ -225,10 +226,10 @@ def resume_from_last(output_dir, model, optimizer, sampler_state=None):
                            'newest intact one, %s', 's' if len(skipped) > 1 else '',
                            '; '.join(str(err) for _, err in skipped), path)
         logger.info('========> Resuming from checkpoint %s', path)
-        return (path,) + _resume(path, checkpoint, model, optimizer, sampler_state)
+        return (path,) + _resume(path, checkpoint, model, optimizer, sampler_state) + (checkpoint['sampler'],)
     if skipped:
         raise skipped[0][1]
-    return None, 0, {}
+    return None, 0, {}, None
 
 
 def load_checkpoint(path, model, optimizer=None):
@@ -253,8 +254,8 @@ def _load_into(path, checkpoint, model, optimizer):
 def resume_from(path, model, optimizer, sampler_state=None):
     """Continue the run saved at path; returns the iteration to start at (saved iteration + 1).
 
-    sampler_state: this run's, compared with the saved one: a different seed or global batch means
-    the data order no longer continues the interrupted run (a warning, not an error: changing the
+    sampler_state: this run's, compared with the saved one's same keys: a different seed or global batch
+    means the data order no longer continues the interrupted run (a warning, not an error: changing the
     global batch together with the schedule is a legitimate choice).
     """
     return _resume(path, _read(path), model, optimizer, sampler_state)[0]
@@ -264,9 +265,12 @@ def _resume(path, checkpoint, model, optimizer, sampler_state):
     """(start iteration, extra) after loading checkpoint into model and optimizer."""
     _load_into(path, checkpoint, model, optimizer)
     saved = checkpoint['sampler']
-    if sampler_state is not None and saved is not None and saved != sampler_state:
-        logger.warning('Resuming %s with sampler state %s, but it was saved with %s: the data order '
-                       'does not continue the interrupted run', path, sampler_state, saved)
+    if sampler_state is not None and saved is not None:
+        # Other saved keys (the sampler's position) say where the run stood, not what must match.
+        compared = {k: saved.get(k) for k in sampler_state}
+        if compared != sampler_state:
+            logger.warning('Resuming %s with sampler state %s, but it was saved with %s: the data order '
+                           'does not continue the interrupted run', path, sampler_state, compared)
     return checkpoint['iteration'] + 1, checkpoint['extra']
 
 

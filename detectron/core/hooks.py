@@ -172,9 +172,11 @@ def _max_memory_mib(device):
 class Checkpointer:
     """Detectron's model_iterN.pth every period iterations (names and retention from the model type's
     Retention), with every rank's RNG state and the hooks' states; model_final.pth after training.
+    sampler_state: fn(iteration) -> the plain sampler state to store with the checkpoint after iteration.
     Rank 0 writes; saving is a collective."""
 
-    def __init__(self, output_dir, period, retention, extra=None, sampler_state=None, final_name=None):
+    def __init__(self, output_dir, period, retention, extra=None, sampler_state=lambda iteration: None,
+                 final_name=None):
         self.output_dir, self.period, self.retention = output_dir, period, retention
         self.extra = extra or {}
         self.sampler_state = sampler_state
@@ -209,7 +211,7 @@ class Checkpointer:
             path = os.path.join(self.output_dir, name)
             extra = dict(self.extra, **loop.hook_states())
             checkpointer.save_checkpoint(path, loop.model_without_ddp, loop.optimizer, iteration, extra=extra,
-                                       rng_states=rng_states, sampler_state=self.sampler_state)
+                                       rng_states=rng_states, sampler_state=self.sampler_state(iteration))
             for copy_name in copies:
                 checkpointer.copy_checkpoint(path, os.path.join(self.output_dir, copy_name))
             logger.info('Wrote checkpoint %s', ', '.join(os.path.join(self.output_dir, n) for n in (name,) + copies))

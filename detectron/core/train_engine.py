@@ -112,9 +112,9 @@ def _train(model_type):
         model, base_lr=schedule.lr_at(0), momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY,
         weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_GN, scale_momentum=cfg.SOLVER.SCALE_MOMENTUM,
         scale_momentum_threshold=cfg.SOLVER.SCALE_MOMENTUM_THRESHOLD, name=cfg.SOLVER.OPTIMIZER)
-    start_iter, saved_states = _resume_or_initialise(model_type, model, optimizer, output_dir)
-    batches = training_batches(model_type, start_iter, device)
-    hooks = training_hooks(model_type, schedule, output_dir)
+    start_iter, saved_states, sampler_position = _resume_or_initialise(model_type, model, optimizer, output_dir)
+    batches, sampler = training_batches(model_type, start_iter, device, sampler_position)
+    hooks = training_hooks(model_type, schedule, output_dir, sampler)
     loop = TrainLoop(model, optimizer, batches, device, start_iter, cfg.SOLVER.MAX_ITER, step_options(), hooks,
                      batch_to_device=model_type.batch_to_device(device), ddp_model=wrap_ddp(model, device),
                      out_of_memory=lambda iteration: _out_of_memory(model_type, iteration, device, output_dir))
@@ -123,14 +123,14 @@ def _train(model_type):
     loop.run()
 
 
-def training_hooks(model_type, schedule, output_dir):
+def training_hooks(model_type, schedule, output_dir, sampler=None):
     """The loop's hooks in the order they run: the LR before each step; after it, the non-finite check
     before anything is written, metrics, the evaluations and the best checkpoint (before the
-    checkpoint of their iteration, so that a run stopped during one repeats it), checkpoints, then
-    the curves of what was logged."""
+    checkpoint of their iteration, so that a run stopped during one repeats it), checkpoints (with the
+    position of sampler, the training batches', when given), then the curves of what was logged."""
     metrics = Metrics(output_dir, cfg.SOLVER.MAX_ITER)
     checkpointer = Checkpointer(output_dir, checkpoint_period(), checkpoint_retention(model_type, schedule),
-                                extra={'cfg': cfg.dump()}, sampler_state=_sampler_state())
+                                extra={'cfg': cfg.dump()}, sampler_state=_checkpoint_sampler_state(sampler))
     evaluations = evaluation_hooks(model_type, metrics, output_dir)
     best = [BestCheckpoint(output_dir, *best_metric(model_type))] if evaluations else []
     return ([LRScheduler(schedule.lr_at, cfg.SOLVER.LOG_LR_CHANGE_THRESHOLD), NonFiniteCheck(output_dir), metrics]
@@ -223,19 +223,30 @@ def with_sync_batchnorm(model, device):
 
 
 def _sampler_state():
+    """What a resumed run's sampler must share with the saved one's: the stream's seed and global batch."""
     return {'seed': cfg.RNG_SEED, 'global_batch_size': images_per_step()}
+
+
+def _checkpoint_sampler_state(sampler):
+    """fn(iteration) -> the sampler state the checkpoint after iteration stores: _sampler_state() and, with a
+    sampler, its position at the next iteration's first global batch (SOLVER.ITER_SIZE global batches each)."""
+    iter_size = cfg.SOLVER.ITER_SIZE
+    if sampler is None:
+        return lambda iteration: _sampler_state()
+    return lambda iteration: dict(_sampler_state(), position=sampler.position((iteration + 1) * iter_size))
 
 
 def _resume_or_initialise(model_type, model, optimizer, output_dir):
     """Resume from the newest checkpoint (Detectron's AUTO_RESUME) or initialise from TRAIN.WEIGHTS.
-    Returns (start iteration, the saved run's hook states (checkpoint extras) or None)."""
+    Returns (start iteration, the saved run's hook states (checkpoint extras) or None, the saved sampler
+    position or None (none saved: a fresh run, or a checkpoint written before positions were stored))."""
     if cfg.TRAIN.AUTO_RESUME:
         # The newest intact checkpoint: a truncated or damaged newer one is skipped with a warning.
-        last, start_iter, extra = checkpointer.resume_from_last(output_dir, model, optimizer,
-                                                              sampler_state=_sampler_state())
+        last, start_iter, extra, saved_sampler = checkpointer.resume_from_last(output_dir, model, optimizer,
+                                                                             sampler_state=_sampler_state())
         if last:
             check_resumable(last, start_iter, cfg.SOLVER.MAX_ITER)
-            return start_iter, extra
+            return start_iter, extra, (saved_sampler or {}).get('position')
     if cfg.TRAIN.WEIGHTS:
         path = cache_url(cfg.TRAIN.WEIGHTS, cfg.DOWNLOAD_CACHE)
         unwrapped = comm.unwrap_model(model)
@@ -248,17 +259,19 @@ def _resume_or_initialise(model_type, model, optimizer, output_dir):
                         load_momentum(optimizer, unwrapped, momentum), path)
     else:
         logger.info('TRAIN.WEIGHTS is empty: training starts from random initialisation')
-    return 0, None
+    return 0, None, None
 
 
-def training_batches(model_type, start_iter, device):
-    """This rank's iterator over training batches for device, positioned at start_iter (a resume)."""
+def training_batches(model_type, start_iter, device, sampler_position=None):
+    """(This rank's iterator over training batches for device, positioned at start_iter (a resume), its
+    sampler). sampler_position: the one the resumed checkpoint stored, or None."""
     roidb = model_type.training_roidb()
     logger.info('%d roidb entries for training', len(roidb))
     sampler = GroupedDistributedBatchSampler(
         model_type.training_groups(roidb), None, seed=cfg.RNG_SEED, rank=comm.get_rank(),
         world_size=comm.get_world_size(), rank_batch_sizes=rank_batch_sizes(),
-        start_iter=start_iter * cfg.SOLVER.ITER_SIZE, check=model_type.training_batch_check(roidb))
+        start_iter=start_iter * cfg.SOLVER.ITER_SIZE, check=model_type.training_batch_check(roidb),
+        start_position=sampler_position, iter_size=cfg.SOLVER.ITER_SIZE)
     loader = build_train_loader(
         model_type.training_dataset(roidb, device), sampler, model_type.collate(device),
         num_workers=cfg.DATA_LOADER.NUM_THREADS, start_iter=start_iter * cfg.SOLVER.ITER_SIZE,
@@ -270,7 +283,7 @@ def training_batches(model_type, start_iter, device):
     # to keep the random stream of the model's own sampling identical to the uninterrupted run's.
     with torch.random.fork_rng(devices=[]):
         first = next(batches)
-    return itertools.chain([first], batches)
+    return itertools.chain([first], batches), sampler
 
 
 def rank_batch_sizes():

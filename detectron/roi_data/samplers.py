@@ -6,11 +6,13 @@ rank takes a fixed slice of every global batch. Hence
 - the stream is the same whatever the number of processes, as long as the global batch is: a run
   resumed at iteration k on another number of GPUs sees what the uninterrupted run would have seen;
 - the position is just the iteration number: batch k is computed directly, nothing is replayed (unless a
-  check drops batches: see GroupedDistributedBatchSampler).
+  check drops batches: then the position is the draw count, which checkpoints store; see
+  GroupedDistributedBatchSampler).
 
 Inference: Detectron's np.array_split ranges (contiguous, the first n % k one larger, no padding), so
 merging the per-rank results in rank order gives the single-process order.
 """
+import bisect
 import logging
 
 import numpy as np
@@ -31,11 +33,14 @@ class GroupedDistributedBatchSampler:
       ims_per_batch. The global batch is their sum.
     start_iter: the first global batch to yield (resume).
     check: None, or fn(rank_batches, iteration) -> None for a valid global batch, else why it is not
-      (rank_batches: every rank's slice, in rank order; iteration: the one it would train). An invalid
-      global batch is dropped and the next drawn (Detectron's loader redraws a minibatch that
-      get_minibatch calls invalid); every rank judges all slices, so the ranks drop the same ones.
-      The draws before start_iter are judged again to find its position: it stays a function of
-      start_iter, and a resumed run draws what the uninterrupted run drew.
+      (rank_batches: every rank's slice, in rank order; iteration: the global batch it would be). An
+      invalid global batch is dropped and the next drawn (Detectron's loader redraws a minibatch that
+      get_minibatch calls invalid); every rank judges all slices, so the ranks drop the same ones and
+      stand at the same position.
+    start_position: position(start_iter) of the interrupted run (a checkpoint stores it), from which a
+      resumed sampler draws what the uninterrupted one drew, judging no earlier draw. Without it (or when
+      it is another global batch's) a check's draws before start_iter are judged again to find it.
+    iter_size: global batches per training iteration (SOLVER.ITER_SIZE), for the log lines' iterations.
 
     Epoch e (a pass over the data) follows Detectron's roi_data/loader.py _shuffle_roidb_inds, with the
     global batch in place of the per-GPU one: shuffle each group, drop each group's remainder modulo
@@ -46,7 +51,7 @@ class GroupedDistributedBatchSampler:
     """
 
     def __init__(self, aspect_ratios, ims_per_batch, seed, rank, world_size, shuffle=True,
-                 rank_batch_sizes=None, start_iter=0, check=None):
+                 rank_batch_sizes=None, start_iter=0, check=None, start_position=None, iter_size=1):
         sizes = list(rank_batch_sizes) if rank_batch_sizes is not None else [ims_per_batch] * world_size
         _check_rank_sizes(sizes, rank, world_size)
         self.seed = seed
@@ -56,48 +61,86 @@ class GroupedDistributedBatchSampler:
         self._rank_slices = [slice(sum(sizes[:r]), sum(sizes[:r + 1])) for r in range(world_size)]
         self._rank_slice = self._rank_slices[rank]
         self._check = check
-        self.skipped = 0  # global batches dropped by check, from the start of the run
+        self._stored_position = start_position
+        self._iter_size = iter_size
+        # The draws check dropped: how many before _skips began, then the global batch each was drawn for.
+        self._skips_before, self._skips = 0, []
+        self._next_minibatch = -1  # the next global batch to yield (none before iterating)
         _, self._group_of_entry = np.unique(np.asarray(aspect_ratios), return_inverse=True)
         self._group_of_entry = self._group_of_entry.reshape(-1)
         self.batches_per_epoch = _batches_per_epoch(self._group_of_entry, self.global_batch_size)
         self._epoch_cache = (None, None)
 
     def __iter__(self):
-        if self._check is None:
-            iteration = self.start_iter
-            while True:
-                yield self.global_batch(iteration)[self._rank_slice].tolist()
-                iteration += 1
-        draws = self._checked_draws()
-        for _ in range(self.start_iter):
-            next(draws)
-        if self.skipped:
-            logger.info('%d training minibatches skipped before iteration %d', self.skipped, self.start_iter)
+        position = self._start_position()
+        draws = self._valid_draws(position)
+        for _ in range(self.start_iter - _minibatch_of(position)):
+            next(draws)  # no stored position: the check's draws before start_iter are judged again
+        skipped = self.position(self.start_iter)['skipped']
+        if skipped:
+            logger.info('%d training minibatches skipped before iteration %d', skipped,
+                        self.start_iter // self._iter_size)
         for batch in draws:
             yield batch[self._rank_slice].tolist()
 
-    def _checked_draws(self):
-        """The valid global batches in order (the check's draws from the start of the run)."""
-        self.skipped = 0
-        draw, iteration, in_a_row = 0, 0, 0
+    @property
+    def skipped(self):
+        """Global batches dropped by check so far, from the start of the run."""
+        return self._skips_before + len(self._skips)
+
+    def position(self, minibatch):
+        """Where the stream stands when global batch `minibatch` is drawn, from the start of the run:
+        {'draws': draws consumed before it, 'skipped': how many of them check dropped}. A checkpoint
+        stores it for a resumed sampler's start_position; known from start_iter to the next batch to yield."""
+        if not self.start_iter <= minibatch <= self._next_minibatch:
+            raise ValueError('the stream position of global batch {} is not known: the sampler started at {} and '
+                             'stands at {}'.format(minibatch, self.start_iter, self._next_minibatch))
+        skipped = self._skips_before + bisect.bisect_left(self._skips, minibatch)
+        return {'draws': minibatch + skipped, 'skipped': skipped}
+
+    def _start_position(self):
+        """The stored position when it is start_iter's; else that of the start of the run with a check (whose
+        draws are then judged again), or start_iter's without one (every draw is valid)."""
+        stored = self._stored_position
+        if stored is not None and _minibatch_of(stored) == self.start_iter:
+            return stored
+        if stored is not None:
+            logger.warning('The stored sampler position (draw %d, %d skipped) is not that of global batch %d (was '
+                           'SOLVER.ITER_SIZE changed?): the position is found from the start of the run',
+                           stored['draws'], stored['skipped'], self.start_iter)
+        return {'draws': 0 if self._check is not None else self.start_iter, 'skipped': 0}
+
+    def _valid_draws(self, position):
+        """The global batches check keeps, in order, from stream position on; records the skipped draws."""
+        self._skips_before, self._skips = position['skipped'], []
+        self._next_minibatch = _minibatch_of(position)
+        return self._kept_draws(position['draws'])
+
+    def _kept_draws(self, draw):
+        in_a_row = 0
         while True:
             batch = self.global_batch(draw)
-            why = self._check([batch[s].tolist() for s in self._rank_slices], iteration)
-            if why is None:
-                yield batch
-                iteration += 1
-                in_a_row = 0
-            else:
-                self.skipped += 1
-                in_a_row += 1
-                # Two epochs' worth in a row hold a whole epoch: Detectron's loader would redraw forever.
-                if in_a_row >= 2 * self.batches_per_epoch:
-                    raise ConfigValueError('no training minibatch of a whole epoch is valid ({} in a row); the last: '
-                                           '{}'.format(in_a_row, why))
-                if iteration >= self.start_iter:
-                    logger.info('Training minibatch of images %s skipped at iteration %d: %s (%d skipped so far)',
-                                batch.tolist(), iteration, why, self.skipped)
+            why = self._judge(batch)
             draw += 1
+            if why is None:
+                self._next_minibatch += 1
+                in_a_row = 0
+                yield batch
+                continue
+            self._skips.append(self._next_minibatch)
+            in_a_row += 1
+            # Two epochs' worth in a row hold a whole epoch: Detectron's loader would redraw forever.
+            if in_a_row >= 2 * self.batches_per_epoch:
+                raise ConfigValueError('no training minibatch of a whole epoch is valid ({} in a row); the last: '
+                                       '{}'.format(in_a_row, why))
+            if self._next_minibatch >= self.start_iter:
+                logger.info('Training minibatch of images %s skipped at iteration %d: %s (%d skipped so far)',
+                            batch.tolist(), self._next_minibatch // self._iter_size, why, self.skipped)
+
+    def _judge(self, batch):
+        if self._check is None:
+            return None
+        return self._check([batch[s].tolist() for s in self._rank_slices], self._next_minibatch)
 
     def global_batch(self, iteration):
         """Dataset indices of global batch `iteration`, all ranks' slices in rank order."""
@@ -111,6 +154,10 @@ class GroupedDistributedBatchSampler:
                                        np.random.default_rng([self.seed, epoch]) if self.shuffle else None)
             self._epoch_cache = (epoch, batches)
         return batches
+
+
+def _minibatch_of(position):
+    return position['draws'] - position['skipped']
 
 
 def _check_rank_sizes(sizes, rank, world_size):

@@ -259,8 +259,8 @@ def test_damaged_newest_checkpoints_are_all_skipped_and_named(tmp_path, caplog):
     open(paths[5], 'wb').write(bytes(data))
     model = _ToyNet()
     with caplog.at_level(logging.WARNING, logger='detectron.checkpoint.checkpointer'):
-        path, start_iter, _ = checkpointer.resume_from_last(str(tmp_path), model,
-                                                            torch.optim.SGD(model.parameters(), lr=1))
+        path, start_iter, _, _ = checkpointer.resume_from_last(str(tmp_path), model,
+                                                               torch.optim.SGD(model.parameters(), lr=1))
     assert (path, start_iter) == (paths[3], 4)
     assert 'Skipping the newest checkpoints' in caplog.text
     assert paths[7] in caplog.text and paths[5] in caplog.text
@@ -269,7 +269,7 @@ def test_damaged_newest_checkpoints_are_all_skipped_and_named(tmp_path, caplog):
 def test_resume_from_last_without_checkpoints_and_with_none_intact(tmp_path):
     model = _ToyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert checkpointer.resume_from_last(str(tmp_path / 'missing'), model, optimizer) == (None, 0, {})
+    assert checkpointer.resume_from_last(str(tmp_path / 'missing'), model, optimizer) == (None, 0, {}, None)
     paths = _iteration_checkpoints(tmp_path, (1, 2))
     _truncate(paths[1])
     _truncate(paths[2])
@@ -387,13 +387,13 @@ def test_resume_takes_model_last_before_the_numbered_files_and_falls_back_when_d
     checkpointer.save_checkpoint(last, model, optimizer, 9)
     assert checkpointer.find_last_checkpoint(str(tmp_path)) == last
     fresh, fresh_optimizer = _trained_model_and_optimizer(seed=1)
-    path, start_iter, _ = checkpointer.resume_from_last(str(tmp_path), fresh, fresh_optimizer)
+    path, start_iter, _, _ = checkpointer.resume_from_last(str(tmp_path), fresh, fresh_optimizer)
     assert (path, start_iter) == (last, 10)
     for key, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value), key
     _truncate(last)
     with caplog.at_level(logging.WARNING):
-        path, start_iter, _ = checkpointer.resume_from_last(str(tmp_path), fresh, fresh_optimizer)
+        path, start_iter, _, _ = checkpointer.resume_from_last(str(tmp_path), fresh, fresh_optimizer)
     assert (path, start_iter) == (paths[7], 8)
     assert 'model_last.pth' in caplog.text
 

@@ -306,5 +306,5 @@ def test_training_from_weights_starts_sgd_from_the_files_momentum(tmp_path):
     optimizer = DetectronSGD([{'params': list(model.parameters())}], lr=0.1)
     cfg.TRAIN.AUTO_RESUME = False
     cfg.TRAIN.WEIGHTS = str(tmp_path / 'w.pkl')
-    assert train_engine._resume_or_initialise(FileWithMomentum(cfg), model, optimizer, str(tmp_path)) == (0, None)
+    assert train_engine._resume_or_initialise(FileWithMomentum(cfg), model, optimizer, str(tmp_path)) == (0, None, None)
     assert torch.equal(optimizer.state[model.weight]['momentum_buffer'], history)

@@ -59,10 +59,25 @@ ROIDB = [FEW, MANY, MANY, FEW, MANY, MANY]
 VALID = [False, True, True, False, True, True]
 
 
-def _sampler(world_size=1, rank=0, start_iter=0, check=True):
+def _sampler(world_size=1, rank=0, start_iter=0, check=True, calls=None, **resume):
+    """The sampler over ROIDB; with calls (a list) its check records the global batch of every draw it judges."""
+    judge = functools.partial(invalid_keypoint_minibatch, roidb=ROIDB, min_count=4, **COUNT_ARGS)
+
+    def counted(rank_batches, iteration):
+        calls.append(iteration)
+        return judge(rank_batches, iteration)
     return GroupedDistributedBatchSampler(
         [0] * len(ROIDB), 1, seed=5, rank=rank, world_size=world_size, start_iter=start_iter,
-        check=functools.partial(invalid_keypoint_minibatch, roidb=ROIDB, min_count=4, **COUNT_ARGS) if check else None)
+        check=(judge if calls is None else counted) if check else None, **resume)
+
+
+def _expected_positions(count, world_size=1):
+    """Independently of the sampler's bookkeeping: where the stream stands when each of the first count valid
+    global batches is sought ({'draws': the draws up to the previous valid one, 'skipped': the invalid ones})."""
+    unchecked = GroupedDistributedBatchSampler([0] * len(ROIDB), 1, seed=5, rank=0, world_size=world_size)
+    valid_draws = [d for d in range(6 * count) if all(VALID[i] for i in unchecked.global_batch(d))]
+    starts = [0] + [draw + 1 for draw in valid_draws[:count - 1]]
+    return [{'draws': start, 'skipped': start - minibatch} for minibatch, start in enumerate(starts)]
 
 
 def test_invalid_minibatches_are_skipped_and_the_next_drawn(caplog):
@@ -84,6 +99,73 @@ def test_a_resumed_sampler_draws_what_the_uninterrupted_one_drew():
     whole = list(itertools.islice(_sampler(), 8))
     for start in (1, 3, 5):
         assert list(itertools.islice(_sampler(start_iter=start), 8 - start)) == whole[start:]
+
+
+def test_the_sampler_reports_where_the_stream_stands_for_each_global_batch():
+    sampler = _sampler()
+    list(itertools.islice(sampler, 9))
+    expected = _expected_positions(10)
+    # Draws 3, 5 and 8 are 'few' images: minibatch 4 is sought from draw 5 (3 dropped), minibatch 7 from draw 10.
+    assert expected[4] == {'draws': 5, 'skipped': 1} and expected[7] == {'draws': 10, 'skipped': 3}
+    assert [sampler.position(m) for m in range(10)] == expected
+    with pytest.raises(ValueError, match='position of global batch 10 is not known'):
+        sampler.position(10)  # not sought yet
+
+
+def test_a_sampler_resumed_at_its_stored_position_judges_no_earlier_draw():
+    whole = list(itertools.islice(_sampler(), 12))
+    positions = _expected_positions(13)
+    for start in (1, 4, 6):
+        calls = []
+        resumed = _sampler(start_iter=start, calls=calls, start_position=positions[start])
+        assert list(itertools.islice(resumed, 12 - start)) == whole[start:]
+        assert min(calls) == start  # no draw before the stored position is judged again
+        assert len(calls) == positions[12]['draws'] - positions[start]['draws']  # each later draw once
+        assert resumed.skipped == positions[12]['skipped']
+
+
+def test_without_a_stored_position_the_earlier_draws_are_judged_again():
+    # A checkpoint written before positions were stored.
+    whole = list(itertools.islice(_sampler(), 12))
+    positions = _expected_positions(13)
+    calls = []
+    assert list(itertools.islice(_sampler(start_iter=6, calls=calls), 6)) == whole[6:]
+    assert len(calls) == positions[12]['draws'] and min(calls) == 0
+
+
+def test_a_position_of_another_global_batch_is_found_again_with_a_warning(caplog):
+    # SOLVER.ITER_SIZE changed between the runs: the stored position is of global batch 6, the resume at 3.
+    whole = list(itertools.islice(_sampler(), 8))
+    calls = []
+    with caplog.at_level(logging.WARNING):
+        resumed = _sampler(start_iter=3, calls=calls, start_position=_expected_positions(7)[6])
+        assert list(itertools.islice(resumed, 5)) == whole[3:]
+    assert 'is not that of global batch 3 (was SOLVER.ITER_SIZE changed?)' in caplog.text
+    assert min(calls) == 0
+
+
+def test_the_skip_log_names_iterations_of_iter_size_global_batches(caplog):
+    positions = _expected_positions(13)
+    with caplog.at_level(logging.INFO):
+        list(itertools.islice(_sampler(start_iter=6, start_position=positions[6], iter_size=2), 6))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == '{} training minibatches skipped before iteration 3'.format(positions[6]['skipped'])
+    skipped_at = [int(line.split(' skipped at iteration ')[1].split(':')[0]) for line in lines[1:]]
+    # The draws dropped while global batch m (iteration m // 2) was sought, for m = 6 .. 11.
+    assert skipped_at == [m // 2 for m in range(6, 12) for _ in range(positions[m + 1]['skipped'] -
+                                                                      positions[m]['skipped'])]
+    assert lines[-1].endswith('({} skipped so far)'.format(positions[12]['skipped']))
+
+
+def test_ranks_stand_at_the_same_position():
+    samplers = [_sampler(world_size=2, rank=r) for r in (0, 1)]
+    whole = [list(itertools.islice(sampler, 5)) for sampler in samplers]
+    position = _expected_positions(4, world_size=2)[3]
+    assert position == {'draws': 8, 'skipped': 5}
+    assert [sampler.position(3) for sampler in samplers] == [position, position]
+    for rank in (0, 1):
+        resumed = _sampler(world_size=2, rank=rank, start_iter=3, start_position=position)
+        assert list(itertools.islice(resumed, 2)) == whole[rank][3:]
 
 
 def test_ranks_skip_the_same_global_batches():

@@ -293,7 +293,7 @@ def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypat
 
     def batches(model_type, start_iter, device):
         seen.update(start_iter=start_iter, datasets=cfg.TRAIN.DATASETS, ims=cfg.TRAIN.IMS_PER_BATCH, device=device)
-        return iter(range(1000))
+        return iter(range(1000)), None
 
     class ModelType:
         def batch_to_device(self, device):

@@ -99,7 +99,7 @@ TRAIN_SCRIPT = textwrap.dedent('''
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        _, start_iter, _ = checkpointer.resume_from_last(output_dir, model, optimizer)
+        _, start_iter, _, _ = checkpointer.resume_from_last(output_dir, model, optimizer)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         for iteration in range(start_iter, last_iter + 1):
             optimizer.zero_grad()

@@ -70,7 +70,7 @@ def train_net_batches(args, model_type, batch, device):
     --loop-iters - 1): the same dataset, config, sampler seed and order, collated and pinned, then
     on the device as train_net's engine puts them there (model_type.batch_to_device)."""
     with cfg_values({'TRAIN.DATASETS': (args.train_dataset,), 'TRAIN.IMS_PER_BATCH': batch}):
-        batches = train_engine.training_batches(model_type, 0, device)
+        batches, _ = train_engine.training_batches(model_type, 0, device)
         on_device = model_type.batch_to_device(device)
         return [on_device(b) for b in itertools.islice(batches, args.loop_warmup, args.loop_iters)]
 
