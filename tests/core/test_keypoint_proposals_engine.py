@@ -1,6 +1,7 @@
 """Keypoint R-CNN on precomputed proposals (Detectron's two-stage keypoint_rcnn_*) end to end on the tiny keypoint
-data (CPU): minibatches with too few visible keypoints are skipped and logged, a resumed run continues exactly, the
-model tests on its proposal file with keypoints; end-to-end training judges no minibatch."""
+data (CPU): minibatches with too few visible keypoints are skipped and logged, a resumed run continues exactly from
+the stream position its checkpoint stored (judging no earlier draw; one written without it, by judging them again),
+the model tests on its proposal file with keypoints; end-to-end training judges no minibatch."""
 import logging
 import os
 import shutil
@@ -8,10 +9,13 @@ import shutil
 import pytest
 import torch
 
+from detectron.checkpoint.torch_file import read_torch_file, write_torch_file
 from detectron.core import test_engine, train_engine
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.modeling import model_builder
+from detectron.modeling.rcnn_builder import GeneralizedRCNNType
+from detectron.utils.digest import DIGEST_KEY
 from support.tiny_runs import REPO, write_tiny_proposals
 
 pytestmark = pytest.mark.usefixtures('private_dataset_registrations')
@@ -45,20 +49,60 @@ def proposals(tiny_catalog, tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(tiny_catalog, proposals, tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp('two_stage')
-    _use(tiny_catalog, output_dir, proposals)
-    torch.manual_seed(0)
+def judged():
+    """(global batch, valid) of every draw the two-stage check judges, in order (tests clear it)."""
+    calls = []
+    build = GeneralizedRCNNType.training_batch_check
+
+    def recording(self, roidb):
+        check = build(self, roidb)
+        if check is None:
+            return None
+
+        def judge(rank_batches, iteration):
+            why = check(rank_batches, iteration)
+            calls.append((iteration, why is None))
+            return why
+        return judge
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GeneralizedRCNNType, 'training_batch_check', recording)
+        yield calls
+
+
+@pytest.fixture(scope='module')
+def uninterrupted_runs(tiny_catalog, proposals, tmp_path_factory, judged):
+    """fn(iter_size) -> the uninterrupted run with SOLVER.ITER_SIZE iter_size (trained once)."""
+    runs = {}
+
+    def run(iter_size):
+        if iter_size not in runs:
+            output_dir = tmp_path_factory.mktemp('two_stage')
+            _use(tiny_catalog, output_dir, proposals, 'SOLVER.ITER_SIZE', str(iter_size))
+            torch.manual_seed(0)
+            judged.clear()
+            final, log = _train_logged()
+            runs[iter_size] = {'final': final, 'train_dir': os.path.join(str(output_dir), TRAIN_SUBDIR), 'log': log,
+                               'judged': list(judged)}
+        return runs[iter_size]
+    return run
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(uninterrupted_runs):
+    return uninterrupted_runs(1)
+
+
+def _train_logged():
+    """(train_model's final model, the sampler's log lines)."""
     handler, logger = _ListHandler(), logging.getLogger('detectron.roi_data.samplers')
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        final = train_engine.train_model()['final']
+        return train_engine.train_model()['final'], handler.lines
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-    return {'final': final, 'train_dir': os.path.join(str(output_dir), TRAIN_SUBDIR), 'log': handler.lines}
 
 
 class _ListHandler(logging.Handler):
@@ -79,17 +123,49 @@ def test_minibatches_with_few_visible_keypoints_are_skipped_and_logged(uninterru
     assert skipped[-1].endswith('({} skipped so far)'.format(len(skipped)))
 
 
-def test_a_resumed_two_stage_run_continues_exactly(uninterrupted, tiny_catalog, proposals, tmp_path):
-    _use(tiny_catalog, tmp_path, proposals)
-    train_dir = tmp_path / TRAIN_SUBDIR
+@pytest.mark.parametrize('iter_size', [1, 2])
+def test_a_resumed_two_stage_run_continues_exactly_from_the_stored_position(uninterrupted_runs, judged, tiny_catalog,
+                                                                            proposals, tmp_path, iter_size):
+    run = uninterrupted_runs(iter_size)
+    checkpoint = os.path.join(run['train_dir'], 'model_iter1.pth')
+    # model_iter1.pth resumes at iteration 2, global batch 2 x ITER_SIZE: the uninterrupted run's draws before it.
+    start = 2 * iter_size
+    earlier = [valid for iteration, valid in run['judged'] if iteration < start]
+    position = {'draws': len(earlier), 'skipped': earlier.count(False)}
+    assert position['skipped'] > 0  # the resume has skipped draws to account for
+    assert torch.load(checkpoint, weights_only=True)['sampler']['position'] == position
+    log = _resume(run, checkpoint, judged, tiny_catalog, proposals, tmp_path, 'SOLVER.ITER_SIZE', str(iter_size))
+    assert min(iteration for iteration, _ in judged) == start  # no earlier draw judged again
+    assert log[0] == '{} training minibatches skipped before iteration 2'.format(position['skipped'])
+
+
+def test_a_checkpoint_without_the_stored_position_resumes_by_judging_again(uninterrupted, judged, tiny_catalog,
+                                                                          proposals, tmp_path):
+    # As written before positions were stored: the sampler state holds the seed and global batch only.
+    old = read_torch_file(os.path.join(uninterrupted['train_dir'], 'model_iter1.pth'))
+    old.pop(DIGEST_KEY)
+    del old['sampler']['position']
+    checkpoint = str(tmp_path / 'model_iter1.pth')
+    write_torch_file(old, checkpoint)
+    _resume(uninterrupted, checkpoint, judged, tiny_catalog, proposals, tmp_path / 'resumed')
+    assert min(iteration for iteration, _ in judged) == 0
+
+
+def _resume(run, checkpoint, judged, catalog, proposals, output_dir, *overrides):
+    """Resume from checkpoint in output_dir and check that the final model is bitwise the uninterrupted run's;
+    returns the sampler's log lines (judged: the resumed run's draws)."""
+    _use(catalog, output_dir, proposals, *overrides)
+    train_dir = output_dir / TRAIN_SUBDIR
     train_dir.mkdir(parents=True)
-    shutil.copy(os.path.join(uninterrupted['train_dir'], 'model_iter1.pth'), train_dir)
-    train_engine.train_model()
+    shutil.copy(checkpoint, train_dir)
+    judged.clear()
+    _, log = _train_logged()
     resumed = torch.load(train_dir / 'model_final.pth', weights_only=True)['model']
-    whole = torch.load(uninterrupted['final'], weights_only=True)['model']
+    whole = torch.load(run['final'], weights_only=True)['model']
     assert resumed.keys() == whole.keys()
     for key, value in whole.items():
         assert torch.equal(resumed[key], value), key
+    return log
 
 
 def test_the_two_stage_model_tests_on_its_proposal_file_with_keypoints(uninterrupted, tiny_catalog, proposals,
