@@ -151,6 +151,22 @@ def test_resume_from_starts_after_the_saved_iteration_and_checks_the_sampler(tmp
     assert 'the data order does not continue the interrupted run' in caplog.text
 
 
+def test_resume_compares_this_runs_sampler_keys_and_returns_the_saved_sampler_state(tmp_path, caplog):
+    # The saved position says where the run stood; only the keys this run passes must match.
+    model, optimizer = _trained_model_and_optimizer()
+    saved = {'seed': 3, 'global_batch_size': 16, 'position': {'draws': 45, 'skipped': 5}}
+    checkpointer.save_checkpoint(str(tmp_path / 'model_iter39.pth'), model, optimizer, 39, sampler_state=saved)
+    for seed, warned in ((3, False), (4, True)):
+        fresh = _ToyNet()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            resumed = checkpointer.resume_from_last(str(tmp_path), fresh, torch.optim.SGD(fresh.parameters(), lr=0.1),
+                                                    sampler_state={'seed': seed, 'global_batch_size': 16})
+        assert resumed[1:] == (40, {}, saved)
+        assert ("but it was saved with {'seed': 3, 'global_batch_size': 16}: the data order does not continue"
+                in caplog.text) == warned
+
+
 # ----------------------------------------------------------------------------------------------
 # toy training, interrupted and resumed (module level: spawned workers import it)
 

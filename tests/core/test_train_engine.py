@@ -60,7 +60,9 @@ def test_checkpoints_in_detectron_layout(uninterrupted_run):
     saved = {name: torch.load(os.path.join(train_dir, name), weights_only=True)
              for name in expected + ['model_final.pth']}
     assert [saved[name]['iteration'] for name in expected + ['model_final.pth']] == [1, 3, 3]
-    assert saved['model_final.pth']['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 2}
+    # No check drops a draw: the stored position is the next iteration's global batch.
+    assert saved['model_final.pth']['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 2,
+                                                   'position': {'draws': 4, 'skipped': 0}}
     for key, value in saved['model_iter3.pth']['model'].items():
         assert torch.equal(saved['model_final.pth']['model'][key], value), key
     assert any(not torch.equal(saved['model_iter1.pth']['model'][k], v)
@@ -206,7 +208,7 @@ def test_two_gloo_workers_train_with_detectron_checkpoint_period(tiny_catalog, c
                                              'training_curves.png']
     final = torch.load(train_dir / 'model_final.pth', weights_only=True)
     assert (final['iteration'], final['world_size'], sorted(final['rng_states'])) == (2, 2, [0, 1])
-    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 2}
+    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 2, 'position': {'draws': 3, 'skipped': 0}}
     _, stats = json_stats(capfd.readouterr().out)  # printed by rank 0 alone
     assert [s['iter'] for s in stats] == [0, 2]
 
