@@ -396,7 +396,7 @@ def test_two_gloo_workers_with_unequal_chunks_take_the_mean_of_per_gpu_losses(ca
     assert json.loads((tmp_path / 'rank0.json').read_text()) == [1]
     assert json.loads((tmp_path / 'rank1.json').read_text()) == [2]
     final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
-    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 3}
+    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 3, 'position': {'draws': 1, 'skipped': 0}}
 
     # By hand: each rank's loss on its own chunk (own positives), gradients averaged, one Adam step.
     torch.set_num_threads(1)

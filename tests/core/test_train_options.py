@@ -281,7 +281,8 @@ def test_two_gloo_workers_with_unequal_batches_and_iter_size_take_the_hand_ddp_s
     assert json.loads((tmp_path / 'rank1.json').read_text()) == [[1, 1, 1]] * 2
     final = torch.load(tmp_path / TRAIN_SUBDIR / 'model_final.pth', weights_only=True)
     assert (final['iteration'], final['world_size']) == (0, 2)
-    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 3}
+    # The position of iteration 1: SOLVER.ITER_SIZE global batches an iteration.
+    assert final['sampler'] == {'seed': cfg.RNG_SEED, 'global_batch_size': 3, 'position': {'draws': 2, 'skipped': 0}}
 
     models = []
     for rank in range(2):
