@@ -153,8 +153,8 @@ def invalid_keypoint_minibatch(rank_batches, iteration, roidb, min_count, **coun
     global batch is invalid, or None. As Detectron's finalize_keypoint_minibatch judges each GPU's minibatch,
     each rank's part is invalid unless its keypoint RoIs hold more than min_count
     [KRCNN.MIN_KEYPOINT_COUNT_FOR_VALID_MINIBATCH] visible keypoints (count_args: visible_keypoint_count's).
-    A part whose gt rows alone guarantee more is not counted: every rank judges every part, at each step and
-    again for the steps before a resume."""
+    A part whose gt rows alone guarantee more is not counted: every rank judges every part at each step (and, from
+    a checkpoint without the sampler's stored position, again for the steps before a resume)."""
     for batch in rank_batches:
         entries = [roidb[i] for i in batch]
         if _fewest_visible_keypoints(entries, count_args['fg_rois_per_image']) > min_count:
