@@ -1,5 +1,6 @@
 """Export a model's whole inference (model_type.exporter) to ONNX or a torch.export program, and
-verify the exported file in onnxruntime against the PyTorch model's detector (docs/EXPORT.md).
+verify the exported file (in onnxruntime, or the loaded program) against the PyTorch model's
+detector (docs/EXPORT.md).
 
 The verification matches the two detectors' detections by class and IoU (not by row order: equal
 scores may come in either order) and fails past the tolerances below.
@@ -71,6 +72,30 @@ def onnx_detector(exporter, path):
     def detect(sample):
         feeds = {name: x.numpy() for name, x in zip(exporter.input_names, exporter.inputs(sample))}
         return exporter.detections(session.run(list(exporter.output_names), feeds), sample)
+    return detect
+
+
+def program_detector(exporter, path):
+    """fn(sample) -> the detections of a test sample by the torch.export program saved at `path`
+    (torch.export.load), on the device of the exporter's model, ended by exporter.detections.
+    The program has the input shapes it was traced with: other shapes are refused with one line."""
+    program = torch.export.load(path)
+    module = program.module()
+    device = next(exporter.graph.parameters()).device
+    traced = [tuple(spec.meta['val'].shape) for spec in program.graph.find_nodes(op='placeholder')
+              if spec.name in program.graph_signature.user_inputs]
+
+    def detect(sample):
+        inputs = tuple(x.to(device) for x in exporter.inputs(sample))
+        shapes = [tuple(x.shape) for x in inputs]
+        if shapes != traced:
+            raise ConfigValueError('the torch.export program {} takes inputs of shapes {} (those it was traced with); '
+                                   'this image gives {}: verify it on images of that size, or export ONNX (any image '
+                                   'size)'.format(path, traced, shapes))
+        with torch.no_grad():
+            outputs = module(*inputs)
+        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        return exporter.detections([x.cpu().numpy() for x in outputs], sample)
     return detect
 
 
@@ -203,14 +228,15 @@ def _boxes_and_segms(result):
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'bmp')
 
 
-def verify(model_type, model, exporter, path, source, output_dir):
-    """Verify the ONNX file `path` against model on `source` (a registered dataset name, an image or
-    a folder of images); True when within the tolerances (report logs the numbers)."""
-    detect_exported = onnx_detector(exporter, path)
+def verify(model_type, model, exporter, path, source, output_dir, fmt='onnx'):
+    """Verify the exported file `path` of format fmt (ONNX in onnxruntime, or a torch.export program)
+    against model on `source` (a registered dataset name, an image or a folder of images); True when
+    within the tolerances (report logs the numbers)."""
+    detect_exported = onnx_detector(exporter, path) if fmt == 'onnx' else program_detector(exporter, path)
     contested = _contested_of(exporter, model)
     if dataset_catalog.contains(source):
-        return report(*verify_dataset(model_type, model, detect_exported, source, output_dir, contested))
-    return report(verify_images(model_type, model, detect_exported, image_paths(source), contested))
+        return report(*verify_dataset(model_type, model, detect_exported, source, output_dir, contested), runtime=fmt)
+    return report(verify_images(model_type, model, detect_exported, image_paths(source), contested), runtime=fmt)
 
 
 def _contested_of(exporter, model):
@@ -302,8 +328,12 @@ def verify_dataset(model_type, model, detect_exported, name, output_dir, contest
     return comparison, results
 
 
-def report(comparison, results=None):
-    """Log the comparison (and both models' APs); True when it is within the tolerances."""
+RUNTIMES = {'onnx': 'onnxruntime', 'exported_program': 'torch.export'}
+
+
+def report(comparison, results=None, runtime='onnx'):
+    """Log the comparison (and both models' APs, the exported one's named by its format `runtime`);
+    True when it is within the tolerances."""
     tied = sum(1 for u in comparison.unmatched if u[3])
     logger.info('verify: %d detections matched by class and IoU >= %g (or boxes within %g px); %d without a '
                 'match (%d of them ties at a cut, %d at a decision within the score tolerance)', comparison.matched,
@@ -313,7 +343,7 @@ def report(comparison, results=None):
     if comparison.min_mask_iou < 1.0:
         logger.info('verify: smallest mask IoU %.4f (tolerance %g)', comparison.min_mask_iou, MASK_IOU_MIN)
     for task in (results or {}).get('pytorch', {}):
-        logger.info('verify: %s AP pytorch %.4f, onnxruntime %.4f', task, results['pytorch'][task]['AP'],
+        logger.info('verify: %s AP pytorch %.4f, %s %.4f', task, results['pytorch'][task]['AP'], RUNTIMES[runtime],
                     results['exported'][task]['AP'])
     failures = comparison.failures()
     for line in failures:

@@ -65,16 +65,7 @@ def _check_close(reference, exported, score_tol=SCORE_TOL, box_tol=BOX_TOL, cont
 def _export_and_run(model_type, model, path, example, images, fmt='onnx'):
     """[(PyTorch detector's result, exported file's result)] on each image."""
     exporter = export.export_model(model_type, model, fmt, str(path), example)
-    if fmt == 'onnx':
-        detect_exported = export.onnx_detector(exporter, str(path))
-    else:
-        program = torch.export.load(str(path)).module()
-
-        def detect_exported(sample):
-            with torch.no_grad():
-                outputs = program(*exporter.inputs(sample))
-            outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-            return exporter.detections([x.numpy() for x in outputs], sample)
+    detect_exported = (export.onnx_detector if fmt == 'onnx' else export.program_detector)(exporter, str(path))
     prepare, detect = model_type.test_inputs(), model_type.detector()
     results = []
     for im in images:
