@@ -270,7 +270,7 @@ EXAMPLE_SIZE = (480, 640)
 
 
 def verify_images(model_type, model, detect_exported, paths, contested):
-    """Comparison of model's detector with detect_exported (onnx_detector) on the image files;
+    """Comparison of model's detector with detect_exported (onnx_detector, program_detector) on the image files;
     contested(sample): compare's `contested`."""
     detect = model_type.detector()
     prepare = model_type.test_inputs()
