@@ -1,6 +1,7 @@
 """core/export.py: each model family's graph against its PyTorch detector, eagerly, in onnxruntime
 (ONNX, skipped without the `export` extra) and as a torch.export program; the verification's matching."""
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -174,6 +175,30 @@ def test_centernet_dla_onnx_differs_from_pytorch_only_at_contested_peaks(tiny_ca
     assert export.compare(reference, exported).failures()
     comparison = _check_close(reference, exported, contested=exporter.contested(model, sample, export.SCORE_TOL))
     assert comparison.contested > 0
+
+
+def test_verify_a_centernet_on_a_dataset_asks_for_each_images_contested_peaks(tiny_catalog, tmp_path):
+    """export.verify on a dataset (both detectors through test_net, the exported one here the
+    PyTorch detector itself) compares each image with its own contested peaks, in the images' order."""
+    model_type, model = _centernet(tiny_catalog, tmp_path, 'res_18')
+    exporter = model_type.exporter(model)
+    asked, compared = [], []
+
+    def contested(model, sample, tol):
+        asked.append(exporter.contested(model, sample, tol))
+        return asked[-1]
+
+    real_compare = export.compare
+
+    def compare(reference, exported, comparison=None, contested=None):
+        compared.append(contested)
+        return real_compare(reference, exported, comparison, contested)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export, 'compare', compare)
+        patch.setattr(export, 'onnx_detector', lambda *_: functools.partial(model_type.detector(), model))
+        assert export.verify(model_type, model, dataclasses.replace(exporter, contested=contested),
+                             'unused.onnx', 'tiny_val_small', str(tmp_path / 'verify'))
+    assert len(asked) == 3 and all(a is b for a, b in zip(compared, asked, strict=True))
 
 
 def test_torch_export_of_the_cpu_models(tiny_catalog, tmp_path, restore_global_cfg):
