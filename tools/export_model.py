@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 r"""Export a trained model's whole inference to ONNX or a torch.export program, and optionally verify
-the ONNX file in onnxruntime against the PyTorch model (docs/EXPORT.md).
+the file (ONNX in onnxruntime, or the loaded program) against the PyTorch model (docs/EXPORT.md).
 
 Examples:
     python tools/export_model.py --cfg configs/getting_started/shapes_demo_R-18-FPN.yaml \
@@ -33,7 +33,8 @@ def parse_args(argv):
     parser.add_argument('--format', choices=FORMATS, default='onnx', help='onnx (default) or exported_program')
     parser.add_argument('--output', required=True, help='the file to write')
     parser.add_argument('--verify', default=None, metavar='DATASET_OR_IMAGES',
-                        help='compare the ONNX file in onnxruntime with the PyTorch model on a registered dataset, '
+                        help='compare the exported file (ONNX in onnxruntime, or the torch.export program, which '
+                             'takes only its traced input size) with the PyTorch model on a registered dataset, '
                              'an image or a folder of images')
     parser.add_argument('--device', default='cpu', help="the model's device (cuda: torch.export only, the "
                         'Triton kernels then in the program as custom ops)')
@@ -42,8 +43,6 @@ def parse_args(argv):
         parser.print_help()
         sys.exit(1)
     args = parse_args_anywhere(parser, argv)
-    if args.verify and args.format != 'onnx':
-        parser.error('--verify runs the file in onnxruntime: it needs --format onnx')
     if args.device != 'cpu' and args.format != 'exported_program':
         parser.error('--device {} exports with torch.export: it needs --format exported_program (ONNX traces the '
                      'CPU model)'.format(args.device))
@@ -60,7 +59,8 @@ def main(argv):
     model = test_engine.load_test_model(model_type, args.wts, torch.device(args.device))
     exporter = export.export_model(model_type, model, args.format, args.output,
                                    export.example_sample(model_type, args.verify))
-    if args.verify and not export.verify(model_type, model, exporter, args.output, args.verify, cfg.OUTPUT_DIR):
+    if args.verify and not export.verify(model_type, model, exporter, args.output, args.verify, cfg.OUTPUT_DIR,
+                                         args.format):
         print('error: the exported model differs from the PyTorch model past the tolerances (see above)',
               file=sys.stderr)
         sys.exit(1)

@@ -221,10 +221,15 @@ def forward_decode(model, images, params):
 
 def _forward_decode(model, params, images):
     """(B, K, 6) decoded detections of a batch of uint8 network inputs, on the model's device."""
-    outputs = model(normalize_test_images(images, params.input.mean, params.input.std))
-    hm, wh, reg = ctdet_test_maps({k: v.float() for k, v in outputs.items()}, flip_test=params.flip,
-                                  reg_offset=params.input.reg_offset)
+    hm, wh, reg = test_maps(model, params, images)
     return ctdet_decode(hm, wh, reg=reg, cat_spec_wh=params.input.cat_spec_wh, K=params.K)
+
+
+def test_maps(model, params, images):
+    """(hm, wh, reg) that ctdet_decode reads (ctdet_test_maps, float32) of uint8 network inputs."""
+    outputs = model(normalize_test_images(images, params.input.mean, params.input.std))
+    return ctdet_test_maps({k: v.float() for k, v in outputs.items()}, flip_test=params.flip,
+                           reg_offset=params.input.reg_offset)
 
 
 def _graphed_forward_decode(model, params):

@@ -142,7 +142,8 @@ class CenterNetType(ModelType):
         centernet_export.check_exportable(params)
         return Exporter(centernet_export.CenterNetGraph(model, params), centernet_export.graph_inputs,
                         functools.partial(centernet_export.graph_detections, params=params),
-                        centernet_export.CENTERNET_INPUT_NAMES, centernet_export.CENTERNET_OUTPUT_NAMES, {})
+                        centernet_export.CENTERNET_INPUT_NAMES, centernet_export.CENTERNET_OUTPUT_NAMES, {},
+                        contested=functools.partial(centernet_export.contested_detections, params=params))
 
     def prepare_for_training(self, model):
         # Under autocast on CUDA, the trunk and heads stored channels_last as for inference: cuDNN's

@@ -54,8 +54,12 @@ def ctdet_decode(heat, wh, reg=None, cat_spec_wh=False, K=100):
     reg (B, 2, H, W) or None (centres then at x + 0.5, y + 0.5). 3x3 max-pool peak NMS, top K per
     class then overall, no score threshold: always K rows. Batched tensor ops, no host sync.
     """
-    batch, cat = heat.shape[:2]
-    scores, inds, clses, ys, xs = _topk(_peak_nms(heat), K)
+    return _decode_positions(*_topk(_peak_nms(heat), K), wh, reg, cat_spec_wh)
+
+
+def _decode_positions(scores, inds, clses, ys, xs, wh, reg, cat_spec_wh):
+    """(B, K, 6) rows of the heat map positions (each (B, K), as _topk gives them)."""
+    batch, K = scores.shape
     if reg is not None:
         reg = transpose_and_gather_feat(reg, inds)
         xs = xs.view(batch, K, 1) + reg[:, :, 0:1]
@@ -66,10 +70,23 @@ def ctdet_decode(heat, wh, reg=None, cat_spec_wh=False, K=100):
     wh = transpose_and_gather_feat(wh, inds)
     if cat_spec_wh:
         class_pair = clses.view(batch, K, 1, 1).expand(batch, K, 1, 2)
-        wh = wh.view(batch, K, cat, 2).gather(2, class_pair).view(batch, K, 2)
+        wh = wh.view(batch, K, -1, 2).gather(2, class_pair).view(batch, K, 2)
     half_w, half_h = wh[..., 0:1] / 2, wh[..., 1:2] / 2
     return torch.cat([xs - half_w, ys - half_h, xs + half_w, ys + half_h,
                       scores.view(batch, K, 1), clses.view(batch, K, 1).float()], dim=2)
+
+
+def contested_peaks(heat, wh, reg=None, cat_spec_wh=False, tol=1e-3):
+    """(1, N, 6) rows, as ctdet_decode's, of the positions of one image's heat map (1, C, H, W)
+    whose peak test is decided by less than tol: within tol of the largest of their 3x3 neighbours,
+    above or below it. A model whose scores differ from these by up to tol may keep any of them."""
+    batch, cat, height, width = heat.shape
+    windows = F.unfold(heat.reshape(batch * cat, 1, height, width), 3, padding=1)  # zero padding: heat > 0
+    neighbours = torch.cat([windows[:, :4], windows[:, 5:]], 1).amax(1).view(batch, cat, height, width)
+    _, classes, ys, xs = ((heat - neighbours).abs() <= tol).nonzero(as_tuple=True)
+    inds = ys * width + xs
+    return _decode_positions(heat[0, classes, ys, xs][None], inds[None], classes[None], ys[None].float(),
+                             xs[None].float(), wh, reg, cat_spec_wh)
 
 
 def ctdet_test_maps(outputs, flip_test=False, reg_offset=True):

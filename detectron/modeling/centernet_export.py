@@ -7,7 +7,8 @@ two top-K. Its input is the fixed-size uint8 network input CenterNet's test make
 (the affine warp of roi_data.centernet.ctdet_test_inputs, `graph_inputs`); its output the (B, K, 6)
 decoded rows in output-grid pixels. Out of the graph (`graph_detections`): that warp, and the
 inverse affine back to the image with the per-image cap (centernet_decode.image_detections and
-merge_image_detections, the eager test's functions).
+merge_image_detections, the eager test's functions). For the verification, `contested_detections`:
+the positions whose peak test the PyTorch model decides within the score tolerance.
 """
 import dataclasses
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from detectron.modeling import centernet
-from detectron.modeling.centernet_decode import image_detections, merge_image_detections
+from detectron.modeling.centernet_decode import contested_peaks, image_detections, merge_image_detections
 from detectron.utils.errors import ConfigValueError
 
 CENTERNET_INPUT_NAMES = ('images',)
@@ -53,3 +54,16 @@ def graph_detections(outputs, sample, params):
     return merge_image_detections([image_detections(dets[0], sample['metas'][0], params.scales[0])],
                                   params.input.num_classes, max_per_image=params.max_per_image,
                                   use_soft_nms=params.nms)
+
+
+def contested_detections(model, sample, tol, params):
+    """cls_boxes, uncapped, of the positions of the sample's heat map whose 3x3 peak test the PyTorch
+    model decides by less than tol (centernet_decode.contested_peaks): an exported model whose
+    scores agree within tol may keep or drop each of them. An untrained model's flat heat map has
+    many (docs/EXPORT.md)."""
+    images = graph_inputs(sample)[0].to(next(model.parameters()).device)
+    with torch.no_grad():
+        hm, wh, reg = centernet.test_maps(model, params, images)
+        rows = contested_peaks(hm, wh, reg, cat_spec_wh=params.input.cat_spec_wh, tol=tol)
+    boxes, classes = image_detections(rows[0].cpu().numpy(), sample['metas'][0], params.scales[0])
+    return merge_image_detections([(boxes, classes)], params.input.num_classes, max_per_image=len(boxes))

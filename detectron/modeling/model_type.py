@@ -210,10 +210,13 @@ class Exporter:
     """A model's inference as one graph: `graph` (an nn.Module wrapping the model's own modules),
     `inputs(sample)` its input tensors for a test_inputs() sample, and `detections(outputs, sample)`
     the host-side end that turns the graph's outputs (numpy, in output_names' order) into what
-    detector() returns for that sample."""
+    detector() returns for that sample. `contested(model, sample, tol)`, where a decision of the
+    graph compares scores that are not its output (CenterNet's peak test): the detections (cls_boxes)
+    of the PyTorch model that such a decision keeps or drops by less than tol."""
     graph: object
     inputs: Callable
     detections: Callable
     input_names: tuple
     output_names: tuple
     dynamic_axes: dict
+    contested: Callable = None

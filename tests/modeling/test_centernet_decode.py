@@ -119,6 +119,32 @@ def test_test_maps_flip_pairs_of_a_batch():
 # post-processing
 # ------------------------------------------------------------------------------------------------
 
+def test_contested_peaks_are_the_positions_whose_peak_test_is_within_tol():
+    """Positions whose score is within tol of their largest 3x3 neighbour (either side), by numpy loops over
+    a heat map with near-ties of 1e-7 and 2e-3 beside each other; their rows are ctdet_decode's boxes."""
+    rng = np.random.RandomState(0)
+    heat = rng.uniform(0.1, 0.2, size=(1, 2, 6, 7)).astype(np.float32)
+    heat[0, 0, 2, 3], heat[0, 0, 2, 4] = 0.5, np.float32(0.5) - np.float32(1e-7)   # contested both ways
+    heat[0, 1, 0, 0], heat[0, 1, 1, 1] = 0.6, 0.598                                 # 2e-3 apart: not within 1e-3
+    wh = torch.from_numpy(rng.uniform(1, 3, size=(1, 2, 6, 7)).astype(np.float32))
+    reg = torch.from_numpy(rng.uniform(0, 1, size=(1, 2, 6, 7)).astype(np.float32))
+    tol = 1e-3
+    expected = set()
+    for c, y, x in np.ndindex(2, 6, 7):
+        neighbours = [heat[0, c, y + dy, x + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)
+                      if (dy or dx) and 0 <= y + dy < 6 and 0 <= x + dx < 7]
+        if abs(float(heat[0, c, y, x]) - max(neighbours)) <= tol:
+            expected.add((c, y, x))
+    assert (0, 2, 3) in expected and (0, 2, 4) in expected and (1, 0, 0) not in expected
+    # Without wh and reg a row's box is its position (x, y, x, y).
+    positions = centernet_decode.contested_peaks(torch.from_numpy(heat), torch.zeros_like(wh), None, tol=tol)[0]
+    got = [(int(r[5]), int(r[1] - 0.5), int(r[0] - 0.5)) for r in positions]
+    assert sorted(got) == sorted(expected)
+    rows = centernet_decode.contested_peaks(torch.from_numpy(heat), wh, reg, tol=tol)[0]
+    peaks = centernet_decode.ctdet_decode(torch.from_numpy(heat), wh, reg, K=2)[0]
+    torch.testing.assert_close(rows[rows[:, 4] == 0.5], peaks[peaks[:, 4] == 0.5])
+
+
 def test_post_process_by_hand():
     # c = (100, 50), s = 200, grid 128 x 96: x = (x' - 64) / 0.64 + 100, y = (y' - 48) / 0.64 + 50.
     # Image 2 (keep_res meta): c = (50, 30), s = (128, 64), grid 32 x 16: x = 4 (x' - 16) + 50.

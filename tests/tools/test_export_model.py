@@ -7,6 +7,7 @@ import torch
 from detectron.core import export
 from detectron.core.config import cfg
 from detectron.modeling import model_builder
+from detectron.utils.errors import ConfigValueError
 from support.tiny_runs import SHAPES_CFG, TINY_OVERRIDES, use_tiny_config
 from support.tools import load_tool
 
@@ -66,11 +67,18 @@ def test_verify_on_a_dataset_prints_both_aps(tiny_rcnn, tmp_path, capfd):
     assert 'verify: PASSED' in printed
 
 
-def test_verify_needs_onnx(tiny_rcnn, tmp_path):
+def test_verify_a_torch_export_program_at_its_traced_size(tiny_rcnn, tmp_path, capfd):
+    """--verify runs a torch.export program too; traced on the first --verify image, it refuses an
+    image of another size with one line."""
     weights, overrides, folder = tiny_rcnn
-    with pytest.raises(SystemExit) as exit_info:
-        _main(weights, overrides, tmp_path, '--format', 'exported_program', '--verify', str(folder))
-    assert exit_info.value.code == 2
+    _main(weights, overrides, tmp_path, '--format', 'exported_program', '--verify', str(folder / '0.png'))
+    printed = _printed(capfd)
+    assert 'verify: PASSED' in printed and 'verify: 0 detections' not in printed
+    model_type = model_builder.build_model_type(cfg)  # the tool's config
+    detect = export.program_detector(model_type.exporter(model_builder.checked_model(model_type).eval()),
+                                     str(tmp_path / 'model.onnx'))  # the program, named as _main names it
+    with pytest.raises(ConfigValueError, match=r'takes inputs of shapes \[\(1, 3, 64, 96\)'):
+        detect(model_type.test_inputs()(cv2.imread(str(folder / '1.png'))))  # 90 x 70
 
 
 def test_a_cuda_export_needs_torch_export(tiny_rcnn, tmp_path, capfd):
