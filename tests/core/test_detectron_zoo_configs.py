@@ -1,7 +1,7 @@
 """Every yaml of Detectron's configs/ (all 87) ships in ours and, merged as train_net merges it, builds;
 each of its 50 models (the 1x / 2x / s1x files of a model share one) trains one iteration on the CPU at a
 small scale (the tiny datasets, 64 px images, the real bodies and heads; the keypoint_rcnn_* and fast_rcnn_*
-ones on a proposal file of the tiny images)."""
+ones on a proposal file of the tiny images; the keypoint models' heads have Detectron's shapes)."""
 import json
 import os
 
@@ -136,6 +136,9 @@ def test_detectron_config_builds_and_trains_one_iteration(relative_path, tiny_ca
     momenta = [state['momentum_buffer'] for state in saved['optimizer']['state'].values()]
     assert momenta and len(momenta) == sum(len(g['params']) for g in saved['optimizer']['param_groups'])
     assert all(torch.isfinite(t).all() for t in [*saved['model'].values(), *momenta] if t.is_floating_point())
+    if cfg.MODEL.KEYPOINTS_ON:  # Detectron's keypoint head: 8 convs of 512, a 4x4 deconvolution to 17 heatmaps
+        assert saved['model']['keypoint_head.conv_fcn8.weight'].shape == (512, 512, 3, 3)
+        assert saved['model']['keypoint_head.kps_score.weight'].shape == (17, 17, 4, 4)
 
 
 def test_the_count_of_distinct_models_trained():
