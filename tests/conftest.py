@@ -5,6 +5,7 @@ or the `set_cfg` fixture for dotted names; the autouse fixtures below give every
 `monkeypatch.setattr` a cfg node: a yacs key is a dict item, and pytest 9.2's undo deletes it."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -28,6 +29,16 @@ def _restore_in_place(node, snapshot):
     # The frozen state and the record of typed keys (config.typed_keys) live in the node's __dict__.
     node.__dict__.clear()
     node.__dict__.update(snapshot.__dict__)
+
+
+@pytest.fixture(autouse=True, scope='session')
+def no_fsync_in_this_process():
+    """os.fsync does nothing in the test process: its temporary checkpoints need no durability, and
+    flushing each (~100 MB with momentum) to disk was a tenth of an in-process training test. The
+    atomic writes are otherwise unchanged (temporary file, rename); tools run as subprocesses still sync."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, 'fsync', lambda fd: None)
+        yield
 
 
 @pytest.fixture(autouse=True)
