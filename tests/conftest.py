@@ -31,6 +31,14 @@ def _restore_in_place(node, snapshot):
     node.__dict__.update(snapshot.__dict__)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n N`, the README's command) each worker computes on one intra-op thread, as
+    the tools' subprocesses in the tests do: N workers of several threads each on N cores would
+    oversubscribe them, and OpenMP's spinning threads then slow every worker many times over."""
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True, scope='session')
 def no_fsync_in_this_process():
     """os.fsync does nothing in the test process: its temporary checkpoints need no durability, and
