@@ -38,7 +38,11 @@ Sections (--mode):
            False, on synthetic head outputs of one image (--voting-case, voting_rows.py);
   startup  for any model type (startup.py): test_net's model loaded -> first detection and train_net's
            first batch -> first iteration, each in a fresh process, and test_net's whole run and
-           steady state on COCO val's mix of image sizes against the bare detector on the same images.
+           steady state on COCO val's mix of image sizes against the bare detector on the same images;
+  demo     the CPU demos (demo_rows.py): for each of --demo-cfgs (default --cfg) in turn, the user's
+           `tools/train_net.py --cfg <config>` (training and test) run once in a fresh OUTPUT_DIR with the
+           KEY VALUE overrides; minutes of the whole run, seconds per iteration, the test's seconds, the
+           final APs, the threads and the CPU (model, AVX-512 / AMX flags). Not in rounds: one run each.
 Rows are timed in interleaved rounds (ours, torchvision, ours, ...): each value is the median over
 --rounds with min and max, each ratio the median of the per-round ratios. Prints one JSON line per
 row and a Markdown table (BENCHMARKS.md describes every row). Examples:
@@ -47,6 +51,8 @@ row and a Markdown table (BENCHMARKS.md describes every row). Examples:
     python tools/benchmark.py --mode loops --catalog catalog.json --train-dataset coco_tiny_train \
         --test-dataset coco_tiny_val
     python tools/benchmark.py --mode startup --cfg configs/centernet/ctdet_coco_resdcn18.yaml
+    python tools/benchmark.py --mode demo --demo-cfgs configs/getting_started/shapes_demo_R-18-FPN.yaml \
+        configs/getting_started/shapes_demo_mask_R-18-FPN.yaml
     python tools/benchmark.py --mode train test --batch 2 --precision bf16 \
         --cfg configs/12_2017_baselines/e2e_keypoint_rcnn_R-50-FPN_1x.yaml    # Keypoint R-CNN vs torchvision
     python tools/benchmark.py --mode retinanet --cfg configs/12_2017_baselines/retinanet_R-50-FPN_1x.yaml
@@ -68,6 +74,7 @@ from detectron.modeling import model_builder
 from detectron.utils.errors import ConfigValueError
 
 from .centernet_rows import run_centernet
+from .demo_rows import check_demo_args, run_demos
 from .loops import run_loops
 from .profiling import profile_test_rows, profile_train_rows
 from .rcnn_rows import build_test_rows, build_train_rows, train_ratios
@@ -82,7 +89,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--cfg', default='configs/e2e_faster_rcnn_R-50-FPN_2x.yaml')
     parser.add_argument('--mode', nargs='+', default=['train', 'test'],
-                        choices=['train', 'test', 'profile', 'loops', 'centernet', 'retinanet', 'startup', 'voting'])
+                        choices=['train', 'test', 'profile', 'loops', 'centernet', 'retinanet', 'startup', 'voting', 'demo'])
     parser.add_argument('--profile', action='store_true', help='add the profile section')
     parser.add_argument('--precision', choices=sorted(PRECISIONS), default=None,
                         help='autocast dtype; default bf16 on CUDA, fp32 on the CPU')
@@ -125,6 +132,10 @@ def parse_args(argv):
     startup.add_argument('--startup-weights', default=None,
                          help="test_net's TEST.WEIGHTS (default: the model's random initialisation, R-CNN's box "
                               'classifier loaded)')
+    demo = parser.add_argument_group('demo section (the CPU demos)')
+    demo.add_argument('--demo-cfgs', nargs='+', default=None,
+                      help='the demo configs run in turn, one row each (default --cfg); the KEY VALUE overrides '
+                           'apply to each; their directories under --loop-dir if given')
     parser.add_argument('opts', nargs=argparse.REMAINDER,
                         help='config overrides KEY VALUE ... (also passed to the loops); after a list option '
                              '(--mode, --batch) separate them with --')
@@ -135,6 +146,10 @@ def parse_args(argv):
         args.mode.append('profile')
     if 'loops' in args.mode and not (args.train_dataset and args.test_dataset):
         raise ConfigValueError('--mode loops needs --train-dataset NAME and --test-dataset NAME')
+    if args.demo_cfgs and 'demo' not in args.mode:
+        raise ConfigValueError('--demo-cfgs is read by --mode demo only; add demo to --mode')
+    if 'demo' in args.mode:
+        check_demo_args(args)
     return args
 
 
@@ -149,6 +164,8 @@ def main(argv):
     report = Report(run_meta(argv, device))
     timing = dict(rounds=args.rounds, iters=args.iters, warmup=args.warmup, round_warmup=args.round_warmup,
                   device=device)
+    if 'demo' in args.mode:
+        run_demos(args, report, lambda: work_dir(args, 'demo'))
     if 'startup' in args.mode:
         run_startup_section(args, device, report, defaults)
     model_type = model_builder.build_model_type(cfg)  # --cfg's, finished (anew after the startup section)

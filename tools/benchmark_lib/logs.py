@@ -1,4 +1,5 @@
-"""The tools run as subprocesses and their logs read: train_net's json_stats, test_net's im_detect lines."""
+"""The tools run as subprocesses and their logs read: train_net's json_stats, test_net's im_detect lines,
+the evaluation's copypaste lines."""
 import json
 import os
 import re
@@ -107,6 +108,11 @@ def test_log_inference_timed(log_text):
     return _TOTAL_INFERENCE.search(log_text) is not None
 
 
+def test_log_inference_s(log_text):
+    """The seconds of every `Total inference time` line (one per TEST.DATASETS entry tested)."""
+    return [float(s) for s in _TOTAL_INFERENCE.findall(log_text)]
+
+
 def test_log_total_inference_s(log_text):
     """test_net's `Total inference time: <s>s`: the whole testing of the dataset, model loading included."""
     match = _TOTAL_INFERENCE.search(log_text)
@@ -122,3 +128,33 @@ def train_log_first_iteration_s(stats):
     if first is None:
         raise ConfigValueError('the training log has no json_stats line of iteration 0')
     return float(first['time']) - float(first.get('data_time', 0.0))
+
+
+def train_log_s_per_iter(stats):
+    """Median over the json_stats lines of 'time' (each the mean seconds per iteration over the
+    iterations before it, up to 20); lines without one (an evaluation's APs) are skipped."""
+    times = [float(s['time']) for s in stats if 'time' in s]
+    if not times:
+        raise ConfigValueError('the training log has no json_stats line with a time')
+    return float(np.median(times))
+
+
+_COPYPASTE = re.compile(r'copypaste: (.*)$', re.MULTILINE)
+
+
+def eval_log_results(log_text):
+    """task_evaluation's copypaste lines (`Dataset: <name>`, `Task: <task>`, the metrics' names, their
+    values) as {dataset: {task: {metric: value}}}; a dataset logged again replaces what came before
+    (the last evaluation counts)."""
+    results, dataset, task, names = {}, None, None, None
+    for line in _COPYPASTE.findall(log_text):
+        if line.startswith('Dataset: '):
+            dataset = line[len('Dataset: '):]
+            results[dataset] = {}
+        elif line.startswith('Task: '):
+            task, names = line[len('Task: '):], None
+        elif names is None:
+            names = line.split(',')
+        else:
+            results[dataset][task] = dict(zip(names, (float(v) for v in line.split(','))))
+    return results

@@ -87,11 +87,23 @@ def _fmt(value):
     return '{:.4g}'.format(value)
 
 
+def _note_value(value):
+    """A note's value: numbers to 4 digits, a dict as its items (' / ' between), a list (CPU flags)
+    joined ('none' if empty)."""
+    if isinstance(value, float):
+        return _fmt(value)
+    if isinstance(value, dict):
+        return ' / '.join('{} {}'.format(k, _note_value(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return ' '.join(map(str, value)) or 'none'
+    return value
+
+
 def _notes(record):
     keys = ('box_rois_per_image', 'trainable_params', 'loss_finite', 'rois', 'candidates', 'detections',
-            'data_time_fraction', 'detector_ms', 'rest_of_loop_ms', 'total_s', 'first_pass_ms_per_image')
-    notes = ['{} {}'.format(k, _fmt(record[k]) if isinstance(record[k], float) else record[k])
-             for k in keys if record.get(k) is not None]
+            'data_time_fraction', 'detector_ms', 'rest_of_loop_ms', 'total_s', 'first_pass_ms_per_image',
+            's_per_iter', 'test_s', 'metrics', 'threads', 'cpu', 'cpu_flags')
+    notes = ['{} {}'.format(k, _note_value(record[k])) for k in keys if record.get(k) is not None]
     if record['section'] == 'ratio' and len(record['rounds']) > 1:
         notes.append('median of {} per-round ratios'.format(len(record['rounds'])))
     return ', '.join(notes)

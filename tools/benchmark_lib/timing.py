@@ -79,7 +79,7 @@ def cudnn_autotuning(enabled):
 @dataclass
 class Row:
     """One timed configuration: section 'train' values are images/s, 'test' values ms/image,
-    'startup' values seconds."""
+    'startup' values seconds, 'demo' values minutes."""
     section: str
     name: str
     step: Callable[[], object]
@@ -102,7 +102,7 @@ class Row:
 
     @property
     def unit(self):
-        return {'train': 'images/s', 'startup': 's'}.get(self.section, 'ms/image')
+        return {'train': 'images/s', 'startup': 's', 'demo': 'min'}.get(self.section, 'ms/image')
 
 
 def run_interleaved(rows, rounds, iters, warmup, round_warmup, device, clock=time.perf_counter):
