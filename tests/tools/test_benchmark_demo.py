@@ -115,7 +115,7 @@ def test_row_from_a_log_of_json_stats_test_and_evaluation(caplog, capsys):
 
 # --- the demos in turn, the machine ---------------------------------------------------------------
 
-def test_demos_run_in_turn_each_in_a_fresh_output_dir(monkeypatch, tmp_path):
+def test_demos_run_in_turn_each_in_a_fresh_output_dir(monkeypatch, tmp_path, capsys):
     calls = []
 
     def run_logged(tool, tool_args, log_path):
@@ -138,6 +138,9 @@ def test_demos_run_in_turn_each_in_a_fresh_output_dir(monkeypatch, tmp_path):
     assert [c[1][3] for c in calls] == [os.path.join(d, 'output') for d in dirs]
     assert all(r['threads'] == 7 and r['log'] == os.path.join(d, 'train_net.log') and r['s_per_iter'] == 0.5
                for r, d in zip(rows, dirs))
+    # Each run announced on stderr with its log (stdout is the report's).
+    assert capsys.readouterr().err.splitlines() == ['{}: train_net.py running, its log {}'.format(r['row'], r['log'])
+                                                    for r in rows]
 
 
 def test_cpu_description_from_cpuinfo(tmp_path):

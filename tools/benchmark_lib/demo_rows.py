@@ -49,6 +49,9 @@ def run_demos(args, report, new_dir):
 def demo_row(cfg_file, opts, work, machine):
     """train_net on cfg_file with opts, its log and OUTPUT_DIR (output/) in work; its row."""
     log_path = os.path.join(work, 'train_net.log')
+    # On stderr, so that stdout stays the report: a demo runs for minutes, its log can be followed.
+    print('{}: train_net.py running, its log {}'.format(os.path.basename(cfg_file), log_path), file=sys.stderr,
+          flush=True)
     tic = time.perf_counter()
     text = run_logged('train_net.py', ['--cfg', os.path.abspath(cfg_file), 'OUTPUT_DIR', os.path.join(work, 'output')]
                       + list(opts), log_path)
