@@ -7,6 +7,7 @@
 #   setup (dev/gpu_env.sh) bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   two_stage bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
 #   checkpoint_activations_bench mask_train mask_test tta_test mask_bench mask_targets retinanet_bench retinanet_coco_tiny
+#   mask_demo_grid
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -379,6 +380,19 @@ demo_grid() {
   printf '%s\n' "${DEMO_RUNS[@]}" | xargs -P ${DEMO_PARALLEL:-7} -L 1 bash -c 'demo_run "$@"' _
   sort $OUT/demo/results.txt | tee $OUT/demo_results.txt
   tar czf $OUT/demo_logs.tar.gz -C $OUT demo && rm -r $OUT/demo
+}
+
+# The Mask R-CNN demo's cheaper settings (BENCHMARKS.md "Demo speed settings") against the config, three seeds each:
+# one seed's mask AP spreads by several hundredths at these budgets.
+mask_demo_grid() {
+  local seed cheap="FPN.DIM 64 FAST_RCNN.ROI_XFORM_SAMPLING_RATIO 1 TRAIN.RPN_PRE_NMS_TOP_N 500"
+  DEMO_RUNS=()
+  for seed in 3 7 11; do
+    DEMO_RUNS+=("mask_config_s$seed shapes_demo_mask_R-18-FPN.yaml RNG_SEED $seed"
+      "mask_cheap640_s$seed shapes_demo_mask_R-18-FPN.yaml $cheap SOLVER.MAX_ITER 640 SOLVER.STEPS [0,427,565] SOLVER.WARM_UP_ITERS 53 RNG_SEED $seed"
+      "mask_cheap_msr1_s$seed shapes_demo_mask_R-18-FPN.yaml $cheap MRCNN.ROI_XFORM_SAMPLING_RATIO 1 RNG_SEED $seed")
+  done
+  DEMO_PARALLEL=${DEMO_PARALLEL:-9} demo_grid
 }
 
 # Run 8: the CenterNet demo at about the CPU time of 20 epochs of batch 16 (2-core CPU, s/iteration measured
