@@ -414,6 +414,7 @@ DOMAINS = {
     'CENTERNET.NUM_CLASSES': at_least(1, 'heatmaps, no background'),
     # CenterNet's --head_conv: 0 puts the 1x1 output convolution straight on the backbone
     'CENTERNET.HEAD_CONV': at_least(-1, '-1: 256 for DLA backbones, 64 otherwise; 0: no hidden convolution'),
+    'CENTERNET.DECONV_FILTERS': tuple_of(at_least(1)),  # empty or three widths: the model type's check
     'CENTERNET.INPUT_RES': at_least(1),  # a multiple of 32: the model type's check
     'CENTERNET.DOWN_RATIO': at_least(1),
     'CENTERNET.MAX_OBJS': at_least(1),

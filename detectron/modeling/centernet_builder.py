@@ -15,7 +15,7 @@ from detectron.checkpoint.checkpointer import Retention
 from detectron.checkpoint.torch_file import read_torch_file
 from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet, centernet_export
-from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch
+from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch, check_deconv_filters
 from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import Exporter, ModelType, checkpoint_setting, register_model_type
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample, ctdet_val_sample
@@ -46,6 +46,7 @@ class CenterNetType(ModelType):
         cfg = self.cfg
         c = cfg.CENTERNET
         check_centernet_arch(c.ARCH)
+        check_deconv_filters(c.ARCH, c.DECONV_FILTERS)
         if c.NUM_CLASSES < 1:
             raise ConfigValueError('CENTERNET.NUM_CLASSES must be at least 1 (heatmaps, no background), '
                                    'got {}'.format(c.NUM_CLASSES))
@@ -81,7 +82,8 @@ class CenterNetType(ModelType):
 
     def build(self):
         c = self.cfg.CENTERNET
-        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=self.cfg.TRAIN.CHECKPOINT_ACTIVATIONS)
+        backbone = build_centernet_backbone(c.ARCH, checkpoint_activations=self.cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
+                                            deconv_filters=c.DECONV_FILTERS)
         heads = {'hm': c.NUM_CLASSES, 'wh': 2 * c.NUM_CLASSES if c.CAT_SPEC_WH else 2}
         if c.REG_OFFSET:
             heads['reg'] = 2

@@ -35,12 +35,13 @@ _PLAIN_UP_CHANNELS = (256, 256, 256)
 class CenterNetResNet(nn.Module):
     """ResNet-<depth> (stride 32) + 3 upsampling stages -> (B, out_channels, H / 4, W / 4).
 
-    deformable=True is CenterNet's `resdcn` (out_channels 64), False its `res` (out_channels 256).
+    deformable=True is CenterNet's `resdcn` (out_channels 64), False its `res` (out_channels 256);
+    up_channels, if given, replaces the three upsampling stages' widths (out_channels is the last).
     checkpoint_activations [TRAIN.CHECKPOINT_ACTIVATIONS]: in training, keep only the inputs of the
     stem, of each ResNet stage and of each upsampling stage, and recompute the rest in the backward.
     """
 
-    def __init__(self, depth=18, deformable=True, checkpoint_activations=False):
+    def __init__(self, depth=18, deformable=True, checkpoint_activations=False, up_channels=None):
         super().__init__()
         self.checkpoint_activations = checkpoint_activations
         block, blocks_per_stage = RESNET_SPECS[depth]
@@ -53,7 +54,7 @@ class CenterNetResNet(nn.Module):
             stage = _make_stage(block, in_channels, width, blocks, stride=1 if index == 0 else 2)
             self.add_module('layer{}'.format(index + 1), stage)
             in_channels = width * block.expansion
-        up_channels = _DCN_UP_CHANNELS if deformable else _PLAIN_UP_CHANNELS
+        up_channels = up_channels or (_DCN_UP_CHANNELS if deformable else _PLAIN_UP_CHANNELS)
         make_up_stage = _dcn_up_stage if deformable else _plain_up_stage
         layers = []
         for channels in up_channels:

@@ -164,6 +164,10 @@ def test_a_derived_value_outside_its_domain_is_refused_too(set_cfg):
     (['MODEL.TYPE', 'centernet', 'TEST.DETECTIONS_PER_IM', '0'],
      'TEST.DETECTIONS_PER_IM must be at least 1 with MODEL.TYPE centernet (its merge keeps the n best; 0, no cap, '
      'is for R-CNN), got 0'),
+    (['MODEL.TYPE', 'centernet', 'CENTERNET.ARCH', 'res_18', 'CENTERNET.DECONV_FILTERS', '(128, 64, 64)'], None),
+    (['MODEL.TYPE', 'centernet', 'CENTERNET.ARCH', 'dla_34', 'CENTERNET.DECONV_FILTERS', '(128, 64, 64)'],
+     "CENTERNET.DECONV_FILTERS sets the three upsampling widths of a res_ or resdcn_ arch: give three widths, or () "
+     "for the arch's own; got (128, 64, 64) with CENTERNET.ARCH dla_34"),
 ])
 def test_domains_that_depend_on_another_key(overrides, message):
     # The model type's own domains are in its check (finalize_cfg calls it before assert_and_infer_cfg).

@@ -205,3 +205,22 @@ def test_unknown_arch_is_a_config_error(arch):
     message = str(err.value)
     assert 'CENTERNET.ARCH' in message and repr(arch) in message
     assert all(choice in message for choice in CENTERNET_ARCHS)
+
+
+@pytest.mark.parametrize('arch,filters,up_weights', [
+    # ConvTranspose2d weights are (in, out, 4, 4); resdcn's DCN brings the width down before its up-conv.
+    ('res_18', (128, 64, 32), [(512, 128, 4, 4), (128, 64, 4, 4), (64, 32, 4, 4)]),
+    ('resdcn_18', (32, 16, 8), [(32, 32, 4, 4), (16, 16, 4, 4), (8, 8, 4, 4)])])
+def test_deconv_filters_set_the_upsampling_widths(arch, filters, up_weights):
+    model = build_centernet_backbone(arch, deconv_filters=filters).eval()
+    ups = [m.weight.shape for m in model.deconv_layers if isinstance(m, nn.ConvTranspose2d)]
+    assert [tuple(s) for s in ups] == up_weights
+    assert model.out_channels == filters[-1]
+    with torch.no_grad():
+        assert tuple(model(torch.zeros(2, 3, 64, 96)).shape) == (2, filters[-1], 16, 24)
+
+
+@pytest.mark.parametrize('arch,filters', [('dla_34', (64, 64, 64)), ('res_18', (64, 64)), ('res_18', (64, 64, 64, 64))])
+def test_deconv_filters_other_than_three_resnet_widths_are_refused(arch, filters):
+    with pytest.raises(ConfigValueError, match='CENTERNET.DECONV_FILTERS'):
+        build_centernet_backbone(arch, deconv_filters=filters)

@@ -115,9 +115,10 @@ def test_focal_loss_without_positives_is_the_negative_term_alone():
 @pytest.mark.parametrize('values,applies', [
     ({}, True), ({'CENTERNET.HEAD_CONV': 64}, True), ({'CENTERNET.ARCH': 'resdcn_34'}, False),
     ({'CENTERNET.ARCH': 'dla_34'}, False), ({'CENTERNET.HEAD_CONV': 0}, False),
-    ({'CENTERNET.REG_OFFSET': False}, False), ({'CENTERNET.CAT_SPEC_WH': True}, False)])
+    ({'CENTERNET.REG_OFFSET': False}, False), ({'CENTERNET.CAT_SPEC_WH': True}, False),
+    ({'CENTERNET.DECONV_FILTERS': (256, 128, 64)}, False)])
 def test_only_resdcn_18_with_the_reference_heads_gets_the_plain_port_row(values, applies):
-    with timing.cfg_values(dict({'CENTERNET.ARCH': 'resdcn_18', 'CENTERNET.HEAD_CONV': -1,
+    with timing.cfg_values(dict({'CENTERNET.ARCH': 'resdcn_18', 'CENTERNET.HEAD_CONV': -1, 'CENTERNET.DECONV_FILTERS': (),
                                  'CENTERNET.REG_OFFSET': True, 'CENTERNET.CAT_SPEC_WH': False}, **values)):
         assert centernet_rows.plain_port_applies(torch.device('cuda'), 'bf16') is applies
         assert centernet_rows.plain_port_applies(torch.device('cpu'), 'fp32') is applies

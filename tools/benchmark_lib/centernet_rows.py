@@ -112,12 +112,13 @@ def centernet_adam(model, lr):
 
 
 def plain_port_applies(device, precision):
-    """Whether cfg's CenterNet is the one centernet_plain ports (resdcn_18 with heads of a 3x3 conv,
-    HEAD_CONV not 0, offsets regressed and wh shared by the classes) and the plain port runs at this
+    """Whether cfg's CenterNet is the one centernet_plain ports (resdcn_18 with its own upsampling widths
+    and heads of a 3x3 conv, HEAD_CONV not 0, offsets regressed and wh shared by the classes) and the plain port runs at this
     precision on this device (torchvision's deform_conv2d has no bfloat16 CPU kernel)."""
     c = cfg.CENTERNET
     runs = device.type == 'cuda' or precision == 'fp32'
-    return runs and c.ARCH == 'resdcn_18' and c.HEAD_CONV != 0 and c.REG_OFFSET and not c.CAT_SPEC_WH
+    return (runs and c.ARCH == 'resdcn_18' and not c.DECONV_FILTERS and c.HEAD_CONV != 0 and c.REG_OFFSET
+            and not c.CAT_SPEC_WH)
 
 
 def plain_port_row(model, samples, inputs, targets, device, precision, lr):
