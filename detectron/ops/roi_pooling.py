@@ -5,7 +5,7 @@ import math
 import torch
 from torchvision.ops import roi_align, roi_pool
 
-from detectron.ops import multilevel_roi_align
+from detectron.ops import multilevel_roi_align, sparse_roi_align
 from detectron.utils.boxes import boxes_area_t, divide
 
 
@@ -31,7 +31,8 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
     RoIAlign uses aligned=False, the Caffe2 convention (no half-pixel offset, RoI sides at least
     1 bin). canonical_scale / canonical_level are FPN.ROI_CANONICAL_SCALE / _LEVEL. On CUDA, with
     a fixed sampling ratio, Triton kernels pool every RoI on its level in place
-    (multilevel_roi_align); elsewhere torchvision's roi_align runs per level.
+    (multilevel_roi_align); on the CPU, in float32, one sparse matrix product pools them all
+    (sparse_roi_align); elsewhere torchvision's roi_align runs per level.
     """
     k_min = round(-math.log2(spatial_scales[0]))
     levels = map_rois_to_fpn_levels(rois[:, 1:5], k_min, k_min + len(features) - 1,
@@ -39,6 +40,9 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
     if multilevel_roi_align.kernel_applies(features, rois, sampling_ratio):
         return multilevel_roi_align.roi_align_levels(features, rois, levels - k_min, spatial_scales[:len(features)],
                                                      output_size, sampling_ratio)
+    if sparse_roi_align.applies(features, rois, sampling_ratio):
+        return sparse_roi_align.roi_align_levels(features, rois, levels - k_min, spatial_scales[:len(features)],
+                                                 output_size, sampling_ratio)
     first = features[0]
     # Pool in at least float32: half-precision RoI coordinates would be off by up to a pixel.
     compute_dtype = torch.promote_types(first.dtype, torch.float32)
