@@ -24,6 +24,33 @@ cdef extern from *:
     """
     int _lowest_set_bit(unsigned long long x) noexcept nogil
 
+
+cdef extern from *:
+    """
+    /* One row of greedy NMS in visiting order: every box from `start` on whose IoU with box
+       (ix1, iy1, ix2, iy2) of area iarea is >= thresh gets its flag set. Branch-free over
+       contiguous float32 columns, so the compiler vectorizes it; min / max are the kernels' own
+       selects (_min / _max). */
+    static void _nms_suppress_row(const float* __restrict x1, const float* __restrict y1,
+                                  const float* __restrict x2, const float* __restrict y2,
+                                  const float* __restrict area, int* __restrict suppressed,
+                                  Py_ssize_t start, Py_ssize_t n, float ix1, float iy1, float ix2,
+                                  float iy2, float iarea, float thresh) {
+        for (Py_ssize_t j = start; j < n; ++j) {
+            float left = ix1 >= x1[j] ? ix1 : x1[j], right = ix2 <= x2[j] ? ix2 : x2[j];
+            float top = iy1 >= y1[j] ? iy1 : y1[j], bottom = iy2 <= y2[j] ? iy2 : y2[j];
+            float w = right - left + 1.0f, h = bottom - top + 1.0f;
+            w = 0.0f >= w ? 0.0f : w;
+            h = 0.0f >= h ? 0.0f : h;
+            float inter = w * h;
+            suppressed[j] |= inter / (iarea + area[j] - inter) >= thresh;
+        }
+    }
+    """
+    void _nms_suppress_row(const float* x1, const float* y1, const float* x2, const float* y2,
+                           const float* area, int* suppressed, Py_ssize_t start, Py_ssize_t n,
+                           float ix1, float iy1, float ix2, float iy2, float iarea, float thresh) noexcept nogil
+
 SOFT_NMS_METHODS = {'hard': 0, 'linear': 1, 'gaussian': 2}
 
 
@@ -43,34 +70,31 @@ def nms(dets, float thresh):
     Returns the indices of the kept boxes in ascending index order (not score order).
     """
     dets = np.ascontiguousarray(dets, dtype=np.float32)
-    cdef const float[:, ::1] d = dets
+    areas = (dets[:, 2] - dets[:, 0] + 1) * (dets[:, 3] - dets[:, 1] + 1)
+    order = dets[:, 4].argsort()[::-1]
+    # The boxes copied in visiting order: the inner loop then reads contiguous memory without
+    # branches (every later box is tested, a suppressed one again to no effect), which the compiler
+    # vectorizes; the kept set is the same.
+    sorted_boxes = np.ascontiguousarray(np.concatenate([dets[order, :4], areas[order, None]], axis=1).T)
+    cdef const float[::1] x1 = sorted_boxes[0]
+    cdef const float[::1] y1 = sorted_boxes[1]
+    cdef const float[::1] x2 = sorted_boxes[2]
+    cdef const float[::1] y2 = sorted_boxes[3]
+    cdef const float[::1] area = sorted_boxes[4]
     cdef Py_ssize_t n = dets.shape[0]
-    cdef const float[::1] areas = np.ascontiguousarray(
-        (dets[:, 2] - dets[:, 0] + 1) * (dets[:, 3] - dets[:, 1] + 1))
-    cdef const Py_ssize_t[::1] order = np.ascontiguousarray(
-        dets[:, 4].argsort()[::-1], dtype=np.intp)
-    suppressed_arr = np.zeros(n, dtype=np.uint8)
-    cdef unsigned char[::1] suppressed = suppressed_arr
-    cdef Py_ssize_t oi, oj, i, j
-    cdef float w, h, inter, ovr
-
+    suppressed_arr = np.zeros(n, dtype=np.int32)  # as wide as the floats, for the vectorizer
+    cdef int[::1] suppressed = suppressed_arr
+    cdef Py_ssize_t oi
     with nogil:
         for oi in range(n):
-            i = order[oi]
-            if suppressed[i]:
-                continue
-            for oj in range(oi + 1, n):
-                j = order[oj]
-                if suppressed[j]:
-                    continue
-                w = _max(0.0, _min(d[i, 2], d[j, 2]) - _max(d[i, 0], d[j, 0]) + 1.0)
-                h = _max(0.0, _min(d[i, 3], d[j, 3]) - _max(d[i, 1], d[j, 1]) + 1.0)
-                inter = w * h
-                ovr = inter / (areas[i] + areas[j] - inter)
-                if ovr >= thresh:
-                    suppressed[j] = 1
-
-    return np.flatnonzero(suppressed_arr == 0)
+            if not suppressed[oi]:
+                # Detectron adds a C double 1.0 to each side and rounds it to float32: that double
+                # sum of a float32 and 1 is exact, so the float32 sum there rounds to the same value.
+                _nms_suppress_row(&x1[0], &y1[0], &x2[0], &y2[0], &area[0], &suppressed[0], oi + 1, n,
+                                  x1[oi], y1[oi], x2[oi], y2[oi], area[oi], thresh)
+    kept = np.ones(n, dtype=bool)
+    kept[order] = suppressed_arr == 0
+    return np.flatnonzero(kept)
 
 
 def soft_nms(boxes_in, float sigma=0.5, float Nt=0.3, float threshold=0.001, unsigned int method=0,
