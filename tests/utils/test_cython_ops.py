@@ -110,6 +110,19 @@ def test_nms_matches_loop_transcription(integer_coords, score_levels):
             np.testing.assert_array_equal(cython_nms.nms(dets, thresh), greedy_nms_by_loops(dets, thresh))
 
 
+@pytest.mark.parametrize('n', [203, 517])
+def test_nms_of_long_rows_matches_loop_transcription(n):
+    # The kernel tests a kept box against every later box in vectorized blocks plus a remainder:
+    # rows of every length, many boxes kept (spread out) and many suppressed (clustered).
+    rng = np.random.default_rng(n)
+    dets = random_dets(rng, n, integer_coords=True, score_levels=50)
+    dets[: n // 2, :4] *= 6
+    for thresh in (0.3, 0.7):
+        kept = cython_nms.nms(dets, thresh)
+        assert list(kept) == greedy_nms_by_loops(dets, thresh)
+        assert n // 4 < len(kept) < n
+
+
 def test_nms_t_matches_cython_nms_without_ties():
     rng = np.random.default_rng(3)
     for _ in range(20):
