@@ -2,14 +2,14 @@
 
 torchvision's CPU roi_align recomputes each sample's bilinear weights for every channel and runs its
 backward on one thread, which made it the largest operator of the CPU demos' step (BENCHMARKS.md,
-"CPU demos"). Here one sparse matrix holds, per (RoI, bin, sample) row, the 4 corner weights of the
-sample over the pixels of all levels, computed as torchvision computes them (aligned=False: float32
-sample positions, its boundary rules). The samples are that matrix times the levels' (pixels x
+"CPU demos"). Here the k-th sample of every bin is one sparse matrix, whose (RoI, bin) row holds
+the sample's 4 corner weights over the pixels of all levels, computed as torchvision computes them
+(aligned=False: float32 sample positions, its boundary rules), times the levels' (pixels x
 channels); a bin is the sum of its samples in torchvision's order divided by their count, so the
 pooled features are torchvision's bit for bit where the sparse product adds each row's 4 products in
-order, as it does on the CPUs measured. The features' gradient is the transpose times the output's
-gradient over the count: torchvision's additions in its order (bit for bit when the count is a power
-of two).
+order, as it does on the CPUs measured. The features' gradient is the transposed weights times the
+output's gradient over the count: torchvision's additions in its order (bit for bit when the count
+is a power of two).
 """
 import warnings
 
@@ -28,17 +28,17 @@ def roi_align_levels(features, rois, levels, spatial_scales, output_size, sampli
     """(R, C, output_size, output_size): RoI r (rois (R, 5) = batch index, x1, y1, x2, y2 in
     network-input coordinates) aligned on features[levels[r]] at spatial_scales[levels[r]].
     Differentiable in the features."""
-    matrix = sampling_matrix(rois, levels, [f.shape for f in features], spatial_scales, output_size,
-                             sampling_ratio)
-    pooled = _MatrixPool.apply(matrix, sampling_ratio * sampling_ratio, *features)
+    columns, weights, pixels = sampling_weights(rois, levels, [f.shape for f in features], spatial_scales,
+                                                output_size, sampling_ratio)
+    pooled = _SampledPool.apply(columns, weights, pixels, *features)
     channels = features[0].shape[1]
     return pooled.view(len(rois), output_size, output_size, channels).permute(0, 3, 1, 2).contiguous()
 
 
-def sampling_matrix(rois, levels, shapes, spatial_scales, output_size, sampling_ratio):
-    """Sparse CSR (R * S * S * grid * grid, pixels of all levels): row (r, ph, pw, iy, ix) holds the
-    weights of the sample's 4 corners (0 for a sample outside the map), at columns level offset +
-    ((n * H) + y) * W + x."""
+def sampling_weights(rois, levels, shapes, spatial_scales, output_size, sampling_ratio):
+    """columns, weights (R, S, S, grid * grid, 4) and the pixel count of all levels: the 4 corners of
+    sample (iy, ix) of bin (ph, pw) of RoI r, at column level offset + ((n * H) + y) * W + x, and their
+    bilinear weights (0 for a sample outside the map)."""
     s, grid = output_size, sampling_ratio
     offsets = torch.tensor([0] + [n * h * w for n, _, h, w in shapes]).cumsum(0)
     heights = torch.tensor([h for _, _, h, _ in shapes])[levels]
@@ -57,10 +57,10 @@ def sampling_matrix(rois, levels, shapes, spatial_scales, output_size, sampling_
         for x, wx in ((cols_x[1], cols_x[3]), (cols_x[2], cols_x[4])):
             columns.append(pixel + y[:, :, None, :, None] * width + x[:, None, :, None, :])
             weights.append(wy[:, :, None, :, None] * wx[:, None, :, None, :])
-    columns = torch.stack(columns, -1).reshape(-1)
-    weights = torch.where(valid[..., None], torch.stack(weights, -1), 0.0).reshape(-1)
-    crow = torch.arange(0, columns.numel() + 1, 4)
-    return _csr(crow, columns, weights, (len(rois) * s * s * grid * grid, int(offsets[-1])))
+    shape = (len(rois), s, s, grid * grid, 4)
+    columns = torch.stack(columns, -1).reshape(shape)
+    weights = torch.where(valid[..., None], torch.stack(weights, -1), 0.0).reshape(shape)
+    return columns, weights, int(offsets[-1])
 
 
 def _axis_samples(start, end, size, output_size, grid):
@@ -89,38 +89,48 @@ def _csr(crow, columns, values, size):
         return torch.sparse_csr_tensor(crow, columns, values, size=size, check_invariants=False)
 
 
-def _bins_transpose(matrix, samples_per_bin):
-    """(pixels, bins) CSR: the matrix's entries sorted by column (stable, so each pixel adds its bins
-    in torchvision's order), each in the column of its bin."""
-    columns = matrix.col_indices()
-    order = torch.argsort(columns, stable=True)
-    crow = torch.zeros(matrix.shape[1] + 1, dtype=torch.long)
-    crow[1:] = torch.bincount(columns, minlength=matrix.shape[1]).cumsum(0)
-    bins = matrix.shape[0] // samples_per_bin
-    return _csr(crow, order // (4 * samples_per_bin), matrix.values()[order], (matrix.shape[1], bins))
+def _sample_matrix(columns, weights, k, pixels):
+    """(bins, pixels) CSR of sample k of every bin: its 4 corners per row."""
+    bins = columns.shape[0] * columns.shape[1] * columns.shape[2]
+    crow = torch.arange(0, 4 * bins + 1, 4)
+    return _csr(crow, columns[:, :, :, k].reshape(-1), weights[:, :, :, k].reshape(-1), (bins, pixels))
 
 
-class _MatrixPool(torch.autograd.Function):
-    """(bins, C): each bin the sum of its samples (rows of matrix @ pixels) in order, over their count."""
+def _bins_transpose(columns, weights, pixels):
+    """(pixels, bins) CSR of all the weights, each in the column of its bin; the entries sorted by
+    pixel stably, so that each pixel adds its terms in torchvision's order (RoI, bin, sample, corner)."""
+    bins = columns.shape[0] * columns.shape[1] * columns.shape[2]
+    flat = columns.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    crow = torch.zeros(pixels + 1, dtype=torch.long)
+    crow[1:] = torch.bincount(flat, minlength=pixels).cumsum(0)
+    entries_per_bin = columns.shape[3] * columns.shape[4]
+    return _csr(crow, order // entries_per_bin, weights.reshape(-1)[order], (pixels, bins))
+
+
+class _SampledPool(torch.autograd.Function):
+    """(bins, C): each bin the sum of its samples in order, over their count; sample k of every bin
+    is its matrix (bins, pixels) times the levels' pixels (pixels, C)."""
 
     @staticmethod
-    def forward(ctx, matrix, samples_per_bin, *features):
+    def forward(ctx, columns, weights, pixels, *features):
         channels = features[0].shape[1]
-        pixels = torch.cat([f.permute(0, 2, 3, 1).reshape(-1, channels) for f in features])
-        samples = torch.sparse.mm(matrix, pixels).view(-1, samples_per_bin, channels)
-        pooled = samples[:, 0].clone()
-        for k in range(1, samples_per_bin):
-            pooled += samples[:, k]
-        ctx.matrix, ctx.samples_per_bin = matrix, samples_per_bin
-        ctx.shapes = [f.shape for f in features]
-        return pooled.div_(float(samples_per_bin))
+        values = torch.cat([f.permute(0, 2, 3, 1).reshape(-1, channels) for f in features])
+        samples = columns.shape[3]
+        pooled = torch.sparse.mm(_sample_matrix(columns, weights, 0, pixels), values)
+        for k in range(1, samples):
+            pooled += torch.sparse.mm(_sample_matrix(columns, weights, k, pixels), values)
+        ctx.save_for_backward(columns, weights)
+        ctx.pixels, ctx.shapes = pixels, [f.shape for f in features]
+        return pooled.div_(float(samples))
 
     @staticmethod
     def backward(ctx, grad):
-        transpose = _bins_transpose(ctx.matrix, ctx.samples_per_bin)
-        grad_pixels = torch.sparse.mm(transpose, grad.contiguous() / float(ctx.samples_per_bin))
+        columns, weights = ctx.saved_tensors
+        transpose = _bins_transpose(columns, weights, ctx.pixels)
+        grad_pixels = torch.sparse.mm(transpose, grad.contiguous() / float(columns.shape[3]))
         grads, start = [], 0
         for n, c, h, w in ctx.shapes:
             grads.append(grad_pixels[start:start + n * h * w].view(n, h, w, c).permute(0, 3, 1, 2))
             start += n * h * w
-        return (None, None, *grads)
+        return (None, None, None, *grads)
