@@ -18,8 +18,11 @@ import torch
 
 def applies(features, rois, sampling_ratio):
     """Float32 CPU features (NCHW, any memory order) and RoIs, a fixed sampling ratio (0, torchvision's
-    adaptive grid, takes the per-level path), outside export and compilation (they trace graph ops)."""
+    adaptive grid, takes the per-level path), in training: the gain is the backward, while without
+    gradients torchvision's forward is as fast or faster (dev/roi_align_cpu_bench.py); outside export
+    and compilation (they trace graph ops)."""
     return (sampling_ratio > 0 and rois.device.type == 'cpu' and rois.dtype == torch.float32
+            and torch.is_grad_enabled() and any(f.requires_grad for f in features)
             and all(f.device.type == 'cpu' and f.dtype == torch.float32 and f.dim() == 4 for f in features)
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
 

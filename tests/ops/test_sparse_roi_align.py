@@ -86,13 +86,26 @@ def test_no_rois_gives_an_empty_batch_and_zero_gradients():
     assert all(g is None or not g.any() for g in grads)
 
 
-def test_roi_feature_transform_takes_it_on_the_cpu_and_keeps_the_rois_order():
-    features = _levels()
+def _graph_node_names(node, depth=4):
+    if node is None or depth == 0:
+        return set()
+    return {type(node).__name__}.union(*(_graph_node_names(n, depth - 1) for n, _ in node.next_functions))
+
+
+def test_roi_feature_transform_takes_it_in_cpu_training_and_keeps_the_rois_order():
+    features = [f.requires_grad_() for f in _levels()]
     rois = _rois(40)
     ours = roi_feature_transform(features, rois, SCALES, output_size=7, sampling_ratio=2)
     assert sparse_roi_align.applies(features, rois, 2)
+    assert '_SampledPoolBackward' in _graph_node_names(ours.grad_fn)
     assert not sparse_roi_align.applies(features, rois, 0)  # the adaptive grid: torchvision per level
     assert not sparse_roi_align.applies([f.double() for f in features], rois, 2)
+    with torch.no_grad():  # inference: torchvision's forward, the same numbers
+        assert not sparse_roi_align.applies(features, rois, 2)
+        plain = roi_feature_transform(features, rois, SCALES, output_size=7, sampling_ratio=2)
+    assert not sparse_roi_align.applies([f.detach() for f in features], rois, 2)
     from detectron.ops.roi_pooling import map_rois_to_fpn_levels
     levels = map_rois_to_fpn_levels(rois[:, 1:5], 2, 5) - 2
-    assert torch.equal(ours, _per_level_reference(features, rois, levels, 7, 2))
+    with torch.no_grad():
+        expected = _per_level_reference(features, rois, levels, 7, 2)
+    assert torch.equal(ours, expected) and torch.equal(plain, expected)
