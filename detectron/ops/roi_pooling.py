@@ -31,7 +31,7 @@ def roi_feature_transform(features, rois, spatial_scales=(1 / 4, 1 / 8, 1 / 16, 
     RoIAlign uses aligned=False, the Caffe2 convention (no half-pixel offset, RoI sides at least
     1 bin). canonical_scale / canonical_level are FPN.ROI_CANONICAL_SCALE / _LEVEL. On CUDA, with
     a fixed sampling ratio, Triton kernels pool every RoI on its level in place
-    (multilevel_roi_align); on the CPU, in float32, one sparse matrix product pools them all
+    (multilevel_roi_align); in float32 CPU training, sparse matrix products pool every level at once
     (sparse_roi_align); elsewhere torchvision's roi_align runs per level.
     """
     k_min = round(-math.log2(spatial_scales[0]))

@@ -115,10 +115,10 @@ def test_log_inference_s(log_text):
 
 def test_log_total_inference_s(log_text):
     """test_net's `Total inference time: <s>s`: the whole testing of the dataset, model loading included."""
-    match = _TOTAL_INFERENCE.search(log_text)
-    if match is None:
+    times = test_log_inference_s(log_text)
+    if not times:
         raise ConfigValueError('the test log has no "Total inference time" line')
-    return float(match.group(1))
+    return times[0]
 
 
 def train_log_first_iteration_s(stats):
