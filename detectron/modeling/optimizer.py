@@ -64,7 +64,9 @@ class DetectronSGD(torch.optim.Optimizer):
                 continue
             grads = [p.grad for p in params]
             if group['weight_decay'] != 0:
-                grads = torch._foreach_add(grads, params, alpha=group['weight_decay'])
+                # Into the gradients, as Detectron's WeightedSum(grad, 1, param, WD) -> grad: a new set
+                # of gradient tensors took half of the optimizer's time on the CPU (BENCHMARKS.md, "CPU demos").
+                torch._foreach_add_(grads, params, alpha=group['weight_decay'])
             bufs = []
             for p in params:
                 state = self.state[p]
