@@ -2,6 +2,7 @@
 by one: at batch 1 a detector's forward is a few hundred small kernels, and launching them costs more
 than running them; a training step of the R-CNN body at 2 images launches about 800 (forward and
 backward), and the host, not the GPU, sets its pace."""
+import collections
 import contextlib
 import logging
 import weakref
@@ -45,6 +46,39 @@ def _owned(owner, key, make):
     return per_owner[key]
 
 
+class ShapeSlots:
+    """Which input shapes hold one of a callable's max_graphs captures. A shape is captured the second
+    time it comes (the first runs the kernels directly), while places are free. With `replaces`, a
+    shape seen more than REPLACE_FACTOR x + REPLACE_MARGIN times as often as the least-seen captured
+    one takes that one's place: the captures follow the commonest shapes, and the margin keeps shapes
+    of similar frequency from trading places back and forth (each capture costs a few steps)."""
+
+    REPLACE_FACTOR = 1.25
+    REPLACE_MARGIN = 2
+
+    def __init__(self, replaces=False):
+        self.replaces = replaces
+        self.seen = collections.Counter()
+
+    def count(self, key):
+        self.seen[key] += 1
+
+    def admit(self, key, captured, max_graphs):
+        """Count a call of key (not among `captured`, a dict keyed by shape); returns (capture it,
+        the captured key to drop first or None)."""
+        self.count(key)
+        if self.seen[key] < 2:
+            return False, None
+        if len(captured) < max_graphs:
+            return True, None
+        if not self.replaces or not captured:
+            return False, None
+        rarest = min(captured, key=self.seen.__getitem__)
+        if self.seen[key] > self.REPLACE_FACTOR * self.seen[rarest] + self.REPLACE_MARGIN:
+            return True, rarest
+        return False, None
+
+
 class GraphedCallable:
     """fn(x) -> a tensor (or a tuple of tensors), replayed from one CUDA graph per input shape and
     dtype and autocast state; CPU tensors and shapes beyond max_graphs run fn directly. A shape is
@@ -60,13 +94,14 @@ class GraphedCallable:
     """
 
     _what = 'input'  # in the log lines of a refused capture
+    _replaces = False  # whether a commoner shape takes over the slot of the rarest (ShapeSlots)
 
     def __init__(self, fn, max_graphs=DEFAULT_MAX_GRAPHS, warmup_calls=2):
         self.fn = fn
         self.max_graphs = max_graphs
         self.warmup_calls = warmup_calls
         self._graphs = {}
-        self._seen_once = set()
+        self._slots = ShapeSlots(self._replaces)
         self._pool = None
         self._stream = None
 
@@ -99,9 +134,13 @@ class GraphedCallable:
         autocast = torch.is_autocast_enabled('cuda')
         key = (tuple(x.shape), x.dtype, x.device, autocast, torch.get_autocast_dtype('cuda') if autocast else None)
         entry = self._graphs.get(key)
-        if entry is None and key not in self._seen_once:
-            self._seen_once.add(key)
-        elif entry is None and len(self._graphs) < self.max_graphs:
+        if entry is not None:
+            self._slots.count(key)
+            return entry
+        capture, evicted = self._slots.admit(key, self._graphs, self.max_graphs)
+        if evicted is not None:
+            del self._graphs[evicted]  # its buffers go back to the shared pool
+        if capture:
             entry = self._graphs[key] = self._capture(x, autocast)
         return entry
 
@@ -125,6 +164,7 @@ class GraphedCallable:
             # kernel), and a capture that broke off may leave the allocator routing a stream's blocks
             # to its pool: capture no further shapes (the captured ones keep replaying).
             self.max_graphs = len(self._graphs)
+            self._slots.replaces = False
             logger.warning('CUDA graph capture of %s %s failed, running without it (and capturing no further '
                            'shapes): %s', self._what, tuple(x.shape),
                            str(err).splitlines()[0] if str(err) else type(err).__name__)
@@ -155,8 +195,9 @@ class TrainingGraphedCallable(GraphedCallable):
     forward and its backward (the gradients of the module's trainable parameters) are replayed from
     a pair of CUDA graphs per input shape, dtype and autocast state, captured as GraphedCallable's
     (second appearance, at most max_graphs shapes, the first replay's outputs checked bit for bit
-    against the eager ones). Without grad mode, on the CPU, or for a model with SyncBatchNorm (its
-    collectives are not captured) fn runs directly.
+    against the eager ones), except that a much commoner shape takes the place of the rarest
+    (ShapeSlots). Without grad mode, on the CPU, or for a model with SyncBatchNorm (its collectives
+    are not captured) fn runs directly.
 
     The graphs read the parameters' memory: updates in place (optimizer steps, load_state_dict)
     are seen, moving the module (to another device or dtype) after a capture is not. The graphs of
@@ -167,6 +208,10 @@ class TrainingGraphedCallable(GraphedCallable):
     """
 
     _what = 'training input'
+    # A training run meets its batch shapes for hours: the commonest ones should hold the graphs, not
+    # the first ones seen twice (BENCHMARKS.md, "Mask R-CNN": train_net ran 13% of coco_tiny's
+    # batches eagerly, against 6% for those shapes' commonest eight).
+    _replaces = True
 
     def __init__(self, module_ref, fn, max_graphs, warmup_calls=2):
         super().__init__(lambda x: fn(module_ref(), x), max_graphs=max_graphs, warmup_calls=warmup_calls)

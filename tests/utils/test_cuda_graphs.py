@@ -237,7 +237,82 @@ def test_training_graphs_run_the_method_itself_on_the_cpu_and_without_grad_mode(
     for _ in range(3):
         for got, want in zip(graphed(x), net.body(x)):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert not graphed._graphs and not graphed._seen_once  # never even looked at a shape
+    assert not graphed._graphs and not graphed._slots.seen  # never even looked at a shape
+
+
+def _admissions(slots, keys, max_graphs):
+    """Run keys through slots as GraphedCallable does; returns the captured set after each call
+    and the (key, dropped) of every capture."""
+    captured, captures = {}, []
+    for key in keys:
+        if key in captured:
+            slots.count(key)
+            continue
+        capture, dropped = slots.admit(key, captured, max_graphs)
+        if dropped is not None:
+            del captured[dropped]
+        if capture:
+            captured[key] = True
+            captures.append((key, dropped))
+    return set(captured), captures
+
+
+def test_shape_slots_capture_a_shape_on_its_second_call_while_places_are_free():
+    captured, captures = _admissions(cuda_graphs.ShapeSlots(), 'abacbdcd', max_graphs=2)
+    assert captures == [('a', None), ('b', None)]  # c and d come twice too, but no place is left
+    assert captured == {'a', 'b'}
+
+
+def test_shape_slots_without_replacement_keep_the_first_shapes_seen_twice():
+    keys = 'aabb' + 'c' * 50
+    captured, captures = _admissions(cuda_graphs.ShapeSlots(replaces=False), keys, max_graphs=2)
+    assert captured == {'a', 'b'} and len(captures) == 2
+
+
+def test_shape_slots_give_the_rarest_place_to_a_much_commoner_shape():
+    # a and b (2 calls each) hold both places; c takes the place of a (of two equally rare shapes, the
+    # first captured) on the call where its count passes 1.25 x 2 + 2 = 4.5, i.e. its 5th.
+    keys = 'aabb' + 'ccccc'
+    captured, captures = _admissions(cuda_graphs.ShapeSlots(replaces=True), keys, max_graphs=2)
+    assert captures[-1] == ('c', 'a') and captured == {'b', 'c'}
+    # Its 4th call was not enough.
+    captured, _ = _admissions(cuda_graphs.ShapeSlots(replaces=True), 'aabbcccc', max_graphs=2)
+    assert captured == {'a', 'b'}
+    # A shape called as often as the captured ones never displaces them, however long the run.
+    keys = 'abc' * 300
+    captured, captures = _admissions(cuda_graphs.ShapeSlots(replaces=True), keys, max_graphs=2)
+    assert captured == {'a', 'b'} and len(captures) == 2
+
+
+def test_shape_slots_follow_the_commonest_shapes_of_a_long_run():
+    """A stream whose early shapes are rare later: the places end with the commonest shapes, after a
+    number of captures far below the number of calls."""
+    import random
+    rng = random.Random(0)
+    early = [rng.choice('uvwxyz') for _ in range(40)]
+    late = rng.choices('abcdefgh', weights=[30, 20, 12, 8, 4, 2, 1, 1], k=2000)
+    captured, captures = _admissions(cuda_graphs.ShapeSlots(replaces=True), early + late, max_graphs=4)
+    assert captured == {'a', 'b', 'c', 'd'}
+    assert len(captures) < 20
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_training_graphs_replace_the_rarest_shape_and_replay_right_after(deterministic_cudnn):
+    torch.manual_seed(0)
+    eager, graphed = _TwoConvs().cuda(), _TwoConvs().cuda()
+    graphed.load_state_dict(eager.state_dict())
+    rare, other, common = (2, 3, 8, 8), (2, 3, 10, 6), (2, 3, 6, 10)
+    for step, shape in enumerate([rare, rare, other, other] + [common] * 6 + [rare]):
+        x = torch.randn(shape, device='cuda')
+        for net, use_graph in ((eager, False), (graphed, True)):
+            net.zero_grad(set_to_none=True)
+            net(x, use_graph).backward()
+        for a, b in zip(eager.parameters(), graphed.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-7)
+    captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
+    # common's 5th call displaced rare (captured first, as rare as other); rare runs eagerly now.
+    assert {key[0] for key in captures} == {other, common} and all(captures.values())
 
 
 @pytest.mark.cuda
