@@ -240,6 +240,14 @@ def test_training_graphs_run_the_method_itself_on_the_cpu_and_without_grad_mode(
     assert not graphed._graphs and not graphed._slots.seen  # never even looked at a shape
 
 
+def _eager_and_graphed_twins():
+    """Two _TwoConvs on the GPU with the same weights: one run eagerly, one through its graphs."""
+    torch.manual_seed(0)
+    eager, graphed = _TwoConvs().cuda(), _TwoConvs().cuda()
+    graphed.load_state_dict(eager.state_dict())
+    return eager, graphed
+
+
 def _admissions(slots, keys, max_graphs):
     """Run keys through slots as GraphedCallable does; returns the captured set after each call
     and the (key, dropped) of every capture."""
@@ -299,11 +307,9 @@ def test_shape_slots_follow_the_commonest_shapes_of_a_long_run():
 @pytest.mark.cuda
 @needs_cuda
 def test_training_graphs_replace_the_rarest_shape_and_replay_right_after(deterministic_cudnn):
-    torch.manual_seed(0)
-    eager, graphed = _TwoConvs().cuda(), _TwoConvs().cuda()
-    graphed.load_state_dict(eager.state_dict())
+    eager, graphed = _eager_and_graphed_twins()
     rare, other, common = (2, 3, 8, 8), (2, 3, 10, 6), (2, 3, 6, 10)
-    for step, shape in enumerate([rare, rare, other, other] + [common] * 6 + [rare]):
+    for shape in [rare, rare, other, other] + [common] * 6 + [rare]:
         x = torch.randn(shape, device='cuda')
         for net, use_graph in ((eager, False), (graphed, True)):
             net.zero_grad(set_to_none=True)
@@ -318,9 +324,7 @@ def test_training_graphs_replace_the_rarest_shape_and_replay_right_after(determi
 @pytest.mark.cuda
 @needs_cuda
 def test_graphed_training_gradients_equal_eager_ones_and_accumulate(deterministic_cudnn):
-    torch.manual_seed(0)
-    eager, graphed = _TwoConvs().cuda(), _TwoConvs().cuda()
-    graphed.load_state_dict(eager.state_dict())
+    eager, graphed = _eager_and_graphed_twins()
     shapes = [(2, 3, 8, 8)] * 3 + [(2, 3, 10, 6)] * 3
     for step, shape in enumerate(shapes):
         x = torch.randn(shape, device='cuda')
