@@ -60,14 +60,11 @@ class ShapeSlots:
         self.replaces = replaces
         self.seen = collections.Counter()
 
-    def count(self, key):
-        self.seen[key] += 1
-
     def admit(self, key, captured, max_graphs):
-        """Count a call of key (not among `captured`, a dict keyed by shape); returns (capture it,
-        the captured key to drop first or None)."""
-        self.count(key)
-        if self.seen[key] < 2:
+        """Count a call of key; returns (capture it, the key of `captured` (a dict keyed by shape,
+        holding refused captures too) to drop first or None)."""
+        self.seen[key] += 1
+        if key in captured or self.seen[key] < 2:
             return False, None
         if len(captured) < max_graphs:
             return True, None
@@ -134,9 +131,6 @@ class GraphedCallable:
         autocast = torch.is_autocast_enabled('cuda')
         key = (tuple(x.shape), x.dtype, x.device, autocast, torch.get_autocast_dtype('cuda') if autocast else None)
         entry = self._graphs.get(key)
-        if entry is not None:
-            self._slots.count(key)
-            return entry
         capture, evicted = self._slots.admit(key, self._graphs, self.max_graphs)
         if evicted is not None:
             del self._graphs[evicted]  # its buffers go back to the shared pool
@@ -209,8 +203,8 @@ class TrainingGraphedCallable(GraphedCallable):
 
     _what = 'training input'
     # A training run meets its batch shapes for hours: the commonest ones should hold the graphs, not
-    # the first ones seen twice (BENCHMARKS.md, "Mask R-CNN": train_net ran 13% of coco_tiny's
-    # batches eagerly, against 6% for those shapes' commonest eight).
+    # the first ones seen twice (BENCHMARKS.md, "Mask R-CNN": on coco_tiny, 13 of train_net's
+    # iterations 100-199 ran eagerly with the first eight shapes' graphs, 7 with ShapeSlots).
     _replaces = True
 
     def __init__(self, module_ref, fn, max_graphs, warmup_calls=2):

@@ -253,9 +253,6 @@ def _admissions(slots, keys, max_graphs):
     and the (key, dropped) of every capture."""
     captured, captures = {}, []
     for key in keys:
-        if key in captured:
-            slots.count(key)
-            continue
         capture, dropped = slots.admit(key, captured, max_graphs)
         if dropped is not None:
             del captured[dropped]
