@@ -350,6 +350,53 @@ def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch, tmp_path):
     assert seen == [False, True]
 
 
+
+def test_loop_parts_need_only_their_own_dataset():
+    args = cli.parse_args(['--mode', 'loops', '--loop-parts', 'train', '--train-dataset', 'tr'])
+    assert args.loop_parts == ['train'] and args.test_dataset is None
+    with pytest.raises(ConfigValueError, match='--loop-parts test needs --test-dataset'):
+        cli.parse_args(['--mode', 'loops', '--train-dataset', 'tr'])
+    with pytest.raises(ConfigValueError, match='--loop-parts train needs --train-dataset'):
+        cli.parse_args(['--mode', 'loops', '--loop-parts', 'train', 'test', '--test-dataset', 'te'])
+
+
+def test_run_loops_runs_the_chosen_loops_first_then_times_their_rows_interleaved(monkeypatch):
+    events = []
+
+    def fake_part(name):
+        class Part:
+            def __init__(self, args, model_type, precision, work):
+                events.append(name + ' loop')
+
+            def timed_rows(self, device):
+                events.append(name + ' rows')
+                return [name + ' replayed', name + ' synthetic']
+
+            def report(self, report):
+                events.append(name + ' report')
+        return Part
+
+    monkeypatch.setattr(loops, 'TrainNetPart', fake_part('train'))
+    monkeypatch.setattr(loops, 'TestNetPart', fake_part('test'))
+    monkeypatch.setattr(loops, 'run_interleaved', lambda rows, *a: events.append(rows))
+    for parts, expected in (
+            (['train', 'test'], ['train loop', 'test loop', 'train rows', 'test rows',
+                                 ['train replayed', 'train synthetic', 'test replayed', 'test synthetic'],
+                                 'train report', 'test report']),
+            (['train'], ['train loop', 'train rows', ['train replayed', 'train synthetic'], 'train report'])):
+        events.clear()
+        args = cli.parse_args(['--mode', 'loops', '--loop-parts', *parts, '--train-dataset', 'tr',
+                               '--test-dataset', 'te'])
+        loops.run_loops(args, None, torch.device('cpu'), 'fp32', report=None, work='unused')
+        assert events == expected
+
+
+def test_train_net_of_the_train_loop_alone_names_no_test_dataset():
+    args = cli.parse_args(['--mode', 'loops', '--loop-parts', 'train', '--train-dataset', 'tr', '--', 'A.B', '1'])
+    assert loops._loop_opts(args) == ['A.B', '1', 'NUM_GPUS', '1']
+    args.test_dataset = 'te'
+    assert loops._loop_opts(args)[-2:] == ['TEST.DATASETS', "('te',)"]
+
 # --- the profile summary ------------------------------------------------------------------------
 
 def test_pool_bytes_sums_the_allocated_bytes_of_the_given_pools_only():

@@ -114,6 +114,8 @@ def parse_args(argv):
     parser.add_argument('--voting-case', choices=sorted(VOTING_CASES), default='loaded',
                         help='--mode voting: the synthetic head outputs (voting_rows.VOTING_CASES)')
     loops = parser.add_argument_group('loops section')
+    loops.add_argument('--loop-parts', nargs='+', choices=['train', 'test'], default=['train', 'test'],
+                       help='which loops run: train_net (needs --train-dataset) and / or test_net (--test-dataset)')
     loops.add_argument('--train-dataset', default=None)
     loops.add_argument('--test-dataset', default=None)
     loops.add_argument('--catalog', default=None, help='dataset catalog file (DATASET_CATALOG)')
@@ -144,8 +146,10 @@ def parse_args(argv):
         args.opts = args.opts[1:]
     if args.profile and 'profile' not in args.mode:
         args.mode.append('profile')
-    if 'loops' in args.mode and not (args.train_dataset and args.test_dataset):
-        raise ConfigValueError('--mode loops needs --train-dataset NAME and --test-dataset NAME')
+    if 'loops' in args.mode:
+        for part, dataset in (('train', args.train_dataset), ('test', args.test_dataset)):
+            if part in args.loop_parts and not dataset:
+                raise ConfigValueError('--mode loops with --loop-parts {0} needs --{0}-dataset NAME'.format(part))
     if args.demo_cfgs and 'demo' not in args.mode:
         raise ConfigValueError('--demo-cfgs is read by --mode demo only; add demo to --mode')
     if 'demo' in args.mode:

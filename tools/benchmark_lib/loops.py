@@ -59,7 +59,9 @@ def run_test_net(args, work, weights):
 
 
 def _loop_opts(args):
-    opts = list(args.opts) + ['NUM_GPUS', '1', 'TEST.DATASETS', dataset_arg(args.test_dataset)]
+    opts = list(args.opts) + ['NUM_GPUS', '1']
+    if args.test_dataset:
+        opts += ['TEST.DATASETS', dataset_arg(args.test_dataset)]
     if args.catalog:
         opts += ['DATASET_CATALOG', os.path.abspath(args.catalog)]
     return opts
@@ -129,62 +131,93 @@ def write_test_weights(model_type, path):
 
 
 def run_loops(args, model_type, device, precision, report, work):
-    """train_net and test_net on real datasets vs synthetic rows of the same model, batch and size;
-    their logs and outputs in the fresh directory work."""
+    """train_net and test_net (--loop-parts) on real datasets vs their own inputs replayed from memory
+    and synthetic rows of the same model, batch and size; their logs and outputs in the fresh
+    directory work. The loops run first, each in its subprocess, then the other rows interleaved."""
     if args.catalog:
         dataset_catalog.register_catalog_file(args.catalog)
-    batch = args.batch[0]
-    train_shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
-    test_shape = dataset_shape(args.test_dataset, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)
-    weights = os.path.join(work, 'loaded_weights.pth')
-    loaded = write_test_weights(model_type, weights)
+    parts = [{'train': TrainNetPart, 'test': TestNetPart}[name](args, model_type, precision, work)
+             for name in args.loop_parts]
+    timed = [row for part in parts for row in part.timed_rows(device)]
+    run_interleaved(timed, args.rounds, args.iters, args.warmup, args.round_warmup, device)
+    for part in parts:
+        part.report(report)
 
-    stats = json_stats(run_train_net(args, work, batch, precision))
-    train_net = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, batch,
-                    values=train_log_images_per_s(stats, batch, args.loop_warmup),
-                    # json_stats 'mem': max_memory_allocated in MiB (0 off CUDA), the peak column
-                    peaks_mib=[max(float(s.get('mem', 0)) for s in stats)],
-                    info={'iters': args.loop_iters, 'data_time_fraction': train_log_data_fraction(stats, args.loop_warmup),
-                          'log': os.path.join(work, 'train_net.log')})
-    test_ms, running_mean_ms, detector_ms, rest_ms = test_log_ms_per_image(run_test_net(args, work, weights))
-    test_net = Row('test', 'test_net.py on {} (im_detect lines), loaded weights'.format(args.test_dataset), None, 1,
-                   values=[test_ms], info={'running_mean_ms_incl_first_images': running_mean_ms,
-                                           'detector_ms': detector_ms, 'rest_of_loop_ms': rest_ms,
-                                           'log': os.path.join(work, 'test_net.log')})
 
-    replayed_train = replayed_train_row(args, model_type, batch, device, precision)
-    replayed_test = replayed_test_row('ours, loaded weights', model_type,
-                                      test_net_samples(model_type, args.test_dataset),
-                                      copy.deepcopy(loaded).to(device),
-                                      device, args.loop_test_precision)
-    train_hw = [train_shape['resized_height'], train_shape['resized_width']]
-    synthetic_train = ours_train_row(args, model_type, batch, *train_hw, max(1, round(train_shape['boxes_per_image'])),
-                                     device, precision)
-    synthetic_train.name += ', synthetic {}x{}'.format(*train_hw)
-    test_hw = [test_shape['height'], test_shape['width']]
-    synthetic_test = ours_test_row('ours, loaded weights, synthetic {}x{} image resized as in test_net'.format(
-        *test_hw), model_type, loaded.to(device), synthetic_images(1, *test_hw, seed=1)[0], device,
-        args.loop_test_precision, {})
-    run_interleaved([replayed_train, synthetic_train, replayed_test, synthetic_test], args.rounds, args.iters,
-                    args.warmup, args.round_warmup, device)
+class TrainNetPart:
+    """train_net.py's run (made here), then its batches replayed from memory and a synthetic batch of
+    the dataset's median size; the ratios of train_net's images/s to theirs."""
 
-    datasets = {'train_dataset': dict(train_shape, name=args.train_dataset),
-                'test_dataset': dict(test_shape, name=args.test_dataset)}
-    report.add_row(train_net, batch=batch, precision=precision, size=None, **datasets)
-    report.add_row(replayed_train, batch=batch, precision=precision, size=None)
-    report.add_row(synthetic_train, batch=batch, precision=precision, size=train_hw)
-    report.add_row(test_net, batch=1, precision="test_net's own", size=None, **datasets)
-    report.add_row(replayed_test, batch=1, precision=args.loop_test_precision, size=None)
-    report.add_row(synthetic_test, batch=1, precision=args.loop_test_precision, size=test_hw)
-    # Not interleaved (a subprocess cannot be): ratios of the medians. Against the loop's own inputs
-    # replayed from memory, the loop's cost (loading, augmentation, logging) is all that differs: the
-    # issue's targets. Against one synthetic size, the dataset's mix of sizes counts too.
-    train_net_median = spread(train_net.values)['median']
-    report.add_ratio('train_net / its batches replayed from memory, images/s (target >= 0.90)',
-                     [train_net_median / spread(replayed_train.values)['median']])
-    report.add_ratio('train_net / synthetic at the median size, images/s (size mix included)',
-                     [train_net_median / spread(synthetic_train.values)['median']])
-    report.add_ratio('test_net / its images replayed from memory, ms per image (target <= 1.15)',
-                     [test_ms / spread(replayed_test.values)['median']])
-    report.add_ratio('test_net / synthetic at the median size, ms per image (size mix and content included)',
-                     [test_ms / spread(synthetic_test.values)['median']])
+    def __init__(self, args, model_type, precision, work):
+        self.args, self.model_type, self.precision = args, model_type, precision
+        self.batch = args.batch[0]
+        self.shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
+        stats = json_stats(run_train_net(args, work, self.batch, precision))
+        self.loop = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, self.batch,
+                        values=train_log_images_per_s(stats, self.batch, args.loop_warmup),
+                        # json_stats 'mem': max_memory_allocated in MiB (0 off CUDA), the peak column
+                        peaks_mib=[max(float(s.get('mem', 0)) for s in stats)],
+                        info={'iters': args.loop_iters,
+                              'data_time_fraction': train_log_data_fraction(stats, args.loop_warmup),
+                              'log': os.path.join(work, 'train_net.log')})
+
+    def timed_rows(self, device):
+        args, batch = self.args, self.batch
+        self.replayed = replayed_train_row(args, self.model_type, batch, device, self.precision)
+        self.size = [self.shape['resized_height'], self.shape['resized_width']]
+        self.synthetic = ours_train_row(args, self.model_type, batch, *self.size,
+                                        max(1, round(self.shape['boxes_per_image'])), device, self.precision)
+        self.synthetic.name += ', synthetic {}x{}'.format(*self.size)
+        return [self.replayed, self.synthetic]
+
+    def report(self, report):
+        context = {'batch': self.batch, 'precision': self.precision}
+        report.add_row(self.loop, size=None, train_dataset=dict(self.shape, name=self.args.train_dataset), **context)
+        report.add_row(self.replayed, size=None, **context)
+        report.add_row(self.synthetic, size=self.size, **context)
+        # Not interleaved (a subprocess cannot be): ratios of the medians. Against the loop's own inputs
+        # replayed from memory, the loop's cost (loading, augmentation, logging) is all that differs: the
+        # issue's targets. Against one synthetic size, the dataset's mix of sizes counts too.
+        loop = spread(self.loop.values)['median']
+        report.add_ratio('train_net / its batches replayed from memory, images/s (target >= 0.90)',
+                         [loop / spread(self.replayed.values)['median']])
+        report.add_ratio('train_net / synthetic at the median size, images/s (size mix included)',
+                         [loop / spread(self.synthetic.values)['median']])
+
+
+class TestNetPart:
+    """test_net.py's run on weights written here (made here), then its images replayed from memory and
+    a synthetic image of the dataset's median size; the ratios of test_net's ms per image to theirs."""
+
+    def __init__(self, args, model_type, precision, work):
+        self.args, self.model_type = args, model_type
+        self.shape = dataset_shape(args.test_dataset, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)
+        weights = os.path.join(work, 'loaded_weights.pth')
+        self.loaded = write_test_weights(model_type, weights)
+        self.ms, running_mean_ms, detector_ms, rest_ms = test_log_ms_per_image(run_test_net(args, work, weights))
+        self.loop = Row('test', 'test_net.py on {} (im_detect lines), loaded weights'.format(args.test_dataset), None,
+                        1, values=[self.ms], info={'running_mean_ms_incl_first_images': running_mean_ms,
+                                                   'detector_ms': detector_ms, 'rest_of_loop_ms': rest_ms,
+                                                   'log': os.path.join(work, 'test_net.log')})
+
+    def timed_rows(self, device):
+        args, precision = self.args, self.args.loop_test_precision
+        self.replayed = replayed_test_row('ours, loaded weights', self.model_type,
+                                          test_net_samples(self.model_type, args.test_dataset),
+                                          copy.deepcopy(self.loaded).to(device), device, precision)
+        self.size = [self.shape['height'], self.shape['width']]
+        self.synthetic = ours_test_row('ours, loaded weights, synthetic {}x{} image resized as in test_net'.format(
+            *self.size), self.model_type, self.loaded.to(device), synthetic_images(1, *self.size, seed=1)[0], device,
+            precision, {})
+        return [self.replayed, self.synthetic]
+
+    def report(self, report):
+        precision = self.args.loop_test_precision
+        report.add_row(self.loop, batch=1, precision="test_net's own", size=None,
+                       test_dataset=dict(self.shape, name=self.args.test_dataset))
+        report.add_row(self.replayed, batch=1, precision=precision, size=None)
+        report.add_row(self.synthetic, batch=1, precision=precision, size=self.size)
+        report.add_ratio('test_net / its images replayed from memory, ms per image (target <= 1.15)',
+                         [self.ms / spread(self.replayed.values)['median']])
+        report.add_ratio('test_net / synthetic at the median size, ms per image (size mix and content included)',
+                         [self.ms / spread(self.synthetic.values)['median']])
