@@ -350,7 +350,6 @@ def test_loops_rows_autotune_cudnn_as_the_config_says(monkeypatch, tmp_path):
     assert seen == [False, True]
 
 
-
 def test_loop_parts_need_only_their_own_dataset():
     args = cli.parse_args(['--mode', 'loops', '--loop-parts', 'train', '--train-dataset', 'tr'])
     assert args.loop_parts == ['train'] and args.test_dataset is None
@@ -396,6 +395,7 @@ def test_train_net_of_the_train_loop_alone_names_no_test_dataset():
     assert loops._loop_opts(args) == ['A.B', '1', 'NUM_GPUS', '1']
     args.test_dataset = 'te'
     assert loops._loop_opts(args)[-2:] == ['TEST.DATASETS', "('te',)"]
+
 
 # --- the profile summary ------------------------------------------------------------------------
 

@@ -152,6 +152,7 @@ class TrainNetPart:
         self.args, self.model_type, self.precision = args, model_type, precision
         self.batch = args.batch[0]
         self.shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
+        self.size = [self.shape['resized_height'], self.shape['resized_width']]
         stats = json_stats(run_train_net(args, work, self.batch, precision))
         self.loop = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, self.batch,
                         values=train_log_images_per_s(stats, self.batch, args.loop_warmup),
@@ -164,7 +165,6 @@ class TrainNetPart:
     def timed_rows(self, device):
         args, batch = self.args, self.batch
         self.replayed = replayed_train_row(args, self.model_type, batch, device, self.precision)
-        self.size = [self.shape['resized_height'], self.shape['resized_width']]
         self.synthetic = ours_train_row(args, self.model_type, batch, *self.size,
                                         max(1, round(self.shape['boxes_per_image'])), device, self.precision)
         self.synthetic.name += ', synthetic {}x{}'.format(*self.size)
@@ -192,6 +192,7 @@ class TestNetPart:
     def __init__(self, args, model_type, precision, work):
         self.args, self.model_type = args, model_type
         self.shape = dataset_shape(args.test_dataset, cfg.TEST.SCALE, cfg.TEST.MAX_SIZE)
+        self.size = [self.shape['height'], self.shape['width']]
         weights = os.path.join(work, 'loaded_weights.pth')
         self.loaded = write_test_weights(model_type, weights)
         self.ms, running_mean_ms, detector_ms, rest_ms = test_log_ms_per_image(run_test_net(args, work, weights))
@@ -205,7 +206,6 @@ class TestNetPart:
         self.replayed = replayed_test_row('ours, loaded weights', self.model_type,
                                           test_net_samples(self.model_type, args.test_dataset),
                                           copy.deepcopy(self.loaded).to(device), device, precision)
-        self.size = [self.shape['height'], self.shape['width']]
         self.synthetic = ours_test_row('ours, loaded weights, synthetic {}x{} image resized as in test_net'.format(
             *self.size), self.model_type, self.loaded.to(device), synthetic_images(1, *self.size, seed=1)[0], device,
             precision, {})
