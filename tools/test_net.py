@@ -12,11 +12,11 @@ The model is TEST.WEIGHTS (a .pth of this port, a Detectron .pkl or a URL). KEY 
 import argparse
 import sys
 
-from detectron.core import launch
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import ConfigValueError, run_tool
+from detectron.utils.launcher_env import launched_rank
 from detectron.utils.logging import log_file, setup_logging
 
 
@@ -57,7 +57,7 @@ def main(argv):
     from detectron.core import test_engine
     from detectron.modeling import model_builder
     model_type = model_builder.build_model_type(cfg)
-    with log_file(cfg.OUTPUT_DIR, launch.launched_rank(), command=sys.argv):
+    with log_file(cfg.OUTPUT_DIR, launched_rank(), command=sys.argv):
         test_engine.run_inference(model_type, cfg.TEST.WEIGHTS, ind_range=args.range,
                                   multi_gpu_testing=args.multi_gpu_testing)
 

@@ -11,11 +11,11 @@ KEY VALUE pairs (before or after the flags) override the config file (see docs/C
 import argparse
 import sys
 
-from detectron.core import launch
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.utils.cli import parse_args_anywhere
 from detectron.utils.errors import run_tool
+from detectron.utils.launcher_env import launched_rank
 from detectron.utils.logging import log_file, setup_logging
 
 
@@ -51,7 +51,7 @@ def main(argv):
         print(cfg.dump())
         print('\n'.join(schedule))
         return
-    with log_file(cfg.OUTPUT_DIR, launch.launched_rank(), command=sys.argv):
+    with log_file(cfg.OUTPUT_DIR, launched_rank(), command=sys.argv):
         for line in schedule:
             logger.info(line)
         checkpoints = train_engine.train_model()

@@ -13,7 +13,7 @@ import os.path as osp
 import tempfile
 from collections.abc import Mapping
 
-from detectron.core import config_domains, launch
+from detectron.core import config_domains
 from detectron.core.config_defaults import CfgNode, cfg
 from detectron.core.config_values import coerce_value, decode_value
 from detectron.core.config_yaml import load_cfg, load_yaml_file  # noqa: F401  (load_cfg: public here, as in Detectron)
@@ -25,6 +25,7 @@ from detectron.utils.errors import (
     OverridesFormatError,
     OverridesKeyError,
 )
+from detectron.utils.launcher_env import resolve_num_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def merge_cfg_from_command_line(cfg_file, opts):
     if cfg_file is not None:
         merge_cfg_from_file(cfg_file)
     merge_cfg_from_list(opts)
-    __C.NUM_GPUS = launch.resolve_num_gpus(__C.NUM_GPUS, explicit='NUM_GPUS' in opts[0::2])
+    __C.NUM_GPUS = resolve_num_gpus(__C.NUM_GPUS, explicit='NUM_GPUS' in opts[0::2])
 
 
 def merge_cfg_from_list(cfg_list):

@@ -11,12 +11,9 @@ finished cfg once (model_builder.build_model_type) and hands it to the engines.
 """
 import logging
 
-import torch
-
 from detectron.core.config import (adopt_cfg, assert_and_infer_cfg, cfg, check_domains, images_per_iter,
                                    merge_cfg_from_command_line, scale_schedule_to_global_batch, typed_keys)
 from detectron.datasets import dataset_catalog
-from detectron.modeling import model_builder
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +24,9 @@ def finalize_cfg(cfg_file, opts, training=False):
     user typed kept (the schedule's rescaling and a precision change are logged where they happen)."""
     merge_cfg_from_command_line(cfg_file, opts)
     check_domains()  # before the model type or a derivation computes with a value outside its key's domain
+    # Imported here: the model code brings torch (seconds to import), and a command line's own mistakes
+    # (keys, values, files) are reported before it.
+    from detectron.modeling import model_builder
     model_type = model_builder.build_model_type(cfg)  # bound to the cfg being finished
     model_type.check()  # once, before any process starts
     dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
@@ -49,6 +49,7 @@ def _train_in_a_precision_this_cpu_runs():
     """bfloat16 autocast on a CPU without bfloat16 instructions (neither AVX512-BF16 nor AMX) trains
     in float32 instead, said once: there oneDNN's fallback runs many times slower than float32
     (BENCHMARKS.md, "CPU demos"), and autocast is asked for speed."""
+    import torch  # loaded by now, with the model code
     amp = cfg.SOLVER.AMP
     bfloat16 = amp.ENABLED and amp.DTYPE in ('bfloat16', 'bf16')
     if not bfloat16 or torch.cuda.is_available() or not cpu_bfloat16_is_emulated():
@@ -61,5 +62,6 @@ def _train_in_a_precision_this_cpu_runs():
 
 def cpu_bfloat16_is_emulated():
     """Whether this CPU lacks the bfloat16 instructions (AVX512-BF16, AMX) of oneDNN's fast kernels."""
+    import torch  # loaded by now, with the model code
     probes = [getattr(torch.cpu, name, None) for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
     return all(probe is not None and not probe() for probe in probes)

@@ -19,9 +19,9 @@ import os
 import socket
 import sys
 
-from detectron.core.launch import job_from_environment
 from detectron.utils.errors import OutputDirError
 from detectron.utils.io import remove_stale_temporary_files
+from detectron.utils.launcher_env import job_from_environment
 
 logger = logging.getLogger(__name__)
 

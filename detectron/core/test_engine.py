@@ -33,6 +33,7 @@ from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, DatasetError
+from detectron.utils.launcher_env import job_from_environment
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
 from detectron.utils.random_streams import preserved_random_streams
@@ -87,7 +88,7 @@ def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=Fa
 def refuse_range_in_parallel(ind_range, multi_gpu_testing):
     """--range tests one slice in one process (Detectron's child processes): with --multi-gpu-testing, or in a
     job of several processes that a launcher started, it would be ignored or tested by every rank at once."""
-    job = launch.job_from_environment()
+    job = job_from_environment()
     if multi_gpu_testing or (job is not None and job.world_size > 1):
         how = ('--multi-gpu-testing' if multi_gpu_testing else
                'a job of {} processes started by {}'.format(job.world_size, job.source))
@@ -98,7 +99,7 @@ def refuse_range_in_parallel(ind_range, multi_gpu_testing):
 
 def _parallel_testing(multi_gpu_testing):
     """Test on all ranks when asked, or whenever a launcher (torchrun/SLURM) started several processes."""
-    job = launch.job_from_environment()
+    job = job_from_environment()
     if job is not None and job.world_size > 1:
         if not multi_gpu_testing:
             logger.info('%d processes were started by %s: testing on all of them', job.world_size, job.source)

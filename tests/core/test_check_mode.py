@@ -9,6 +9,7 @@ from detectron.core import launch
 from detectron.core.config_finalize import finalize_cfg
 from detectron.utils import comm
 from detectron.utils.errors import ConfigValueError, LaunchError
+from detectron.utils import launcher_env
 
 SHAPES = 'configs/getting_started/shapes_demo_R-18-FPN.yaml'
 
@@ -104,7 +105,7 @@ def test_num_gpus_spawns_ranks_that_map_round_robin(two_mocked_gpus, monkeypatch
     launch.launch(pytest.fail, 3, backend='gloo')  # 3 ranks on 2 GPUs: no error
     assert spawned['n'] == 3 and spawned['options'].share_gpus
     # What each spawned rank then runs (launch._spawned_worker), rank by rank:
-    devices = [launch._run_worker(comm.get_device, (), launch.JobSpec(r, 3, r, 'launch'),
+    devices = [launch._run_worker(comm.get_device, (), launcher_env.JobSpec(r, 3, r, 'launch'),
                                   spawned['options']) for r in range(3)]
     assert devices == [torch.device('cuda', i) for i in (0, 1, 0)] and two_mocked_gpus == [0, 1, 0]
 
@@ -124,15 +125,15 @@ def test_a_lost_peer_is_one_line_naming_this_rank(monkeypatch):
     gloo = RuntimeError('[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:14561: '
                         'Connection reset by peer. This is typically caused by a remote worker hanging.')
     with pytest.raises(launch.PeerLostError) as info:
-        launch._run_worker(_raises(gloo), (), launch.JobSpec(3, 4, 1, 'torchrun'), options)
+        launch._run_worker(_raises(gloo), (), launcher_env.JobSpec(3, 4, 1, 'torchrun'), options)
     assert str(info.value) == (
         'rank 3 of 4 lost its connection to the other ranks (Read error [127.0.0.1]:14561: Connection reset by peer): '
         "another process of the job or its node stopped, and its own output (or its launcher's summary) names it; "
         'started again, training resumes from its last checkpoint')
     other = RuntimeError('CUDA error: an illegal memory access was encountered')
     with pytest.raises(RuntimeError) as info:
-        launch._run_worker(_raises(other), (), launch.JobSpec(3, 4, 1, 'torchrun'), options)
+        launch._run_worker(_raises(other), (), launcher_env.JobSpec(3, 4, 1, 'torchrun'), options)
     assert info.value is other
     with pytest.raises(RuntimeError) as info:  # one process has no peers to lose
-        launch._run_worker(_raises(gloo), (), launch.JobSpec(0, 1, 0, 'single process'), options)
+        launch._run_worker(_raises(gloo), (), launcher_env.JobSpec(0, 1, 0, 'single process'), options)
     assert info.value is gloo

@@ -13,6 +13,7 @@ import torch
 from detectron.core import launch
 from detectron.utils import comm
 from detectron.utils.errors import DatasetError, LaunchError
+from detectron.utils import launcher_env
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -171,14 +172,14 @@ LAUNCHED_SCRIPT = textwrap.dedent('''
     import json, sys
     import torch, torch.distributed as dist
     from detectron.core import launch
-    from detectron.utils import comm
+    from detectron.utils import comm, launcher_env
 
     def main():
         total = torch.tensor([float(comm.get_rank() + 1)])
         dist.all_reduce(total)
         return {'rank': comm.get_rank(), 'world_size': comm.get_world_size(),
                 'local_rank': comm.get_local_rank(), 'sum': total.item(),
-                'source': launch.job_from_environment().source}
+                'source': launcher_env.job_from_environment().source}
 
     if __name__ == '__main__':
         # One write per line: the ranks share stdout, and print() writes the newline separately.
@@ -214,13 +215,13 @@ def test_torchrun_job_is_joined_not_respawned(tmp_path):
 
 @pytest.mark.processes
 def test_one_world_size_launcher_wins_over_a_config_value_and_refuses_a_typed_one(caplog):
-    job = launch.JobSpec(0, 2, 0, 'torchrun')
-    assert launch.resolve_num_gpus(2, explicit=True, job=job) == 2
+    job = launcher_env.JobSpec(0, 2, 0, 'torchrun')
+    assert launcher_env.resolve_num_gpus(2, explicit=True, job=job) == 2
     with caplog.at_level('INFO'):
-        assert launch.resolve_num_gpus(8, explicit=False, job=job) == 2  # e.g. NUM_GPUS 8 from a YAML
+        assert launcher_env.resolve_num_gpus(8, explicit=False, job=job) == 2  # e.g. NUM_GPUS 8 from a YAML
     assert 'NUM_GPUS 8 of the config replaced by the world size 2' in caplog.text
     with pytest.raises(LaunchError, match=r'^NUM_GPUS is 3 but torchrun started 2 processes; give NUM_GPUS 2'):
-        launch.resolve_num_gpus(3, explicit=True, job=job)
+        launcher_env.resolve_num_gpus(3, explicit=True, job=job)
 
     monkey_env = {'RANK': '0', 'WORLD_SIZE': '2', 'LOCAL_RANK': '0', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '1'}
     # launch() treats any mismatch as typed: the tools have already reconciled a config file's value.
@@ -248,14 +249,14 @@ def test_slurm_tasks_form_one_job(tmp_path):
 
 
 def test_job_from_environment_rules():
-    assert launch.job_from_environment({}) is None
-    assert launch.job_from_environment({'SLURM_NTASKS': '1', 'SLURM_PROCID': '0'}) is None
+    assert launcher_env.job_from_environment({}) is None
+    assert launcher_env.job_from_environment({'SLURM_NTASKS': '1', 'SLURM_PROCID': '0'}) is None
     torchrun = {'RANK': '5', 'WORLD_SIZE': '8', 'LOCAL_RANK': '1', 'MASTER_ADDR': 'h', 'MASTER_PORT': '1'}
-    assert launch.job_from_environment(torchrun) == launch.JobSpec(5, 8, 1, 'torchrun')
+    assert launcher_env.job_from_environment(torchrun) == launcher_env.JobSpec(5, 8, 1, 'torchrun')
     slurm = {'SLURM_PROCID': '3', 'SLURM_NTASKS': '4', 'SLURM_LOCALID': '1', 'MASTER_ADDR': 'h',
              'MASTER_PORT': '1'}
-    assert launch.job_from_environment(slurm) == launch.JobSpec(3, 4, 1, 'SLURM')
+    assert launcher_env.job_from_environment(slurm) == launcher_env.JobSpec(3, 4, 1, 'SLURM')
     with pytest.raises(LaunchError, match='torchrun-style distributed job but lacks LOCAL_RANK, MASTER_PORT'):
-        launch.job_from_environment({'RANK': '0', 'WORLD_SIZE': '2', 'MASTER_ADDR': 'h'})
+        launcher_env.job_from_environment({'RANK': '0', 'WORLD_SIZE': '2', 'MASTER_ADDR': 'h'})
     with pytest.raises(LaunchError, match='SLURM distributed job but lacks MASTER_ADDR, MASTER_PORT'):
-        launch.job_from_environment({'SLURM_PROCID': '0', 'SLURM_NTASKS': '2', 'SLURM_LOCALID': '0'})
+        launcher_env.job_from_environment({'SLURM_PROCID': '0', 'SLURM_NTASKS': '2', 'SLURM_LOCALID': '0'})

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from detectron.checkpoint import c2_weights, checkpointer, torch_file
-from detectron.core import launch
 from detectron.datasets import json_dataset_evaluator, task_evaluation
 from detectron.datasets.json_dataset import JsonDataset
 from detectron.utils.errors import LaunchError, WeightsError
+from detectron.utils import launcher_env
 
 from support.processes import (DEADLINE_S, alive, descendants, job_env, session_processes, survivors_after,
                                wait_for_files)
@@ -127,9 +127,9 @@ def test_a_launched_rank_whose_parent_already_died_ends_itself(tmp_path):
 def test_launcher_variables_that_are_not_a_rank_are_one_launch_error(variables, named):
     environ = dict(variables, MASTER_ADDR='127.0.0.1', MASTER_PORT='29500')
     with pytest.raises(LaunchError, match=named.replace('(', r'\(')):
-        launch.job_from_environment(environ)
+        launcher_env.job_from_environment(environ)
     with pytest.raises(LaunchError, match="SLURM_NTASKS='x'"):
-        launch.job_from_environment({'SLURM_NTASKS': 'x'})
+        launcher_env.job_from_environment({'SLURM_NTASKS': 'x'})
 
 
 @pytest.mark.processes

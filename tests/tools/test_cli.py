@@ -100,6 +100,27 @@ def test_user_errors_are_one_line(tool, args, message):
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize('tool', ['train_net.py', 'test_net.py'])
+@pytest.mark.parametrize('args, message', [
+    (['SOLVER.BASE_LRR', '0.1'], 'error: Non-existent key: SOLVER.BASE_LRR'),
+    (['TEST.NMS', '1.5'], 'error: TEST.NMS must be'),  # a domain check
+    (['-h'], None),
+])
+def test_command_line_mistakes_and_help_come_before_torch_is_imported(tool, args, message):
+    result = subprocess.run([sys.executable, '-X', 'importtime', os.path.join('tools', tool),
+                             '-c', 'configs/getting_started/shapes_demo_R-18-FPN.yaml', *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    imported = {line.rsplit('|', 1)[1].strip() for line in result.stderr.splitlines()
+                if line.startswith('import time:')}
+    assert 'detectron.core.config' in imported and 'yaml' in imported  # the import log is complete
+    assert 'torch' not in imported
+    if message is None:
+        assert result.returncode == 0 and result.stdout.startswith('usage: ' + tool)
+    else:
+        assert result.returncode == 2 and result.stderr.splitlines()[-1].startswith(message)
+
+
+@pytest.mark.processes
 def test_malformed_yaml_is_one_line(tmp_path):
     path = tmp_path / 'bad.yaml'
     path.write_text('SOLVER:\n  BASE_LR: [0.1\n')

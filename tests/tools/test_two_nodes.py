@@ -11,6 +11,7 @@ import time
 import pytest
 
 from detectron.core import launch
+from detectron.utils import launcher_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENDED_WITHIN_S = 60.0
@@ -27,7 +28,7 @@ def _train_net(output_dir, max_iter):
 
 def _environment(**extra):
     env = {k: v for k, v in os.environ.items()
-           if k not in launch.TORCHRUN_VARIABLES and not k.startswith('SLURM_')}
+           if k not in launcher_env.TORCHRUN_VARIABLES and not k.startswith('SLURM_')}
     env.update(PYTHONPATH=REPO, OMP_NUM_THREADS='1', **extra)
     return env
 
