@@ -3,7 +3,7 @@ backward and the optimizer, timed on the host without synchronising inside the s
 synchronises includes its wait for the GPU), then again with a synchronisation after every step, then
 the GPU kernel time per step under torch.profiler. BENCHMARKS.md, "Training speed".
 
-    python dev/rcnn_step_parts.py --batch 2 [--compact-rois] [--eager-roi-align] [--height 800 --width 1333]
+    python dev/rcnn_step_parts.py --batch 2 [--compact-rois] [--eager-roi-align] [--height 800 --width 1333] [KEY VALUE ...]
 """
 import argparse
 import collections
@@ -20,7 +20,7 @@ from benchmark_lib.timing import autocast, sync
 
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
-from detectron.modeling import fast_rcnn_heads, generalized_rcnn, model_builder, rpn_heads
+from detectron.modeling import fast_rcnn_heads, generalized_rcnn, mask_rcnn_heads, model_builder, rpn_heads
 from detectron.modeling.optimizer import build_optimizer
 from detectron.ops import multilevel_roi_align
 
@@ -29,7 +29,8 @@ HOST_MS = collections.defaultdict(float)
 # (module, function name) of the parts timed inside the forward.
 PARTS = [(generalized_rcnn, 'rpn_targets'), (generalized_rcnn, 'sample_rois'),
          (generalized_rcnn, 'roi_feature_transform'), (rpn_heads, 'rpn_losses'),
-         (rpn_heads, 'generate_proposals'), (fast_rcnn_heads, 'fast_rcnn_losses'), (fast_rcnn_heads, 'kl_loss')]
+         (rpn_heads, 'generate_proposals'), (fast_rcnn_heads, 'fast_rcnn_losses'), (fast_rcnn_heads, 'kl_loss'),
+         (generalized_rcnn, 'mask_targets'), (mask_rcnn_heads, 'mask_loss')]
 
 
 def timed(name, fn):
@@ -53,8 +54,9 @@ def main():
                         help="torchvision's roi_align per level instead of the Triton kernels")
     parser.add_argument('--compact-rois', action='store_true',
                         help='the compact proposals and RoIs (host synchronisations) instead of the fixed-size ones')
+    parser.add_argument('opts', nargs=argparse.REMAINDER, help='config overrides (KEY VALUE ...)')
     args = parser.parse_args()
-    finalize_cfg(args.cfg, [])
+    finalize_cfg(args.cfg, args.opts)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     precision = 'bf16' if device.type == 'cuda' else 'fp32'
     torch.backends.cudnn.benchmark = True
@@ -68,6 +70,8 @@ def main():
     model = build_ours_for_training(model_builder.build_model_type(cfg), device, precision).train()
     model.box_head.forward = timed('box_head', model.box_head.forward)
     model.box_outs.forward = timed('box_outs', model.box_outs.forward)
+    if model.mask_head is not None:
+        model.mask_head.forward = timed('mask_head', model.mask_head.forward)
     inputs = ours_train_inputs(*synthetic_batch(args.batch, args.height, args.width, 20, cfg.MODEL.NUM_CLASSES),
                                device)
     optimizer = build_optimizer(model, base_lr=0.0, momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY)
