@@ -98,12 +98,14 @@ def _collate_or_error(items, collate):
     if errors:
         return errors[0]
     batch = collate(items)
-    return packed_leaves(batch, _is_small_tensor) if get_worker_info() is not None else batch
+    return packed_leaves(batch, _travels_packed) if get_worker_info() is not None else batch
 
 
-def _is_small_tensor(leaf):
-    # A batch's targets: a dozen small tensors, one file descriptor each when sent on their own.
-    return isinstance(leaf, torch.Tensor) and leaf.nbytes < SHARED_ARRAY_MIN_BYTES
+def _travels_packed(leaf):
+    # Each tensor sent on its own costs the main process a connection (BENCHMARKS.md, "Real loops"): the
+    # targets and unresized images of a batch share one tensor. A large tensor the worker already wrote into
+    # shared memory (a blob, a stacked CenterNet batch) travels on its own: a copy would cost more.
+    return isinstance(leaf, torch.Tensor) and (leaf.nbytes < SHARED_ARRAY_MIN_BYTES or not leaf.is_shared())
 
 
 class IterationTaggedBatches:
@@ -357,7 +359,7 @@ _ALIGN = 64
 
 
 def _pinned(leaf):
-    # Tensors and objects with a pin_memory of their own (minibatch.UnresizedImages); not numpy arrays.
+    # Tensors and objects with a pin_memory of their own; not numpy arrays.
     return leaf.pin_memory() if hasattr(leaf, 'pin_memory') else leaf
 
 
@@ -369,7 +371,10 @@ class _Packed:
 
 
 def _map_leaves(sample, fn):
-    """sample (nested dicts, lists, tuples) with fn applied to everything else in it."""
+    """sample (nested dicts, lists, tuples and objects with a map_leaves of their own, such as
+    minibatch.UnresizedImages) with fn applied to everything else in it."""
+    if hasattr(sample, 'map_leaves'):
+        return sample.map_leaves(lambda leaf: _map_leaves(leaf, fn))
     if isinstance(sample, dict):
         return {key: _map_leaves(value, fn) for key, value in sample.items()}
     if isinstance(sample, (list, tuple)):

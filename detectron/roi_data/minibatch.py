@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from detectron.datasets.proposal_files import proposal_rows
-from detectron.roi_data.shared_memory import empty_for_main_process, shared_copy
+from detectron.roi_data.shared_memory import empty_for_main_process
 from detectron.utils import segms as segm_utils
 from detectron.utils.blob import blob_shape, fill_blob, prep_im_for_blob, resize_scale
 from detectron.utils.errors import DatasetError
@@ -247,22 +247,27 @@ def prepare_unresized_training_entry(entry, rng, scales, max_size):
 class UnresizedImages:
     """A training batch's images as the loader leaves them for the device to finish
     (blob.images_blob_t): BGR uint8 (H, W, 3) tensors, flipped, each with its scale (a float).
-    A 640x480 image travels as 0.9 MB instead of 11.7 MB of float32 blob; DataLoader's pin thread
-    pins them (pin_memory) for asynchronous uploads."""
+    A 640x480 image travels as 0.9 MB instead of 11.7 MB of float32 blob; from a loader worker in the
+    batch's one shared tensor (loader.packed_leaves, through map_leaves), which DataLoader's pin thread
+    pins for asynchronous uploads (pin_memory, without workers)."""
 
     def __init__(self, images, scales):
         self.images = images
         self.scales = scales
 
+    def map_leaves(self, fn):
+        """The same scales with fn applied to each image (the loader's packing and unpacking)."""
+        return UnresizedImages([fn(image) for image in self.images], self.scales)
+
     def pin_memory(self):
-        return UnresizedImages([image.pin_memory() for image in self.images], self.scales)
+        return self.map_leaves(torch.Tensor.pin_memory)
 
 
 def collate_unresized(items):
     """prepare_unresized_training_entry's items -> (UnresizedImages, im_info (B, 3), list of B
-    target dicts); each image in shared memory when made in a loader worker."""
+    target dicts), the images' tensors sharing the items' arrays (a loader worker packs them)."""
     ims, scales, im_infos, targets = zip(*items)
-    images = UnresizedImages([shared_copy(im) for im in ims], list(scales))
+    images = UnresizedImages([torch.from_numpy(im) for im in ims], list(scales))
     return images, torch.from_numpy(np.stack(im_infos)), list(targets)
 
 

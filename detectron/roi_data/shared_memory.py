@@ -31,10 +31,3 @@ def empty_for_main_process(shape, dtype):
         return torch.empty(shape, dtype=dtype)
     nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
     return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)
-
-
-def shared_copy(array):
-    """A numpy array (of a torch dtype) copied into a tensor made by empty_for_main_process."""
-    tensor = empty_for_main_process(array.shape, torch.from_numpy(array[:0]).dtype)
-    tensor.numpy()[...] = array
-    return tensor

@@ -226,7 +226,8 @@ def test_a_packed_sample_gives_back_its_arrays_aligned_with_their_dtypes_and_sha
 
 
 class _TargetTensors(torch.utils.data.Dataset):
-    """Training items shaped like R-CNN targets: small tensors of several dtypes, an empty one, a large one."""
+    """Training items shaped like R-CNN's: small target tensors of several dtypes, an empty one, a large one in
+    ordinary memory (an unresized image) and a large one written into shared memory (a worker's blob)."""
 
     def __len__(self):
         return 8
@@ -235,24 +236,26 @@ class _TargetTensors(torch.utils.data.Dataset):
         _, index = key
         return {'boxes': torch.arange(8, dtype=torch.float32).view(2, 4) + index, 'classes': torch.tensor([index, -3]),
                 'is_crowd': torch.tensor([index % 2 == 0, True]), 'edges': torch.zeros((0, 4)),
-                'image': torch.full((128, 128), float(index))}   # 65536 bytes: travels on its own
+                'image': torch.full((128, 128), float(index)),   # 65536 bytes, packed with the rest
+                'blob': torch.full((128, 128), -float(index)).share_memory_()}   # travels on its own
 
 
 def _expected_targets(index):
     return _TargetTensors()[(0, index)]
 
 
-def test_the_small_tensors_of_a_training_batch_travel_in_one_shared_tensor(monkeypatch):
+def test_a_training_batch_travels_in_one_shared_tensor_but_its_large_shared_tensors(monkeypatch):
     from detectron.roi_data import loader as loader_module
     monkeypatch.setattr(loader_module, 'get_worker_info', lambda: object())   # as in a worker
     batch = loader_module._collate_or_error([_expected_targets(i) for i in (3, 6)], collate=list)
-    assert isinstance(batch, SharedLeaves) and len(batch.layouts) == 8   # 4 small tensors x 2 items
-    assert [layout[0] % 64 for layout in batch.layouts] == [0] * 8
+    assert isinstance(batch, SharedLeaves) and len(batch.layouts) == 10   # 5 tensors x 2 items
+    assert [layout[0] % 64 for layout in batch.layouts] == [0] * 10
     for got, index in zip(batch.unpacked(), (3, 6)):
         for key, want in _expected_targets(index).items():
             assert got[key].dtype == want.dtype and got[key].shape == want.shape and torch.equal(got[key], want)
-        assert got['image'].data_ptr() != batch.buffer.data_ptr()
-        assert got['boxes'].untyped_storage().data_ptr() == batch.buffer.untyped_storage().data_ptr()
+        assert got['blob'].untyped_storage().data_ptr() != batch.buffer.untyped_storage().data_ptr()
+        for key in ('boxes', 'image'):
+            assert got[key].untyped_storage().data_ptr() == batch.buffer.untyped_storage().data_ptr()
 
 
 def test_pinning_a_packed_batch_pins_its_tensor_and_the_tensors_that_travel_on_their_own(monkeypatch):
@@ -266,13 +269,13 @@ def test_pinning_a_packed_batch_pins_its_tensor_and_the_tensors_that_travel_on_t
         return tensor.clone()
 
     monkeypatch.setattr(torch.Tensor, 'pin_memory', fake_pin)
-    image = batch.skeleton[0]['image']
+    blob = batch.skeleton[0]['blob']
     got = batch.pin_memory()
-    assert sorted(pinned) == sorted([batch.buffer.data_ptr(), image.data_ptr()])
+    assert sorted(pinned) == sorted([batch.buffer.data_ptr(), blob.data_ptr()])
     (targets,) = got.unpacked()
     assert targets['boxes'].untyped_storage().data_ptr() == got.buffer.untyped_storage().data_ptr() != \
         batch.buffer.untyped_storage().data_ptr()
-    assert targets['image'].data_ptr() != image.data_ptr() and torch.equal(targets['image'], image)
+    assert targets['blob'].data_ptr() != blob.data_ptr() and torch.equal(targets['blob'], blob)
 
 
 @pytest.mark.processes

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.minibatch import collate_minibatch, collate_unresized
+from detectron.roi_data.loader import build_train_loader
+from detectron.roi_data.minibatch import UnresizedImages, collate_minibatch, collate_unresized
 from detectron.roi_data.shared_memory import stacked_batch
 from detectron.utils.blob import im_list_to_blob
 
@@ -73,19 +74,30 @@ def test_rcnn_blob_in_the_main_process_is_ordinary_memory():
     assert not images.is_shared() and images.shape == (2, 3, 64, 64)
 
 
-def _collate_unresized_in_worker(items):
-    images, im_info, targets = collate_unresized(items)
-    return images.images, [image.is_shared() for image in images.images], images.scales, im_info
+class _UnresizedItems(torch.utils.data.Dataset):
+    """prepare_unresized_training_entry's items: uint8 images of two sizes, scales, im_info, targets."""
+
+    def __init__(self, ims):
+        self.ims = ims
+
+    def __len__(self):
+        return len(self.ims)
+
+    def __getitem__(self, key):
+        _, index = key
+        return self.ims[index], 1.5 + index, np.array([1, 2, index], np.float32), {'boxes': torch.full((2, 4), index)}
 
 
 @pytest.mark.processes
-def test_unresized_images_of_a_worker_are_copied_into_shared_memory():
+def test_unresized_images_leave_a_worker_with_the_targets_in_one_shared_tensor():
     rng = np.random.RandomState(5)
-    ims = [rng.randint(0, 256, (h, w, 3)).astype(np.uint8) for h, w in ((30, 50), (45, 20))]
-    items = [(im, 1.5 + k, np.array([1, 2, 3], np.float32), {}) for k, im in enumerate(ims)]
-    loader = torch.utils.data.DataLoader(items, batch_size=2, num_workers=1, collate_fn=_collate_unresized_in_worker)
-    (images, shared_in_worker, scales, im_info), = list(loader)
-    assert shared_in_worker == [True, True]
-    assert [image.numpy().tobytes() for image in images] == [im.tobytes() for im in ims]
-    assert scales == [1.5, 2.5]
-    np.testing.assert_array_equal(im_info.numpy(), [[1, 2, 3], [1, 2, 3]])
+    ims = [rng.randint(0, 256, (h, w, 3)).astype(np.uint8) for h, w in ((300, 500), (450, 200))]  # 450 and 270 kB
+    (images, im_info, targets), = list(build_train_loader(_UnresizedItems(ims), [[0, 1]], collate_unresized,
+                                                          num_workers=1))
+    assert isinstance(images, UnresizedImages) and images.scales == [1.5, 2.5]
+    assert [image.numpy().tobytes() for image in images.images] == [im.tobytes() for im in ims]
+    np.testing.assert_array_equal(im_info.numpy(), [[1, 2, 0], [1, 2, 1]])
+    assert [t['boxes'].tolist() for t in targets] == [[[0] * 4] * 2, [[1] * 4] * 2]
+    # Views of one tensor: the main process received one file descriptor for the whole batch.
+    tensors = images.images + [im_info] + [t['boxes'] for t in targets]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
