@@ -332,9 +332,10 @@ class SharedLeaves:
         self.layouts = layouts
 
     def pin_memory(self):
-        """For DataLoader's pin-memory thread: the tensor pinned, and the item's other tensors too
-        (the large ones that travel on their own), as the thread pins the items it recurses into."""
-        return SharedLeaves(_map_leaves(self.skeleton, _pinned), self.buffer.pin_memory(), self.layouts)
+        """For DataLoader's pin-memory thread: the item unpacked from the tensor pinned, its other tensors
+        pinned too (the large ones that travel on their own), as the thread pins the items it recurses
+        into. Unpacked there, not by the main thread, which feeds the GPU."""
+        return SharedLeaves(_map_leaves(self.skeleton, _pinned), self.buffer.pin_memory(), self.layouts).unpacked()
 
     def leaves(self):
         """The packed leaves as views of the (shared or pinned) tensor, in their order."""

@@ -258,7 +258,7 @@ def test_a_training_batch_travels_in_one_shared_tensor_but_its_large_shared_tens
             assert got[key].untyped_storage().data_ptr() == batch.buffer.untyped_storage().data_ptr()
 
 
-def test_pinning_a_packed_batch_pins_its_tensor_and_the_tensors_that_travel_on_their_own(monkeypatch):
+def test_pinning_a_packed_batch_pins_its_tensor_and_the_tensors_that_travel_on_their_own_then_unpacks(monkeypatch):
     from detectron.roi_data import loader as loader_module
     monkeypatch.setattr(loader_module, 'get_worker_info', lambda: object())   # as in a worker
     batch = loader_module._collate_or_error([_expected_targets(1)], collate=list)
@@ -270,11 +270,11 @@ def test_pinning_a_packed_batch_pins_its_tensor_and_the_tensors_that_travel_on_t
 
     monkeypatch.setattr(torch.Tensor, 'pin_memory', fake_pin)
     blob = batch.skeleton[0]['blob']
-    got = batch.pin_memory()
+    (targets,) = batch.pin_memory()   # unpacked by the pin-memory thread
     assert sorted(pinned) == sorted([batch.buffer.data_ptr(), blob.data_ptr()])
-    (targets,) = got.unpacked()
-    assert targets['boxes'].untyped_storage().data_ptr() == got.buffer.untyped_storage().data_ptr() != \
+    assert targets['boxes'].untyped_storage().data_ptr() == targets['image'].untyped_storage().data_ptr() != \
         batch.buffer.untyped_storage().data_ptr()
+    assert all(torch.equal(targets[key], want) for key, want in _expected_targets(1).items())
     assert targets['blob'].data_ptr() != blob.data_ptr() and torch.equal(targets['blob'], blob)
 
 
