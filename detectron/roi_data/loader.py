@@ -353,7 +353,8 @@ class SharedLeaves:
 
 
 # Arrays of a test sample at least this large go through shared memory; smaller ones (CenterNet's
-# affine centres, ...) pickle faster. Tensors of a training batch smaller than this share one.
+# affine centres, ...) pickle faster. A training batch's tensors share one, but those at least this large
+# that a worker wrote into shared memory itself (_travels_packed).
 SHARED_ARRAY_MIN_BYTES = 64 * 1024
 # Each leaf starts at a multiple of this many bytes of the shared tensor, so its view is aligned.
 _ALIGN = 64
