@@ -9,6 +9,7 @@ Detectron stores them, while intersections, IoUs and scores stay float32.
 """
 import numpy as np
 
+from cython.parallel cimport parallel, threadid
 from libc.math cimport exp
 from libc.string cimport memcpy
 
@@ -24,6 +25,40 @@ cdef extern from *:
     """
     int _lowest_set_bit(unsigned long long x) noexcept nogil
 
+
+
+cdef extern from *:
+    """
+    /* Shared state of the workers of soft_nms_with_variance_voting_grouped: acquire loads and
+       release stores (a set's rows change hands with its claim), a compare-and-swap to claim. */
+    #if defined(_MSC_VER)
+    #include <intrin.h>
+    static inline int _kl_load_int(const int* p) { int v = *(const volatile int*)p; _ReadWriteBarrier(); return v; }
+    static inline void _kl_store_int(int* p, int v) { _ReadWriteBarrier(); *(volatile int*)p = v; }
+    static inline Py_ssize_t _kl_load_size(const Py_ssize_t* p) { Py_ssize_t v = *(const volatile Py_ssize_t*)p; _ReadWriteBarrier(); return v; }
+    static inline void _kl_store_size(Py_ssize_t* p, Py_ssize_t v) { _ReadWriteBarrier(); *(volatile Py_ssize_t*)p = v; }
+    static inline float _kl_load_float(const float* p) { return *(const volatile float*)p; }
+    static inline void _kl_store_float(float* p, float v) { *(volatile float*)p = v; }
+    static inline int _kl_claim(int* p, int expected, int desired) {
+        return _InterlockedCompareExchange((volatile long*)p, desired, expected) == expected; }
+    #else
+    #define _kl_load_int(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define _kl_store_int(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    #define _kl_load_size(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define _kl_store_size(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    static inline float _kl_load_float(const float* p) { float v; __atomic_load(p, &v, __ATOMIC_RELAXED); return v; }
+    static inline void _kl_store_float(float* p, float v) { __atomic_store(p, &v, __ATOMIC_RELAXED); }
+    static inline int _kl_claim(int* p, int expected, int desired) {
+        return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE); }
+    #endif
+    """
+    int _kl_load_int(const int* p) noexcept nogil
+    void _kl_store_int(int* p, int v) noexcept nogil
+    Py_ssize_t _kl_load_size(const Py_ssize_t* p) noexcept nogil
+    void _kl_store_size(Py_ssize_t* p, Py_ssize_t v) noexcept nogil
+    float _kl_load_float(const float* p) noexcept nogil
+    void _kl_store_float(float* p, float v) noexcept nogil
+    bint _kl_claim(int* p, int expected, int desired) noexcept nogil
 
 cdef extern from *:
     """
@@ -46,12 +81,65 @@ cdef extern from *:
             suppressed[j] |= inter / (iarea + area[j] - inter) >= thresh;
         }
     }
+
+    /* The IoU of box (ix1, iy1, ix2, iy2) of area iarea with every box from `start` on, as _kl_iou
+       computes it (0 without a positive intersection), and whether they intersect. Sides of the
+       form d + 1 are 0 or at least 2^-25, so their product is positive exactly when both are. */
+    /* Adds the votes of `count` rows in order: weights[v] * terms[8 * rows[v] + k] to sums[k]
+       (each row's terms: box / sigma^2, then 1 / sigma^2), the sums held in registers. */
+    static void _kl_add_votes(const float* __restrict terms, const Py_ssize_t* __restrict rows,
+                              const double* __restrict weights, Py_ssize_t count, double* sums) {
+        double s0 = sums[0], s1 = sums[1], s2 = sums[2], s3 = sums[3];
+        double s4 = sums[4], s5 = sums[5], s6 = sums[6], s7 = sums[7];
+        for (Py_ssize_t v = 0; v < count; ++v) {
+            const float* t = terms + 8 * rows[v];
+            double weight = weights[v];
+            s0 += weight * t[0]; s1 += weight * t[1]; s2 += weight * t[2]; s3 += weight * t[3];
+            s4 += weight * t[4]; s5 += weight * t[5]; s6 += weight * t[6]; s7 += weight * t[7];
+        }
+        sums[0] = s0; sums[1] = s1; sums[2] = s2; sums[3] = s3;
+        sums[4] = s4; sums[5] = s5; sums[6] = s6; sums[7] = s7;
+    }
+
+    static void _kl_iou_row(const float* __restrict x1, const float* __restrict y1,
+                            const float* __restrict x2, const float* __restrict y2,
+                            const float* __restrict area, float* __restrict ious,
+                            unsigned char* __restrict flags, Py_ssize_t start, Py_ssize_t n, float ix1,
+                            float iy1, float ix2, float iy2, float iarea) {
+        for (Py_ssize_t j = start; j < n; ++j) {
+            float left = ix1 >= x1[j] ? ix1 : x1[j], right = ix2 <= x2[j] ? ix2 : x2[j];
+            float top = iy1 >= y1[j] ? iy1 : y1[j], bottom = iy2 <= y2[j] ? iy2 : y2[j];
+            float w = right - left + 1.0f, h = bottom - top + 1.0f;
+            float inter = (w >= 0.0f ? w : 0.0f) * (h >= 0.0f ? h : 0.0f);
+            float ratio = inter / (iarea + area[j] - inter);
+            ious[j] = inter > 0.0f ? ratio : 0.0f;
+            flags[j] = (w > 0.0f) & (h > 0.0f);
+        }
+    }
     """
+    void _kl_add_votes(const float* terms, const Py_ssize_t* rows, const double* weights, Py_ssize_t count,
+                       double* sums) noexcept nogil
+    void _kl_iou_row(const float* x1, const float* y1, const float* x2, const float* y2, const float* area,
+                     float* ious, unsigned char* flags, Py_ssize_t start, Py_ssize_t n, float ix1,
+                     float iy1, float ix2, float iy2, float iarea) noexcept nogil
     void _nms_suppress_row(const float* x1, const float* y1, const float* x2, const float* y2,
                            const float* area, int* suppressed, Py_ssize_t start, Py_ssize_t n,
                            float ix1, float iy1, float ix2, float iy2, float iarea, float thresh) noexcept nogil
 
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #define _NMS_OPENMP 1
+    #else
+    #define _NMS_OPENMP 0
+    #endif
+    """
+    int _NMS_OPENMP
+
 SOFT_NMS_METHODS = {'hard': 0, 'linear': 1, 'gaussian': 2}
+# Whether the module was built with OpenMP (setup.py probes the compiler): without it the
+# variance-voting kernels step on one thread.
+OPENMP = bool(_NMS_OPENMP)
 
 
 cdef inline float _max(float a, float b) noexcept nogil:
@@ -219,13 +307,17 @@ cdef struct _KLWork:
     float* score
     Py_ssize_t* row
     float* terms
-    # Scratch of one step: the positions it examines and their IoUs, vote weights and decays; the
-    # kept rows.
+    # Scratch of one step: the IoU with the selected box by position, the positions it examines
+    # and their IoUs, vote weights and decays; the kept rows.
     Py_ssize_t* examined
     unsigned char* flags
+    float* position_ious
     float* ious
     double* weights
     double* decays
+    # The rows that vote in a step and their weights, in the order they are added.
+    Py_ssize_t* vote_rows
+    double* vote_weights
     unsigned char* selected
 
 
@@ -248,31 +340,37 @@ cdef _KLSettings _kl_settings(double vote_thresh, double iou_sigma, bint vote, h
 
 
 cdef class _KLBuffers:
-    """The arrays behind a _KLWork: state for `total` rows, scratch for sets of up to `width`."""
+    """The arrays behind a _KLWork: state for `total` rows, and for each of `workers` (1 or 2)
+    scratch for sets of up to `width` (work[k] shares the state, with worker k's scratch)."""
     cdef object floats, indices, terms_arr, flags_arr, ious_arr, doubles, selected_arr
-    cdef _KLWork work
+    cdef _KLWork work[2]
 
-    def __cinit__(self, Py_ssize_t total, Py_ssize_t width):
+    def __cinit__(self, Py_ssize_t total, Py_ssize_t width, Py_ssize_t workers=1):
         total, width = max(total, 1), max(width, 1)
         self.floats = np.empty((6, total), dtype=np.float32)
-        self.indices = np.empty(total + width, dtype=np.intp)
+        self.indices = np.empty(total + 2 * workers * width, dtype=np.intp)
         self.terms_arr = np.empty((total, 8), dtype=np.float32)
-        self.flags_arr = np.empty(width + 8, dtype=np.uint8)
-        self.ious_arr = np.empty(width, dtype=np.float32)
-        self.doubles = np.empty((2, width), dtype=np.float64)
+        self.flags_arr = np.empty((workers, width + 8), dtype=np.uint8)
+        self.ious_arr = np.empty((workers, 2, width), dtype=np.float32)
+        self.doubles = np.empty((workers, 3, width), dtype=np.float64)
         self.selected_arr = np.empty(width, dtype=np.uint8)
         cdef float[:, ::1] f = self.floats
         cdef Py_ssize_t[::1] r = self.indices
         cdef float[:, ::1] t = self.terms_arr
-        cdef unsigned char[::1] fl = self.flags_arr
-        cdef float[::1] io = self.ious_arr
-        cdef double[:, ::1] d = self.doubles
+        cdef unsigned char[:, ::1] fl = self.flags_arr
+        cdef float[:, :, ::1] io = self.ious_arr
+        cdef double[:, :, ::1] d = self.doubles
         cdef unsigned char[::1] s = self.selected_arr
-        self.work.x1, self.work.y1, self.work.x2 = &f[0, 0], &f[1, 0], &f[2, 0]
-        self.work.y2, self.work.area, self.work.score = &f[3, 0], &f[4, 0], &f[5, 0]
-        self.work.row, self.work.terms = &r[0], &t[0, 0]
-        self.work.examined, self.work.flags, self.work.selected = &r[total], &fl[0], &s[0]
-        self.work.ious, self.work.weights, self.work.decays = &io[0], &d[0, 0], &d[1, 0]
+        cdef Py_ssize_t k
+        for k in range(workers):
+            self.work[k].x1, self.work[k].y1, self.work[k].x2 = &f[0, 0], &f[1, 0], &f[2, 0]
+            self.work[k].y2, self.work[k].area, self.work[k].score = &f[3, 0], &f[4, 0], &f[5, 0]
+            self.work[k].row, self.work[k].terms = &r[0], &t[0, 0]
+            self.work[k].examined, self.work[k].flags = &r[total + k * width], &fl[k, 0]
+            self.work[k].position_ious, self.work[k].ious = &io[k, 0, 0], &io[k, 1, 0]
+            self.work[k].weights, self.work[k].decays = &d[k, 0, 0], &d[k, 1, 0]
+            self.work[k].vote_rows, self.work[k].vote_weights = &r[total + (workers + k) * width], &d[k, 2, 0]
+            self.work[k].selected = &s[0]
 
 
 cdef inline _KLWork _kl_rows_from(const _KLWork* w, Py_ssize_t first) noexcept nogil:
@@ -342,10 +440,10 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thr
         with nogil:
             for c in range(num_sets):
                 _kl_begin(&b[c, 0, 0], &sg[c, 0, 0], &out_scores[c, 0], cnt[c], &settings,
-                          &buffers.work, &kl_set)
+                          &buffers.work[0], &kl_set)
                 while kl_set.i < kl_set.n:
-                    _kl_step(&kl_set, &settings, &buffers.work, &out_voted[c, 0, 0])
-                _kl_finish(&kl_set, &buffers.work, &b[c, 0, 0], width, &out_order[c, 0],
+                    _kl_step(&kl_set, &settings, &buffers.work[0], &out_voted[c, 0, 0])
+                _kl_finish(&kl_set, &buffers.work[0], &b[c, 0, 0], width, &out_order[c, 0],
                            &out_voted[c, 0, 0], &out_scores[c, 0])
                 out_kept[c] = kl_set.i
     if one_set:
@@ -355,7 +453,7 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thr
 
 def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thresh,
                                           double iou_sigma, bint vote=True, hard_nms_thresh=None,
-                                          Py_ssize_t max_kept=0):
+                                          Py_ssize_t max_kept=0, int workers=1, stats=None):
     """`soft_nms_with_variance_voting` on sets stored one after another, without padding.
 
     dets (A, 5) float32 (x1, y1, x2, y2, score) and sigmas (A, 4) matched to the box columns;
@@ -366,11 +464,17 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
 
     With max_kept > 0 and finite scores, only the kept boxes that score at least as high as the
     max_kept-th best kept box of all sets are selected (Detectron's per-image limit,
-    TEST.DETECTIONS_PER_IM, drops the others): the sets are stepped together, always the one whose
-    next selection scores highest, so the selected scores never increase, and stepping stops once
-    max_kept boxes are selected and the next score is below the max_kept-th. Each set's
-    selections are those of a full run, in the same order, with the same boxes and scores; its
-    rows of `after` not kept then hold the boxes left unselected, with their scores at the stop.
+    TEST.DETECTIONS_PER_IM, drops the others): a set is stepped only while its next selection
+    scores at least as high as the max_kept-th best selection made so far, the best-scoring set
+    first (a set's selected scores never increase). Each set's selections are those of a full
+    run, in the same order, with the same boxes and scores; its rows of `after` not kept then hold
+    the boxes left unselected, with their scores where its stepping stopped.
+
+    workers=2 steps the sets on 2 OpenMP threads (those of torch's intra-op pool where the module
+    is built with OpenMP), each taking the best-scoring set that the other is not stepping, when
+    two sets have at least 512 rows: the same selections are kept (the rows not kept may then
+    have been stepped further). A list given as `stats` gets the number of selections each
+    worker made.
     """
     dets = np.asarray(dets, dtype=np.float32)
     counts = np.ascontiguousarray(np.reshape(counts, -1), dtype=np.intp)
@@ -385,17 +489,17 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
     sigmas = np.ascontiguousarray(sigmas, dtype=np.float32)
     if not np.isfinite(scores).all():
         max_kept = 0  # selected scores may then increase: run every set to its end
+    workers = 2 if workers > 1 and np.count_nonzero(counts >= _KL_SECOND_WORKER_MIN_ROWS) > 1 else 1
 
-    cdef _KLSettings settings = _kl_settings(vote_thresh, iou_sigma, vote, hard_nms_thresh)
     order = np.empty(total, dtype=np.int64)
     voted = np.empty((total, 4), dtype=np.float32)
     final_scores = np.empty(total, dtype=np.float32)
     after = np.empty((total, 5), dtype=np.float32)
     kept = np.empty(total, dtype=np.bool_)
     cdef Py_ssize_t num_sets = len(counts)
-    cdef _KLBuffers buffers = _KLBuffers(total, counts.max() if num_sets else 0)
     firsts = np.ascontiguousarray(np.cumsum(counts) - counts, dtype=np.intp)
-    kl_sets = np.empty(max(num_sets, 1) * sizeof(_KLSet), dtype=np.uint8)
+    cdef _KLPool pool = _KLPool(firsts, counts, voted, max_kept, workers)
+    pool.shared.settings = _kl_settings(vote_thresh, iou_sigma, vote, hard_nms_thresh)
 
     cdef const float[:, ::1] b = boxes
     cdef const float[:, ::1] sg = sigmas
@@ -407,20 +511,31 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
     cdef float[::1] out_scores = final_scores
     cdef float[:, ::1] out_after = after
     cdef unsigned char[::1] out_kept = kept.view(np.uint8)
-    cdef unsigned char[::1] kl_set_bytes = kl_sets
-    cdef _KLSet* sets = <_KLSet*> &kl_set_bytes[0]
+    cdef _KLShared* shared = &pool.shared
+    cdef _KLSet* sets = shared.sets
     cdef _KLWork view
     cdef Py_ssize_t c, pos, k, start
+    cdef float threshold
     with nogil:
         for c in range(num_sets):
-            view = _kl_rows_from(&buffers.work, first[c])
-            _kl_begin(&b[first[c], 0], &sg[first[c], 0], &sc[first[c]], cnt[c], &settings,
+            view = _kl_rows_from(&pool.buffers.work[0], first[c])
+            _kl_begin(&b[first[c], 0], &sg[first[c], 0], &sc[first[c]], cnt[c], &shared.settings,
                       &view, &sets[c])
-        _kl_step_sets(sets, num_sets, &first[0], &settings, &buffers.work, &out_voted[0, 0],
-                      max_kept)
+            shared.tops[c] = view.score[sets[c].best] if sets[c].i < sets[c].n else 0
+            shared.claims[c] = _KL_FREE if sets[c].i < sets[c].n else _KL_DONE
+    with nogil, parallel(num_threads=workers):
+        _kl_work(shared, &pool.buffers.work[threadid()], threadid())
+    threshold = pool.kept_threshold()
+    if stats is not None:
+        stats.extend(pool.picked_count_arr.tolist())
+    with nogil:
         for c in range(num_sets):
             start = first[c]
-            view = _kl_rows_from(&buffers.work, start)
+            view = _kl_rows_from(&pool.buffers.work[0], start)
+            # Selections below the max_kept-th best, made before that was known (by another
+            # worker), are not kept: they end the set's selections, in decreasing order.
+            while sets[c].i > 0 and view.score[sets[c].i - 1] < threshold:
+                sets[c].i -= 1
             _kl_finish(&sets[c], &view, &b[start, 0], sets[c].count, &out_order[start],
                        &out_voted[start, 0], &out_scores[start])
             for pos in range(sets[c].count):
@@ -431,46 +546,134 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
     return after, kept
 
 
-cdef void _kl_step_sets(_KLSet* sets, Py_ssize_t num_sets, const Py_ssize_t* first,
-                        const _KLSettings* settings, const _KLWork* w, float* voted,
-                        Py_ssize_t max_kept) noexcept nogil:
-    """Steps the sets (state rows from first[c], voted boxes at voted + 4 * first[c]) to their
-    ends, or with max_kept > 0 in decreasing order of the selected score until max_kept are
-    selected and the next scores below the max_kept-th."""
-    cdef Py_ssize_t c, selected = 0
-    cdef float top, last_kept = 0
+# A second worker steps sets only where two sets have this many rows: smaller steps take a few
+# microseconds, what starting a sleeping thread can take (BENCHMARKS.md "Variance voting").
+cdef Py_ssize_t _KL_SECOND_WORKER_MIN_ROWS = 512
+
+# A set's claim: free to step, being stepped by a worker, or done.
+cdef enum:
+    _KL_FREE = 0
+    _KL_CLAIMED = 1
+    _KL_DONE = 2
+
+
+cdef struct _KLShared:
+    # What the workers of `soft_nms_with_variance_voting_grouped` share: the sets (state rows from
+    # first[c], voted boxes at voted + 4 * first[c]) and the settings.
+    _KLSettings settings
+    _KLSet* sets
+    Py_ssize_t num_sets
+    const Py_ssize_t* first
+    float* voted
+    Py_ssize_t max_kept
+    # Per set: its claim, and the score of its next selection (published with a free claim).
+    int* claims
+    float* tops
+    # Per worker: the scores of its selections (picked + worker * stride), and how many.
+    float* picked
+    Py_ssize_t stride
+    Py_ssize_t* picked_count
+    int workers
+
+
+cdef class _KLPool:
+    """A _KLShared and the arrays behind it, for `workers` workers (1 or 2); its settings are set
+    after construction."""
+    cdef _KLShared shared
+    cdef _KLBuffers buffers
+    cdef object sets_arr, firsts, voted, claims_arr, tops_arr, picked_arr, picked_count_arr
+
+    def __cinit__(self, firsts, counts, voted, Py_ssize_t max_kept, int workers):
+        cdef Py_ssize_t num_sets = len(counts), total = int(counts.sum())
+        self.buffers = _KLBuffers(total, counts.max() if num_sets else 0, workers)
+        self.sets_arr = np.empty(max(num_sets, 1) * sizeof(_KLSet), dtype=np.uint8)
+        self.claims_arr = np.full(max(num_sets, 1), _KL_DONE, dtype=np.intc)
+        self.tops_arr = np.zeros(max(num_sets, 1), dtype=np.float32)
+        self.picked_arr = np.empty((workers, max(total, 1)), dtype=np.float32)
+        self.picked_count_arr = np.zeros(workers, dtype=np.intp)
+        self.firsts, self.voted = firsts, voted
+        cdef unsigned char[::1] set_bytes = self.sets_arr
+        cdef const Py_ssize_t[::1] first = firsts
+        cdef float[:, ::1] out_voted = voted
+        cdef int[::1] claims = self.claims_arr
+        cdef float[::1] tops = self.tops_arr
+        cdef float[:, ::1] picked = self.picked_arr
+        cdef Py_ssize_t[::1] picked_count = self.picked_count_arr
+        self.shared.sets = <_KLSet*> &set_bytes[0]
+        self.shared.num_sets = num_sets
+        self.shared.first = &first[0] if num_sets else NULL
+        self.shared.voted = &out_voted[0, 0] if total else NULL
+        self.shared.max_kept = max_kept
+        self.shared.claims, self.shared.tops = &claims[0], &tops[0]
+        self.shared.picked, self.shared.stride = &picked[0, 0], picked.shape[1]
+        self.shared.picked_count = &picked_count[0]
+        self.shared.workers = workers
+
+    def kept_threshold(self):
+        """The max_kept-th best score selected by the workers (-inf without a limit or with fewer)."""
+        made = np.concatenate([self.picked_arr[k, :n] for k, n in enumerate(self.picked_count_arr)])
+        if self.shared.max_kept <= 0 or len(made) < self.shared.max_kept:
+            return -np.inf
+        return float(np.partition(made, len(made) - self.shared.max_kept)[len(made) - self.shared.max_kept])
+
+
+cdef void _kl_work(_KLShared* p, const _KLWork* w, int worker) noexcept nogil:
+    """A worker's loop: claims the free set whose next selection scores highest and steps it
+    once, until no set is free. With max_kept > 0 a set is done once max_kept selections made by
+    the workers score above its next one: that selection and the set's later ones (which score
+    no higher) fall below the max_kept-th best."""
+    cdef Py_ssize_t c, start
+    cdef float top
+    cdef _KLSet* kl_set
     cdef _KLWork view
-    if max_kept <= 0:
-        for c in range(num_sets):
-            view = _kl_rows_from(w, first[c])
-            while sets[c].i < sets[c].n:
-                _kl_step(&sets[c], settings, &view, voted + 4 * first[c])
-        return
     while True:
-        c = _kl_next_set(sets, num_sets, first, w)
+        c = _kl_claim_best(p)
         if c < 0:
             return
-        top = w.score[first[c] + sets[c].best]
-        if selected >= max_kept and top < last_kept:
-            return
-        view = _kl_rows_from(w, first[c])
-        _kl_step(&sets[c], settings, &view, voted + 4 * first[c])
-        selected += 1
-        if selected == max_kept:
-            last_kept = top
+        kl_set, start = &p.sets[c], p.first[c]
+        top = w.score[start + kl_set.best]
+        if p.max_kept > 0 and _kl_count_above(p, top) >= p.max_kept:
+            _kl_store_int(&p.claims[c], _KL_DONE)
+            continue
+        view = _kl_rows_from(w, start)
+        _kl_step(kl_set, &p.settings, &view, p.voted + 4 * start)
+        p.picked[worker * p.stride + p.picked_count[worker]] = top
+        _kl_store_size(&p.picked_count[worker], p.picked_count[worker] + 1)
+        if kl_set.i >= kl_set.n:
+            _kl_store_int(&p.claims[c], _KL_DONE)
+        else:
+            _kl_store_float(&p.tops[c], view.score[kl_set.best])
+            _kl_store_int(&p.claims[c], _KL_FREE)
 
 
-cdef inline Py_ssize_t _kl_next_set(const _KLSet* sets, Py_ssize_t num_sets, const Py_ssize_t* first,
-                                    const _KLWork* w) noexcept nogil:
-    """The set whose next selection scores highest (-1 once every set is done)."""
-    cdef Py_ssize_t c, best_set = -1
+cdef inline Py_ssize_t _kl_claim_best(_KLShared* p) noexcept nogil:
+    """Claims the free set whose next selection scores highest (the lowest index of equals);
+    -1 if no set is free."""
+    cdef Py_ssize_t c, best_set
     cdef float score, top = 0
-    for c in range(num_sets):
-        if sets[c].i < sets[c].n:
-            score = w.score[first[c] + sets[c].best]
-            if best_set < 0 or score > top:
-                best_set, top = c, score
-    return best_set
+    while True:
+        best_set = -1
+        for c in range(p.num_sets):
+            if _kl_load_int(&p.claims[c]) == _KL_FREE:
+                score = _kl_load_float(&p.tops[c])
+                if best_set < 0 or score > top:
+                    best_set, top = c, score
+        if best_set < 0 or _kl_claim(&p.claims[best_set], _KL_FREE, _KL_CLAIMED):
+            return best_set
+
+
+cdef inline Py_ssize_t _kl_count_above(const _KLShared* p, float top) noexcept nogil:
+    """How many selections made so far score above `top`, counted up to max_kept."""
+    cdef Py_ssize_t worker, j, made, above = 0
+    cdef const float* picked
+    for worker in range(p.workers):
+        made = _kl_load_size(&p.picked_count[worker])
+        picked = p.picked + worker * p.stride
+        for j in range(made):
+            above += picked[j] > top
+        if above >= p.max_kept:
+            break
+    return above
 
 
 cdef void _kl_begin(const float* boxes, const float* sigmas, const float* scores, Py_ssize_t count,
@@ -492,7 +695,7 @@ cdef void _kl_step(_KLSet* kl_set, const _KLSettings* settings, _KLWork* w,
     computes their IoUs, vote weights and decays, then applies them in KL-Loss's order: a box
     dropped at a position is replaced by the last live one, which is examined there if it is
     listed. The next selection is then the first highest score among the later live positions."""
-    cdef Py_ssize_t i = kl_set.i, n = kl_set.n, pos, k, entry, next_entry, end
+    cdef Py_ssize_t i = kl_set.i, n = kl_set.n, pos, k, entry, next_entry, end, votes = 0
     cdef double sums[8]
     _kl_swap(w, i, kl_set.best)
     for k in range(8):
@@ -506,7 +709,7 @@ cdef void _kl_step(_KLSet* kl_set, const _KLSettings* settings, _KLWork* w,
         entry = next_entry
         next_entry += 1
         pos = w.examined[entry]
-        while _kl_apply_dropped(w, entry, pos, settings, sums):
+        while _kl_apply_dropped(w, entry, pos, settings, &votes):
             n -= 1
             if n == pos:
                 break
@@ -519,6 +722,7 @@ cdef void _kl_step(_KLSet* kl_set, const _KLSettings* settings, _KLWork* w,
             else:
                 break
     if settings.vote:
+        _kl_add_votes(w.terms, w.vote_rows, w.vote_weights, votes, sums)
         for k in range(4):
             voted[4 * i + k] = <float>(sums[k] / sums[k + 4])
     else:
@@ -583,28 +787,26 @@ cdef inline float _kl_iou(_KLWork* w, Py_ssize_t i, Py_ssize_t pos) noexcept nog
 cdef inline Py_ssize_t _kl_intersecting(_KLWork* w, Py_ssize_t i, Py_ssize_t n,
                                         bint examine_all) noexcept nogil:
     """Lists in w.examined, in increasing order, the positions i+1..n-1 whose box intersects the
-    one at i (the intersection _kl_iou tests), or all of them; returns how many."""
+    one at i (the intersection _kl_iou tests), or all of them; returns how many. Their IoUs with
+    the box at i (_kl_iou's) are left in w.position_ious by position."""
     cdef Py_ssize_t pos, found = 0, first = i + 1
-    cdef float one = 1.0, zero = 0.0, iw, ih
-    cdef float ix1 = w.x1[i], iy1 = w.y1[i], ix2 = w.x2[i], iy2 = w.y2[i]
+    cdef float ix1 = w.x1[i], iy1 = w.y1[i], ix2 = w.x2[i], iy2 = w.y2[i], iarea = w.area[i]
     cdef const float* x1 = w.x1
     cdef const float* y1 = w.y1
     cdef const float* x2 = w.x2
     cdef const float* y2 = w.y2
+    cdef const float* area = w.area
+    cdef float* ious = w.position_ious
     cdef unsigned char* flags = w.flags
     cdef unsigned long long word
     cdef Py_ssize_t* examined = w.examined
+    # The IoUs and intersection flags in a branch-free, vectorized pass (most boxes do not
+    # intersect, in no predictable pattern), then the set flags read 8 at a time.
+    _kl_iou_row(x1, y1, x2, y2, area, ious, flags, first, n, ix1, iy1, ix2, iy2, iarea)
     if examine_all:
         for pos in range(first, n):
             examined[pos - first] = pos
         return n - first
-    # The intersection flags in a branch-free, vectorized pass (most boxes do not intersect, in no
-    # predictable pattern), then the set ones read 8 at a time. Sides of the form d + 1 are 0 or at
-    # least 2^-25, so their product is positive exactly when both are.
-    for pos in range(first, n):
-        iw = _min(ix2, x2[pos]) - _max(ix1, x1[pos]) + one
-        ih = _min(iy2, y2[pos]) - _max(iy1, y1[pos]) + one
-        flags[pos] = (iw > zero) & (ih > zero)
     for pos in range(n, n + 8):
         flags[pos] = 0
     pos = first
@@ -627,7 +829,7 @@ cdef inline void _kl_pair_terms(_KLWork* w, Py_ssize_t i, Py_ssize_t end,
     cdef float iou_f
     cdef double iou, gap
     for entry in range(end):
-        iou_f = _kl_iou(w, i, w.examined[entry])
+        iou_f = w.position_ious[w.examined[entry]]
         w.ious[entry] = iou_f
         iou = iou_f
         if settings.vote and iou > settings.vote_thresh:
@@ -638,16 +840,14 @@ cdef inline void _kl_pair_terms(_KLWork* w, Py_ssize_t i, Py_ssize_t end,
 
 
 cdef inline bint _kl_apply_dropped(_KLWork* w, Py_ssize_t entry, Py_ssize_t pos,
-                                   const _KLSettings* settings, double* sums) noexcept nogil:
-    """The box at `pos`, listed at `entry`, votes if its IoU exceeds vote_thresh and, if positive,
-    is rescored; returns whether it falls below the drop score."""
+                                   const _KLSettings* settings, Py_ssize_t* votes) noexcept nogil:
+    """The box at `pos`, listed at `entry`, votes if its IoU exceeds vote_thresh (its row and
+    weight are listed after the `votes` before it) and, if positive, is rescored; returns whether
+    it falls below the drop score."""
     cdef float iou = w.ious[entry]
-    cdef const float* terms
-    cdef Py_ssize_t k
     if settings.vote and <double>iou > settings.vote_thresh:
-        terms = w.terms + 8 * w.row[pos]
-        for k in range(8):
-            sums[k] += w.weights[entry] * terms[k]
+        w.vote_rows[votes[0]], w.vote_weights[votes[0]] = w.row[pos], w.weights[entry]
+        votes[0] += 1
     if iou > 0:
         if settings.hard:
             if <double>iou > settings.hard_nms_thresh:

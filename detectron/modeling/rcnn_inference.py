@@ -395,7 +395,9 @@ def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p, with_candidates):
     first, then the dropped ones with their decayed scores), which is what KL-Loss's TEST.BBOX_VOTE
     votes with since `soft` works in place on the class's detections.
     """
-    sigmas = sigmas[:, _SIGMA_COLUMNS_FOR_BOX_COLUMNS[p.sigma_column_order]]
+    columns = _SIGMA_COLUMNS_FOR_BOX_COLUMNS[p.sigma_column_order]
+    if columns != _SIGMA_COLUMNS_FOR_BOX_COLUMNS['reference']:
+        sigmas = sigmas[:, columns]
     counts = torch.bincount(classes - 1, minlength=num_classes - 1)
     if not all_dets.is_cuda:
         # The host kernel takes the candidates as they are grouped, without padding; without box

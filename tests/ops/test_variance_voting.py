@@ -3,11 +3,12 @@ kernel (run by Triton's interpreter in a subprocess) against a plain numpy trans
 KL-Loss's py_cpu_nms.soft and against values worked out by hand."""
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
-from support.soft_nms_cases import F32, kl_settings, large_cases, small_cases
+from support.soft_nms_cases import F32, clustered_sets, kl_settings, large_cases, small_cases
 from triton_subprocess import run_kernel_script
 
 from detectron.ops import variance_voting
@@ -274,6 +275,46 @@ def test_grouped_kernel_argument_errors():
         cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas, counts + 1, **kl_settings())
     with pytest.raises(ValueError, match='sigmas'):
         cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas[:, :3], counts, **kl_settings())
+
+
+@pytest.mark.parametrize('max_kept', [0, 30, 400])
+@pytest.mark.parametrize('ties', [False, True])
+def test_grouped_kernel_on_two_workers_keeps_what_one_keeps(max_kept, ties):
+    # Three sets of at least 512 rows (the size from which a second worker steps) and a small one.
+    dets, sigmas, counts = grouped(clustered_sets(20 + ties, 700, [700, 650, 600, 100], ties=ties))
+    settings = kl_settings(hard_nms_thresh=0.5) if ties else kl_settings(iou_sigma=0.01)
+    one_stats = []
+    after, kept = cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas, counts, **settings,
+                                                                   max_kept=max_kept, stats=one_stats)
+    assert one_stats == [kept.sum()]
+    assert max_kept == 0 or kept.sum() < 0.5 * len(kept)  # the limit stops the stepping early
+    second_worker = 0
+    for _ in range(10):
+        stats = []
+        after2, kept2 = cython_nms.soft_nms_with_variance_voting_grouped(
+            dets, sigmas, counts, **settings, max_kept=max_kept, workers=2, stats=stats)
+        np.testing.assert_array_equal(kept2, kept)
+        np.testing.assert_array_equal(after2[kept2], after[kept])
+        if max_kept == 0:
+            np.testing.assert_array_equal(after2, after)
+            assert sum(stats) == kept.sum()
+        else:
+            assert sum(stats) >= kept.sum()
+        second_worker += stats[-1] if cython_nms.OPENMP else 0
+    # Full runs take thousands of steps: the second OpenMP thread takes its share.
+    assert not cython_nms.OPENMP or max_kept != 0 or second_worker > 0
+
+
+def test_grouped_kernel_takes_one_worker_for_small_sets():
+    inputs, settings = large_cases()['soft_vote_150']  # sets of 150 and 120 rows
+    stats = []
+    cython_nms.soft_nms_with_variance_voting_grouped(*grouped(inputs), **settings, workers=2, stats=stats)
+    assert len(stats) == 1
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='OpenMP is probed with the C compiler on Linux')
+def test_nms_kernels_are_built_with_openmp_on_linux():
+    assert cython_nms.OPENMP
 
 
 # ---------------------------------------------------------------------------------------------
