@@ -453,7 +453,8 @@ def soft_nms_with_variance_voting(boxes, scores, sigmas, counts, double vote_thr
 
 def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thresh,
                                           double iou_sigma, bint vote=True, hard_nms_thresh=None,
-                                          Py_ssize_t max_kept=0, int workers=1, stats=None):
+                                          Py_ssize_t max_kept=0, int workers=1, bint kept_only=False,
+                                          stats=None):
     """`soft_nms_with_variance_voting` on sets stored one after another, without padding.
 
     dets (A, 5) float32 (x1, y1, x2, y2, score) and sigmas (A, 4) matched to the box columns;
@@ -475,6 +476,9 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
     two sets have at least 512 rows: the same selections are kept (the rows not kept may then
     have been stepped further). A list given as `stats` gets the number of selections each
     worker made.
+
+    kept_only=True returns the kept rows alone, as `after[kept]` would list them (K, 5), and the
+    set of each (K,) int64, without the rest of `after`.
     """
     dets = np.asarray(dets, dtype=np.float32)
     counts = np.ascontiguousarray(np.reshape(counts, -1), dtype=np.intp)
@@ -491,11 +495,7 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
         max_kept = 0  # selected scores may then increase: run every set to its end
     workers = 2 if workers > 1 and np.count_nonzero(counts >= _KL_SECOND_WORKER_MIN_ROWS) > 1 else 1
 
-    order = np.empty(total, dtype=np.int64)
     voted = np.empty((total, 4), dtype=np.float32)
-    final_scores = np.empty(total, dtype=np.float32)
-    after = np.empty((total, 5), dtype=np.float32)
-    kept = np.empty(total, dtype=np.bool_)
     cdef Py_ssize_t num_sets = len(counts)
     firsts = np.ascontiguousarray(np.cumsum(counts) - counts, dtype=np.intp)
     cdef _KLPool pool = _KLPool(firsts, counts, voted, max_kept, workers)
@@ -506,15 +506,10 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
     cdef const float[::1] sc = scores
     cdef const Py_ssize_t[::1] first = firsts
     cdef const Py_ssize_t[::1] cnt = counts
-    cdef long long[::1] out_order = order
-    cdef float[:, ::1] out_voted = voted
-    cdef float[::1] out_scores = final_scores
-    cdef float[:, ::1] out_after = after
-    cdef unsigned char[::1] out_kept = kept.view(np.uint8)
     cdef _KLShared* shared = &pool.shared
     cdef _KLSet* sets = shared.sets
     cdef _KLWork view
-    cdef Py_ssize_t c, pos, k, start
+    cdef Py_ssize_t c
     cdef float threshold
     with nogil:
         for c in range(num_sets):
@@ -530,12 +525,59 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
         stats.extend(pool.picked_count_arr.tolist())
     with nogil:
         for c in range(num_sets):
-            start = first[c]
-            view = _kl_rows_from(&pool.buffers.work[0], start)
+            view = _kl_rows_from(&pool.buffers.work[0], first[c])
             # Selections below the max_kept-th best, made before that was known (by another
             # worker), are not kept: they end the set's selections, in decreasing order.
             while sets[c].i > 0 and view.score[sets[c].i - 1] < threshold:
                 sets[c].i -= 1
+    if kept_only:
+        return _kl_kept_rows(pool, voted)
+    return _kl_after(pool, voted, boxes)
+
+
+cdef tuple _kl_kept_rows(_KLPool pool, voted):
+    """The kept rows of the stepped sets of `pool` (voted box, final score) and their sets."""
+    cdef _KLShared* shared = &pool.shared
+    cdef Py_ssize_t c, pos, k, out = 0
+    cdef Py_ssize_t num_kept = sum([shared.sets[c].i for c in range(shared.num_sets)])
+    kept_dets = np.empty((num_kept, 5), dtype=np.float32)
+    kept_sets = np.empty(num_kept, dtype=np.int64)
+    cdef float[:, ::1] out_dets = kept_dets
+    cdef long long[::1] out_sets = kept_sets
+    cdef const float[:, ::1] in_voted = voted
+    cdef _KLWork view
+    with nogil:
+        for c in range(shared.num_sets):
+            view = _kl_rows_from(&pool.buffers.work[0], shared.first[c])
+            for pos in range(shared.sets[c].i):
+                for k in range(4):
+                    out_dets[out, k] = in_voted[shared.first[c] + pos, k]
+                out_dets[out, 4] = view.score[pos]
+                out_sets[out] = c
+                out += 1
+    return kept_dets, kept_sets
+
+
+cdef tuple _kl_after(_KLPool pool, voted, boxes):
+    """`after` and `kept` of `soft_nms_with_variance_voting_grouped` for the stepped sets of pool."""
+    cdef _KLShared* shared = &pool.shared
+    cdef Py_ssize_t total = len(voted), c, pos, k, start
+    order = np.empty(total, dtype=np.int64)
+    final_scores = np.empty(total, dtype=np.float32)
+    after = np.empty((total, 5), dtype=np.float32)
+    kept = np.empty(total, dtype=np.bool_)
+    cdef const float[:, ::1] b = boxes
+    cdef long long[::1] out_order = order
+    cdef float[:, ::1] out_voted = voted
+    cdef float[::1] out_scores = final_scores
+    cdef float[:, ::1] out_after = after
+    cdef unsigned char[::1] out_kept = kept.view(np.uint8)
+    cdef _KLSet* sets = shared.sets
+    cdef _KLWork view
+    with nogil:
+        for c in range(shared.num_sets):
+            start = shared.first[c]
+            view = _kl_rows_from(&pool.buffers.work[0], start)
             _kl_finish(&sets[c], &view, &b[start, 0], sets[c].count, &out_order[start],
                        &out_voted[start, 0], &out_scores[start])
             for pos in range(sets[c].count):

@@ -401,10 +401,13 @@ def _kl_soft_nms_t(all_dets, classes, sigmas, num_classes, p, with_candidates):
     counts = torch.bincount(classes - 1, minlength=num_classes - 1)
     if not all_dets.is_cuda:
         # The host kernel takes the candidates as they are grouped, without padding; without box
-        # voting it selects only what the per-image limit can keep.
-        after_soft, kept = soft_nms_with_variance_voting_grouped_cpu(
-            all_dets, sigmas, counts, **_kl_soft_settings(p), max_kept=0 if with_candidates else p.detections_per_im)
-        return after_soft[kept], classes[kept], after_soft if with_candidates else None
+        # voting it selects only what the per-image limit can keep, and returns only those.
+        if not with_candidates:
+            kept_dets, kept_sets = soft_nms_with_variance_voting_grouped_cpu(
+                all_dets, sigmas, counts, **_kl_soft_settings(p), max_kept=p.detections_per_im, kept_only=True)
+            return kept_dets, kept_sets + 1, None
+        after_soft, kept = soft_nms_with_variance_voting_grouped_cpu(all_dets, sigmas, counts, **_kl_soft_settings(p))
+        return after_soft[kept], classes[kept], after_soft
     width = int(counts.max())
     padded_dets = _pad_by_class(all_dets, classes, counts, width, fill=0.0)
     # Padding sigmas of 1 keep the (zero-weighted) vote terms of padded rows finite.

@@ -91,7 +91,7 @@ def soft_nms_with_variance_voting_cpu(boxes, scores, sigmas, counts, vote_thresh
 
 
 def soft_nms_with_variance_voting_grouped_cpu(dets, sigmas, counts, vote_thresh, iou_sigma, vote=True,
-                                              hard_nms_thresh=None, max_kept=0, workers=None):
+                                              hard_nms_thresh=None, max_kept=0, workers=None, kept_only=False):
     """`soft_nms_with_variance_voting` by the compiled CPU kernel on sets stored one after another
     (no padding, no work for empty sets): dets (A, 5) float32 (x1, y1, x2, y2, score), sigmas (A, 4),
     set c the next counts[c] rows. Returns, on the input's device, `after` (A, 5) float32, each
@@ -100,11 +100,12 @@ def soft_nms_with_variance_voting_grouped_cpu(dets, sigmas, counts, vote_thresh,
     final scores), and `kept` (A,) bool, true at the rows of `after` that are kept. With
     max_kept > 0 only the kept boxes that Detectron's per-image limit of max_kept detections
     can keep are selected (see cython_nms.soft_nms_with_variance_voting_grouped). Large sets are
-    stepped on 2 threads when `workers` (default: torch's intra-op threads) allows 2."""
+    stepped on 2 threads when `workers` (default: torch's intra-op threads) allows 2. kept_only:
+    returns `after[kept]` (K, 5) and the set of each kept row (K,) int64 instead."""
     host = [t.detach().cpu().numpy() for t in (dets, sigmas, counts)]
     workers = torch.get_num_threads() if workers is None else workers
-    outputs = cython_nms.soft_nms_with_variance_voting_grouped(*host, vote_thresh, iou_sigma, vote,
-                                                               hard_nms_thresh, max_kept, min(workers, 2))
+    outputs = cython_nms.soft_nms_with_variance_voting_grouped(*host, vote_thresh, iou_sigma, vote, hard_nms_thresh,
+                                                               max_kept, min(workers, 2), kept_only)
     return tuple(torch.from_numpy(o).to(dets.device) for o in outputs)
 
 

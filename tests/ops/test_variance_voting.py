@@ -305,6 +305,21 @@ def test_grouped_kernel_on_two_workers_keeps_what_one_keeps(max_kept, ties):
     assert not cython_nms.OPENMP or max_kept != 0 or second_worker > 0
 
 
+@pytest.mark.parametrize('workers', [1, 2])
+@pytest.mark.parametrize('max_kept', [0, 40])
+def test_grouped_kernel_returns_the_kept_rows_alone_with_their_sets(max_kept, workers):
+    dets, sigmas, counts = grouped(clustered_sets(22, 600, [600, 0, 550, 130]))
+    settings = kl_settings(iou_sigma=0.01)
+    after, kept = cython_nms.soft_nms_with_variance_voting_grouped(dets, sigmas, counts, **settings,
+                                                                   max_kept=max_kept)
+    kept_dets, kept_sets = cython_nms.soft_nms_with_variance_voting_grouped(
+        dets, sigmas, counts, **settings, max_kept=max_kept, workers=workers, kept_only=True)
+    np.testing.assert_array_equal(kept_dets, after[kept])
+    row_sets = np.repeat(np.arange(len(counts)), counts)
+    np.testing.assert_array_equal(kept_sets, row_sets[kept])
+    assert set(kept_sets.tolist()) == {0, 2, 3}
+
+
 def test_grouped_kernel_takes_one_worker_for_small_sets():
     inputs, settings = large_cases()['soft_vote_150']  # sets of 150 and 120 rows
     stats = []
