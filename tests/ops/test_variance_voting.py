@@ -329,7 +329,8 @@ def test_grouped_kernel_takes_one_worker_for_small_sets():
 
 @pytest.mark.skipif(sys.platform != 'linux', reason='OpenMP is probed with the C compiler on Linux')
 def test_nms_kernels_are_built_with_openmp_on_linux():
-    assert cython_nms.OPENMP
+    assert cython_nms.OPENMP, ('cython_nms was built without OpenMP: setup.py found no C compiler that '
+                               'builds an OpenMP program (gcc with libgomp), so variance voting uses one thread')
 
 
 # ---------------------------------------------------------------------------------------------
