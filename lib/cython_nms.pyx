@@ -26,7 +26,6 @@ cdef extern from *:
     int _lowest_set_bit(unsigned long long x) noexcept nogil
 
 
-
 cdef extern from *:
     """
     /* Shared state of the workers of soft_nms_with_variance_voting_grouped: acquire loads and
@@ -60,6 +59,7 @@ cdef extern from *:
     void _kl_store_float(float* p, float v) noexcept nogil
     bint _kl_claim(int* p, int expected, int desired) noexcept nogil
 
+
 cdef extern from *:
     """
     /* One row of greedy NMS in visiting order: every box from `start` on whose IoU with box
@@ -82,15 +82,11 @@ cdef extern from *:
         }
     }
 
-    /* The IoU of box (ix1, iy1, ix2, iy2) of area iarea with every box from `start` on, as _kl_iou
-       computes it (0 without a positive intersection), and whether they intersect. Sides of the
-       form d + 1 are 0 or at least 2^-25, so their product is positive exactly when both are. */
-    /* Adds the votes of `count` rows in order: weights[v] * terms[8 * rows[v] + k] to sums[k]
-       (each row's terms: box / sigma^2, then 1 / sigma^2), the sums held in registers. */
-    static void _kl_add_votes(const float* __restrict terms, const Py_ssize_t* __restrict rows,
+    /* The vote sums of `count` rows, added in order from 0: weights[v] * terms[8 * rows[v] + k]
+       to sums[k] (each row's terms: box / sigma^2, then 1 / sigma^2), held in registers. */
+    static void _kl_vote_sums(const float* __restrict terms, const Py_ssize_t* __restrict rows,
                               const double* __restrict weights, Py_ssize_t count, double* sums) {
-        double s0 = sums[0], s1 = sums[1], s2 = sums[2], s3 = sums[3];
-        double s4 = sums[4], s5 = sums[5], s6 = sums[6], s7 = sums[7];
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, s5 = 0.0, s6 = 0.0, s7 = 0.0;
         for (Py_ssize_t v = 0; v < count; ++v) {
             const float* t = terms + 8 * rows[v];
             double weight = weights[v];
@@ -101,6 +97,9 @@ cdef extern from *:
         sums[4] = s4; sums[5] = s5; sums[6] = s6; sums[7] = s7;
     }
 
+    /* The IoU of box (ix1, iy1, ix2, iy2) of area iarea with every box from `start` on, as _kl_iou
+       computes it (0 without a positive intersection), and whether they intersect. Sides of the
+       form d + 1 are 0 or at least 2^-25, so their product is positive exactly when both are. */
     static void _kl_iou_row(const float* __restrict x1, const float* __restrict y1,
                             const float* __restrict x2, const float* __restrict y2,
                             const float* __restrict area, float* __restrict ious,
@@ -117,7 +116,7 @@ cdef extern from *:
         }
     }
     """
-    void _kl_add_votes(const float* terms, const Py_ssize_t* rows, const double* weights, Py_ssize_t count,
+    void _kl_vote_sums(const float* terms, const Py_ssize_t* rows, const double* weights, Py_ssize_t count,
                        double* sums) noexcept nogil
     void _kl_iou_row(const float* x1, const float* y1, const float* x2, const float* y2, const float* area,
                      float* ious, unsigned char* flags, Py_ssize_t start, Py_ssize_t n, float ix1,
@@ -548,11 +547,11 @@ def soft_nms_with_variance_voting_grouped(dets, sigmas, counts, double vote_thre
             while sets[c].i > 0 and view.score[sets[c].i - 1] < threshold:
                 sets[c].i -= 1
     if kept_only:
-        return _kl_kept_rows(pool, voted)
-    return _kl_after(pool, voted, boxes)
+        return _kl_kept_rows(pool)
+    return _kl_after(pool, boxes)
 
 
-cdef tuple _kl_kept_rows(_KLPool pool, voted):
+cdef tuple _kl_kept_rows(_KLPool pool):
     """The kept rows of the stepped sets of `pool` (voted box, final score) and their sets."""
     cdef _KLShared* shared = &pool.shared
     cdef Py_ssize_t c, pos, k, out = 0
@@ -561,7 +560,7 @@ cdef tuple _kl_kept_rows(_KLPool pool, voted):
     kept_sets = np.empty(num_kept, dtype=np.int64)
     cdef float[:, ::1] out_dets = kept_dets
     cdef long long[::1] out_sets = kept_sets
-    cdef const float[:, ::1] in_voted = voted
+    cdef const float[:, ::1] in_voted = pool.voted
     cdef _KLWork view
     with nogil:
         for c in range(shared.num_sets):
@@ -575,17 +574,17 @@ cdef tuple _kl_kept_rows(_KLPool pool, voted):
     return kept_dets, kept_sets
 
 
-cdef tuple _kl_after(_KLPool pool, voted, boxes):
+cdef tuple _kl_after(_KLPool pool, boxes):
     """`after` and `kept` of `soft_nms_with_variance_voting_grouped` for the stepped sets of pool."""
     cdef _KLShared* shared = &pool.shared
-    cdef Py_ssize_t total = len(voted), c, pos, k, start
+    cdef Py_ssize_t total = len(pool.voted), c, pos, k, start
     order = np.empty(total, dtype=np.int64)
     final_scores = np.empty(total, dtype=np.float32)
     after = np.empty((total, 5), dtype=np.float32)
     kept = np.empty(total, dtype=np.bool_)
     cdef const float[:, ::1] b = boxes
     cdef long long[::1] out_order = order
-    cdef float[:, ::1] out_voted = voted
+    cdef float[:, ::1] out_voted = pool.voted
     cdef float[::1] out_scores = final_scores
     cdef float[:, ::1] out_after = after
     cdef unsigned char[::1] out_kept = kept.view(np.uint8)
@@ -757,10 +756,8 @@ cdef void _kl_step(_KLSet* kl_set, const _KLSettings* settings, _KLWork* w,
     cdef Py_ssize_t i = kl_set.i, n = kl_set.n, pos, k, entry, next_entry, end, votes = 0
     cdef double sums[8]
     _kl_swap(w, i, kl_set.best)
-    for k in range(8):
-        sums[k] = 0.0
     if settings.vote:
-        _kl_add_vote(w, i, _kl_iou(w, i, i), settings, sums)
+        votes = _kl_self_vote(w, i, settings)
     end = _kl_intersecting(w, i, n, settings.examine_all)
     _kl_pair_terms(w, i, end, settings)
     next_entry = 0
@@ -781,7 +778,7 @@ cdef void _kl_step(_KLSet* kl_set, const _KLSettings* settings, _KLWork* w,
             else:
                 break
     if settings.vote:
-        _kl_add_votes(w.terms, w.vote_rows, w.vote_weights, votes, sums)
+        _kl_vote_sums(w.terms, w.vote_rows, w.vote_weights, votes, sums)
         for k in range(4):
             voted[4 * i + k] = <float>(sums[k] / sums[k + 4])
     else:
@@ -918,20 +915,16 @@ cdef inline bint _kl_apply_dropped(_KLWork* w, Py_ssize_t entry, Py_ssize_t pos,
     return False
 
 
-cdef inline void _kl_add_vote(_KLWork* w, Py_ssize_t pos, float iou_f, const _KLSettings* settings,
-                              double* sums) noexcept nogil:
-    """Adds the box at `pos` to the vote sums if its IoU exceeds vote_thresh:
-    weight * (box / sigma^2) to sums[0:4], weight / sigma^2 to sums[4:8]."""
-    cdef double iou = iou_f
-    cdef double gap, weight
-    cdef const float* terms
-    cdef Py_ssize_t k
-    if iou > settings.vote_thresh:
-        gap = 1.0 - iou
-        weight = _kl_exp(-(gap * gap) / settings.iou_sigma)
-        terms = w.terms + 8 * w.row[pos]
-        for k in range(8):
-            sums[k] += weight * terms[k]
+cdef inline Py_ssize_t _kl_self_vote(_KLWork* w, Py_ssize_t i, const _KLSettings* settings) noexcept nogil:
+    """Lists the selected box at `i` as the step's first vote if its IoU with itself exceeds
+    vote_thresh (KL-Loss sums it first); returns the votes listed, 0 or 1."""
+    cdef double iou = _kl_iou(w, i, i)
+    cdef double gap
+    if not iou > settings.vote_thresh:
+        return 0
+    gap = 1.0 - iou
+    w.vote_rows[0], w.vote_weights[0] = w.row[i], _kl_exp(-(gap * gap) / settings.iou_sigma)
+    return 1
 
 
 cdef inline Py_ssize_t _kl_first_best(const float* score, Py_ssize_t first, Py_ssize_t n) noexcept nogil:
