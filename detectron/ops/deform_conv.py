@@ -53,13 +53,15 @@ def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0, 
     n, channels = x.shape[:2]
     out_channels, group_channels, kh, kw = weight.shape
     out_h, out_w = _check_shapes(x, offset, mask, weight, bias, stride, padding, dilation)
-    if _use_sampling_kernel(x, offset, mask, weight, stride, padding, dilation):
-        columns = sampled_columns_op(x, offset, mask, kh, kw, stride[0], padding[0], _columns_dtype(x))
-    else:
+    if not _use_sampling_kernel(x, offset, mask, stride, padding, dilation):
         columns = sampled_columns(x, offset, mask, kh, kw, stride, padding, dilation)
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in (x, offset, mask)):
+        columns = _KernelSampledColumns.apply(x, offset, mask, kh, kw, stride[0], padding[0], _columns_dtype(x))
+    else:
+        columns = sampled_columns_op(x, offset, mask, kh, kw, stride[0], padding[0], _columns_dtype(x))
     groups = channels // group_channels
-    if groups == 1:
-        out = torch.matmul(weight.reshape(out_channels, group_channels * kh * kw), columns)
+    if groups == 1:  # bmm of the broadcast weight: matmul would copy the columns first (BENCHMARKS.md "CenterNet speed")
+        out = torch.bmm(weight.reshape(1, out_channels, group_channels * kh * kw).expand(n, -1, -1), columns)
     else:  # group g's outputs from group g's rows of the columns
         out = torch.matmul(weight.reshape(groups, out_channels // groups, group_channels * kh * kw),
                            columns.reshape(n, groups, group_channels * kh * kw, out_h * out_w))
@@ -159,15 +161,13 @@ def _make_tap_positions(kh, kw, out_h, out_w, stride, padding, dilation, device,
 _cached_tap_positions = functools.lru_cache(maxsize=256)(_make_tap_positions)
 
 
-def _use_sampling_kernel(x, offset, mask, weight, stride, padding, dilation):
-    """The Triton kernel serves CUDA inference (no gradient asked, 16- or 32-bit inputs) of DCN's
-    geometry: one offset group, a mask, dilation 1, the same stride and padding along both axes."""
+def _use_sampling_kernel(x, offset, mask, stride, padding, dilation):
+    """The Triton kernels serve CUDA's 16- or 32-bit inputs of DCN's geometry: one offset group, a
+    mask, dilation 1, the same stride and padding along both axes."""
     if triton is None or not x.is_cuda or mask is None:
         return False
     if (offset.shape[1] != 2 * mask.shape[1] or dilation != (1, 1) or stride[0] != stride[1]
             or padding[0] != padding[1]):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, offset, mask, weight)):
         return False
     return all(t.dtype in _KERNEL_DTYPES for t in (x, offset, mask))
 
@@ -217,6 +217,62 @@ def _triton_columns(x, offset, mask, kh, kw, stride, padding, dtype):
     return columns
 
 
+
+class _KernelSampledColumns(torch.autograd.Function):
+    """sampled_columns_op's columns with gradients for x, offset and mask (training on CUDA): the
+    forward is the inference kernel; the backward one Triton kernel reading the columns' gradient
+    once. grid_sample's path costs a float32 copy of the columns, the mask's product and its
+    gradient, and a reduction for the mask's gradient: passes over the up-sampling path's largest
+    tensors (BENCHMARKS.md "CenterNet speed")."""
+
+    @staticmethod
+    def forward(ctx, x, offset, mask, kh, kw, stride, padding, dtype):
+        x = x.contiguous()
+        ctx.save_for_backward(x, offset, mask)
+        ctx.geometry = (kh, kw, stride, padding)
+        return _triton_columns(x, offset, mask, kh, kw, stride, padding, dtype)
+
+    @staticmethod
+    def backward(ctx, grad_columns):
+        x, offset, mask = ctx.saved_tensors
+        grad_x, grad_offset, grad_mask = _triton_columns_backward(x, offset, mask, grad_columns, *ctx.geometry)
+        return grad_x, grad_offset, grad_mask, None, None, None, None, None
+
+
+def _triton_columns_backward(x, offset, mask, grad_columns, kh, kw, stride, padding):
+    """The gradients of _triton_columns' columns for x (contiguous), offset and mask, in their
+    dtypes; DCNv2's own backward arithmetic (dmcn_col2im for x, dmcn_col2im_coord for the offsets,
+    the sampled values for the mask) in float32. The offset and mask gradients sum each pixel's
+    channels in one fixed order; x's is summed by atomic adds, as grid_sample's and DCNv2's are."""
+    n, channels, height, width = x.shape
+    out_h, out_w = offset.shape[-2:]
+    pixels = out_h * out_w
+    grad_x = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    grad_offset = torch.empty(offset.shape, dtype=torch.float32, device=x.device)
+    grad_mask = torch.empty(mask.shape, dtype=torch.float32, device=x.device)
+    if grad_columns.numel():
+        block_p = _backward_block_pixels(n, pixels, x.device)
+        grid = (triton.cdiv(pixels, block_p), n)
+        _sampled_columns_backward_kernel[grid](
+            x, offset, mask, grad_columns.contiguous(), grad_x, grad_offset, grad_mask, channels, height, width,
+            out_w, pixels, *offset.stride(), *mask.stride(), stride, padding,
+            KH=kh, KW=kw, BLOCK_C=_BACKWARD_BLOCK_CHANNELS, BLOCK_P=block_p)
+    return grad_x.to(x.dtype), grad_offset.to(offset.dtype), grad_mask.to(mask.dtype)
+
+
+_BACKWARD_BLOCK_CHANNELS = 32
+
+
+def _backward_block_pixels(n, pixels, device):
+    """Pixels per backward program: 128, halved (down to 32) while the programs would not fill the
+    GPU's multiprocessors twice, since each program loops over all channels of its pixels."""
+    processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
+    block = 128
+    while block > 32 and n * triton.cdiv(pixels, block) < 2 * processors:
+        block //= 2
+    return block
+
+
 if triton is not None:
     @triton.jit
     def _sampled_columns_kernel(x_ptr, offset_ptr, mask_ptr, out_ptr, channels, height, width, out_w, pixels,
@@ -261,3 +317,72 @@ if triton is not None:
             value = w1[None, :] * v1 + w2[None, :] * v2 + w3[None, :] * v3 + w4[None, :] * v4
             value = tl.where(inside[None, :], value, 0.0) * m[None, :]
             tl.store(out_rows + t * pixels, value.to(out_ptr.dtype.element_ty), mask=c_in & p_in[None, :])
+
+    @triton.jit
+    def _sampled_columns_backward_kernel(x_ptr, offset_ptr, mask_ptr, grad_ptr, grad_x_ptr, grad_offset_ptr,
+                                         grad_mask_ptr, channels, height, width, out_w, pixels,
+                                         o_sn, o_sc, o_sh, o_sw, m_sn, m_sc, m_sh, m_sw, stride, padding,
+                                         KH: tl.constexpr, KW: tl.constexpr, BLOCK_C: tl.constexpr,
+                                         BLOCK_P: tl.constexpr):
+        """One image's tile of output pixels, every tap and channel: the offset and mask gradients of
+        a pixel are summed over the channels here (written once, no atomics); x's gradient goes to the
+        four neighbours of each sample by atomic adds. x, the columns' gradient and the three
+        gradient buffers are contiguous; offset and mask are read through their strides."""
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        n = tl.program_id(1).to(tl.int64)
+        p_in = p < pixels
+        oy, ox = p // out_w, p % out_w
+        taps = KH * KW
+        plane = height * width
+        offsets = offset_ptr + n * o_sn + oy * o_sh + ox * o_sw
+        masks = mask_ptr + n * m_sn + oy * m_sh + ox * m_sw
+        x_image = x_ptr + n * channels * plane
+        grad_x_image = grad_x_ptr + n * channels * plane
+        grad_rows = grad_ptr + n * channels * (taps * pixels) + p[None, :]
+        grad_offsets = grad_offset_ptr + n * (2 * taps * pixels) + p
+        grad_masks = grad_mask_ptr + n * (taps * pixels) + p
+        for t in range(taps):
+            dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
+            dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
+            m = tl.load(masks + t * m_sc, mask=p_in, other=0.0).to(tl.float32)
+            y = (oy * stride - padding + t // KW).to(tl.float32) + dy
+            x = (ox * stride - padding + t % KW).to(tl.float32) + dx
+            inside = p_in & (y > -1.0) & (x > -1.0) & (y < height) & (x < width)
+            y_low, x_low = tl.floor(y), tl.floor(x)
+            ly, lx = y - y_low, x - x_low
+            hy, hx = 1.0 - ly, 1.0 - lx
+            w1, w2, w3, w4 = hy * hx, hy * lx, ly * hx, ly * lx
+            y0 = tl.where(inside, y_low, 0.0).to(tl.int64)
+            x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
+            top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
+            left, right = x0 >= 0, x0 + 1 < width
+            in1 = (top & left)[None, :]
+            in2 = (top & right)[None, :]
+            in3 = (bottom & left)[None, :]
+            in4 = (bottom & right)[None, :]
+            corner = (y0 * width + x0)[None, :]
+            sum_dy = tl.zeros([BLOCK_P], dtype=tl.float32)
+            sum_dx = tl.zeros([BLOCK_P], dtype=tl.float32)
+            sum_m = tl.zeros([BLOCK_P], dtype=tl.float32)
+            for c0 in range(0, channels, BLOCK_C):
+                c = (c0 + tl.arange(0, BLOCK_C)).to(tl.int64)[:, None]
+                c_in = c < channels
+                g = tl.load(grad_rows + (c * taps + t) * pixels, mask=c_in & p_in[None, :], other=0.0).to(tl.float32)
+                planes = x_image + c * plane + corner
+                v1 = tl.load(planes, mask=c_in & in1, other=0.0).to(tl.float32)
+                v2 = tl.load(planes + 1, mask=c_in & in2, other=0.0).to(tl.float32)
+                v3 = tl.load(planes + width, mask=c_in & in3, other=0.0).to(tl.float32)
+                v4 = tl.load(planes + width + 1, mask=c_in & in4, other=0.0).to(tl.float32)
+                value = w1[None, :] * v1 + w2[None, :] * v2 + w3[None, :] * v3 + w4[None, :] * v4
+                sum_m += tl.sum(g * value, axis=0)
+                gm = g * m[None, :]
+                sum_dy += tl.sum(gm * (hx[None, :] * (v3 - v1) + lx[None, :] * (v4 - v2)), axis=0)
+                sum_dx += tl.sum(gm * (hy[None, :] * (v2 - v1) + ly[None, :] * (v4 - v3)), axis=0)
+                grads = grad_x_image + c * plane + corner
+                tl.atomic_add(grads, gm * w1[None, :], mask=c_in & in1, sem='relaxed')
+                tl.atomic_add(grads + 1, gm * w2[None, :], mask=c_in & in2, sem='relaxed')
+                tl.atomic_add(grads + width, gm * w3[None, :], mask=c_in & in3, sem='relaxed')
+                tl.atomic_add(grads + width + 1, gm * w4[None, :], mask=c_in & in4, sem='relaxed')
+            tl.store(grad_offsets + (2 * t) * pixels, tl.where(inside, sum_dy, 0.0), mask=p_in)
+            tl.store(grad_offsets + (2 * t + 1) * pixels, tl.where(inside, sum_dx, 0.0), mask=p_in)
+            tl.store(grad_masks + t * pixels, tl.where(inside, sum_m, 0.0), mask=p_in)

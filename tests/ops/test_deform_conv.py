@@ -238,7 +238,7 @@ def test_sampling_kernel_equals_grid_sample_columns_and_the_loop_dcn_v2(layout, 
 
 @pytest.mark.cuda
 @needs_triton_gpu
-def test_sampling_kernel_writes_autocast_s_dtype_and_serves_only_inference(monkeypatch):
+def test_sampling_kernel_writes_autocast_s_dtype_and_serves_inference_and_training(monkeypatch):
     x, offset, mask, weight, bias = _kernel_case(4, 'channels_last', 1)
     x, offset = x.bfloat16(), offset.bfloat16()
     with torch.autocast('cuda', dtype=torch.bfloat16):
@@ -254,12 +254,40 @@ def test_sampling_kernel_writes_autocast_s_dtype_and_serves_only_inference(monke
     with torch.no_grad():
         modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1)
     assert len(calls) == 1
-    weight.requires_grad_()
+    weight.requires_grad_()  # only the weight learns: the inference op's columns serve
     modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1).sum().backward()
-    assert len(calls) == 1 and weight.grad is not None
+    assert len(calls) == 2 and weight.grad is not None
+    backward = []
+    monkeypatch.setattr(deform_conv, '_triton_columns_backward', lambda *a: backward.append(a) or (
+        torch.zeros_like(a[0]), torch.zeros_like(a[1]), torch.zeros_like(a[2])))
+    x.requires_grad_()
+    modulated_deform_conv2d(x, offset, mask, weight, bias, padding=1).sum().backward()
+    assert len(calls) == 3 and len(backward) == 1 and x.grad is not None
     with torch.no_grad():
         modulated_deform_conv2d(*(t.detach().double() for t in (x, offset, mask, weight, bias)), padding=1)
-    assert len(calls) == 1
+    assert len(calls) == 3
+
+
+@pytest.mark.cuda
+@needs_triton_gpu
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('stride', [1, 2])
+def test_training_kernels_give_grid_sample_s_gradients(layout, stride):
+    """Training on CUDA samples by the kernel and differentiates by the backward kernel: the output
+    and the gradients of x, offset, mask, weight and bias equal grid_sample's path in float64."""
+    x, offset, mask, weight, bias = _kernel_case(8, layout, stride)
+    ours = [t.detach().clone().requires_grad_() for t in (x, offset, mask, weight, bias)]
+    reference = [t.detach().double().requires_grad_() for t in (x, offset, mask, weight, bias)]
+    out = modulated_deform_conv2d(*ours, stride=stride, padding=1)
+    expected = modulated_deform_conv2d(*reference, stride=stride, padding=1)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).cuda()
+    (out * upstream).sum().backward()
+    (expected * upstream.double()).sum().backward()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)
+    for name, a, b in zip(('x', 'offset', 'mask', 'weight', 'bias'), ours, reference):
+        assert a.grad.dtype == a.dtype and a.grad.shape == a.shape
+        scale = b.grad.abs().max()
+        assert (a.grad.double() - b.grad).abs().max() <= 1e-5 * scale, name
 
 
 _INTERPRETER_SCRIPT = '''
@@ -306,6 +334,56 @@ def test_sampling_kernel_by_tritons_interpreter_equals_grid_sample_columns(tmp_p
     assert (expected == 0).float().mean() > 0.05  # samples outside the map
     # grid_sample rescales the positions to [-1, 1] and back: last-bit differences of the weights.
     torch.testing.assert_close(kernel, expected, rtol=1e-5, atol=1e-5)
+
+
+_INTERPRETER_BACKWARD_SCRIPT = '''
+import sys
+import torch
+from detectron.ops import deform_conv
+x, offset, mask, upstream, stride = torch.load(sys.argv[1])
+x, offset, mask = (t.requires_grad_() for t in (x, offset, mask))
+columns = deform_conv._KernelSampledColumns.apply(x, offset, mask, 3, 3, stride, 1, torch.float32)
+(columns * upstream).sum().backward()
+torch.save((x.grad, offset.grad, mask.grad), sys.argv[2])
+'''
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize('layout', ['contiguous', 'permuted'])
+@pytest.mark.parametrize('stride', [1, 2])
+def test_backward_kernel_by_tritons_interpreter_gives_grid_sample_s_gradients(tmp_path, layout, stride):
+    """The backward kernel's arithmetic on the CPU (TRITON_INTERPRET=1): the gradients of x, the
+    offsets and the masks equal those of grid_sample's columns in float64, with samples outside the
+    map, 37 channels (a partial channel block) and offsets and masks read through their strides."""
+    if deform_conv.triton is None:
+        pytest.skip('triton is not installed: grid_sample serves everywhere')
+    x, offset, mask, _, _ = _random_dcn_inputs(seed=7, channels=37, height=13, width=17)
+    if stride == 2:
+        offset, mask = offset[..., ::2, ::2], mask[..., ::2, ::2]
+    raw = torch.cat((offset + 0.37, mask), dim=1).float()
+    x, offset, mask = x.float(), raw[:, :18], raw[:, 18:]
+    if layout == 'permuted':
+        x = x.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
+        offset = offset.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
+        mask = mask.permute(3, 1, 2, 0).contiguous().permute(3, 1, 2, 0)
+    upstream = torch.randn((x.shape[0], 37 * 9, offset.shape[-2] * offset.shape[-1]),
+                           generator=torch.Generator().manual_seed(3))
+    torch.save((x, offset, mask, upstream, stride), tmp_path / 'inputs.pt')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]),
+               TRITON_INTERPRET='1', CUDA_VISIBLE_DEVICES='')
+    proc = subprocess.run([sys.executable, '-c', _INTERPRETER_BACKWARD_SCRIPT, str(tmp_path / 'inputs.pt'),
+                           str(tmp_path / 'grads.pt')], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    grads = torch.load(tmp_path / 'grads.pt')
+    reference = [t.detach().double().requires_grad_() for t in (x, offset, mask)]
+    columns = deform_conv.sampled_columns(*reference, 3, 3, stride, 1)
+    assert (columns == 0).float().mean() > 0.05  # samples outside the map
+    (columns * upstream.double()).sum().backward()
+    for name, got, ref in zip(('x', 'offset', 'mask'), grads, reference):
+        assert got.dtype == torch.float32 and got.shape == ref.shape
+        assert ref.grad.abs().max() > 1
+        torch.testing.assert_close(got.double(), ref.grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
 def _torchvision_case(batch_sz, contiguous, seed=0):
