@@ -242,36 +242,40 @@ class _KernelSampledColumns(torch.autograd.Function):
 def _triton_columns_backward(x, offset, mask, grad_columns, kh, kw, stride, padding):
     """The gradients of _triton_columns' columns for x (contiguous), offset and mask, in their
     dtypes; DCNv2's own backward arithmetic (dmcn_col2im for x, dmcn_col2im_coord for the offsets,
-    the sampled values for the mask) in float32. The offset and mask gradients sum each pixel's
-    channels in one fixed order; x's is summed by atomic adds, as grid_sample's and DCNv2's are."""
+    the sampled values for the mask) in float32. A thread takes one output pixel and loops over a
+    group of channels, as grid_sample's backward does; the groups' partial offset and mask gradients
+    are summed afterwards in a fixed order, x's by atomic adds as grid_sample's and DCNv2's are."""
     n, channels, height, width = x.shape
     out_h, out_w = offset.shape[-2:]
     pixels = out_h * out_w
+    taps = kh * kw
+    groups = _backward_channel_groups(n * pixels, channels, x.device)
+    group_channels = triton.cdiv(channels, groups)
+    groups = triton.cdiv(channels, group_channels)
     grad_x = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    grad_offset = torch.empty(offset.shape, dtype=torch.float32, device=x.device)
-    grad_mask = torch.empty(mask.shape, dtype=torch.float32, device=x.device)
+    partial = torch.empty((groups, n, 3 * taps, out_h, out_w), dtype=torch.float32, device=x.device)
     if grad_columns.numel():
-        block_p = _backward_block_pixels(n, pixels, x.device)
-        grid = (triton.cdiv(pixels, block_p), n)
+        grid = (triton.cdiv(pixels, _BACKWARD_BLOCK_PIXELS), groups, n)
         _sampled_columns_backward_kernel[grid](
-            x, offset, mask, grad_columns.contiguous(), grad_x, grad_offset, grad_mask, channels, height, width,
-            out_w, pixels, *offset.stride(), *mask.stride(), stride, padding,
-            KH=kh, KW=kw, BLOCK_C=_BACKWARD_BLOCK_CHANNELS, BLOCK_P=block_p)
-    return grad_x.to(x.dtype), grad_offset.to(offset.dtype), grad_mask.to(mask.dtype)
+            x, offset, mask, grad_columns.contiguous(), grad_x, partial, channels, group_channels, height, width,
+            out_w, pixels, *offset.stride(), *mask.stride(), stride, padding, n * 3 * taps * pixels,
+            KH=kh, KW=kw, BLOCK_P=_BACKWARD_BLOCK_PIXELS)
+    grads = partial.sum(0) if groups > 1 else partial[0]
+    return (grad_x.to(x.dtype), grads[:, :2 * taps].to(offset.dtype), grads[:, 2 * taps:].to(mask.dtype))
 
 
-_BACKWARD_BLOCK_CHANNELS = 32
+_BACKWARD_BLOCK_PIXELS = 128
+_BACKWARD_THREADS_PER_PROCESSOR = 2048
 
 
-def _backward_block_pixels(n, pixels, device):
-    """Pixels per backward program: 128, halved (down to 32) while the programs would not fill the
-    GPU's multiprocessors twice, since each program loops over all channels of its pixels."""
+def _backward_channel_groups(pixel_count, channels, device):
+    """How many channel groups the backward splits the channels into: enough threads (one per
+    pixel and group) to fill the GPU, at least 8 channels a group. A small map with many channels
+    (resdcn's first DCN: 32 images x 16 x 16 pixels x 512 channels) would else loop over all its
+    channels on a few thousand threads."""
     processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
-    block = 128
-    while block > 32 and n * triton.cdiv(pixels, block) < 2 * processors:
-        block //= 2
-    return block
-
+    wanted = triton.cdiv(processors * _BACKWARD_THREADS_PER_PROCESSOR, max(pixel_count, 1))
+    return max(1, min(wanted, channels // 8))
 
 if triton is not None:
     @triton.jit
@@ -319,28 +323,30 @@ if triton is not None:
             tl.store(out_rows + t * pixels, value.to(out_ptr.dtype.element_ty), mask=c_in & p_in[None, :])
 
     @triton.jit
-    def _sampled_columns_backward_kernel(x_ptr, offset_ptr, mask_ptr, grad_ptr, grad_x_ptr, grad_offset_ptr,
-                                         grad_mask_ptr, channels, height, width, out_w, pixels,
+    def _sampled_columns_backward_kernel(x_ptr, offset_ptr, mask_ptr, grad_ptr, grad_x_ptr, partial_ptr, channels,
+                                         group_channels, height, width, out_w, pixels,
                                          o_sn, o_sc, o_sh, o_sw, m_sn, m_sc, m_sh, m_sw, stride, padding,
-                                         KH: tl.constexpr, KW: tl.constexpr, BLOCK_C: tl.constexpr,
-                                         BLOCK_P: tl.constexpr):
-        """One image's tile of output pixels, every tap and channel: the offset and mask gradients of
-        a pixel are summed over the channels here (written once, no atomics); x's gradient goes to the
-        four neighbours of each sample by atomic adds. x, the columns' gradient and the three
-        gradient buffers are contiguous; offset and mask are read through their strides."""
+                                         group_stride, KH: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr):
+        """One image's tile of output pixels, every tap, one group of channels: each thread sums its
+        pixel's offset and mask gradients over the group's channels in registers and writes them to
+        the group's partial rows (offsets' 2 * taps rows, then the masks' taps rows); x's gradient goes
+        to the four neighbours of each sample by atomic adds. x, the columns' gradient and the
+        buffers are contiguous; offset and mask are read through their strides."""
         p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        n = tl.program_id(1).to(tl.int64)
+        group = tl.program_id(1)
+        n = tl.program_id(2).to(tl.int64)
         p_in = p < pixels
         oy, ox = p // out_w, p % out_w
         taps = KH * KW
         plane = height * width
+        c_start = group * group_channels
+        c_end = tl.minimum(c_start + group_channels, channels)
         offsets = offset_ptr + n * o_sn + oy * o_sh + ox * o_sw
         masks = mask_ptr + n * m_sn + oy * m_sh + ox * m_sw
         x_image = x_ptr + n * channels * plane
         grad_x_image = grad_x_ptr + n * channels * plane
-        grad_rows = grad_ptr + n * channels * (taps * pixels) + p[None, :]
-        grad_offsets = grad_offset_ptr + n * (2 * taps * pixels) + p
-        grad_masks = grad_mask_ptr + n * (taps * pixels) + p
+        grad_rows = grad_ptr + n * channels * (taps * pixels) + p
+        partial_rows = partial_ptr + group * group_stride + n * (3 * taps * pixels) + p
         for t in range(taps):
             dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
             dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
@@ -356,33 +362,27 @@ if triton is not None:
             x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
             top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
             left, right = x0 >= 0, x0 + 1 < width
-            in1 = (top & left)[None, :]
-            in2 = (top & right)[None, :]
-            in3 = (bottom & left)[None, :]
-            in4 = (bottom & right)[None, :]
-            corner = (y0 * width + x0)[None, :]
+            in1, in2, in3, in4 = top & left, top & right, bottom & left, bottom & right
+            corner = y0 * width + x0
             sum_dy = tl.zeros([BLOCK_P], dtype=tl.float32)
             sum_dx = tl.zeros([BLOCK_P], dtype=tl.float32)
             sum_m = tl.zeros([BLOCK_P], dtype=tl.float32)
-            for c0 in range(0, channels, BLOCK_C):
-                c = (c0 + tl.arange(0, BLOCK_C)).to(tl.int64)[:, None]
-                c_in = c < channels
-                g = tl.load(grad_rows + (c * taps + t) * pixels, mask=c_in & p_in[None, :], other=0.0).to(tl.float32)
-                planes = x_image + c * plane + corner
-                v1 = tl.load(planes, mask=c_in & in1, other=0.0).to(tl.float32)
-                v2 = tl.load(planes + 1, mask=c_in & in2, other=0.0).to(tl.float32)
-                v3 = tl.load(planes + width, mask=c_in & in3, other=0.0).to(tl.float32)
-                v4 = tl.load(planes + width + 1, mask=c_in & in4, other=0.0).to(tl.float32)
-                value = w1[None, :] * v1 + w2[None, :] * v2 + w3[None, :] * v3 + w4[None, :] * v4
-                sum_m += tl.sum(g * value, axis=0)
-                gm = g * m[None, :]
-                sum_dy += tl.sum(gm * (hx[None, :] * (v3 - v1) + lx[None, :] * (v4 - v2)), axis=0)
-                sum_dx += tl.sum(gm * (hy[None, :] * (v2 - v1) + ly[None, :] * (v4 - v3)), axis=0)
+            for c in range(c_start, c_end):
+                g = tl.load(grad_rows + (c * taps + t) * pixels, mask=p_in, other=0.0).to(tl.float32)
+                values = x_image + c * plane + corner
+                v1 = tl.load(values, mask=in1, other=0.0).to(tl.float32)
+                v2 = tl.load(values + 1, mask=in2, other=0.0).to(tl.float32)
+                v3 = tl.load(values + width, mask=in3, other=0.0).to(tl.float32)
+                v4 = tl.load(values + width + 1, mask=in4, other=0.0).to(tl.float32)
+                sum_m += g * (w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4)
+                gm = g * m
+                sum_dy += gm * (hx * (v3 - v1) + lx * (v4 - v2))
+                sum_dx += gm * (hy * (v2 - v1) + ly * (v4 - v3))
                 grads = grad_x_image + c * plane + corner
-                tl.atomic_add(grads, gm * w1[None, :], mask=c_in & in1, sem='relaxed')
-                tl.atomic_add(grads + 1, gm * w2[None, :], mask=c_in & in2, sem='relaxed')
-                tl.atomic_add(grads + width, gm * w3[None, :], mask=c_in & in3, sem='relaxed')
-                tl.atomic_add(grads + width + 1, gm * w4[None, :], mask=c_in & in4, sem='relaxed')
-            tl.store(grad_offsets + (2 * t) * pixels, tl.where(inside, sum_dy, 0.0), mask=p_in)
-            tl.store(grad_offsets + (2 * t + 1) * pixels, tl.where(inside, sum_dx, 0.0), mask=p_in)
-            tl.store(grad_masks + t * pixels, tl.where(inside, sum_m, 0.0), mask=p_in)
+                tl.atomic_add(grads, gm * w1, mask=in1, sem='relaxed')
+                tl.atomic_add(grads + 1, gm * w2, mask=in2, sem='relaxed')
+                tl.atomic_add(grads + width, gm * w3, mask=in3, sem='relaxed')
+                tl.atomic_add(grads + width + 1, gm * w4, mask=in4, sem='relaxed')
+            tl.store(partial_rows + (2 * t) * pixels, tl.where(inside, sum_dy, 0.0), mask=p_in)
+            tl.store(partial_rows + (2 * t + 1) * pixels, tl.where(inside, sum_dx, 0.0), mask=p_in)
+            tl.store(partial_rows + (2 * taps + t) * pixels, tl.where(inside, sum_m, 0.0), mask=p_in)

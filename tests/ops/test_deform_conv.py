@@ -341,6 +341,7 @@ import sys
 import torch
 from detectron.ops import deform_conv
 x, offset, mask, upstream, stride = torch.load(sys.argv[1])
+deform_conv._BACKWARD_THREADS_PER_PROCESSOR = int(sys.argv[3])  # the interpreter's one 'processor'
 x, offset, mask = (t.requires_grad_() for t in (x, offset, mask))
 columns = deform_conv._KernelSampledColumns.apply(x, offset, mask, 3, 3, stride, 1, torch.float32)
 (columns * upstream).sum().backward()
@@ -349,12 +350,13 @@ torch.save((x.grad, offset.grad, mask.grad), sys.argv[2])
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize('layout', ['contiguous', 'permuted'])
-@pytest.mark.parametrize('stride', [1, 2])
-def test_backward_kernel_by_tritons_interpreter_gives_grid_sample_s_gradients(tmp_path, layout, stride):
+@pytest.mark.parametrize('layout, stride, threads', [('contiguous', 1, 1), ('permuted', 1, 1), ('contiguous', 2, 1),
+                                                     ('permuted', 2, 10 ** 6)])
+def test_backward_kernel_by_tritons_interpreter_gives_grid_sample_s_gradients(tmp_path, layout, stride, threads):
     """The backward kernel's arithmetic on the CPU (TRITON_INTERPRET=1): the gradients of x, the
     offsets and the masks equal those of grid_sample's columns in float64, with samples outside the
-    map, 37 channels (a partial channel block) and offsets and masks read through their strides."""
+    map and offsets and masks read through their strides; the 37 channels in one group, or (many
+    threads wanted) in 4 groups of 10, 10, 10 and 7 whose partial sums are added."""
     if deform_conv.triton is None:
         pytest.skip('triton is not installed: grid_sample serves everywhere')
     x, offset, mask, _, _ = _random_dcn_inputs(seed=7, channels=37, height=13, width=17)
@@ -372,7 +374,7 @@ def test_backward_kernel_by_tritons_interpreter_gives_grid_sample_s_gradients(tm
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]),
                TRITON_INTERPRET='1', CUDA_VISIBLE_DEVICES='')
     proc = subprocess.run([sys.executable, '-c', _INTERPRETER_BACKWARD_SCRIPT, str(tmp_path / 'inputs.pt'),
-                           str(tmp_path / 'grads.pt')], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                           str(tmp_path / 'grads.pt'), str(threads)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     grads = torch.load(tmp_path / 'grads.pt')
