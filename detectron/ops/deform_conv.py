@@ -13,16 +13,17 @@ the bilinear sampling stay in float32 (a bfloat16 position would be off by up to
 and the matmul follows autocast like any convolution. tests/ops/test_deform_conv.py checks both against a
 loop-by-loop DCNv2.
 
-Inference on CUDA (no gradient asked) samples by one Triton kernel with DCNv2's own bilinear
-arithmetic instead, writing the masked columns once in the matmul's dtype: grid_sample's path passes
-three times over the columns, the largest tensor of the up-sampling path.
+On CUDA one Triton kernel samples with DCNv2's own bilinear arithmetic instead, writing the masked
+columns once in the matmul's dtype (grid_sample's path passes three times over the columns, the
+largest tensor of the up-sampling path); in training a second kernel reads the columns' gradient
+once and gives those of x, the offsets and the masks (DCNv2's backward arithmetic).
 
 The offset/mask layout is DCNv2's: for kernel tap t = i * kw + j, offset channel 2t is the vertical
 and 2t + 1 the horizontal displacement and mask channel t the modulation; a sample at (y, x) is the
 bilinear interpolation of its four neighbours, those outside the image reading zero (zero unless
 -1 < y < H and -1 < x < W). Beyond DCN's geometry the op takes torchvision's: offset groups (channel
 group g of x sampled at offset group g's positions), weight groups, and (h, w) stride / padding /
-dilation; the Triton kernel serves DCN's geometry, grid_sample the rest.
+dilation; the Triton kernels serve DCN's geometry, grid_sample the rest.
 """
 
 import functools
