@@ -340,7 +340,7 @@ if triton is not None:
         oy, ox = p // out_w, p % out_w
         taps = KH * KW
         plane = height * width
-        c_start = group * group_channels
+        c_start = (group * group_channels).to(tl.int64)  # the rows below in int64, as n
         c_end = tl.minimum(c_start + group_channels, channels)
         offsets = offset_ptr + n * o_sn + oy * o_sh + ox * o_sw
         masks = mask_ptr + n * m_sn + oy * m_sh + ox * m_sw
