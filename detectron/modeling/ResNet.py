@@ -14,6 +14,7 @@ from torch import nn
 
 from detectron.modeling.activation_checkpoint import checkpointed
 from detectron.modeling.norm import norm_factory, norm_relu
+from detectron.ops.max_pool import max_pool_3x3_s2
 from detectron.utils.errors import ConfigValueError
 
 # depth -> (blocks in res2, res3, res4, res5); Detectron ResNet.py add_ResNet{50,101,152}_conv5_body.
@@ -197,7 +198,7 @@ class ResNet(nn.Module):
 
     def forward(self, x):
         x = norm_relu(self.res_conv1_bn, self.conv1(x))
-        x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+        x = max_pool_3x3_s2(x)
         outputs = []
         for name in self.stage_names:
             stage = getattr(self, name)

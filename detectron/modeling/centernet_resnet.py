@@ -19,6 +19,7 @@ from torchvision.models.resnet import BasicBlock, Bottleneck
 from detectron.modeling.activation_checkpoint import checkpointed
 from detectron.modeling.centernet_layers import BatchNorm2d, fill_up_weights
 from detectron.modeling.dcn import DCN
+from detectron.ops.max_pool import max_pool_3x3_s2
 
 # depth -> (block, blocks per stage), CenterNet's resnet_spec.
 RESNET_SPECS = {
@@ -30,6 +31,14 @@ RESNET_SPECS = {
 _STAGE_WIDTHS = (64, 128, 256, 512)
 _DCN_UP_CHANNELS = (256, 128, 64)
 _PLAIN_UP_CHANNELS = (256, 256, 256)
+
+
+class StemMaxPool(nn.Module):
+    """CenterNet's nn.MaxPool2d(3, stride=2, padding=1) of the stem, through ops.max_pool (its Triton
+    kernels in CUDA training: BENCHMARKS.md "CenterNet speed")."""
+
+    def forward(self, x):
+        return max_pool_3x3_s2(x)
 
 
 class CenterNetResNet(nn.Module):
@@ -48,7 +57,7 @@ class CenterNetResNet(nn.Module):
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.maxpool = StemMaxPool()
         in_channels = 64
         for index, (width, blocks) in enumerate(zip(_STAGE_WIDTHS, blocks_per_stage)):
             stage = _make_stage(block, in_channels, width, blocks, stride=1 if index == 0 else 2)
