@@ -33,7 +33,13 @@ def max_pool_3x3_s2(x):
 
 def _use_kernels(x):
     return (triton is not None and x.is_cuda and x.dim() == 4 and x.dtype in _KERNEL_DTYPES
-            and torch.is_grad_enabled() and x.requires_grad and min(x.shape[-2:]) > 0)
+            and torch.is_grad_enabled() and x.requires_grad and min(x.shape[-2:]) > 0
+            and x.numel() < 2 ** 31 and _reach(x) < 2 ** 31)
+
+
+def _reach(x):
+    """The largest element offset of x: the kernels index in int32 (64-bit division is slow)."""
+    return sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
 
 
 def _output_size(size):
@@ -77,7 +83,7 @@ if triton is not None:
                         x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw, BLOCK: tl.constexpr):
         """One block of outputs in (n, oh, ow, c) order (c fastest: coalesced for channels_last):
         the window's maximum and its tap (3 * i + j) in PyTorch's scan order."""
-        index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         valid = index < total
         c = index % channels
         ow = (index // channels) % out_w
@@ -104,7 +110,7 @@ if triton is not None:
                          g_sn, g_sc, g_sh, g_sw, x_sn, x_sc, x_sh, x_sw, BLOCK: tl.constexpr):
         """One block of inputs in (n, y, x, c) order: the sum, in float32 and row-major output order,
         of the output gradients of the windows whose winning tap is this input."""
-        index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         valid = index < total
         c = index % channels
         x = (index // channels) % width
