@@ -280,6 +280,25 @@ def _backward_channel_groups(pixel_count, channels, device):
 
 if triton is not None:
     @triton.jit
+    def _tap_sample(offsets, masks, o_sc, m_sc, t, oy, ox, p_in, stride, padding, height, width, KW: tl.constexpr):
+        """Tap t of a row of output pixels: its modulation m, whether its sample lies where DCNv2
+        samples (-1 < y < H, -1 < x < W; NaN positions fail too), the sample's bilinear fractions
+        (ly, lx), its top-left neighbour (y0, x0; 0 outside) and which neighbour rows and columns
+        lie inside the map (top, bottom include `inside`; left, right do not)."""
+        dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
+        dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
+        m = tl.load(masks + t * m_sc, mask=p_in, other=0.0).to(tl.float32)
+        y = (oy * stride - padding + t // KW).to(tl.float32) + dy
+        x = (ox * stride - padding + t % KW).to(tl.float32) + dx
+        inside = p_in & (y > -1.0) & (x > -1.0) & (y < height) & (x < width)
+        y_low, x_low = tl.floor(y), tl.floor(x)
+        y0 = tl.where(inside, y_low, 0.0).to(tl.int64)
+        x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
+        top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
+        left, right = x0 >= 0, x0 + 1 < width
+        return m, inside, y - y_low, x - x_low, y0, x0, top, bottom, left, right
+
+    @triton.jit
     def _sampled_columns_kernel(x_ptr, offset_ptr, mask_ptr, out_ptr, channels, height, width, out_w, pixels,
                                 x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw, m_sn, m_sc, m_sh, m_sw,
                                 stride, padding, KH: tl.constexpr, KW: tl.constexpr,
@@ -299,21 +318,10 @@ if triton is not None:
         planes = x_ptr + n * x_sn + c.to(tl.int64)[:, None] * x_sc
         out_rows = out_ptr + n * channels * (KH * KW * pixels) + c.to(tl.int64)[:, None] * (KH * KW * pixels) + p[None, :]
         for t in range(KH * KW):
-            dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
-            dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
-            m = tl.load(masks + t * m_sc, mask=p_in, other=0.0).to(tl.float32)
-            y = (oy * stride - padding + t // KW).to(tl.float32) + dy
-            x = (ox * stride - padding + t % KW).to(tl.float32) + dx
-            # DCNv2 samples only inside -1 < y < H, -1 < x < W (NaN positions fail too).
-            inside = p_in & (y > -1.0) & (x > -1.0) & (y < height) & (x < width)
-            y_low, x_low = tl.floor(y), tl.floor(x)
-            ly, lx = y - y_low, x - x_low
+            m, inside, ly, lx, y0, x0, top, bottom, left, right = _tap_sample(
+                offsets, masks, o_sc, m_sc, t, oy, ox, p_in, stride, padding, height, width, KW)
             hy, hx = 1.0 - ly, 1.0 - lx
             w1, w2, w3, w4 = hy * hx, hy * lx, ly * hx, ly * lx
-            y0 = tl.where(inside, y_low, 0.0).to(tl.int64)
-            x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
-            top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
-            left, right = x0 >= 0, x0 + 1 < width
             corner = planes + (y0 * x_sh + x0 * x_sw)[None, :]
             v1 = tl.load(corner, mask=c_in & (top & left)[None, :], other=0.0).to(tl.float32)
             v2 = tl.load(corner + x_sw, mask=c_in & (top & right)[None, :], other=0.0).to(tl.float32)
@@ -349,20 +357,10 @@ if triton is not None:
         grad_rows = grad_ptr + n * channels * (taps * pixels) + p
         partial_rows = partial_ptr + group * group_stride + n * (3 * taps * pixels) + p
         for t in range(taps):
-            dy = tl.load(offsets + (2 * t) * o_sc, mask=p_in, other=0.0).to(tl.float32)
-            dx = tl.load(offsets + (2 * t + 1) * o_sc, mask=p_in, other=0.0).to(tl.float32)
-            m = tl.load(masks + t * m_sc, mask=p_in, other=0.0).to(tl.float32)
-            y = (oy * stride - padding + t // KW).to(tl.float32) + dy
-            x = (ox * stride - padding + t % KW).to(tl.float32) + dx
-            inside = p_in & (y > -1.0) & (x > -1.0) & (y < height) & (x < width)
-            y_low, x_low = tl.floor(y), tl.floor(x)
-            ly, lx = y - y_low, x - x_low
+            m, inside, ly, lx, y0, x0, top, bottom, left, right = _tap_sample(
+                offsets, masks, o_sc, m_sc, t, oy, ox, p_in, stride, padding, height, width, KW)
             hy, hx = 1.0 - ly, 1.0 - lx
             w1, w2, w3, w4 = hy * hx, hy * lx, ly * hx, ly * lx
-            y0 = tl.where(inside, y_low, 0.0).to(tl.int64)
-            x0 = tl.where(inside, x_low, 0.0).to(tl.int64)
-            top, bottom = inside & (y0 >= 0), inside & (y0 + 1 < height)
-            left, right = x0 >= 0, x0 + 1 < width
             in1, in2, in3, in4 = top & left, top & right, bottom & left, bottom & right
             corner = y0 * width + x0
             sum_dy = tl.zeros([BLOCK_P], dtype=tl.float32)
