@@ -79,16 +79,21 @@ class _MaxPool3x3S2(torch.autograd.Function):
 
 if triton is not None:
     @triton.jit
+    def _block_positions(total, channels, height, width, BLOCK: tl.constexpr):
+        """A program's block of elements of an (N, H, W, C)-ordered walk (c fastest: coalesced for
+        channels_last): their flat index, whether it is below total, and (n, y, x, c)."""
+        index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        c = index % channels
+        x = (index // channels) % width
+        y = (index // (channels * width)) % height
+        return index, index < total, index // (channels * width * height), y, x, c
+
+    @triton.jit
     def _forward_kernel(x_ptr, out_ptr, taps_ptr, total, channels, height, width, out_h, out_w,
                         x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw, BLOCK: tl.constexpr):
-        """One block of outputs in (n, oh, ow, c) order (c fastest: coalesced for channels_last):
-        the window's maximum and its tap (3 * i + j) in PyTorch's scan order."""
-        index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        valid = index < total
-        c = index % channels
-        ow = (index // channels) % out_w
-        oh = (index // (channels * out_w)) % out_h
-        n = index // (channels * out_w * out_h)
+        """One block of outputs in (n, oh, ow, c) order: the window's maximum and its tap (3 * i + j)
+        in PyTorch's scan order."""
+        index, valid, n, oh, ow, c = _block_positions(total, channels, out_h, out_w, BLOCK)
         top, left = oh * 2 - 1, ow * 2 - 1
         best = tl.full([BLOCK], float('-inf'), tl.float32)
         # PyTorch starts from the window's first position inside the map.
@@ -110,12 +115,7 @@ if triton is not None:
                          g_sn, g_sc, g_sh, g_sw, x_sn, x_sc, x_sh, x_sw, BLOCK: tl.constexpr):
         """One block of inputs in (n, y, x, c) order: the sum, in float32 and row-major output order,
         of the output gradients of the windows whose winning tap is this input."""
-        index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        valid = index < total
-        c = index % channels
-        x = (index // channels) % width
-        y = (index // (channels * width)) % height
-        n = index // (channels * width * height)
+        _, valid, n, y, x, c = _block_positions(total, channels, height, width, BLOCK)
         # The windows (rows 2 oh - 1 .. 2 oh + 1) holding row y: oh from y // 2 to (y + 1) // 2, below out_h.
         first_h, first_w = y // 2, x // 2
         last_h = tl.minimum((y + 1) // 2, out_h - 1)

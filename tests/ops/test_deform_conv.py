@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_subprocess import run_kernel_script
 
 from detectron.modeling.dcn import DCN
 from detectron.ops import deform_conv
@@ -336,29 +337,28 @@ def test_sampling_kernel_by_tritons_interpreter_equals_grid_sample_columns(tmp_p
     torch.testing.assert_close(kernel, expected, rtol=1e-5, atol=1e-5)
 
 
-_INTERPRETER_BACKWARD_SCRIPT = '''
+_BACKWARD_SCRIPT = '''
 import sys
 import torch
 from detectron.ops import deform_conv
-x, offset, mask, upstream, stride = torch.load(sys.argv[1])
-deform_conv._BACKWARD_THREADS_PER_PROCESSOR = int(sys.argv[3])  # the interpreter's one 'processor'
+(x, offset, mask, upstream), = torch.load(sys.argv[1]).values()
+threads, stride = int(sys.argv[3]), int(sys.argv[4])
+deform_conv._BACKWARD_THREADS_PER_PROCESSOR = threads
 x, offset, mask = (t.requires_grad_() for t in (x, offset, mask))
 columns = deform_conv._KernelSampledColumns.apply(x, offset, mask, 3, 3, stride, 1, torch.float32)
 (columns * upstream).sum().backward()
-torch.save((x.grad, offset.grad, mask.grad), sys.argv[2])
+torch.save({'grads': (x.grad, offset.grad, mask.grad)}, sys.argv[2])
 '''
 
 
 @pytest.mark.processes
 @pytest.mark.parametrize('layout, stride, threads', [('contiguous', 1, 1), ('permuted', 1, 1), ('contiguous', 2, 1),
                                                      ('permuted', 2, 10 ** 6)])
-def test_backward_kernel_by_tritons_interpreter_gives_grid_sample_s_gradients(tmp_path, layout, stride, threads):
-    """The backward kernel's arithmetic on the CPU (TRITON_INTERPRET=1): the gradients of x, the
-    offsets and the masks equal those of grid_sample's columns in float64, with samples outside the
-    map and offsets and masks read through their strides; the 37 channels in one group, or (many
-    threads wanted) in 4 groups of 10, 10, 10 and 7 whose partial sums are added."""
-    if deform_conv.triton is None:
-        pytest.skip('triton is not installed: grid_sample serves everywhere')
+def test_backward_kernel_gives_grid_sample_s_gradients(tmp_path, layout, stride, threads):
+    """The backward kernel's arithmetic (compiled on CUDA, else by Triton's interpreter): the gradients
+    of x, the offsets and the masks equal those of grid_sample's columns in float64, with samples
+    outside the map and offsets and masks read through their strides; the 37 channels in one group,
+    or (many threads wanted) in 4 groups of 10, 10, 10 and 7 whose partial sums are added."""
     x, offset, mask, _, _ = _random_dcn_inputs(seed=7, channels=37, height=13, width=17)
     if stride == 2:
         offset, mask = offset[..., ::2, ::2], mask[..., ::2, ::2]
@@ -370,14 +370,12 @@ def test_backward_kernel_by_tritons_interpreter_gives_grid_sample_s_gradients(tm
         mask = mask.permute(3, 1, 2, 0).contiguous().permute(3, 1, 2, 0)
     upstream = torch.randn((x.shape[0], 37 * 9, offset.shape[-2] * offset.shape[-1]),
                            generator=torch.Generator().manual_seed(3))
-    torch.save((x, offset, mask, upstream, stride), tmp_path / 'inputs.pt')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]),
-               TRITON_INTERPRET='1', CUDA_VISIBLE_DEVICES='')
-    proc = subprocess.run([sys.executable, '-c', _INTERPRETER_BACKWARD_SCRIPT, str(tmp_path / 'inputs.pt'),
-                           str(tmp_path / 'grads.pt'), str(threads)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    grads = torch.load(tmp_path / 'grads.pt')
+    inputs, results = str(tmp_path / 'inputs.pt'), str(tmp_path / 'results.pt')
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    torch.save({'case': tuple(t.to(device) for t in (x, offset, mask, upstream))}, inputs)
+    run_kernel_script(_BACKWARD_SCRIPT, inputs, results, str(threads), str(stride),
+                      skip_reason='triton is not installed: grid_sample serves everywhere')
+    grads = [t.cpu() for t in torch.load(results)['grads']]
     reference = [t.detach().double().requires_grad_() for t in (x, offset, mask)]
     columns = deform_conv.sampled_columns(*reference, 3, 3, stride, 1)
     assert (columns == 0).float().mean() > 0.05  # samples outside the map

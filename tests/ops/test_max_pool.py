@@ -1,15 +1,12 @@
-import os
-import subprocess
-import sys
-
+"""The ResNet stem's max-pool: its Triton kernels (compiled on a CUDA machine, else run by Triton's
+interpreter in a subprocess) against F.max_pool2d, bit for bit."""
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_subprocess import tensor_kernel_results
 
 from detectron.ops import max_pool
 from detectron.ops.max_pool import max_pool_3x3_s2
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (height, width): odd and even sides, a 1 x 1 map and thin maps (windows cut by the padding).
 SIZES = ((7, 9), (8, 6), (1, 1), (2, 3), (13, 16))
@@ -45,44 +42,38 @@ def _assert_bitwise_equal(got, expected):
     assert torch.equal(got.nan_to_num(0.0), expected.nan_to_num(0.0))
 
 
-_INTERPRETER_SCRIPT = '''
+_KERNEL_SCRIPT = '''
 import sys
 import torch
 from detectron.ops import max_pool
-cases = torch.load(sys.argv[1])
-results = []
-for x, upstream in cases:
+results = {}
+for name, (x, upstream) in torch.load(sys.argv[1]).items():
     x = x.clone().requires_grad_()
     out = max_pool._MaxPool3x3S2.apply(x)
     (out * upstream).sum().backward()
-    results.append((out.detach(), x.grad, x.grad.is_contiguous(memory_format=torch.channels_last)))
+    results[name] = (out.detach(), x.grad, x.grad.is_contiguous(memory_format=torch.channels_last))
 torch.save(results, sys.argv[2])
 '''
 
 
 @pytest.mark.processes
-def test_kernels_by_tritons_interpreter_give_torch_s_values_and_gradients_bit_for_bit(tmp_path):
-    """The kernels' arithmetic on the CPU (TRITON_INTERPRET=1): the pooled values (ties won by the first
-    tap, a NaN by the NaN) and the gradients (an input winning several windows sums them in PyTorch's
-    order) equal F.max_pool2d's bit for bit, for channels_last and contiguous inputs; the gradient keeps
-    the input's layout."""
-    if max_pool.triton is None:
-        pytest.skip('triton is not installed: PyTorch pools everywhere')
-    cases = [_pool_case(seed, h, w, channels_last) for seed, (h, w) in enumerate(SIZES)
-             for channels_last in (True, False)]
-    torch.save(cases, tmp_path / 'cases.pt')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get('PYTHONPATH', '')]),
-               TRITON_INTERPRET='1', CUDA_VISIBLE_DEVICES='')
-    proc = subprocess.run([sys.executable, '-c', _INTERPRETER_SCRIPT, str(tmp_path / 'cases.pt'),
-                           str(tmp_path / 'results.pt')], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_kernels_give_torch_s_values_and_gradients_bit_for_bit(tmp_path):
+    """The kernels' arithmetic (compiled on CUDA, else by Triton's interpreter): the pooled values (ties
+    won by the first tap, a NaN by the NaN) and the gradients (an input winning several windows sums
+    them in PyTorch's order) equal F.max_pool2d's on the CPU bit for bit, for channels_last and
+    contiguous inputs; the gradient keeps the input's layout."""
+    cases = {'{}x{}-{}'.format(h, w, 'channels_last' if channels_last else 'contiguous'):
+             _pool_case(seed, h, w, channels_last)
+             for seed, (h, w) in enumerate(SIZES) for channels_last in (True, False)}
+    results = tensor_kernel_results(_KERNEL_SCRIPT, cases, tmp_path,
+                                    skip_reason='triton is not installed: PyTorch pools everywhere')
     three_or_more = 0
-    for (x, upstream), (out, grad, grad_channels_last) in zip(cases, torch.load(tmp_path / 'results.pt')):
+    for name, (x, upstream) in cases.items():
+        out, grad, grad_channels_last = results[name]
         expected_out, expected_grad = _pool_and_grad(_torch_pool, x, upstream)
         _assert_bitwise_equal(out, expected_out)
         _assert_bitwise_equal(grad, expected_grad)
-        assert grad_channels_last == x.is_contiguous(memory_format=torch.channels_last)
+        assert grad_channels_last == x.is_contiguous(memory_format=torch.channels_last), name
         won = _pool_and_grad(_torch_pool, x, torch.ones_like(upstream))[1]
         three_or_more += int((won >= 3).sum())
     assert three_or_more > 10  # inputs that won 3 or 4 windows: the sum's order is exercised
