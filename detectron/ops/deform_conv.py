@@ -61,7 +61,7 @@ def modulated_deform_conv2d(x, offset, mask, weight, bias, stride=1, padding=0, 
     else:
         columns = sampled_columns_op(x, offset, mask, kh, kw, stride[0], padding[0], _columns_dtype(x))
     groups = channels // group_channels
-    if groups == 1:  # bmm of the broadcast weight: matmul would copy the columns first (BENCHMARKS.md "CenterNet speed")
+    if groups == 1:  # bmm of the broadcast weight: matmul copies the columns (BENCHMARKS.md "CenterNet speed")
         out = torch.bmm(weight.reshape(1, out_channels, group_channels * kh * kw).expand(n, -1, -1), columns)
     else:  # group g's outputs from group g's rows of the columns
         out = torch.matmul(weight.reshape(groups, out_channels // groups, group_channels * kh * kw),
@@ -218,7 +218,6 @@ def _triton_columns(x, offset, mask, kh, kw, stride, padding, dtype):
     return columns
 
 
-
 class _KernelSampledColumns(torch.autograd.Function):
     """sampled_columns_op's columns with gradients for x, offset and mask (training on CUDA): the
     forward is the inference kernel; the backward one Triton kernel reading the columns' gradient
@@ -277,6 +276,7 @@ def _backward_channel_groups(pixel_count, channels, device):
     processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
     wanted = triton.cdiv(processors * _BACKWARD_THREADS_PER_PROCESSOR, max(pixel_count, 1))
     return max(1, min(wanted, channels // 8))
+
 
 if triton is not None:
     @triton.jit
