@@ -5,7 +5,7 @@
 # Settings: dev/gpu_env.sh. The pass/fail checks are dev/gpu_checks.sh.
 # Steps:
 #   setup (dev/gpu_env.sh) bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
-#   two_stage bench_before_after varvote_gpu centernet_bench centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
+#   two_stage bench_before_after varvote_gpu centernet_bench dcn_layers centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
 #   checkpoint_activations_bench mask_train mask_test tta_test mask_bench mask_targets retinanet_bench retinanet_coco_tiny
 #   mask_demo_grid
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
@@ -252,6 +252,10 @@ centernet_bench() {  # synthetic CenterNet rows (training step, detect at batch 
     python3 tools/benchmark.py --cfg $cfg --mode centernet profile --centernet-batch 32 64 --rounds 3 --iters 10 \
       -- NUM_GPUS 1 2>&1 | grep -v '^{' | tee -a "$OUT/centernet_bench.md"
   done
+}
+
+dcn_layers() {  # resdcn_18's three DCN layers, forward + backward at batch 32: the Triton kernels against grid_sample's path
+  python3 dev/dcn_layers_bench.py 2>&1 | tee "$OUT/dcn_layers.txt"
 }
 
 checkpoint_activations_bench() {  # resdcn_18 training step at batch 32, with and without TRAIN.CHECKPOINT_ACTIVATIONS: images/s and peak MiB
