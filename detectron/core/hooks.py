@@ -91,12 +91,14 @@ class Metrics:
         self.events = None
         self.tic = None
         self.device = None
+        self.ready_batches = lambda: 0
 
     def writes_at(self, iteration):
         return iteration % LOG_PERIOD == 0 or iteration == self.max_iter - 1
 
     def before_train(self, loop):
         self.device = loop.device
+        self.ready_batches = getattr(loop.batches, 'ready_batches', self.ready_batches)
         if comm.is_main_process():
             self.events = EventWriter(os.path.join(self.output_dir, 'tensorboard'))
 
@@ -146,7 +148,7 @@ class Metrics:
         eta = datetime.timedelta(seconds=int(mean_time * (self.max_iter - cur_iter)))
         stats = {'iter': cur_iter, 'lr': float(lr), 'time': mean_time, 'eta': str(eta),
                  'data_time': float(np.mean(self.window['data_time'])),
-                 'mb_qsize': 0, 'mem': _max_memory_mib(self.device)}
+                 'mb_qsize': self.ready_batches(), 'mem': _max_memory_mib(self.device)}
         stats.update({k: float(v) for k, v in medians.items()})
         return stats
 

@@ -283,7 +283,22 @@ def training_batches(model_type, start_iter, device, sampler_position=None):
     # to keep the random stream of the model's own sampling identical to the uninterrupted run's.
     with torch.random.fork_rng(devices=[]):
         first = next(batches)
-    return itertools.chain([first], batches), sampler
+    return TrainingBatches(itertools.chain([first], batches), loader.ready_batches), sampler
+
+
+class TrainingBatches:
+    """The training loop's batch iterator, which also tells how many batches are ready (json_stats'
+    `mb_qsize`)."""
+
+    def __init__(self, batches, ready_batches):
+        self.batches = batches
+        self.ready_batches = ready_batches
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.batches)
 
 
 def rank_batch_sizes():

@@ -132,6 +132,19 @@ class RaisingLoader:
         self.groups = groups
         self.eager = eager
         self.numbered = numbered  # the NumberedIndices the DataLoader draws from, if any
+        self.current = None  # the DataLoader iterator being read
+
+    def ready_batches(self):
+        """Items the workers have finished that the main process has not taken yet (Detectron's
+        `mb_qsize`): those waiting in DataLoader's queue (past the pin-memory thread, with CUDA) and
+        those received ahead of their turn. 0 without workers, or where the queue cannot tell its size."""
+        queue = getattr(self.current, '_data_queue', None)
+        try:
+            waiting = queue.qsize() if queue is not None else 0
+        except (NotImplementedError, OSError):  # multiprocessing queues on macOS; a closed queue
+            waiting = 0
+        early = getattr(self.current, '_task_info', {})
+        return waiting + sum(1 for info in list(early.values()) if len(info) == 2)
 
     def __iter__(self):
         if not self.eager:
@@ -144,7 +157,7 @@ class RaisingLoader:
         iterator = None
         try:
             with dead_loader_workers_as_errors():
-                iterator = iter(items)
+                iterator = self.current = iter(items)
                 for item in iterator:
                     if isinstance(item, DatasetError):
                         raise item

@@ -271,6 +271,21 @@ def test_json_stats_data_time_is_the_wait_for_the_loader(tmp_path, capsys):
     assert iter_time >= data_time + 0.04
 
 
+def test_json_stats_mb_qsize_is_the_loaders_ready_batches_at_each_log(tmp_path, capsys):
+    """Detectron's mb_qsize: the training batches' count of ready batches, read when a line is logged
+    (a count going 5, 4, 3 here: 5 at iteration 0's line, 4 at iteration 20's; train_net's loader
+    counts its workers' finished batches, tests/roi_data/test_loader.py)."""
+    model = _MeanModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ready = [5, 4, 3]
+    batches = train_engine.TrainingBatches(_SlowBatches(0.0), lambda: ready.pop(0))
+    loop = TrainLoop(model, optimizer, batches, torch.device('cpu'), 0, 21, StepOptions(iter_size=1),
+                     hooks=[hooks.LRScheduler(lambda it: 0.1), hooks.Metrics(str(tmp_path), 21)])
+    loop.run()
+    _, stats = json_stats(capsys.readouterr().out)
+    assert [(s['iter'], s['mb_qsize']) for s in stats] == [(0, 5), (20, 4)]
+
+
 def test_the_loop_puts_each_batch_on_the_device_with_the_model_types_function(tmp_path):
     # The model type's batch_to_device finishes the batch (R-CNN: resizes on the GPU); the loop
     # calls it on every micro-batch and hands the model what it returns.

@@ -406,3 +406,23 @@ def test_the_test_loader_reads_ahead_as_soon_as_it_is_iterated(roidb, tmp_path):
         time.sleep(0.05)
     assert len(list(marks.iterdir())) == 2  # both prepared, none asked for yet
     assert [index for _, index in images] == [0, 1]
+
+
+@pytest.mark.processes
+def test_ready_batches_count_what_the_workers_finished_and_the_loop_has_not_taken(roidb):
+    """json_stats' mb_qsize: with 2 workers (2 batches each in flight) a loop that waits finds the
+    workers' finished batches ready, at most the 4 in flight; taking them all leaves none; without
+    workers there is no queue."""
+    import time
+    loader = _train_loader(roidb, num_workers=2)
+    batches = iter(loader)
+    next(batches)
+    deadline = time.time() + 30
+    while loader.ready_batches() < 4 and time.time() < deadline:
+        time.sleep(0.05)
+    assert loader.ready_batches() == 4  # 5 batches left, 4 of them requested from the workers and done
+    assert len(list(batches)) == len(BATCHES) - 1
+    assert loader.ready_batches() == 0
+    in_process = _train_loader(roidb, num_workers=0)
+    next(iter(in_process))
+    assert in_process.ready_batches() == 0
