@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from detectron.roi_data.prefetch import DevicePrefetcher
+
 AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}  # SOLVER.AMP.DTYPE
 
 
@@ -47,12 +49,13 @@ class TrainLoop:
         self.model_without_ddp = model
         self.model = ddp_model or model
         self.optimizer = optimizer
-        self.batches = batches
         self.device = device
         self.start_iter, self.max_iter = start_iter, max_iter
         self.step = step
         self.hooks = list(hooks)
-        self.batch_to_device = batch_to_device or (lambda batch: batch)
+        # Each micro-batch moved to the device while the step before it runs.
+        self.batches = DevicePrefetcher(batches, batch_to_device or (lambda batch: batch), device,
+                                        count=max(max_iter - start_iter, 0) * step.iter_size)
         self.out_of_memory = out_of_memory
         self.amp_dtype = AMP_DTYPES[step.amp_dtype]
         self.scaler = self._make_scaler()
@@ -103,16 +106,24 @@ class TrainLoop:
         self.optimizer.zero_grad(set_to_none=True)
         self.data_time = 0.0
         for micro in range(self.step.iter_size):
-            data_tic = time.time()
-            batch = next(self.batches)
-            self.data_time += time.time() - data_tic
+            batch = self._timed_data(lambda: next(self.batches))
             self.total, self.outputs = self._micro_step(batch, sync=micro == self.step.iter_size - 1)
+            if micro < self.step.iter_size - 1:
+                self._timed_data(self.batches.prefetch)
         self._unscale_gradients()
         self.grad_norm = self._clip_gradients()
         self._optimizer_step()
+        # The next batch's upload is queued behind this step's kernels on another stream.
+        self._timed_data(self.batches.prefetch)
+
+    def _timed_data(self, fn):
+        """fn(), its time added to data_time (the step's wait for the loader)."""
+        tic = time.time()
+        result = fn()
+        self.data_time += time.time() - tic
+        return result
 
     def _micro_step(self, batch, sync):
-        batch = self.batch_to_device(batch)
         no_sync = getattr(self.model, 'no_sync', None)
         context = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         with context:
