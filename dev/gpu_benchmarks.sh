@@ -7,7 +7,7 @@
 #   setup (dev/gpu_env.sh) bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   two_stage bench_before_after varvote_gpu centernet_bench dcn_layers centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
 #   checkpoint_activations_bench mask_train mask_test tta_test mask_bench mask_targets retinanet_bench retinanet_coco_tiny
-#   mask_demo_grid
+#   mask_demo_grid train_loop_parts
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -290,6 +290,11 @@ rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val list
     --test-dataset coco_tiny_val_x10 --batch 2 --loop-iters ${LOOP_ITERS:-400} --loop-warmup ${LOOP_WARMUP:-200} \
     --iters ${LOOP_ROW_ITERS:-40} --rounds 3 --loop-dir /tmp/bench_loops \
     -- DATA_LOADER.NUM_THREADS 6 ${LOOP_OPTS:-} 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops${LOOP_TAG:-}.md"
+}
+
+train_loop_parts() {  # Mask R-CNN's training loop on coco_tiny's JPEGs fed by the loader, by host batches, by device batches, without hooks
+  python3 dev/train_loop_parts.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --dataset coco_tiny_train --catalog "$CATALOG" \
+    SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 2>&1 | grep "ms per iteration" | tee "$OUT/train_loop_parts.txt"
 }
 
 rcnn_step_parts() {  # host ms per part of the R-CNN training step at batch 2 and 16: as trained, with the compact RoIs, and with torchvision's roi_align too
