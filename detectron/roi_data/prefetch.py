@@ -42,7 +42,7 @@ class DevicePrefetcher:
             stream = torch.cuda.current_stream(self.stream.device)
             stream.wait_event(uploaded)
             # The side stream allocated the batch; its memory must outlive this stream's use of it.
-            _for_each_tensor(batch, lambda t: t.record_stream(stream))
+            _for_each_tensor(batch, lambda t: t.record_stream(stream) if t.is_cuda else None)
         return batch
 
     def prefetch(self):

@@ -107,11 +107,13 @@ def test_the_training_stream_waits_for_the_side_streams_upload():
 
     def slow_upload(batch):
         torch.cuda._sleep(200_000_000)
-        return batch.to(device, non_blocking=True)
+        return {'images': batch.to(device, non_blocking=True), 'left_on_the_host': [torch.ones(2)]}
 
     batches = DevicePrefetcher(_pinned_batches([3], numel), slow_upload, device, count=1)
-    total = next(batches).sum()
+    batch = next(batches)
+    total = batch['images'].sum()
     assert total.item() == 3 * numel
+    assert batch['left_on_the_host'][0].device.type == 'cpu'
 
 
 @pytest.mark.cuda
