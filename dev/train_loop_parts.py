@@ -89,7 +89,10 @@ def main():
 
     host_batches = list(itertools.islice(loader(), args.iters))
     device_batches = [to_device(batch) for batch in host_batches]
-    all_hooks = lambda: train_engine.training_hooks(model_type, schedule, output_dir)  # noqa: E731
+
+    def all_hooks():
+        return train_engine.training_hooks(model_type, schedule, output_dir)
+
     ways = {
         'loader': lambda: (loader(), to_device, all_hooks()),
         'host_replay': lambda: (iter(host_batches), to_device, all_hooks()),

@@ -348,7 +348,7 @@ class SharedLeaves:
         """For DataLoader's pin-memory thread: the item unpacked from the tensor pinned, its other tensors
         pinned too (the large ones that travel on their own), as the thread pins the items it recurses
         into. Unpacked there, not by the main thread, which feeds the GPU."""
-        return SharedLeaves(_map_leaves(self.skeleton, _pinned), self.buffer.pin_memory(), self.layouts).unpacked()
+        return SharedLeaves(map_leaves(self.skeleton, _pinned), self.buffer.pin_memory(), self.layouts).unpacked()
 
     def leaves(self):
         """The packed leaves as views of the (shared or pinned) tensor, in their order."""
@@ -362,7 +362,7 @@ class SharedLeaves:
     def unpacked(self):
         """The item as it was made, its packed leaves views of the tensor."""
         leaves = self.leaves()
-        return _map_leaves(self.skeleton, lambda leaf: leaves[leaf.index] if isinstance(leaf, _Packed) else leaf)
+        return map_leaves(self.skeleton, lambda leaf: leaves[leaf.index] if isinstance(leaf, _Packed) else leaf)
 
 
 # Arrays of a test sample at least this large go through shared memory; smaller ones (CenterNet's
@@ -385,15 +385,15 @@ class _Packed:
         self.index = index
 
 
-def _map_leaves(sample, fn):
+def map_leaves(sample, fn):
     """sample (nested dicts, lists, tuples and objects with a map_leaves of their own, such as
     minibatch.UnresizedImages) with fn applied to everything else in it."""
     if hasattr(sample, 'map_leaves'):
-        return sample.map_leaves(lambda leaf: _map_leaves(leaf, fn))
+        return sample.map_leaves(lambda leaf: map_leaves(leaf, fn))
     if isinstance(sample, dict):
-        return {key: _map_leaves(value, fn) for key, value in sample.items()}
+        return {key: map_leaves(value, fn) for key, value in sample.items()}
     if isinstance(sample, (list, tuple)):
-        return type(sample)(_map_leaves(value, fn) for value in sample)
+        return type(sample)(map_leaves(value, fn) for value in sample)
     return fn(sample)
 
 
@@ -408,7 +408,7 @@ def packed_leaves(item, chosen):
         packed.append(leaf)
         return _Packed(len(packed) - 1)
 
-    skeleton = _map_leaves(item, take)
+    skeleton = map_leaves(item, take)
     if not packed:
         return item
     layouts, offset = [], 0

@@ -10,6 +10,8 @@ import contextlib
 
 import torch
 
+from detectron.roi_data.loader import map_leaves
+
 
 class DevicePrefetcher:
     """Iterator over `count` batches of `batches`, each as batch_to_device(batch) returns it.
@@ -42,7 +44,7 @@ class DevicePrefetcher:
             stream = torch.cuda.current_stream(self.stream.device)
             stream.wait_event(uploaded)
             # The side stream allocated the batch; its memory must outlive this stream's use of it.
-            _for_each_tensor(batch, lambda t: t.record_stream(stream) if t.is_cuda else None)
+            map_leaves(batch, lambda leaf: _record_stream(leaf, stream))
         return batch
 
     def prefetch(self):
@@ -58,12 +60,6 @@ class DevicePrefetcher:
         self.pending = (moved, uploaded)
 
 
-def _for_each_tensor(batch, fn):
-    if isinstance(batch, torch.Tensor):
-        fn(batch)
-    elif isinstance(batch, dict):
-        for value in batch.values():
-            _for_each_tensor(value, fn)
-    elif isinstance(batch, (list, tuple)):
-        for value in batch:
-            _for_each_tensor(value, fn)
+def _record_stream(leaf, stream):
+    if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
+        leaf.record_stream(stream)
