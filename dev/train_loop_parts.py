@@ -5,14 +5,21 @@ graphs and cuDNN plans made once, in a first untimed pass of every way):
 - loader: train_net's loader, positioned at --start (workers, pin-memory thread, batch_to_device);
 - host_replay: those batches drawn once and kept on the host, moved by batch_to_device each step;
 - device_replay: those batches kept on the device;
-- device_replay_no_hooks: the same with only the learning-rate hook.
+- device_replay_no_hooks: the same with only the learning-rate hook;
+- bare_step: the benchmark's bare training step (tools/benchmark.py's replay row) on the device batches,
+  without TrainLoop;
+- device_replay_with_<hook>: the learning-rate hook and one other of train_net's (--per-hook).
 
-Medians of the per-iteration wall times after --warmup iterations of each run. BENCHMARKS.md, "Mask R-CNN".
+Medians of the per-iteration wall times after --warmup iterations of each run; the rounds run the ways in a
+rotated order. With all hooks, each hook's own host time per iteration is printed too (its calls timed on
+the host, so a hook that waits for the GPU shows the wait). BENCHMARKS.md, "Mask R-CNN".
 
     python dev/train_loop_parts.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --dataset coco_tiny_train \
-        [--catalog catalog.json] [--iters 100 --warmup 20 --rounds 3] [KEY VALUE ...]
+        [--catalog catalog.json] [--iters 100 --warmup 20 --rounds 3] [--per-hook] [KEY VALUE ...]
 """
 import argparse
+import collections
+import functools
 import itertools
 import statistics
 import tempfile
@@ -39,6 +46,7 @@ def parse_args():
     parser.add_argument('--iters', type=int, default=100)
     parser.add_argument('--warmup', type=int, default=20, help='iterations of each run not timed')
     parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--per-hook', action='store_true', help='also a row per hook on device batches')
     parser.add_argument('opts', nargs=argparse.REMAINDER, help='config overrides, KEY VALUE ...')
     return parser.parse_args()
 
@@ -56,6 +64,29 @@ class IterationTimes:
         self.times.append(time.perf_counter())
 
 
+class HostTimed:
+    """A hook whose per-iteration calls (before_step, after_step, writes_at) add their host time to
+    `seconds`."""
+    PER_ITERATION = ('before_step', 'after_step', 'writes_at')
+
+    def __init__(self, hook):
+        self.hook = hook
+        self.seconds = 0.0
+
+    def __getattr__(self, name):
+        method = getattr(self.hook, name)
+        if name not in self.PER_ITERATION:
+            return method
+
+        def timed(*args):
+            tic = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                self.seconds += time.perf_counter() - tic
+        return timed
+
+
 def timed_run(model, optimizer, source, batch_to_device, hooks, args, device):
     """ms per iteration (median) of one run of the loop over args.iters batches of source."""
     clock = IterationTimes(device, args.start + args.iters - 1)
@@ -63,6 +94,25 @@ def timed_run(model, optimizer, source, batch_to_device, hooks, args, device):
                      train_engine.step_options(), [clock] + hooks, batch_to_device=batch_to_device)
     loop.run()
     steps = [b - a for a, b in zip(clock.times, clock.times[1:])][args.warmup:]
+    return 1000 * statistics.median(steps)
+
+
+def bare_run(model, optimizer, batches, args, device):
+    """ms per iteration (median) of the benchmark's bare step (zero_grad, forward under train_net's
+    autocast, sum of the losses, backward, optimizer step) over the batches."""
+    step = train_engine.step_options()
+    amp_dtype = {'float16': torch.float16, 'bfloat16': torch.bfloat16}[step.amp_dtype]
+    times = []
+    for index, batch in enumerate(batches):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=step.amp):
+            losses = model(*batch)
+        sum(v for k, v in losses.items() if k.startswith('loss')).backward()
+        optimizer.step()
+        if index == len(batches) - 1 and device.type == 'cuda':
+            torch.cuda.synchronize()
+        times.append(time.perf_counter())
+    steps = [b - a for a, b in zip(times, times[1:])][args.warmup:]
     return 1000 * statistics.median(steps)
 
 
@@ -93,21 +143,42 @@ def main():
     def all_hooks():
         return train_engine.training_hooks(model_type, schedule, output_dir)
 
+    timed_hooks = []
+
+    def device_replay_timed():
+        timed_hooks[:] = [HostTimed(hook) for hook in all_hooks()]
+        return iter(device_batches), None, timed_hooks
+
     ways = {
         'loader': lambda: (loader(), to_device, all_hooks()),
         'host_replay': lambda: (iter(host_batches), to_device, all_hooks()),
-        'device_replay': lambda: (iter(device_batches), None, all_hooks()),
+        'device_replay': device_replay_timed,
         'device_replay_no_hooks': lambda: (iter(device_batches), None, [LRScheduler(schedule.lr_at)]),
     }
-    for way in ways.values():
-        timed_run(model, optimizer, *way(), args, device)
-    results = {name: [] for name in ways}
-    for _ in range(args.rounds):
-        for name, way in ways.items():
-            results[name].append(timed_run(model, optimizer, *way(), args, device))
+    if args.per_hook:
+        for index, hook in enumerate(all_hooks()[1:], start=1):
+            ways['device_replay_with_' + type(hook).__name__] = functools.partial(
+                lambda i: (iter(device_batches), None, [all_hooks()[0], all_hooks()[i]]), index)
+    runs = {name: functools.partial(lambda way: timed_run(model, optimizer, *way(), args, device), way)
+            for name, way in ways.items()}
+    runs['bare_step'] = lambda: bare_run(model, optimizer, device_batches, args, device)
+    for run in runs.values():
+        run()
+    results = {name: [] for name in runs}
+    hook_ms = collections.defaultdict(list)
+    names = list(runs)
+    for round_index in range(args.rounds):
+        for name in names[round_index % len(names):] + names[:round_index % len(names)]:
+            results[name].append(runs[name]())
+            if name == 'device_replay':
+                for hook in timed_hooks:
+                    hook_ms[type(hook.hook).__name__].append(1000 * hook.seconds / args.iters)
     for name, times in results.items():
-        print('{:<24} ms per iteration: median {:.2f} (rounds {})'.format(
+        print('{:<40} ms per iteration: median {:.2f} (rounds {})'.format(
             name, statistics.median(times), ', '.join('{:.2f}'.format(t) for t in times)))
+    for name, times in hook_ms.items():
+        print('{:<40} host ms per iteration: median {:.3f} (rounds {})'.format(
+            'hook ' + name, statistics.median(times), ', '.join('{:.3f}'.format(t) for t in times)))
 
 
 if __name__ == '__main__':

@@ -147,6 +147,18 @@ class CenterNetType(ModelType):
                         centernet_export.CENTERNET_INPUT_NAMES, centernet_export.CENTERNET_OUTPUT_NAMES, {},
                         contested=functools.partial(centernet_export.contested_detections, params=params))
 
+    def training_run_opts(self, datasets, batch, iterations, base_lr):
+        # CENTERNET keys, from which the schedule is derived (a typed SOLVER key would contradict a
+        # config's CENTERNET one): whole epochs, the one process taking the whole batch.
+        per_epoch = len(centernet_roidb(datasets)) // batch
+        if per_epoch < 1:
+            raise ConfigValueError('TRAIN.DATASETS {} hold fewer images than one batch of {}'.format(
+                tuple(datasets), batch))
+        lr = base_lr * self.cfg.CENTERNET.LR_BATCH_SIZE / batch
+        return ['TRAIN.DATASETS', str(tuple(datasets)), 'CENTERNET.BATCH_SIZE', str(batch),
+                'CENTERNET.MASTER_BATCH_SIZE', '-1', 'CENTERNET.CHUNK_SIZES', '()',
+                'CENTERNET.NUM_EPOCHS', str(-(-iterations // per_epoch)), 'CENTERNET.LR', repr(lr)]
+
     def prepare_for_training(self, model):
         # Under autocast on CUDA, the trunk and heads stored channels_last as for inference: cuDNN's
         # bfloat16 convolutions and BatchNorm's channels_last kernels need no layout conversions

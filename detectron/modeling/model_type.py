@@ -98,6 +98,13 @@ class ModelType:
         file carries for model, which training from it starts with; none by default)."""
         return (*self.load_weights(model, path), {})
 
+    def training_run_opts(self, datasets, batch, iterations, base_lr):
+        """KEY VALUE overrides (strings) for a one-process train_net run (NUM_GPUS 1) on the datasets
+        (names) of at least `iterations` iterations of `batch` images, SOLVER.BASE_LR base_lr: for tools
+        that time train_net. By default Detectron's keys, exactly `iterations`."""
+        return ['TRAIN.DATASETS', str(tuple(datasets)), 'TRAIN.IMS_PER_BATCH', str(batch),
+                'SOLVER.MAX_ITER', str(iterations), 'SOLVER.BASE_LR', str(base_lr)]
+
     def training_roidb(self):
         raise NotImplementedError
 

@@ -166,3 +166,25 @@ def test_a_tools_config_records_only_what_its_command_typed(tmp_path):
     path.write_text('SOLVER:\n  MAX_ITER: 90\n')
     merge_cfg_from_command_line(str(path), ['TRAIN.SNAPSHOT_ITERS', '10'])
     assert typed_keys() == {'SOLVER.MAX_ITER': str(path), 'TRAIN.SNAPSHOT_ITERS': 'command line'}
+
+
+def test_a_timed_centernet_run_takes_whole_epochs_at_the_asked_batch_and_base_lr(monkeypatch):
+    # The shipped 4-GPU config (BATCH_SIZE 114, MASTER_BATCH_SIZE 18, 140 epochs, CENTERNET.LR typed)
+    # run by a tool for 5 iterations of 32 images of 80: 2 iterations per epoch, so 3 epochs.
+    seen = []
+    monkeypatch.setattr(centernet_builder, 'centernet_roidb', lambda names: seen.append(names) or [None] * 80)
+    merge_cfg_from_file(RESDCN18)
+    opts = model_builder.build_model_type(cfg).training_run_opts(['a', 'b'], 32, 5, 1e-12)
+    assert seen == [['a', 'b']]
+    merge_cfg_from_list(opts + ['NUM_GPUS', '1'])
+    derive()
+    assert cfg.TRAIN.DATASETS == ('a', 'b')
+    assert (cfg.TRAIN.RANK_IMS_PER_BATCH, cfg.TRAIN.IMS_PER_BATCH, cfg.SOLVER.MAX_ITER) == ((32,), 32, 6)
+    assert cfg.SOLVER.BASE_LR == pytest.approx(1e-12, rel=1e-12)
+
+
+def test_a_timed_detectron_run_types_the_batch_iterations_and_base_lr():
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'e2e_faster_rcnn_R-50-FPN_2x.yaml'))
+    opts = model_builder.build_model_type(cfg).training_run_opts(['a'], 3, 7, 0.5)
+    merge_cfg_from_list(opts)
+    assert (cfg.TRAIN.DATASETS, cfg.TRAIN.IMS_PER_BATCH, cfg.SOLVER.MAX_ITER, cfg.SOLVER.BASE_LR) == (('a',), 3, 7, 0.5)

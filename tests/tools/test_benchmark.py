@@ -19,6 +19,7 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 from detectron.core.config import cfg
 from detectron.datasets import dataset_catalog
 from detectron.utils.errors import ConfigValueError
+from support.tiny_runs import write_tiny_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES_KL = 'configs/getting_started/shapes_demo_R-18-FPN_kl.yaml'
@@ -253,10 +254,12 @@ def test_dataset_shape_uses_the_resize_rule(tmp_path):
     ann = tmp_path / 'ann.json'
     ann.write_text(json.dumps(coco))
     dataset_catalog.register_dataset('benchmark_test_three_images', str(tmp_path), str(ann))
-    shape = loops.dataset_shape('benchmark_test_three_images', 800, 1333)
+    shape = loops.dataset_shape(['benchmark_test_three_images'], 800, 1333)
     # short side -> 800: 640 x 800/480 = 1066.7, 500 x 800/375 = 1066.7, 640 x 800/427 = 1199.1
     assert shape == {'images': 3, 'height': 427, 'width': 640, 'resized_height': 800, 'resized_width': 1067,
                      'boxes_per_image': 1.0}
+    # Two names: their images together (the same medians, twice the images, the same boxes per image).
+    assert loops.dataset_shape(['benchmark_test_three_images'] * 2, 800, 1333) == dict(shape, images=6)
 
 
 # --- rows replaying a loop's own inputs ------------------------------------------------------------
@@ -306,6 +309,10 @@ def test_train_net_batches_are_the_loaders_batches_of_the_timed_window(monkeypat
     assert loops.train_net_batches(args, ModelType(), batch=3, device=cpu) == [(8, 'cpu'), (9, 'cpu'), (10, 'cpu'),
                                                                                (11, 'cpu')]
     assert seen == {'start_iter': 0, 'datasets': ('tr',), 'ims': 3, 'device': cpu}
+    args = cli.parse_args(['--mode', 'loops', '--loop-parts', 'train', '--train-dataset', 'tr', 'tr2',
+                           '--loop-iters', '9', '--loop-warmup', '8'])
+    assert loops.train_net_batches(args, ModelType(), batch=2, device=cpu) == [(8, 'cpu')]
+    assert seen['datasets'] == ('tr', 'tr2') and seen['ims'] == 2
     assert cfg.TRAIN.IMS_PER_BATCH != 3 or cfg.TRAIN.DATASETS != ('tr',)  # restored afterwards
 
 
@@ -375,7 +382,7 @@ def test_run_loops_runs_the_chosen_loops_first_then_times_their_rows_interleaved
                 events.append(name + ' report')
         return Part
 
-    monkeypatch.setattr(loops, 'TrainNetPart', fake_part('train'))
+    monkeypatch.setattr(loops, 'RCNNTrainNetPart', fake_part('train'))
     monkeypatch.setattr(loops, 'TestNetPart', fake_part('test'))
     monkeypatch.setattr(loops, 'run_interleaved', lambda rows, *a: events.append(rows))
     for parts, expected in (
@@ -577,3 +584,34 @@ def test_main_runs_the_keypoint_rows_on_the_cpu(monkeypatch, capsys):
     test = [r for r in report.records if r['section'] == 'test']
     assert len(train) == 3 and all(r['loss_finite'] for r in train)
     assert len(test) == 4 and all(r['median'] > 0 for r in test)
+
+
+# --- CenterNet's train_net loop ------------------------------------------------------------------
+
+def test_centernet_loop_runs_train_net_at_the_batch_and_replays_its_window(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    catalog = write_tiny_datasets(tmp_path)
+    argv = ['--cfg', 'configs/getting_started/shapes_demo_centernet_res18.yaml', '--mode', 'centernet', 'loops',
+            '--loop-parts', 'train', '--catalog', str(catalog), '--train-dataset', *['tiny_train'] * 6,
+            '--centernet-batch', '2', '2', '--loop-iters', '5', '--loop-warmup', '2', '--iters', '1',
+            '--rounds', '2', '--warmup', '0', '--round-warmup', '0', '--loop-dir', str(tmp_path / 'runs'), '--',
+            'CENTERNET.INPUT_RES', '64']
+    records = {r['row']: r for r in cli.main(argv).records}
+    loop = records['train_net.py on {} (json_stats time)'.format(' + '.join(['tiny_train'] * 6))]
+    replayed = records["ours, train_net's batches of iterations 2-4 replayed from memory"]
+    bare = records['res_18 train']
+    # 48 images at 2 per step: one epoch of 24 iterations, stopped at its first json_stats line past the 5
+    # asked (iteration 20), before the epoch's last (23).
+    with open(loop['log']) as f:
+        log = f.read()
+    assert 'SOLVER.MAX_ITER 24 = 1 epochs' in log and '"lr": "0.000000"' in log
+    assert [int(s['iter']) for s in logs.json_stats(log)] == [0, 20]
+    assert loop['batch'] == replayed['batch'] == bare['batch'] == 2 and len(replayed['rounds']) == 2
+    for name, other in (('train_net / its batches replayed from memory, images/s (target >= 0.90)', replayed),
+                        ('train_net / res_18 train (synthetic batch), images/s', bare)):
+        assert records[name]['median'] == pytest.approx(loop['median'] / other['median'])
+
+
+def test_the_centernet_loop_times_train_net_only():
+    with pytest.raises(ConfigValueError, match='--loop-parts train'):
+        cli.parse_args(['--mode', 'centernet', 'loops', '--train-dataset', 'tr', '--test-dataset', 'te'])

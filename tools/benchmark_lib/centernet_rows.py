@@ -1,20 +1,25 @@
-"""The CenterNet rows (--mode centernet with a CenterNet --cfg): training step, inference at batch 1 and B."""
+"""The CenterNet rows (--mode centernet with a CenterNet --cfg): training step, inference at batch 1 and B;
+with --mode loops, train_net and its batches replayed."""
+import contextlib
 import copy
 
 import numpy as np
 import torch
 
 from detectron.core.config import cfg
+from detectron.datasets import dataset_catalog
 from detectron.modeling.optimizer import build_optimizer
 
 from . import centernet_plain
 from .inputs import synthetic_images
+from .loops import TrainNetPart
 from .profiling import profile_row, trace_path
 from .rcnn_rows import build_ours_for_training
 from .timing import (
     Row,
     autocast,
     cfg_values,
+    cudnn_autotuning,
     flat_tensors,
     model_tensors,
     per_round_ratios,
@@ -152,16 +157,27 @@ def training_step(model, optimizer, loss, device, precision):
     return step
 
 
-def run_centernet(args, model_type, precision, report, timing):
+def run_centernet(args, model_type, precision, report, timing, work):
+    """The rows of centernet_rows interleaved; with --mode loops also train_net on --train-dataset at the
+    training batch, in a subprocess first (work: a fresh directory for it), and its batches replayed
+    (every row then autotunes cuDNN as train_net does, as CUDNN_BENCHMARK says)."""
     device = timing['device']
-    rows = centernet_rows(args, model_type, device, precision)
-    run_interleaved(rows, **timing)
+    train_net = None
+    if 'loops' in args.mode:
+        if args.catalog:
+            dataset_catalog.register_catalog_file(args.catalog)
+        train_net = TrainNetPart(args, model_type, precision, work(), args.centernet_batch[0])
+    with cudnn_autotuning(cfg.CUDNN_BENCHMARK) if train_net else contextlib.nullcontext():
+        rows = centernet_rows(args, model_type, device, precision)
+        run_interleaved(rows + (train_net.timed_rows(device) if train_net else []), **timing)
     res = cfg.CENTERNET.INPUT_RES
     for row in rows:
         report.add_row(row, batch=row.images_per_step, precision=precision, size=[res, res])
     plain = next((row for row in rows if row.name == PLAIN_PORT_ROW), None)
     if plain is not None:
         report.add_ratio(PLAIN_PORT_RATIO, per_round_ratios(rows[0].values, plain.values))
+    if train_net:
+        train_net.report(report, [('train_net / {} (synthetic batch), images/s'.format(rows[0].name), rows[0])])
     if 'profile' in args.mode:
         trace = trace_path(args, 'train_centernet')
         report.add_profile(rows[0].name, profile_row(rows[0], args.profile_steps, args.warmup, device, trace),

@@ -28,7 +28,8 @@ Sections (--mode):
            from their own logs, next to synthetic rows of the same model, batch, size and precision.
   centernet  with a CenterNet --cfg (centernet_rows.py): the training step at the first --centernet-batch,
            for resdcn_18 beside a plain PyTorch port of CenterNet's (centernet_plain.py) on the same
-           batch, and inference at batch 1 and at the second --centernet-batch;
+           batch, and inference at batch 1 and at the second --centernet-batch; with loops (--loop-parts
+           train) also train_net at that batch and its batches replayed, the ratios to both;
   retinanet  with a RetinaNet --cfg (retinanet_rows.py): training images/s at the first --batch beside
            torchvision's retinanet_resnet50_fpn at equal work (FrozenBN, layer2-4 trainable, P6 on C5, 9
            anchors, our RETINANET settings), and inference ms/image of both with every class score loaded
@@ -51,6 +52,8 @@ row and a Markdown table (BENCHMARKS.md describes every row). Examples:
     python tools/benchmark.py --mode loops --catalog catalog.json --train-dataset coco_tiny_train \
         --test-dataset coco_tiny_val
     python tools/benchmark.py --mode startup --cfg configs/centernet/ctdet_coco_resdcn18.yaml
+    python tools/benchmark.py --mode centernet loops --loop-parts train --cfg configs/centernet/ctdet_coco_resdcn18.yaml \
+        --catalog catalog.json --train-dataset coco_tiny_train coco_tiny_train --centernet-batch 32
     python tools/benchmark.py --mode demo --demo-cfgs configs/getting_started/shapes_demo_R-18-FPN.yaml \
         configs/getting_started/shapes_demo_mask_R-18-FPN.yaml
     python tools/benchmark.py --mode train test --batch 2 --precision bf16 \
@@ -116,7 +119,8 @@ def parse_args(argv):
     loops = parser.add_argument_group('loops section')
     loops.add_argument('--loop-parts', nargs='+', choices=['train', 'test'], default=['train', 'test'],
                        help='which loops run: train_net (needs --train-dataset) and / or test_net (--test-dataset)')
-    loops.add_argument('--train-dataset', default=None)
+    loops.add_argument('--train-dataset', nargs='+', default=None,
+                       help="train_net's TRAIN.DATASETS (several names: their images together)")
     loops.add_argument('--test-dataset', default=None)
     loops.add_argument('--catalog', default=None, help='dataset catalog file (DATASET_CATALOG)')
     loops.add_argument('--loop-iters', type=int, default=200, help="train_net's SOLVER.MAX_ITER")
@@ -147,6 +151,8 @@ def parse_args(argv):
     if args.profile and 'profile' not in args.mode:
         args.mode.append('profile')
     if 'loops' in args.mode:
+        if 'centernet' in args.mode and args.loop_parts != ['train']:
+            raise ConfigValueError('--mode centernet loops runs the train_net loop only: add --loop-parts train')
         for part, dataset in (('train', args.train_dataset), ('test', args.test_dataset)):
             if part in args.loop_parts and not dataset:
                 raise ConfigValueError('--mode loops with --loop-parts {0} needs --{0}-dataset NAME'.format(part))
@@ -176,7 +182,7 @@ def main(argv):
     if 'voting' in args.mode:
         run_voting(args, model_type, report, timing)
     if 'centernet' in args.mode:
-        run_centernet(args, model_type, precision, report, timing)
+        run_centernet(args, model_type, precision, report, timing, lambda: work_dir(args, 'loops'))
     elif 'retinanet' in args.mode:
         run_retinanet(args, model_type, precision, report, timing)
     elif set(args.mode) & {'train', 'test', 'profile', 'loops'}:

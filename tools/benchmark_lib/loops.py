@@ -21,36 +21,46 @@ from .rcnn_rows import build_ours, build_ours_for_training, ours_test_row, ours_
 from .timing import Row, autocast, cfg_values, in_turn, model_tensors, run_interleaved, spread, timed_pass
 
 
-def dataset_shape(name, scale, max_size):
-    """Median original and resized (h, w) and mean non-crowd boxes per image of a COCO-format dataset."""
-    with open(dataset_catalog.get_ann_fn(name)) as f:
-        coco = json.load(f)
-    heights = np.array([im['height'] for im in coco['images']])
-    widths = np.array([im['width'] for im in coco['images']])
+def dataset_shape(names, scale, max_size):
+    """Median original and resized (h, w) and mean non-crowd boxes per image of COCO-format datasets
+    (a list of names, taken together)."""
+    images, annotations = [], []
+    for name in names:
+        with open(dataset_catalog.get_ann_fn(name)) as f:
+            coco = json.load(f)
+        images += coco['images']
+        annotations += coco['annotations']
+    heights = np.array([im['height'] for im in images])
+    widths = np.array([im['width'] for im in images])
     scales = np.array([blob_utils.resize_scale(h, w, scale, max_size) for h, w in zip(heights, widths)])
-    boxes = sum(1 for a in coco['annotations'] if not a.get('iscrowd', 0))
+    boxes = sum(1 for a in annotations if not a.get('iscrowd', 0))
     return {'images': len(heights), 'height': int(np.median(heights)), 'width': int(np.median(widths)),
             'resized_height': int(np.median(np.round(heights * scales))),
             'resized_width': int(np.median(np.round(widths * scales))),
             'boxes_per_image': boxes / len(heights)}
 
 
-def dataset_arg(name):
-    return "('{}',)".format(name)
+def dataset_arg(*names):
+    """The value of a DATASETS key naming these datasets."""
+    return str(tuple(names))
 
 
 LOOP_MIN_LR = 1e-12
 
 
-def run_train_net(args, work, batch, precision):
-    """train_net.py from random init (TRAIN.WEIGHTS '') for --loop-iters iterations at lr --lr
-    (LOOP_MIN_LR for --lr 0, which train_net rejects)."""
-    return run_logged('train_net.py', ['-c', os.path.abspath(args.cfg), '--skip-test'] + _loop_opts(args) + [
-        'TRAIN.DATASETS', dataset_arg(args.train_dataset), 'TRAIN.IMS_PER_BATCH', str(batch),
-        'SOLVER.MAX_ITER', str(args.loop_iters), 'SOLVER.BASE_LR', str(args.lr or LOOP_MIN_LR), 'TRAIN.WEIGHTS', "''",
+def run_train_net(args, model_type, work, batch, precision):
+    """train_net.py from random init (TRAIN.WEIGHTS '') on --train-dataset at `batch` images per step for
+    --loop-iters iterations at lr --lr (LOOP_MIN_LR for --lr 0, which train_net rejects). A model type whose
+    keys give whole epochs (CenterNet) is stopped at its first json_stats line past them."""
+    run_opts = model_type.training_run_opts(args.train_dataset, batch, args.loop_iters, args.lr or LOOP_MIN_LR)
+
+    def past_the_loop(log_text):
+        return any(int(s['iter']) >= args.loop_iters - 1 for s in json_stats(log_text))
+    return run_logged('train_net.py', ['-c', os.path.abspath(args.cfg), '--skip-test'] + _loop_opts(args) + run_opts + [
+        'TRAIN.WEIGHTS', "''",
         'TRAIN.SNAPSHOT_ITERS', '100000000', 'SOLVER.AMP.ENABLED', str(precision != 'fp32'),
         'SOLVER.AMP.DTYPE', 'bfloat16', 'OUTPUT_DIR', os.path.join(work, 'train')],
-        os.path.join(work, 'train_net.log'))
+        os.path.join(work, 'train_net.log'), stop_when=past_the_loop)
 
 
 def run_test_net(args, work, weights):
@@ -71,7 +81,8 @@ def train_net_batches(args, model_type, batch, device):
     """The batches train_net's loader gives in the timed window (iterations --loop-warmup to
     --loop-iters - 1): the same dataset, config, sampler seed and order, collated and pinned, then
     on the device as train_net's engine puts them there (model_type.batch_to_device)."""
-    with cfg_values({'TRAIN.DATASETS': (args.train_dataset,), 'TRAIN.IMS_PER_BATCH': batch}):
+    with cfg_values({'TRAIN.DATASETS': tuple(args.train_dataset), 'TRAIN.IMS_PER_BATCH': batch,
+                     'TRAIN.RANK_IMS_PER_BATCH': ()}):
         batches, _ = train_engine.training_batches(model_type, 0, device)
         on_device = model_type.batch_to_device(device)
         return [on_device(b) for b in itertools.islice(batches, args.loop_warmup, args.loop_iters)]
@@ -79,13 +90,14 @@ def train_net_batches(args, model_type, batch, device):
 
 def replayed_train_row(args, model_type, batch, device, precision):
     """Our training step on train_net's own batches, held on the device: the same work as train_net
-    without its loader, logging and checkpoints (one pass over them before timing, as train_net
-    met each batch shape before its window)."""
+    (its optimizer, SOLVER.OPTIMIZER) without its loader, logging and checkpoints (one pass over them
+    before timing, as train_net met each batch shape before its window)."""
     batches = train_net_batches(args, model_type, batch, device)
     ours = build_ours_for_training(model_type, device, precision)
     name = "ours, train_net's batches of iterations {}-{} replayed from memory".format(
         args.loop_warmup, args.loop_iters - 1)
-    row = train_row(name, ours, batches, ours.box_head, batch, device, precision, args.lr, prime=True)
+    row = train_row(name, ours, batches, getattr(ours, 'box_head', None), batch, device, precision, args.lr,
+                    prime=True, optimizer_name=cfg.SOLVER.OPTIMIZER)
     row.steps_per_round = len(batches)
     return row
 
@@ -136,7 +148,7 @@ def run_loops(args, model_type, device, precision, report, work):
     directory work. The loops run first, each in its subprocess, then the other rows interleaved."""
     if args.catalog:
         dataset_catalog.register_catalog_file(args.catalog)
-    parts = [{'train': TrainNetPart, 'test': TestNetPart}[name](args, model_type, precision, work)
+    parts = [{'train': RCNNTrainNetPart, 'test': TestNetPart}[name](args, model_type, precision, work)
              for name in args.loop_parts]
     timed = [row for part in parts for row in part.timed_rows(device)]
     run_interleaved(timed, args.rounds, args.iters, args.warmup, args.round_warmup, device)
@@ -145,17 +157,15 @@ def run_loops(args, model_type, device, precision, report, work):
 
 
 class TrainNetPart:
-    """train_net.py's run (made here), then its batches replayed from memory and a synthetic batch of
-    the dataset's median size; the ratios of train_net's images/s to theirs."""
+    """train_net.py's run (made here) at `batch` images per step, then its batches replayed from memory;
+    the ratio of train_net's images/s to theirs (the issue's target) and to the other rows given to
+    report (bare steps of the same model)."""
 
-    def __init__(self, args, model_type, precision, work):
-        self.args, self.model_type, self.precision = args, model_type, precision
-        self.batch = args.batch[0]
-        self.shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
-        self.size = [self.shape['resized_height'], self.shape['resized_width']]
-        stats = json_stats(run_train_net(args, work, self.batch, precision))
-        self.loop = Row('train', 'train_net.py on {} (json_stats time)'.format(args.train_dataset), None, self.batch,
-                        values=train_log_images_per_s(stats, self.batch, args.loop_warmup),
+    def __init__(self, args, model_type, precision, work, batch):
+        self.args, self.model_type, self.precision, self.batch = args, model_type, precision, batch
+        stats = json_stats(run_train_net(args, model_type, work, batch, precision))
+        self.loop = Row('train', 'train_net.py on {} (json_stats time)'.format(' + '.join(args.train_dataset)), None,
+                        batch, values=train_log_images_per_s(stats, batch, args.loop_warmup),
                         # json_stats 'mem': max_memory_allocated in MiB (0 off CUDA), the peak column
                         peaks_mib=[max(float(s.get('mem', 0)) for s in stats)],
                         info={'iters': args.loop_iters,
@@ -163,26 +173,43 @@ class TrainNetPart:
                               'log': os.path.join(work, 'train_net.log')})
 
     def timed_rows(self, device):
-        args, batch = self.args, self.batch
-        self.replayed = replayed_train_row(args, self.model_type, batch, device, self.precision)
-        self.synthetic = ours_train_row(args, self.model_type, batch, *self.size,
-                                        max(1, round(self.shape['boxes_per_image'])), device, self.precision)
-        self.synthetic.name += ', synthetic {}x{}'.format(*self.size)
-        return [self.replayed, self.synthetic]
+        self.replayed = replayed_train_row(self.args, self.model_type, self.batch, device, self.precision)
+        return [self.replayed]
 
-    def report(self, report):
+    def report(self, report, others=(), **loop_context):
+        """The two rows and the ratios; others: (ratio name, row) pairs, train_net's images/s over the row's."""
         context = {'batch': self.batch, 'precision': self.precision}
-        report.add_row(self.loop, size=None, train_dataset=dict(self.shape, name=self.args.train_dataset), **context)
+        report.add_row(self.loop, size=None, **loop_context, **context)
         report.add_row(self.replayed, size=None, **context)
-        report.add_row(self.synthetic, size=self.size, **context)
         # Not interleaved (a subprocess cannot be): ratios of the medians. Against the loop's own inputs
         # replayed from memory, the loop's cost (loading, augmentation, logging) is all that differs: the
-        # issue's targets. Against one synthetic size, the dataset's mix of sizes counts too.
+        # issue's targets.
         loop = spread(self.loop.values)['median']
-        report.add_ratio('train_net / its batches replayed from memory, images/s (target >= 0.90)',
-                         [loop / spread(self.replayed.values)['median']])
-        report.add_ratio('train_net / synthetic at the median size, images/s (size mix included)',
-                         [loop / spread(self.synthetic.values)['median']])
+        for name, row in [('train_net / its batches replayed from memory, images/s (target >= 0.90)', self.replayed),
+                          *others]:
+            report.add_ratio(name, [loop / spread(row.values)['median']])
+
+
+class RCNNTrainNetPart(TrainNetPart):
+    """TrainNetPart at the first --batch, with a synthetic batch of the dataset's median size as a third row."""
+
+    def __init__(self, args, model_type, precision, work):
+        self.shape = dataset_shape(args.train_dataset, cfg.TRAIN.SCALES[0], cfg.TRAIN.MAX_SIZE)
+        self.size = [self.shape['resized_height'], self.shape['resized_width']]
+        super().__init__(args, model_type, precision, work, args.batch[0])
+
+    def timed_rows(self, device):
+        self.synthetic = ours_train_row(self.args, self.model_type, self.batch, *self.size,
+                                        max(1, round(self.shape['boxes_per_image'])), device, self.precision)
+        self.synthetic.name += ', synthetic {}x{}'.format(*self.size)
+        return super().timed_rows(device) + [self.synthetic]
+
+    def report(self, report):
+        # Against one synthetic size, the dataset's mix of sizes counts too.
+        super().report(report, [('train_net / synthetic at the median size, images/s (size mix included)',
+                                 self.synthetic)],
+                       train_dataset=dict(self.shape, name=' + '.join(self.args.train_dataset)))
+        report.add_row(self.synthetic, size=self.size, batch=self.batch, precision=self.precision)
 
 
 class TestNetPart:

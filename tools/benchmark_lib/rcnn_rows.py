@@ -36,13 +36,16 @@ def build_ours_for_training(model_type, device, precision):
         return model_type.prepare_for_training(build_ours(model_type, device))
 
 
-def train_row(name, model, batches, box_head, batch, device, precision, lr, prime=False):
+def train_row(name, model, batches, box_head, batch, device, precision, lr, prime=False, optimizer_name='sgd'):
     """Steps of zero_grad, forward under autocast, sum of the losses, backward, optimizer step, on
     the input tuples of `batches` in turn (prime: one untimed pass over all of them first, as a
-    training run meets each batch shape before its timed window). Both models get Detectron's
-    momentum SGD with its parameter groups (our train_net's)."""
+    training run meets each batch shape before its timed window). The optimizer is our train_net's
+    SOLVER.OPTIMIZER `optimizer_name`: by default Detectron's momentum SGD with its parameter groups, which
+    the torchvision rows get too. box_head (None: not counted): the module whose inputs' first
+    dimension is the RoIs per step."""
     model.train()
-    optimizer = build_optimizer(model, base_lr=lr, momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY)
+    optimizer = build_optimizer(model, base_lr=lr, momentum=cfg.SOLVER.MOMENTUM, weight_decay=cfg.SOLVER.WEIGHT_DECAY,
+                                name=optimizer_name)
     last = {}
 
     def step_on(inputs):
@@ -57,11 +60,12 @@ def train_row(name, model, batches, box_head, batch, device, precision, lr, prim
     if prime:
         timed_pass(step_on, batches, device)
     step = in_turn(step_on, batches)
-    rois = capture(box_head, step, lambda box_inputs: box_inputs[0].shape[0], pre=True)
+    info = {'trainable_params': trainable_parameters(model)}
+    if box_head is not None:
+        info['box_rois_per_image'] = capture(box_head, step, lambda box_inputs: box_inputs[0].shape[0], pre=True) / batch
     return Row('train', name, step, batch,
                resident=lambda: model_tensors(model, optimizer) + flat_tensors(batches),
-               graph_owners=lambda: [model],
-               info={'box_rois_per_image': rois / batch, 'trainable_params': trainable_parameters(model)},
+               graph_owners=lambda: [model], info=info,
                after=lambda: {'loss_finite': bool(torch.isfinite(last['loss']))})
 
 
