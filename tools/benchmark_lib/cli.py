@@ -123,7 +123,8 @@ def parse_args(argv):
                        help="train_net's TRAIN.DATASETS (several names: their images together)")
     loops.add_argument('--test-dataset', default=None)
     loops.add_argument('--catalog', default=None, help='dataset catalog file (DATASET_CATALOG)')
-    loops.add_argument('--loop-iters', type=int, default=200, help="train_net's SOLVER.MAX_ITER")
+    loops.add_argument('--loop-iters', type=int, default=200,
+                       help="train_net's iterations (SOLVER.MAX_ITER; CenterNet: whole epochs, stopped after these)")
     loops.add_argument('--loop-warmup', type=int, default=60,
                        help='json_stats lines logged before this iteration are warm-up')
     loops.add_argument('--loop-test-precision', choices=sorted(PRECISIONS), default='fp32',

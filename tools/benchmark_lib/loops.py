@@ -158,8 +158,8 @@ def run_loops(args, model_type, device, precision, report, work):
 
 class TrainNetPart:
     """train_net.py's run (made here) at `batch` images per step, then its batches replayed from memory;
-    the ratio of train_net's images/s to theirs (the issue's target) and to the other rows given to
-    report (bare steps of the same model)."""
+    the ratio of train_net's images/s to theirs (target >= 0.9) and to the other rows given to report
+    (bare steps of the same model)."""
 
     def __init__(self, args, model_type, precision, work, batch):
         self.args, self.model_type, self.precision, self.batch = args, model_type, precision, batch
