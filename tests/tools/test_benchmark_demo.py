@@ -110,7 +110,7 @@ def test_row_from_a_log_of_json_stats_test_and_evaluation(caplog, capsys):
     untested = demo_rows.row_from_log('d', 1.0, text.split('INFO test_engine')[0], {})
     assert untested.info['test_s'] is None and untested.info['metrics'] == {}
     with pytest.raises(ConfigValueError):
-        logs.train_log_s_per_iter(logs.json_stats('json_stats: {"iter": 40, "box/AP": 0.3}'))
+        logs.train_log_s_per_iter(logs.json_stats('json_stats: {"iter": 40, "box/AP": 0.3}\n'))
 
 
 # --- the demos in turn, the machine ---------------------------------------------------------------

@@ -171,6 +171,27 @@ def test_a_run_stops_at_the_line_asked_for(tmp_path):
         assert logs._wait(process, str(log), lambda text: False, poll_s=0.05) == 3
 
 
+@pytest.mark.processes
+def test_a_wait_ended_by_an_interrupt_ends_the_tool_in_its_own_session(tmp_path):
+    log = tmp_path / 'log.txt'
+
+    def interrupted(text):
+        raise KeyboardInterrupt
+
+    with open(log, 'w') as out:
+        process = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], stdout=out,
+                                   start_new_session=True)
+        with pytest.raises(KeyboardInterrupt):
+            logs._wait(process, str(log), interrupted, poll_s=0.05)
+    assert process.returncode == -15  # SIGTERM, not left running
+
+
+def test_json_stats_skip_a_half_written_last_line():
+    text = 'json_stats: {"iter": 0, "time": "1.0"}\njson_stats: {"iter": 20, "ti'
+    assert logs.json_stats(text) == [{'iter': 0, 'time': '1.0'}]
+    assert logs.json_stats(text + 'me": "2.0"}\n') == [{'iter': 0, 'time': '1.0'}, {'iter': 20, 'time': '2.0'}]
+
+
 # --- the rows' arithmetic -------------------------------------------------------------------------
 
 def test_rows_and_ratios_from_the_rounds():

@@ -34,15 +34,26 @@ def run_logged(tool, tool_args, log_path, stop_when=None):
 
 def _wait(process, log_path, stop_when, poll_s=0.2):
     """The exit status, or 0 once stop_when holds for the log (the process and its loader workers,
-    one process group, are then terminated)."""
-    while stop_when is not None and process.poll() is None:
-        with open(log_path) as log:
-            if stop_when(log.read()):
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait()
-                return 0
-        time.sleep(poll_s)
-    return process.wait()
+    one process group, are then terminated). With stop_when the tool runs in a session of its own,
+    which a Ctrl-C here does not reach: it is terminated too when the wait ends in an exception."""
+    try:
+        while stop_when is not None and process.poll() is None:
+            with open(log_path) as log:
+                if stop_when(log.read()):
+                    _terminate(process)
+                    return 0
+            time.sleep(poll_s)
+        return process.wait()
+    except BaseException:
+        if stop_when is not None:
+            _terminate(process)
+        raise
+
+
+def _terminate(process):
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+    process.wait()
 
 
 _IM_DETECT = re.compile(r'im_detect:.*?(\d+)/(\d+)\s+([0-9.]+)s \+ ([0-9.]+)s')
@@ -52,8 +63,10 @@ LOOP_TEST_WARMUP_IMAGES = 10
 
 
 def json_stats(log_text):
-    """The dicts of a training log's `json_stats: {...}` lines."""
-    return [json.loads(line.split('json_stats:', 1)[1]) for line in log_text.splitlines() if 'json_stats:' in line]
+    """The dicts of a training log's `json_stats: {...}` lines (complete lines only: the last line of a
+    running tool's log may be half written)."""
+    return [json.loads(line.split('json_stats:', 1)[1]) for line in log_text.split('\n')[:-1]
+            if 'json_stats:' in line]
 
 
 def train_log_images_per_s(stats, global_batch, warmup_iter):
