@@ -292,7 +292,7 @@ rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val list
     -- DATA_LOADER.NUM_THREADS 6 ${LOOP_OPTS:-} 2>&1 | grep -v '^{' | tee "$OUT/rcnn_loops${LOOP_TAG:-}.md"
 }
 
-train_loop_parts() {  # Mask R-CNN's training loop on coco_tiny's JPEGs fed by the loader, by host batches, by device batches, without hooks
+train_loop_parts() {  # Mask R-CNN's training loop on coco_tiny's JPEGs fed by the loader, by host batches, by device batches, without hooks; the bare step; the hooks' host time
   python3 dev/train_loop_parts.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --dataset coco_tiny_train --catalog "$CATALOG" \
     SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 2>&1 | grep "ms per iteration" | tee "$OUT/train_loop_parts.txt"
 }

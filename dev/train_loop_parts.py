@@ -31,7 +31,7 @@ from detectron.core import train_engine
 from detectron.core.config import cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.core.hooks import LRScheduler
-from detectron.core.train_loop import TrainLoop
+from detectron.core.train_loop import AMP_DTYPES, TrainLoop
 from detectron.modeling import model_builder
 from detectron.modeling.optimizer import build_optimizer
 
@@ -101,11 +101,10 @@ def bare_run(model, optimizer, batches, args, device):
     """ms per iteration (median) of the benchmark's bare step (zero_grad, forward under train_net's
     autocast, sum of the losses, backward, optimizer step) over the batches."""
     step = train_engine.step_options()
-    amp_dtype = {'float16': torch.float16, 'bfloat16': torch.bfloat16}[step.amp_dtype]
     times = []
     for index, batch in enumerate(batches):
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=step.amp):
+        with torch.autocast(device.type, dtype=AMP_DTYPES[step.amp_dtype], enabled=step.amp):
             losses = model(*batch)
         sum(v for k, v in losses.items() if k.startswith('loss')).backward()
         optimizer.step()
@@ -155,10 +154,13 @@ def main():
         'device_replay': device_replay_timed,
         'device_replay_no_hooks': lambda: (iter(device_batches), None, [LRScheduler(schedule.lr_at)]),
     }
+    def device_replay_with(index):
+        hooks = all_hooks()
+        return iter(device_batches), None, [hooks[0], hooks[index]]  # the learning rate's and one other
+
     if args.per_hook:
         for index, hook in enumerate(all_hooks()[1:], start=1):
-            ways['device_replay_with_' + type(hook).__name__] = functools.partial(
-                lambda i: (iter(device_batches), None, [all_hooks()[0], all_hooks()[i]]), index)
+            ways['device_replay_with_' + type(hook).__name__] = functools.partial(device_replay_with, index)
     runs = {name: functools.partial(lambda way: timed_run(model, optimizer, *way(), args, device), way)
             for name, way in ways.items()}
     runs['bare_step'] = lambda: bare_run(model, optimizer, device_batches, args, device)

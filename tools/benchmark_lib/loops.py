@@ -182,8 +182,7 @@ class TrainNetPart:
         report.add_row(self.loop, size=None, **loop_context, **context)
         report.add_row(self.replayed, size=None, **context)
         # Not interleaved (a subprocess cannot be): ratios of the medians. Against the loop's own inputs
-        # replayed from memory, the loop's cost (loading, augmentation, logging) is all that differs: the
-        # issue's targets.
+        # replayed from memory, the loop's cost (loading, augmentation, logging) is all that differs.
         loop = spread(self.loop.values)['median']
         for name, row in [('train_net / its batches replayed from memory, images/s (target >= 0.90)', self.replayed),
                           *others]:
