@@ -110,8 +110,9 @@ class CenterNetType(ModelType):
         return roidb
 
     def training_dataset(self, roidb, device):
-        return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=ctdet_params(self.cfg)),
-                               seed=self.cfg.RNG_SEED, keys=_SAMPLE_KEYS)
+        params = ctdet_params(self.cfg)
+        return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=params),
+                               seed=self.cfg.RNG_SEED, keys=_SAMPLE_KEYS, batch_input=_batch_input(params))
 
     def collate(self, device):
         return collate_samples
@@ -119,9 +120,10 @@ class CenterNetType(ModelType):
     def validation_dataset(self, device):
         # CenterNet's val split: the whole image at the input resolution, no flip, jitter or colour.
         cfg = self.cfg
+        params = ctdet_params(cfg)
         return TrainingDataset(centernet_roidb(cfg.TEST.DATASETS),
-                               functools.partial(prepare_validation_sample, params=ctdet_params(cfg)),
-                               seed=cfg.RNG_SEED, keys=_SAMPLE_KEYS)
+                               functools.partial(prepare_validation_sample, params=params), seed=cfg.RNG_SEED,
+                               keys=_SAMPLE_KEYS, batch_input=_batch_input(params))
 
     def validation_losses(self):
         return _validation_losses
@@ -213,13 +215,18 @@ def test_params(cfg):
                                 cuda_graphs=c.CUDA_GRAPHS)
 
 
-def prepare_training_sample(entry, rng, params):
-    return ctdet_train_sample(read_entry_image(entry), entry['boxes'], entry['classes'], rng, params)
+def _batch_input(params):
+    # The loader writes each image's input into its row of the batch (TrainingDataset's batch_input).
+    return (3, params.input_h, params.input_w), torch.float32
 
 
-def prepare_validation_sample(entry, rng, params):
+def prepare_training_sample(entry, rng, params, out=None):
+    return ctdet_train_sample(read_entry_image(entry), entry['boxes'], entry['classes'], rng, params, out)
+
+
+def prepare_validation_sample(entry, rng, params, out=None):
     """CenterNet's val-split sample (ctdet_val_sample: no augmentation, so rng is not drawn from)."""
-    return ctdet_val_sample(read_entry_image(entry), entry['boxes'], entry['classes'], params)
+    return ctdet_val_sample(read_entry_image(entry), entry['boxes'], entry['classes'], params, out)
 
 
 def _validation_losses(model, batch):

@@ -247,9 +247,10 @@ def draw_color_jitter(rng, eig_val=COCO_EIG_VAL, eig_vec=COCO_EIG_VEC):
 _BLOCK_ROWS = 64
 
 
-def normalised_input(image, mean, std, jitter=None):
+def normalised_input(image, mean, std, jitter=None, out=None):
     """CHW float32 network input of a BGR uint8 (H, W, 3) image: image / 255, the colour jitter
-    (a ColorJitter or None), then (x - mean) / std, as CenterNet's ctdet.py and color_aug.
+    (a ColorJitter or None), then (x - mean) / std, as CenterNet's ctdet.py and color_aug; written
+    into out (a C-contiguous (3, H, W) float32 array, e.g. a row of the batch) when given.
 
     Every value is bit-identical to the reference's float32 steps on the HWC image (astype / 255;
     gray = cvtColor of that, its mean; brightness x *= a, contrast x = x * a + mean_gray * (1 - a),
@@ -260,7 +261,8 @@ def normalised_input(image, mean, std, jitter=None):
     block of rows at a time.
     """
     height, width = image.shape[0:2]
-    out = np.empty((3, height, width), dtype=np.float32)
+    if out is None:
+        out = np.empty((3, height, width), dtype=np.float32)
     planes = cv2.split(image)
     mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
     std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
@@ -327,13 +329,14 @@ def _random_centre_scale(rng, c, s, width, height, params):
     return s * np.clip(rng.randn() * sf + 1, 1 - sf, 1 + sf)
 
 
-def _input_image(im, c, s, rng, params):
-    """Warped, colour-jittered (when rng is given and params.color_aug), normalised CHW float32."""
+def _input_image(im, c, s, rng, params, out=None):
+    """Warped, colour-jittered (when rng is given and params.color_aug), normalised CHW float32
+    (written into out when given)."""
     trans_input = get_affine_transform(c, s, 0, [params.input_w, params.input_h])
     inp = cv2.warpAffine(im, trans_input, (params.input_w, params.input_h), flags=cv2.INTER_LINEAR,
                          borderMode=cv2.BORDER_CONSTANT, borderValue=0)
     jitter = draw_color_jitter(rng) if rng is not None and params.color_aug else None
-    return normalised_input(inp, params.mean, params.std, jitter)
+    return normalised_input(inp, params.mean, params.std, jitter, out)
 
 
 def _output_boxes(boxes, flipped, width, trans_output, params):
@@ -393,7 +396,7 @@ def _class_specific_wh(wh, reg_mask, classes, params):
     return cat_spec_wh, cat_spec_mask
 
 
-def _ctdet_sample(im, boxes, classes, rng, params):
+def _ctdet_sample(im, boxes, classes, rng, params, out=None):
     """Training sample with rng (augmentation on), validation sample with rng None."""
     height, width = im.shape[0], im.shape[1]
     c = np.array([width / 2., height / 2.], dtype=np.float32)
@@ -405,7 +408,7 @@ def _ctdet_sample(im, boxes, classes, rng, params):
             flipped = True
             im = cv2.flip(im, 1)  # the mirror image, like im[:, ::-1, :], in one fast copy
             c[0] = width - c[0] - 1
-    inp = _input_image(im, c, s, rng, params)
+    inp = _input_image(im, c, s, rng, params, out)
     trans_output = get_affine_transform(c, s, 0, [params.output_w, params.output_h])
     num_objs = min(len(boxes), params.max_objs)
     out_boxes = _output_boxes(boxes[:num_objs], flipped, width, trans_output, params)
@@ -414,28 +417,28 @@ def _ctdet_sample(im, boxes, classes, rng, params):
     return ret, c, s, gt_det
 
 
-def ctdet_train_sample(im, boxes, classes, rng, params):
+def ctdet_train_sample(im, boxes, classes, rng, params, out=None):
     """CenterNet's ctdet training sample (CTDetDataset.__getitem__ for split 'train').
 
     im: BGR uint8 (H, W, 3) as cv2.imread gives; boxes: (N, 4) [x, y, x + w, y + h] (CenterNet's
     convention, no Detectron -1); classes: (N,) 0-based; rng: numpy RandomState, the only source of
     randomness (draw order: crop zoom, centre x, centre y, flip coin, then colour jitter);
-    params: CtdetParams.
+    params: CtdetParams; out: where the input is written (normalised_input), or None.
 
     Returns a dict of numpy arrays: input (3, input_h, input_w) float32; hm (num_classes, out_h,
     out_w) float32; wh (max_objs, 2) float32 (or cat_spec_wh / cat_spec_mask (max_objs, 2C) with
     params.cat_spec_wh); reg (max_objs, 2) float32 (unless params.reg_offset is False);
     ind (max_objs,) int64; reg_mask (max_objs,) uint8. Only the first max_objs boxes are used.
     """
-    ret, _, _, _ = _ctdet_sample(im, boxes, classes, rng, params)
+    ret, _, _, _ = _ctdet_sample(im, boxes, classes, rng, params, out)
     return ret
 
 
-def ctdet_val_sample(im, boxes, classes, params):
+def ctdet_val_sample(im, boxes, classes, params, out=None):
     """The same targets without any augmentation (CenterNet's val split), plus 'meta' with the
     centre 'c', scale 's' and 'gt_det' (n, 6) float32 [x1, y1, x2, y2, 1, class] in output-grid
     pixels ((1, 6) zeros when no box is left)."""
-    ret, c, s, gt_det = _ctdet_sample(im, boxes, classes, None, params)
+    ret, c, s, gt_det = _ctdet_sample(im, boxes, classes, None, params, out)
     ret['meta'] = {'c': c, 's': s, 'gt_det': gt_det}
     return ret
 

@@ -70,13 +70,19 @@ class TrainingDataset(Dataset):
 
     prepare(entry, rng) -> sample; the iteration is part of the key so an entry seen at two
     iterations gets independent draws. keys: the entry fields to keep (None: all).
+
+    batch_input: None, or the (shape, dtype) of every sample's 'input', which prepare(entry, rng,
+    out=) then writes into its row of one tensor per batch (in shared memory in a worker): the
+    samples' inputs are that tensor's rows, which collate's stacked_batch takes as they are instead
+    of copying each image once more (BENCHMARKS.md, "CenterNet speed").
     """
 
-    def __init__(self, roidb, prepare, seed, keys=None):
+    def __init__(self, roidb, prepare, seed, keys=None, batch_input=None):
         self._entries = PackedList(entry if keys is None else {key: entry[key] for key in keys}
                                    for entry in roidb)
         self._prepare = prepare
         self._seed = seed
+        self._batch_input = batch_input
 
     def __len__(self):
         return len(self._entries)
@@ -86,9 +92,24 @@ class TrainingDataset(Dataset):
         return self._entries[key[1]].get('image', 'roidb entry {}'.format(key[1]))
 
     def __getitem__(self, key):
+        return self._sample(key)
+
+    def __getitems__(self, keys):
+        """The samples of one batch (DataLoader's batched fetch)."""
+        if self._batch_input is None:
+            return [self._sample(key) for key in keys]
+        shape, dtype = self._batch_input
+        inputs = empty_for_main_process((len(keys),) + tuple(shape), dtype)
+        samples = [self._sample(key, out=row.numpy()) for key, row in zip(keys, inputs)]
+        for sample, row in zip(samples, inputs):
+            if not isinstance(sample, DatasetError):
+                sample['input'] = row
+        return samples
+
+    def _sample(self, key, **out):
         iteration, index = key
         try:
-            return self._prepare(self._entries[index], scale_rng(self._seed, iteration, index))
+            return self._prepare(self._entries[index], scale_rng(self._seed, iteration, index), **out)
         except DatasetError as err:
             return err
 

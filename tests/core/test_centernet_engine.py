@@ -346,6 +346,30 @@ def test_autocast_training_on_cuda_stores_the_trunk_and_heads_channels_last_with
     assert optimizer.defaults['fused'] is True
 
 
+@pytest.mark.processes
+@pytest.mark.parametrize('workers', [0, 1])
+def test_the_loader_writes_each_input_into_its_row_of_the_batch(catalog, tmp_path, workers):
+    # The batch the loader gives equals the samples prepared one by one and stacked, bit for bit; the
+    # batch's images are written in place, not copied again when collated.
+    use_centernet(catalog, tmp_path, 'CENTERNET.BATCH_SIZE', '3')
+    model_type = model_builder.build_model_type(cfg)
+    roidb = model_type.training_roidb()
+    dataset, collate = model_type.training_dataset(roidb, CPU), model_type.collate(CPU)
+    keys = [(4, 2), (4, 0), (4, 1)]
+    samples = dataset.__getitems__(keys)
+    images, targets = collate(samples)
+    assert all(sample['input']._base is images for sample in samples)
+    alone = [dataset[key] for key in keys]
+    assert not any(isinstance(sample['input'], torch.Tensor) for sample in alone)
+    expected_images, expected_targets = collate(alone)
+    assert images.numpy().tobytes() == expected_images.numpy().tobytes()
+    assert sorted(targets) == sorted(expected_targets)
+    for key in targets:
+        assert torch.equal(targets[key], expected_targets[key]), key
+    loaded_images, _ = next(iter(build_train_loader(dataset, [[2, 0, 1]], collate, num_workers=workers, start_iter=4)))
+    assert loaded_images.numpy().tobytes() == images.numpy().tobytes()
+
+
 # ---------------------------------------------------------------------------------------------
 # Training with unequal chunks on two gloo processes, and testing
 # ---------------------------------------------------------------------------------------------

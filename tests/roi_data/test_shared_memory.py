@@ -26,6 +26,15 @@ def test_stacked_batch_is_np_stack_as_a_tensor(dtype):
     assert not batch.is_shared()   # the main process keeps ordinary memory
 
 
+def test_stacked_batch_takes_the_rows_of_one_tensor_in_order_as_that_tensor():
+    whole = torch.empty(3, 2, 4)
+    whole.copy_(torch.arange(24.).reshape(3, 2, 4))
+    assert stacked_batch(list(whole)) is whole    # a batch written in place is not copied
+    for rows in (list(whole)[::-1], list(whole)[:2], list(whole[:, 0]), [whole[0], whole[0].clone(), whole[2]]):
+        batch = stacked_batch(rows)   # any other rows are stacked as np.stack does
+        assert batch is not whole and batch.numpy().tobytes() == np.stack(rows).tobytes()
+
+
 def _stack_in_worker(arrays):
     batch = stacked_batch(arrays)
     return batch, batch.is_shared()
