@@ -28,7 +28,7 @@ import time
 import torch
 
 from detectron.core import train_engine
-from detectron.core.config import cfg
+from detectron.core.config import adopt_cfg, cfg
 from detectron.core.config_finalize import finalize_cfg
 from detectron.core.hooks import LRScheduler
 from detectron.core.train_loop import AMP_DTYPES, TrainLoop
@@ -39,7 +39,7 @@ from detectron.modeling.optimizer import build_optimizer
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--cfg', required=True)
-    parser.add_argument('--dataset', required=True, help='the training dataset (TRAIN.DATASETS)')
+    parser.add_argument('--dataset', required=True, nargs='+', help='the training datasets (TRAIN.DATASETS)')
     parser.add_argument('--catalog', default='', help='DATASET_CATALOG')
     parser.add_argument('--batch', type=int, default=2, help='TRAIN.IMS_PER_BATCH')
     parser.add_argument('--start', type=int, default=100, help='the iteration whose batch comes first')
@@ -119,10 +119,15 @@ def main():
     args = parse_args()
     output_dir = tempfile.mkdtemp()
     catalog = ['DATASET_CATALOG', args.catalog] if args.catalog else []
-    finalize_cfg(args.cfg, ['NUM_GPUS', '1', 'TRAIN.DATASETS', "('{}',)".format(args.dataset), 'TRAIN.WEIGHTS', "''",
-                            'TRAIN.IMS_PER_BATCH', str(args.batch), 'SOLVER.BASE_LR', '1e-12',
-                            'SOLVER.MAX_ITER', str(args.start + args.iters), 'TRAIN.SNAPSHOT_ITERS', '100000000',
-                            'OUTPUT_DIR', output_dir] + catalog + args.opts, training=True)
+    # The model type's keys of a timed run (CenterNet's: whole epochs of its own keys), as tools/benchmark.py's.
+    defaults = cfg.clone()
+    finalize_cfg(args.cfg, ['NUM_GPUS', '1'] + catalog + args.opts)
+    run_opts = model_builder.build_model_type(cfg).training_run_opts(args.dataset, args.batch,
+                                                                      args.start + args.iters, 1e-12)
+    adopt_cfg(defaults)
+    cfg.defrost()
+    finalize_cfg(args.cfg, ['NUM_GPUS', '1', 'TRAIN.WEIGHTS', "''", 'TRAIN.SNAPSHOT_ITERS', '100000000',
+                            'OUTPUT_DIR', output_dir] + catalog + args.opts + run_opts, training=True)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK
     model_type = model_builder.build_model_type(cfg)
