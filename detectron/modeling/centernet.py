@@ -70,30 +70,16 @@ class CenterNet(nn.Module):
         return losses
 
 
-def sparse_heatmap_targets(heatmaps):
-    """Equal-shape float32 heatmaps (numpy) -> {'hm_index': int32 or int64 positions of their nonzero
-    entries in the stacked (B, ...) batch, flattened; 'hm_value': those entries}: exact, and a few
-    hundred KB where the dense batch takes MBs per image."""
+def sparse_heatmap_targets(heatmaps, nonzeros):
+    """Equal-shape float32 heatmaps (numpy) and the flat positions of their nonzero entries (each
+    np.flatnonzero of its heatmap, as the samples give them) -> {'hm_index': int32 or int64 positions
+    of those entries in the stacked (B, ...) batch, flattened; 'hm_value': the entries}: exact, and
+    a few hundred KB where the dense batch takes MBs per image."""
     size = heatmaps[0].size
     index_dtype = heatmap_index_dtype(size * len(heatmaps))
-    indices, values = [], []
-    for i, hm in enumerate(heatmaps):
-        nonzero = _nonzero_positions(hm)
-        indices.append((nonzero + i * size).astype(index_dtype))
-        values.append(hm.reshape(-1)[nonzero])
+    indices = [(nonzero + i * size).astype(index_dtype) for i, nonzero in enumerate(nonzeros)]
+    values = [hm.reshape(-1)[nonzero] for hm, nonzero in zip(heatmaps, nonzeros)]
     return {'hm_index': torch.from_numpy(np.concatenate(indices)), 'hm_value': torch.from_numpy(np.concatenate(values))}
-
-
-def _nonzero_positions(heatmap):
-    """np.flatnonzero of a heatmap (values >= 0), ascending: the rows holding a nonzero value are
-    found by a maximum per row, and only those rows are searched. A COCO heatmap (80 classes x 128 x
-    128) has a few hundred such rows; flatnonzero of the whole map cost the loader 3.2 ms per image,
-    this 0.85 ms (BENCHMARKS.md, "CenterNet speed")."""
-    width = heatmap.shape[-1]
-    rows = heatmap.reshape(-1, width)
-    kept = np.flatnonzero(rows.max(axis=1) > 0)
-    row, column = np.nonzero(rows[kept])
-    return kept[row] * width + column
 
 
 def heatmap_index_dtype(num_elements):

@@ -247,7 +247,7 @@ def collate_samples(samples):
     COCO images at 512 px, and copying it to pinned memory held the GPU back."""
     images = stacked_batch([s['input'] for s in samples])
     targets = {k: stacked_batch([s[k] for s in samples]) for k in _STACKED_TARGET_KEYS if k in samples[0]}
-    targets.update(centernet.sparse_heatmap_targets([s['hm'] for s in samples]))
+    targets.update(centernet.sparse_heatmap_targets([s['hm'] for s in samples], [s['hm_nonzero'] for s in samples]))
     return images, targets
 
 

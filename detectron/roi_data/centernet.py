@@ -360,7 +360,7 @@ def _targets(out_boxes, classes, params):
     reg = np.zeros((params.max_objs, 2), dtype=np.float32)
     ind = np.zeros((params.max_objs,), dtype=np.int64)
     reg_mask = np.zeros((params.max_objs,), dtype=np.uint8)
-    gt_det = []
+    gt_det, drawn_rows = [], []
     for k, (box, cls) in enumerate(zip(out_boxes, classes)):
         h, w = box[3] - box[1], box[2] - box[0]
         if not (h > 0 and w > 0):
@@ -369,12 +369,13 @@ def _targets(out_boxes, classes, params):
         ct = np.array([(box[0] + box[2]) / 2, (box[1] + box[3]) / 2], dtype=np.float32)
         ct_int = ct.astype(np.int32)
         draw_umich_gaussian(hm[cls], ct_int, radius)
+        drawn_rows.append(cls * out_h + np.arange(max(0, ct_int[1] - radius), min(out_h, ct_int[1] + radius + 1)))
         wh[k] = w, h
         ind[k] = ct_int[1] * out_w + ct_int[0]
         reg[k] = ct - ct_int
         reg_mask[k] = 1
         gt_det.append([ct[0] - w / 2, ct[1] - h / 2, ct[0] + w / 2, ct[1] + h / 2, 1, cls])
-    ret = {'hm': hm, 'reg_mask': reg_mask, 'ind': ind}
+    ret = {'hm': hm, 'hm_nonzero': _nonzero_in_rows(hm, drawn_rows), 'reg_mask': reg_mask, 'ind': ind}
     if params.cat_spec_wh:
         ret['cat_spec_wh'], ret['cat_spec_mask'] = _class_specific_wh(wh, reg_mask, classes, params)
     else:
@@ -383,6 +384,16 @@ def _targets(out_boxes, classes, params):
         ret['reg'] = reg
     gt_det = np.array(gt_det, dtype=np.float32) if gt_det else np.zeros((1, 6), dtype=np.float32)
     return ret, gt_det
+
+
+def _nonzero_in_rows(hm, drawn_rows):
+    """np.flatnonzero(hm), searched only in the rows of the heatmap's (classes x height, width) view
+    that a Gaussian was drawn in (a list of row-number arrays): a COCO heatmap has 80 x 128 rows, of
+    which a few hundred hold one (BENCHMARKS.md, "CenterNet speed")."""
+    width = hm.shape[-1]
+    rows = np.unique(np.concatenate(drawn_rows)) if drawn_rows else np.zeros(0, np.int64)
+    row, column = np.nonzero(hm.reshape(-1, width)[rows])
+    return rows[row] * width + column
 
 
 def _class_specific_wh(wh, reg_mask, classes, params):
@@ -426,9 +437,10 @@ def ctdet_train_sample(im, boxes, classes, rng, params, out=None):
     params: CtdetParams; out: where the input is written (normalised_input), or None.
 
     Returns a dict of numpy arrays: input (3, input_h, input_w) float32; hm (num_classes, out_h,
-    out_w) float32; wh (max_objs, 2) float32 (or cat_spec_wh / cat_spec_mask (max_objs, 2C) with
-    params.cat_spec_wh); reg (max_objs, 2) float32 (unless params.reg_offset is False);
-    ind (max_objs,) int64; reg_mask (max_objs,) uint8. Only the first max_objs boxes are used.
+    out_w) float32 and hm_nonzero, np.flatnonzero(hm); wh (max_objs, 2) float32 (or cat_spec_wh /
+    cat_spec_mask (max_objs, 2C) with params.cat_spec_wh); reg (max_objs, 2) float32 (unless
+    params.reg_offset is False); ind (max_objs,) int64; reg_mask (max_objs,) uint8. Only the first
+    max_objs boxes are used.
     """
     ret, _, _, _ = _ctdet_sample(im, boxes, classes, rng, params, out)
     return ret

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.modeling.centernet import CenterNet, heatmap_index_dtype, sparse_heatmap_targets, with_dense_heatmap
+from detectron.modeling.centernet import CenterNet, heatmap_index_dtype, with_dense_heatmap
 from detectron.modeling.centernet_backbones import build_centernet_backbone
 from detectron.modeling.centernet_builder import collate_samples
 from detectron.modeling.centernet_heads import CenterNetHeads
@@ -25,7 +25,7 @@ def test_collate_samples_stacks_every_target_of_the_samples(layout):
     images, targets = collate_samples(samples)
     assert images.dtype == torch.float32 and images.shape == (3, 3, 64, 96)
     assert images.numpy().tobytes() == np.stack([s['input'] for s in samples]).tobytes()
-    assert sorted(targets) == sorted(set(samples[0]) - {'input', 'hm'} | {'hm_index', 'hm_value'})
+    assert sorted(targets) == sorted(set(samples[0]) - {'input', 'hm', 'hm_nonzero'} | {'hm_index', 'hm_value'})
     for key, batch in targets.items():
         if key.startswith('hm_'):
             continue
@@ -63,18 +63,3 @@ def test_sparse_heatmaps_give_the_dense_loss_bit_for_bit():
 def test_heatmap_indices_are_int64_past_int32():
     assert heatmap_index_dtype(2 ** 31) == np.int32     # the last position, 2^31 - 1, fits
     assert heatmap_index_dtype(2 ** 31 + 1) == np.int64
-
-
-@pytest.mark.parametrize('density', [0.0, 0.001, 0.05, 1.0])
-def test_sparse_heatmaps_are_flatnonzero_of_the_stacked_batch(density):
-    # Non-negative maps as the samples draw them: zeros, sparse scattered values (tiny ones too), dense.
-    rng = np.random.RandomState(int(density * 1000))
-    heatmaps = []
-    for _ in range(3):
-        hm = np.where(rng.random_sample((5, 9, 7)) < density, rng.random_sample((5, 9, 7)), 0).astype(np.float32)
-        hm[rng.randint(5), rng.randint(9), 6] = 1e-30 if density else 0  # a last column, a denormal-sized value
-        heatmaps.append(hm)
-    dense = np.stack(heatmaps)
-    targets = sparse_heatmap_targets(heatmaps)
-    assert targets['hm_index'].tolist() == np.flatnonzero(dense).tolist()
-    assert targets['hm_value'].numpy().tobytes() == dense[dense != 0].tobytes()

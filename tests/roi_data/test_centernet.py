@@ -323,11 +323,29 @@ CLASSES = np.array([0, 2, 1, 0, 0])
 STILL = cn.CtdetParams(num_classes=3, flip=0.0, rand_crop=False, scale=0.0, shift=0.0, color_aug=False)
 
 
+@pytest.mark.parametrize('seed', range(6))
+def test_sample_hm_nonzero_is_flatnonzero_of_its_heatmap(seed):
+    # Many boxes of every size, overlapping, at and past the borders, under random crops and flips: the
+    # positions found in the drawn rows are all the heatmap's nonzero ones, ascending.
+    rng = np.random.RandomState(seed)
+    corners = rng.uniform(-60, 300, (40, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(0.5, 200, (40, 2))], axis=1).astype(np.float32)
+    classes = rng.randint(0, 3, 40)
+    params = cn.CtdetParams(num_classes=3, max_objs=40)
+    for sample in (cn.ctdet_train_sample(_image(), boxes, classes, rng, params),
+                   cn.ctdet_val_sample(_image(), boxes, classes, params)):
+        assert sample['hm'].any()
+        assert sample['hm_nonzero'].dtype == np.int64
+        assert sample['hm_nonzero'].tolist() == np.flatnonzero(sample['hm']).tolist()
+    empty = cn.ctdet_val_sample(_image(), BOXES[2:3], CLASSES[2:3], params)   # its one box is outside
+    assert not empty['hm'].any() and empty['hm_nonzero'].tolist() == []
+
+
 def test_train_sample_without_jitter_by_hand():
     # rand_crop off with shift = scale = 0: c = (128, 128), s = 256; the output map is
     # x' = (x - 128) * 128 / 256 + 64 = x / 2, the input map x' = 2 x.
     sample = cn.ctdet_train_sample(_image(), BOXES, CLASSES, np.random.RandomState(0), STILL)
-    assert sorted(sample) == ['hm', 'ind', 'input', 'reg', 'reg_mask', 'wh']
+    assert sorted(sample) == ['hm', 'hm_nonzero', 'ind', 'input', 'reg', 'reg_mask', 'wh']
     assert sample['input'].shape == (3, 512, 512) and sample['input'].dtype == np.float32
     assert sample['hm'].shape == (3, 128, 128) and sample['hm'].dtype == np.float32
     assert sample['ind'].dtype == np.int64 and sample['reg_mask'].dtype == np.uint8
@@ -472,7 +490,7 @@ def test_train_sample_target_layout_options():
     params = cn.CtdetParams(num_classes=3, flip=0.0, rand_crop=False, scale=0.0, shift=0.0,
                             color_aug=False, cat_spec_wh=True, reg_offset=False)
     sample = cn.ctdet_train_sample(_image(), BOXES, CLASSES, np.random.RandomState(0), params)
-    assert sorted(sample) == ['cat_spec_mask', 'cat_spec_wh', 'hm', 'ind', 'input', 'reg_mask']
+    assert sorted(sample) == ['cat_spec_mask', 'cat_spec_wh', 'hm', 'hm_nonzero', 'ind', 'input', 'reg_mask']
     assert sample['cat_spec_wh'].shape == (128, 6) and sample['cat_spec_mask'].dtype == np.uint8
     np.testing.assert_allclose(sample['cat_spec_wh'][1], [0, 0, 0, 0, 21, 18.5])   # class 2
     np.testing.assert_allclose(sample['cat_spec_wh'][4], [27, 7, 0, 0, 0, 0])      # class 0
