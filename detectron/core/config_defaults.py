@@ -367,6 +367,9 @@ __C.CENTERNET.NOT_RAND_CROP = False
 __C.CENTERNET.SCALE = 0.4
 __C.CENTERNET.SHIFT = 0.1
 __C.CENTERNET.NO_COLOR_AUG = False
+# port: on a GPU, training and validation images leave the loader workers as the warped uint8 pictures with
+# their colour-jitter draws, and the device jitters and normalises them (to float rounding of the workers' numpy)
+__C.CENTERNET.NORMALIZE_ON_DEVICE = True
 __C.CENTERNET.HM_WEIGHT = 1.0
 __C.CENTERNET.WH_WEIGHT = 0.1
 __C.CENTERNET.OFF_WEIGHT = 1.0

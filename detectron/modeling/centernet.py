@@ -206,6 +206,50 @@ def _normalisation_table(mean, std, device):
     return torch.from_numpy(table.reshape(-1)).to(device), channel_offsets.to(device)
 
 
+# cv2.cvtColor's float32 BGR -> grey weights (the reference's grey image for the contrast and saturation jitter).
+_GREY_WEIGHTS = (0.114, 0.587, 0.299)
+_CONTRAST, _SATURATION = 1, 2   # roi_data.centernet's colour ops, by index
+
+
+def normalize_training_images(images, jitter, mean, std):
+    """CenterNet's training input of warped uint8 BGR images (B, H, W, 3) on their device, each with
+    its colour jitter (roi_data.centernet.jitter_arrays, stacked: 'jitter_order' (B, 3) int64,
+    'jitter_alphas' and 'jitter_lighting' (B, 3) float64): x / 255 in float32; the grey image and its
+    mean; brightness x a, contrast x a + mean (1 - a), saturation x a + grey (1 - a) in each image's
+    order; the lighting added in float64; (x - mean) / std. Float32 (B, 3, H, W), contiguous.
+
+    The same float32 steps as the loader workers' normalised_input (CenterNet's numpy), so equal to it
+    to float rounding: the grey image's mean is summed in another order (with the contrast's alpha 1,
+    bit for bit)."""
+    count = images.shape[0]
+    x = images.permute(0, 3, 1, 2).float() / 255.
+    grey = _cv2_grey(x)
+    grey_mean = grey.mean(dim=(1, 2, 3), keepdim=True)
+    alphas = jitter['jitter_alphas'].float().view(count, 3, 1, 1, 1)
+    others = (1 - jitter['jitter_alphas']).float().view(count, 3, 1, 1, 1)   # 1 - alpha in float64, as numpy
+    order = jitter['jitter_order'].view(count, 3, 1, 1, 1)
+    zero = grey.new_zeros(())
+    for step in range(3):
+        op = order[:, step]
+        other = torch.where(op == _SATURATION, grey, torch.where(op == _CONTRAST, grey_mean, zero))
+        x = x * alphas[:, step] + other * others[:, step]   # brightness: + 0 * (1 - a), which adds nothing
+    x = (x.double() + jitter['jitter_lighting'].view(count, 3, 1, 1)).float()
+    mean = torch.tensor(mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+    return ((x - mean) / std).contiguous()
+
+
+def _cv2_grey(x):
+    """cv2.cvtColor(BGR2GRAY) of float32 (B, 3, H, W) BGR as cv2 computes it: green x 0.587 in float32,
+    then blue and red each added by a fused multiply-add (here its float32 operands' exact product
+    and the sum in float64, rounded to float32). (B, 1, H, W) float32."""
+    weight = [torch.tensor(w, dtype=torch.float32).double() for w in _GREY_WEIGHTS]
+    grey = x[:, 1:2] * _GREY_WEIGHTS[1]
+    for channel in (0, 2):
+        grey = (x[:, channel:channel + 1].double() * weight[channel] + grey.double()).float()
+    return grey
+
+
 def forward_decode(model, images, params):
     """(B, K, 6) decoded detections (ctdet_decode, output-grid pixels) of uint8 network inputs
     (B, 3, H, W) on the model's device, left there: the network and the decode of detect_batch,

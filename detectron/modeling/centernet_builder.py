@@ -19,7 +19,7 @@ from detectron.modeling.centernet_backbones import build_centernet_backbone, che
 from detectron.modeling.centernet_heads import CenterNetHeads
 from detectron.modeling.model_type import Exporter, ModelType, checkpoint_setting, register_model_type
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample, ctdet_val_sample
-from detectron.roi_data.loader import TrainingDataset
+from detectron.roi_data.loader import TrainingDataset, to_device
 from detectron.roi_data.minibatch import read_entry_image
 from detectron.roi_data.samplers import check_chunk_sizes, chunk_sizes
 from detectron.roi_data.shared_memory import stacked_batch
@@ -33,6 +33,7 @@ CENTERNET_RESULTS = ResultsFormat(box_width_offset=0.0, decimals=2, dtype=np.flo
 
 # Stacked as they are; the heatmaps 'hm' travel sparse (collate_samples).
 _STACKED_TARGET_KEYS = ('reg_mask', 'ind', 'wh', 'reg', 'cat_spec_wh', 'cat_spec_mask')
+_JITTER_KEYS = ('jitter_order', 'jitter_alphas', 'jitter_lighting')
 
 
 # The roidb fields a training or validation sample is made from (height and width: the decoded image is
@@ -110,17 +111,21 @@ class CenterNetType(ModelType):
         return roidb
 
     def training_dataset(self, roidb, device):
-        params = ctdet_params(self.cfg)
+        params = ctdet_params(self.cfg, device)
         return TrainingDataset(roidb, functools.partial(prepare_training_sample, params=params),
                                seed=self.cfg.RNG_SEED, keys=_SAMPLE_KEYS, batch_input=_batch_input(params))
 
     def collate(self, device):
         return collate_samples
 
+    def batch_to_device(self, device):
+        params = ctdet_params(self.cfg, device)
+        return functools.partial(_batch_to_device, device=device, mean=params.mean, std=params.std)
+
     def validation_dataset(self, device):
         # CenterNet's val split: the whole image at the input resolution, no flip, jitter or colour.
         cfg = self.cfg
-        params = ctdet_params(cfg)
+        params = ctdet_params(cfg, device)
         return TrainingDataset(centernet_roidb(cfg.TEST.DATASETS),
                                functools.partial(prepare_validation_sample, params=params), seed=cfg.RNG_SEED,
                                keys=_SAMPLE_KEYS, batch_input=_batch_input(params))
@@ -200,12 +205,15 @@ class CenterNetType(ModelType):
         return CENTERNET_RESULTS
 
 
-def ctdet_params(cfg):
+def ctdet_params(cfg, device=None):
+    """The samples' CtdetParams; for training on `device` (a torch.device), the input normalised there
+    with CENTERNET.NORMALIZE_ON_DEVICE on a GPU."""
     c = cfg.CENTERNET
     return CtdetParams(input_h=c.INPUT_RES, input_w=c.INPUT_RES, down_ratio=c.DOWN_RATIO, num_classes=c.NUM_CLASSES,
                        max_objs=c.MAX_OBJS, mean=tuple(c.MEAN), std=tuple(c.STD), flip=c.FLIP,
                        rand_crop=not c.NOT_RAND_CROP, scale=c.SCALE, shift=c.SHIFT, color_aug=not c.NO_COLOR_AUG,
-                       cat_spec_wh=c.CAT_SPEC_WH, reg_offset=c.REG_OFFSET)
+                       cat_spec_wh=c.CAT_SPEC_WH, reg_offset=c.REG_OFFSET,
+                       input_on_device=c.NORMALIZE_ON_DEVICE and device is not None and device.type == 'cuda')
 
 
 def test_params(cfg):
@@ -217,6 +225,8 @@ def test_params(cfg):
 
 def _batch_input(params):
     # The loader writes each image's input into its row of the batch (TrainingDataset's batch_input).
+    if params.input_on_device:
+        return (params.input_h, params.input_w, 3), torch.uint8
     return (3, params.input_h, params.input_w), torch.float32
 
 
@@ -240,7 +250,9 @@ def _validation_losses(model, batch):
 
 
 def collate_samples(samples):
-    """Stacked ctdet samples -> (images (B, 3, H, W), targets {name: (B, ...)}) for model(images, targets).
+    """Stacked ctdet samples -> (images (B, 3, H, W), targets {name: (B, ...)}) for model(images, targets);
+    samples whose input is left to the device (CtdetParams.input_on_device) -> (uint8 images (B, H, W,
+    3), targets, their stacked jitter_* arrays), which _batch_to_device turns into the former.
 
     The heatmaps travel as their nonzero entries (centernet.sparse_heatmap_targets; the model
     scatters them back): a dense (B, classes, H/4, W/4) float32 batch is mostly zeros, 168 MB for 32
@@ -248,7 +260,18 @@ def collate_samples(samples):
     images = stacked_batch([s['input'] for s in samples])
     targets = {k: stacked_batch([s[k] for s in samples]) for k in _STACKED_TARGET_KEYS if k in samples[0]}
     targets.update(centernet.sparse_heatmap_targets([s['hm'] for s in samples], [s['hm_nonzero'] for s in samples]))
-    return images, targets
+    if 'jitter_order' not in samples[0]:
+        return images, targets
+    return images, targets, {k: stacked_batch([s[k] for s in samples]) for k in _JITTER_KEYS}
+
+
+def _batch_to_device(batch, device, mean, std):
+    """The batch on the training device; uint8 images with their jitter draws are jittered and
+    normalised there (centernet.normalize_training_images)."""
+    if len(batch) == 2:
+        return to_device(batch, device)
+    images, targets, jitter = to_device(batch, device)
+    return centernet.normalize_training_images(images, jitter, mean, std), targets
 
 
 def rank_chunks(cfg):

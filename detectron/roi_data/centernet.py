@@ -41,6 +41,9 @@ class CtdetParams:
     rand_crop False is CenterNet's --not_rand_crop (Gaussian shift/scale jitter instead of the random
     crop); scale and shift are its --scale and --shift. cat_spec_wh / reg_offset select the
     wh target layout and whether the offset target is produced, as --cat_spec_wh / --not_reg_offset.
+    input_on_device: the sample's input stays the warped uint8 picture (input_h, input_w, 3), BGR, with
+    its colour jitter's draw as jitter_* arrays, for the training device to jitter and normalise
+    (modeling.centernet.normalize_training_images).
     """
     input_h: int = 512
     input_w: int = 512
@@ -56,6 +59,7 @@ class CtdetParams:
     color_aug: bool = True
     cat_spec_wh: bool = False
     reg_offset: bool = True
+    input_on_device: bool = False
 
     @property
     def output_h(self):
@@ -330,13 +334,30 @@ def _random_centre_scale(rng, c, s, width, height, params):
 
 
 def _input_image(im, c, s, rng, params, out=None):
-    """Warped, colour-jittered (when rng is given and params.color_aug), normalised CHW float32
-    (written into out when given)."""
+    """{'input': the warped image, colour-jittered (when rng is given and params.color_aug) and
+    normalised, CHW float32} (written into out when given); with params.input_on_device the warped
+    uint8 image (H, W, 3) and the jitter's draw (jitter_arrays) instead."""
     trans_input = get_affine_transform(c, s, 0, [params.input_w, params.input_h])
-    inp = cv2.warpAffine(im, trans_input, (params.input_w, params.input_h), flags=cv2.INTER_LINEAR,
+    warped = out if params.input_on_device else None
+    inp = cv2.warpAffine(im, trans_input, (params.input_w, params.input_h), dst=warped, flags=cv2.INTER_LINEAR,
                          borderMode=cv2.BORDER_CONSTANT, borderValue=0)
     jitter = draw_color_jitter(rng) if rng is not None and params.color_aug else None
-    return normalised_input(inp, params.mean, params.std, jitter, out)
+    if params.input_on_device:
+        return dict(jitter_arrays(jitter), input=inp)
+    return {'input': normalised_input(inp, params.mean, params.std, jitter, out)}
+
+
+def jitter_arrays(jitter):
+    """A ColorJitter (None: none) as arrays for the device: jitter_order int64 (3,) the op of each
+    step (0 brightness, 1 contrast, 2 saturation), jitter_alphas float64 (3,) its alpha, and
+    jitter_lighting float64 (3,) the BGR lighting shift. No jitter is alpha 1 at every step and no
+    lighting, which leave every value as it is."""
+    if jitter is None:
+        return {'jitter_order': np.arange(3, dtype=np.int64), 'jitter_alphas': np.ones(3),
+                'jitter_lighting': np.zeros(3)}
+    return {'jitter_order': np.asarray(jitter.order, dtype=np.int64),
+            'jitter_alphas': np.asarray(jitter.alphas, dtype=np.float64),
+            'jitter_lighting': np.asarray(jitter.lighting, dtype=np.float64).reshape(3)}
 
 
 def _output_boxes(boxes, flipped, width, trans_output, params):
@@ -424,7 +445,7 @@ def _ctdet_sample(im, boxes, classes, rng, params, out=None):
     num_objs = min(len(boxes), params.max_objs)
     out_boxes = _output_boxes(boxes[:num_objs], flipped, width, trans_output, params)
     ret, gt_det = _targets(out_boxes, np.asarray(classes[:num_objs], dtype=np.int64), params)
-    ret['input'] = inp
+    ret.update(inp)
     return ret, c, s, gt_det
 
 
