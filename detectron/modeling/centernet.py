@@ -18,7 +18,7 @@ from torch import nn
 
 from detectron.modeling.centernet_decode import ctdet_decode, ctdet_test_maps, image_detections, merge_image_detections
 from detectron.modeling.centernet_losses import ctdet_loss
-from detectron.roi_data.centernet import CtdetParams, ctdet_test_inputs
+from detectron.roi_data.centernet import UNIT_VALUES, CtdetParams, ctdet_test_inputs
 from detectron.utils.cuda_graphs import graphed_method
 from detectron.utils.errors import ConfigValueError
 
@@ -222,7 +222,8 @@ def normalize_training_images(images, jitter, mean, std):
     to float rounding: the grey image's mean is summed in another order (with the contrast's alpha 1,
     bit for bit)."""
     count = images.shape[0]
-    x = images.permute(0, 3, 1, 2).float() / 255.
+    unit_values, mean, std = _training_constants(tuple(map(float, mean)), tuple(map(float, std)), images.device)
+    x = unit_values[images.permute(0, 3, 1, 2).long()]
     grey = _cv2_grey(x)
     grey_mean = grey.mean(dim=(1, 2, 3), keepdim=True)
     alphas = jitter['jitter_alphas'].float().view(count, 3, 1, 1, 1)
@@ -234,9 +235,16 @@ def normalize_training_images(images, jitter, mean, std):
         other = torch.where(op == _SATURATION, grey, torch.where(op == _CONTRAST, grey_mean, zero))
         x = x * alphas[:, step] + other * others[:, step]   # brightness: + 0 * (1 - a), which adds nothing
     x = (x.double() + jitter['jitter_lighting'].view(count, 3, 1, 1)).float()
-    mean = torch.tensor(mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
     return ((x - mean) / std).contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _training_constants(mean, std, device):
+    """On device, made once: the workers' float32 v / 255 of every uint8 v (a table, as CUDA divides a
+    tensor by a number through its reciprocal, which rounds differently), and mean and std (1, 3, 1, 1).
+    Kept, since a tensor made from host values on each call would wait for the upload stream."""
+    return (torch.from_numpy(UNIT_VALUES).to(device), torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1).to(device),
+            torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1).to(device))
 
 
 def _cv2_grey(x):

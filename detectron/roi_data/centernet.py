@@ -193,7 +193,7 @@ def affine_transform_points(pts, t):
 # ------------------------------------------------------------------------------------------------
 
 # float32(v) / 255 for every uint8 value v: the reference's inp.astype(np.float32) / 255., as a table.
-_UNIT_VALUES = np.arange(256, dtype=np.float32) / 255.
+UNIT_VALUES = np.arange(256, dtype=np.float32) / 255.
 
 
 def _blend(image, alpha, other):
@@ -272,7 +272,7 @@ def normalised_input(image, mean, std, jitter=None, out=None):
     std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
     if jitter is None:
         # No pixel-dependent step at all: each channel is one table of its 256 normalised values.
-        tables = (_UNIT_VALUES.reshape(1, 256) - mean.reshape(3, 1)) / std.reshape(3, 1)
+        tables = (UNIT_VALUES.reshape(1, 256) - mean.reshape(3, 1)) / std.reshape(3, 1)
         for channel in range(3):
             cv2.LUT(planes[channel], tables[channel], dst=out[channel])
         return out
@@ -281,11 +281,11 @@ def normalised_input(image, mean, std, jitter=None, out=None):
     gray = np.empty((height, width), dtype=np.float32)
     for start in range(0, height, _BLOCK_ROWS):
         rows = slice(start, start + _BLOCK_ROWS)
-        cv2.cvtColor(cv2.LUT(image[rows], _UNIT_VALUES), cv2.COLOR_BGR2GRAY, dst=gray[rows])
+        cv2.cvtColor(cv2.LUT(image[rows], UNIT_VALUES), cv2.COLOR_BGR2GRAY, dst=gray[rows])
     gray_mean = gray.mean()
     ops = list(zip(jitter.order, jitter.alphas))
     first_pixel_op = jitter.order.index(_SATURATION)
-    table = _UNIT_VALUES.copy()
+    table = UNIT_VALUES.copy()
     for op, alpha in ops[:first_pixel_op]:
         _COLOR_OPS[op](table, alpha, None, gray_mean)
     # A (3, 1, 1) float64 array, not per-channel scalars: the sum is formed in float64 as the
