@@ -18,6 +18,7 @@ from torch import nn
 
 from detectron.modeling.centernet_decode import ctdet_decode, ctdet_test_maps, image_detections, merge_image_detections
 from detectron.modeling.centernet_losses import ctdet_loss
+from detectron.ops import jitter_normalize
 from detectron.roi_data.centernet import UNIT_VALUES, CtdetParams, ctdet_test_inputs
 from detectron.utils.cuda_graphs import graphed_method
 from detectron.utils.errors import ConfigValueError
@@ -206,8 +207,6 @@ def _normalisation_table(mean, std, device):
     return torch.from_numpy(table.reshape(-1)).to(device), channel_offsets.to(device)
 
 
-# cv2.cvtColor's float32 BGR -> grey weights (the reference's grey image for the contrast and saturation jitter).
-_GREY_WEIGHTS = (0.114, 0.587, 0.299)
 _CONTRAST, _SATURATION = 1, 2   # roi_data.centernet's colour ops, by index
 
 
@@ -220,9 +219,12 @@ def normalize_training_images(images, jitter, mean, std):
 
     The same float32 steps as the loader workers' normalised_input (CenterNet's numpy), so equal to it
     to float rounding: the grey image's mean is summed in another order (with the contrast's alpha 1,
-    bit for bit)."""
+    bit for bit). On CUDA by ops.jitter_normalize's kernels, elsewhere by PyTorch ops."""
     count = images.shape[0]
     unit_values, mean, std = _training_constants(tuple(map(float, mean)), tuple(map(float, std)), images.device)
+    if jitter_normalize.available(images):
+        return jitter_normalize.jitter_normalize(images, jitter['jitter_order'], jitter['jitter_alphas'],
+                                                 jitter['jitter_lighting'], mean.view(3), std.view(3))
     x = unit_values[images.permute(0, 3, 1, 2).long()]
     grey = _cv2_grey(x)
     grey_mean = grey.mean(dim=(1, 2, 3), keepdim=True)
@@ -251,10 +253,9 @@ def _cv2_grey(x):
     """cv2.cvtColor(BGR2GRAY) of float32 (B, 3, H, W) BGR as cv2 computes it: green x 0.587 in float32,
     then blue and red each added by a fused multiply-add (here its float32 operands' exact product
     and the sum in float64, rounded to float32). (B, 1, H, W) float32."""
-    weight = [torch.tensor(w, dtype=torch.float32).double() for w in _GREY_WEIGHTS]
-    grey = x[:, 1:2] * _GREY_WEIGHTS[1]
+    grey = x[:, 1:2] * jitter_normalize.GREY_WEIGHTS[1]
     for channel in (0, 2):
-        grey = (x[:, channel:channel + 1].double() * weight[channel] + grey.double()).float()
+        grey = (x[:, channel:channel + 1].double() * jitter_normalize.GREY_WEIGHTS[channel] + grey.double()).float()
     return grey
 
 
