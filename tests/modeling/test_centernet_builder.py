@@ -130,4 +130,4 @@ def test_device_jitter_is_the_workers_bit_for_bit_but_for_the_grey_mean(device):
         if contrast == 1.0:
             assert got.tobytes() == expected.tobytes()
         else:
-            assert 0 < np.abs(got - expected).max() < 1e-6
+            assert 0 < np.abs(got - expected).max() < 1e-5   # the grey values summed in another order

@@ -55,4 +55,4 @@ def test_kernels_give_the_workers_input_but_for_the_grey_mean(tmp_path):
             assert torch.equal(got, expected), name
         else:
             difference = (got - expected).abs().max().item()
-            assert 0 < difference < 1e-6, name
+            assert 0 < difference < 1e-5, name   # float32 sums of the grey values in another order
