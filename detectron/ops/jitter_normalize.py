@@ -1,7 +1,7 @@
 """CenterNet's training colour jitter and normalisation of a uint8 batch on CUDA, by two Triton kernels:
 one sums each image's grey values, the other reads each pixel once and writes its three normalised
-values. As PyTorch ops the same arithmetic took about 25 passes over the float32 batch, 1.9 ms of GPU
-time per step of 32 images at 512x512 on an H100 (BENCHMARKS.md, "CenterNet speed").
+values. As PyTorch ops the same arithmetic took about 25 passes over the float32 batch: 2.17 ms of GPU
+time per batch of 32 images at 512x512 on an H100, the kernels 0.21 ms (BENCHMARKS.md, "CenterNet speed").
 
 The arithmetic is the loader workers' (roi_data.centernet.normalised_input, CenterNet's numpy) step for
 step, with no multiply-add fused: v / 255 correctly rounded; cv2's grey conversion (green x 0.587, then
