@@ -5,7 +5,7 @@ time per batch of 32 images at 512x512 on an H100, the kernels 0.21 ms (BENCHMAR
 
 The arithmetic is the loader workers' (roi_data.centernet.normalised_input, CenterNet's numpy) step for
 step, with no multiply-add fused: v / 255 correctly rounded; cv2's grey conversion (green x 0.587, then
-blue and red each added by a fused multiply-add, emulated exactly in float64); brightness x a, contrast
+blue and red each added by a fused multiply-add, emulated in float64); brightness x a, contrast
 x a + mean (1 - a), saturation x a + grey (1 - a) in each image's drawn order; the lighting added in
 float64; (x - mean) / std correctly rounded. Only the grey mean is summed in another order.
 """
@@ -61,8 +61,9 @@ if triton is not None:
 
     @triton.jit
     def _grey(b, g, r, weight_b, weight_g, weight_r):
-        # cv2: green x its weight in float32, then blue and red each by a fused multiply-add (the
-        # float64 product of two float32s is exact, so one float64 sum rounded to float32 is it).
+        # cv2: green x its weight in float32, then blue and red each by a fused multiply-add: the float64
+        # product of two float32s is exact, and its float64 sum rounded to float32 is the fused result
+        # but for a rare double rounding.
         grey = g * weight_g
         grey = (b.to(tl.float64) * weight_b + grey.to(tl.float64)).to(tl.float32)
         return (r.to(tl.float64) * weight_r + grey.to(tl.float64)).to(tl.float32)
