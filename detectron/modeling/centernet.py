@@ -220,11 +220,17 @@ def normalize_training_images(images, jitter, mean, std):
     The same float32 steps as the loader workers' normalised_input (CenterNet's numpy), so equal to it
     to float rounding: the grey image's mean is summed in another order (with the contrast's alpha 1,
     bit for bit). On CUDA by ops.jitter_normalize's kernels, elsewhere by PyTorch ops."""
-    count = images.shape[0]
-    unit_values, mean, std = _training_constants(tuple(map(float, mean)), tuple(map(float, std)), images.device)
     if jitter_normalize.available(images):
+        _, mean, std = _training_constants(tuple(map(float, mean)), tuple(map(float, std)), images.device)
         return jitter_normalize.jitter_normalize(images, jitter['jitter_order'], jitter['jitter_alphas'],
                                                  jitter['jitter_lighting'], mean.view(3), std.view(3))
+    return jitter_normalize_by_torch_ops(images, jitter, mean, std)
+
+
+def jitter_normalize_by_torch_ops(images, jitter, mean, std):
+    """normalize_training_images as PyTorch ops, on any device."""
+    count = images.shape[0]
+    unit_values, mean, std = _training_constants(tuple(map(float, mean)), tuple(map(float, std)), images.device)
     x = unit_values[images.permute(0, 3, 1, 2).long()]
     grey = _cv2_grey(x)
     grey_mean = grey.mean(dim=(1, 2, 3), keepdim=True)
