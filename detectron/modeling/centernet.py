@@ -19,7 +19,7 @@ from torch import nn
 from detectron.modeling.centernet_decode import ctdet_decode, ctdet_test_maps, image_detections, merge_image_detections
 from detectron.modeling.centernet_losses import ctdet_loss
 from detectron.ops import jitter_normalize
-from detectron.roi_data.centernet import UNIT_VALUES, CtdetParams, ctdet_test_inputs
+from detectron.roi_data.centernet import CONTRAST, SATURATION, UNIT_VALUES, CtdetParams, ctdet_test_inputs
 from detectron.utils.cuda_graphs import graphed_method
 from detectron.utils.errors import ConfigValueError
 
@@ -207,9 +207,6 @@ def _normalisation_table(mean, std, device):
     return torch.from_numpy(table.reshape(-1)).to(device), channel_offsets.to(device)
 
 
-_CONTRAST, _SATURATION = 1, 2   # roi_data.centernet's colour ops, by index
-
-
 def normalize_training_images(images, jitter, mean, std):
     """CenterNet's training input of warped uint8 BGR images (B, H, W, 3) on their device, each with
     its colour jitter (roi_data.centernet.jitter_arrays, stacked: 'jitter_order' (B, 3) int64,
@@ -223,7 +220,8 @@ def normalize_training_images(images, jitter, mean, std):
     if jitter_normalize.available(images):
         _, mean, std = _training_constants(tuple(map(float, mean)), tuple(map(float, std)), images.device)
         return jitter_normalize.jitter_normalize(images, jitter['jitter_order'], jitter['jitter_alphas'],
-                                                 jitter['jitter_lighting'], mean.view(3), std.view(3))
+                                                 jitter['jitter_lighting'], mean.view(3), std.view(3),
+                                                 contrast=CONTRAST, saturation=SATURATION)
     return jitter_normalize_by_torch_ops(images, jitter, mean, std)
 
 
@@ -240,7 +238,7 @@ def jitter_normalize_by_torch_ops(images, jitter, mean, std):
     zero = grey.new_zeros(())
     for step in range(3):
         op = order[:, step]
-        other = torch.where(op == _SATURATION, grey, torch.where(op == _CONTRAST, grey_mean, zero))
+        other = torch.where(op == SATURATION, grey, torch.where(op == CONTRAST, grey_mean, zero))
         x = x * alphas[:, step] + other * others[:, step]   # brightness: + 0 * (1 - a), which adds nothing
     x = (x.double() + jitter['jitter_lighting'].view(count, 3, 1, 1)).float()
     return ((x - mean) / std).contiguous()

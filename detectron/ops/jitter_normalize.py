@@ -26,10 +26,10 @@ def available(images):
     return triton is not None and images.is_cuda and images.dtype == torch.uint8
 
 
-def jitter_normalize(images, order, alphas, lighting, mean, std):
-    """images uint8 (B, H, W, 3) BGR on CUDA; order int64 (B, 3) the op of each step (0 brightness, 1
-    contrast, 2 saturation); alphas float64 (B, 3); lighting float64 (B, 3) BGR; mean, std float32
-    (3,) on the device. Returns float32 (B, 3, H, W), contiguous."""
+def jitter_normalize(images, order, alphas, lighting, mean, std, contrast, saturation):
+    """images uint8 (B, H, W, 3) BGR on CUDA; order int64 (B, 3) the op of each step: the code contrast,
+    saturation or another (brightness); alphas float64 (B, 3); lighting float64 (B, 3) BGR; mean, std
+    float32 (3,) on the device. Returns float32 (B, 3, H, W), contiguous."""
     count, height, width = images.shape[0:3]
     pixels = height * width
     images = images.contiguous()
@@ -45,7 +45,8 @@ def jitter_normalize(images, order, alphas, lighting, mean, std):
     factors = torch.stack([alphas.float(), (1 - alphas).float()], dim=1).contiguous()
     _jitter_normalize_kernel[(count, blocks)](images, out, grey_mean, order.contiguous(), factors,
                                               lighting.contiguous(), mean, std, pixels, *GREY_WEIGHTS,
-                                              BLOCK=_BLOCK, enable_fp_fusion=False)
+                                              CONTRAST=contrast, SATURATION=saturation, BLOCK=_BLOCK,
+                                              enable_fp_fusion=False)
     return out
 
 
@@ -88,7 +89,8 @@ if triton is not None:
 
     @triton.jit
     def _jitter_normalize_kernel(images, out, grey_mean, order, factors, lighting, mean, std, pixels,
-                                 weight_b, weight_g, weight_r, BLOCK: tl.constexpr):
+                                 weight_b, weight_g, weight_r, CONTRAST: tl.constexpr, SATURATION: tl.constexpr,
+                                 BLOCK: tl.constexpr):
         image = tl.program_id(0)
         offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < pixels
@@ -100,7 +102,7 @@ if triton is not None:
             alpha = tl.load(factors + image * 6 + step)
             complement = tl.load(factors + image * 6 + 3 + step)
             # Brightness blends with nothing: + 0 x (1 - alpha) leaves x alpha as it is.
-            other = tl.where(op == 2, grey, tl.where(op == 1, average, 0.0)) * complement
+            other = tl.where(op == SATURATION, grey, tl.where(op == CONTRAST, average, 0.0)) * complement
             b = _step(b, alpha, other)
             g = _step(g, alpha, other)
             r = _step(r, alpha, other)

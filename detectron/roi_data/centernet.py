@@ -218,7 +218,8 @@ def _saturation(image, alpha, gray, gray_mean):
 
 
 _COLOR_OPS = (_brightness, _contrast, _saturation)
-_SATURATION = _COLOR_OPS.index(_saturation)
+# The ops' codes in a jitter's order (draw_color_jitter, jitter_arrays).
+CONTRAST, SATURATION = _COLOR_OPS.index(_contrast), _COLOR_OPS.index(_saturation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +285,7 @@ def normalised_input(image, mean, std, jitter=None, out=None):
         cv2.cvtColor(cv2.LUT(image[rows], UNIT_VALUES), cv2.COLOR_BGR2GRAY, dst=gray[rows])
     gray_mean = gray.mean()
     ops = list(zip(jitter.order, jitter.alphas))
-    first_pixel_op = jitter.order.index(_SATURATION)
+    first_pixel_op = jitter.order.index(SATURATION)
     table = UNIT_VALUES.copy()
     for op, alpha in ops[:first_pixel_op]:
         _COLOR_OPS[op](table, alpha, None, gray_mean)

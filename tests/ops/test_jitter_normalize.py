@@ -14,9 +14,11 @@ _KERNEL_SCRIPT = '''
 import sys
 import torch
 from detectron.ops import jitter_normalize
+from detectron.roi_data.centernet import CONTRAST, SATURATION
 results = {}
 for name, (images, order, alphas, lighting, mean, std) in torch.load(sys.argv[1]).items():
-    results[name] = (jitter_normalize.jitter_normalize(images, order, alphas, lighting, mean, std),)
+    results[name] = (jitter_normalize.jitter_normalize(images, order, alphas, lighting, mean, std,
+                                                       contrast=CONTRAST, saturation=SATURATION),)
 torch.save(results, sys.argv[2])
 '''
 
