@@ -11,7 +11,9 @@ graphs and cuDNN plans made once, in a first untimed pass of every way):
 - device_replay_with_<hook>: the learning-rate hook and one other of train_net's (--per-hook).
 
 Medians of the per-iteration wall times after --warmup iterations of each run; the rounds run the ways in a
-rotated order. With all hooks, each hook's own host time per iteration is printed too (its calls timed on
+rotated order. The tail of each way follows: its mean, 90th percentile and slowest iteration, and how many
+iterations took over 1.5x its median, counted by their position in train_net's 20-iteration logging period.
+With all hooks, each hook's own host time per iteration is printed too (its calls timed on
 the host, so a hook that waits for the GPU shows the wait). BENCHMARKS.md, "Mask R-CNN".
 
     python dev/train_loop_parts.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --dataset coco_tiny_train \
@@ -88,17 +90,16 @@ class HostTimed:
 
 
 def timed_run(model, optimizer, source, batch_to_device, hooks, args, device):
-    """ms per iteration (median) of one run of the loop over args.iters batches of source."""
+    """ms per iteration of one run of the loop over args.iters batches of source, after the warm-up."""
     clock = IterationTimes(device, args.start + args.iters - 1)
     loop = TrainLoop(model, optimizer, source, device, args.start, args.start + args.iters,
                      train_engine.step_options(), [clock] + hooks, batch_to_device=batch_to_device)
     loop.run()
-    steps = [b - a for a, b in zip(clock.times, clock.times[1:])][args.warmup:]
-    return 1000 * statistics.median(steps)
+    return [1000 * (b - a) for a, b in zip(clock.times, clock.times[1:])][args.warmup:]
 
 
 def bare_run(model, optimizer, batches, args, device):
-    """ms per iteration (median) of the benchmark's bare step (zero_grad, forward under train_net's
+    """ms per iteration of the benchmark's bare step (zero_grad, forward under train_net's
     autocast, sum of the losses, backward, optimizer step) over the batches."""
     step = train_engine.step_options()
     times = []
@@ -111,8 +112,17 @@ def bare_run(model, optimizer, batches, args, device):
         if index == len(batches) - 1 and device.type == 'cuda':
             torch.cuda.synchronize()
         times.append(time.perf_counter())
-    steps = [b - a for a, b in zip(times, times[1:])][args.warmup:]
-    return 1000 * statistics.median(steps)
+    return [1000 * (b - a) for a, b in zip(times, times[1:])][args.warmup:]
+
+
+def tail(steps, first_iter):
+    """The mean, 90th percentile and slowest of the iteration times, and the slow ones (over 1.5x the
+    median) counted by their iteration number modulo 20; first_iter: the first timed iteration's number."""
+    slow_limit = 1.5 * statistics.median(steps)
+    slow_at = collections.Counter((first_iter + i) % 20 for i, ms in enumerate(steps) if ms > slow_limit)
+    return 'mean {:.2f}, p90 {:.2f}, max {:.2f}, {} over 1.5x the median (by iteration % 20: {})'.format(
+        statistics.fmean(steps), sorted(steps)[int(0.9 * (len(steps) - 1))], max(steps), sum(slow_at.values()),
+        dict(sorted(slow_at.items())))
 
 
 def main():
@@ -172,17 +182,23 @@ def main():
     for run in runs.values():
         run()
     results = {name: [] for name in runs}
+    all_steps = {name: [] for name in runs}
     hook_ms = collections.defaultdict(list)
     names = list(runs)
     for round_index in range(args.rounds):
         for name in names[round_index % len(names):] + names[:round_index % len(names)]:
-            results[name].append(runs[name]())
+            steps = runs[name]()
+            results[name].append(statistics.median(steps))
+            all_steps[name].extend(steps)
             if name == 'device_replay':
                 for hook in timed_hooks:
                     hook_ms[type(hook.hook).__name__].append(1000 * hook.seconds / args.iters)
     for name, times in results.items():
         print('{:<40} ms per iteration: median {:.2f} (rounds {})'.format(
             name, statistics.median(times), ', '.join('{:.2f}'.format(t) for t in times)))
+    for name, steps in all_steps.items():
+        # The first timed step ends iteration start + warmup + 1 (the clock's first mark ends start's).
+        print('{:<40} {}'.format(name, tail(steps, args.start + args.warmup + 1)))
     for name, times in hook_ms.items():
         print('{:<40} host ms per iteration: median {:.3f} (rounds {})'.format(
             'hook ' + name, statistics.median(times), ', '.join('{:.3f}'.format(t) for t in times)))
