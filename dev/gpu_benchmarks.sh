@@ -7,7 +7,7 @@
 #   setup (dev/gpu_env.sh) bench kl_scaling coco_tiny_ap multi_gpu_test noisy_kl nms_speed shapes_multi_gpu_test (2 GPUs)
 #   two_stage bench_before_after varvote_gpu centernet_bench dcn_layers centernet_coco_tiny demo_grid startup rcnn_loops rcnn_step_parts ...
 #   checkpoint_activations_bench mask_train mask_test tta_test mask_bench mask_targets retinanet_bench retinanet_coco_tiny
-#   mask_demo_grid train_loop_parts
+#   mask_demo_grid train_loop_parts centernet_loop_parts
 # bench_before_after also needs .old (the tree of the commit to compare with: git archive <commit> | tar -x -C .old).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -294,7 +294,16 @@ rcnn_loops() {  # train_net on coco_tiny's JPEGs, test_net on coco_tiny val list
 
 train_loop_parts() {  # Mask R-CNN's training loop on coco_tiny's JPEGs fed by the loader, by host batches, by device batches, without hooks; the bare step; the hooks' host time
   python3 dev/train_loop_parts.py --cfg configs/e2e_mask_rcnn_R-50-FPN_2x_log.yaml --dataset coco_tiny_train --catalog "$CATALOG" \
-    SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 2>&1 | grep "ms per iteration" | tee "$OUT/train_loop_parts.txt"
+    SOLVER.AMP.ENABLED True SOLVER.AMP.DTYPE bfloat16 DATA_LOADER.NUM_THREADS 6 2>&1 | grep "ms per iteration\|mean" | tee "$OUT/train_loop_parts.txt"
+}
+
+centernet_loop_parts() {  # the same for CenterNet resdcn_18 at batch 32 on coco_tiny train listed 16 times, with 14 and with 10 loader workers
+  local workers
+  for workers in 14 10; do
+    python3 dev/train_loop_parts.py --cfg configs/centernet/ctdet_coco_resdcn18.yaml --dataset $(printf 'coco_tiny_train %.0s' $(seq 16)) \
+      --catalog "$CATALOG" --batch 32 --iters 120 --warmup 20 --rounds 2 DATA_LOADER.NUM_THREADS $workers 2>&1 \
+      | grep "ms per iteration\|mean" | tee "$OUT/centernet_loop_parts_w$workers.txt"
+  done
 }
 
 rcnn_step_parts() {  # host ms per part of the R-CNN training step at batch 2 and 16: as trained, with the compact RoIs, and with torchvision's roi_align too
