@@ -225,7 +225,7 @@ def test_a_trickling_server_meets_the_overall_deadline(tmp_path, serve, monkeypa
     started = time.monotonic()
     with pytest.raises(WeightsError) as err:
         cache_url(server.base + '/slow.pkl', str(tmp_path))
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 4  # well before the 5 s wait for a next byte; slack for a loaded machine
     assert 'not complete within the download deadline of 1 s (' in str(err.value)
     assert 'of 10240 bytes received); set DETECTRON_DOWNLOAD_DEADLINE_S to allow longer' in str(err.value)
     assert _files_under(tmp_path) == []
