@@ -65,7 +65,8 @@ def run_inference(model_type, weights_file, ind_range=None, multi_gpu_testing=Fa
         model_type.test_results().save_range(value, output_dir, ind_range, cfg.dump())
         return {}
     results = collections.OrderedDict()
-    parallel = _parallel_testing(multi_gpu_testing)
+    # Nothing to test (TEST.DATASETS empty, as after a training-only run): no line about how.
+    parallel = _parallel_testing(multi_gpu_testing) if cfg.TEST.DATASETS else False
     for name in cfg.TEST.DATASETS:
         output_dir = get_output_dir((name,), training=False)
         started = time.perf_counter()

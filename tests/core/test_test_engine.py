@@ -234,3 +234,22 @@ def _use_slow_detector(monkeypatch, seconds):
         return detect
 
     monkeypatch.setattr(type(model_builder.build_model_type(cfg)), 'detector', slow_detector)
+
+
+@pytest.mark.parametrize('datasets, says_how', [("('tiny_val',)", True), ('()', False)])
+def test_the_one_process_hint_is_logged_only_when_something_is_tested(tiny_catalog, random_weights, monkeypatch,
+                                                                      caplog, datasets, says_how):
+    """NUM_GPUS 2 without --multi-gpu-testing tests in one process and says so, as long as there is a
+    dataset to test; with TEST.DATASETS empty run_inference tests nothing and says nothing about it."""
+    use_tiny_config(tiny_catalog, tiny_catalog.parent / 'hint', 'TEST.DATASETS', datasets)
+    cfg.defrost()
+    cfg.NUM_GPUS = 2
+    tested = []
+    monkeypatch.setattr(test_engine, 'test_net', lambda *args, **kwargs: tested.append(args[2]) or (None, None))
+    monkeypatch.setattr(test_engine, '_evaluate', lambda *args: {})
+    with caplog.at_level('INFO', logger='detectron.core.test_engine'):
+        assert test_engine.run_inference(model_builder.build_model_type(cfg), random_weights) == {}
+    hints = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Testing in one process')]
+    assert tested == (['tiny_val'] if says_how else [])
+    assert hints == (['Testing in one process although NUM_GPUS is 2: pass --multi-gpu-testing to split the '
+                      'images over the GPUs'] if says_how else [])
