@@ -32,7 +32,7 @@ from detectron.ops import triton_cache
 from detectron.roi_data.loader import build_test_loader
 from detectron.roi_data.samplers import inference_ranges
 from detectron.utils import comm
-from detectron.utils.errors import ConfigValueError, DatasetError
+from detectron.utils.errors import ConfigValueError, DatasetError, raise_if_stopped
 from detectron.utils.launcher_env import job_from_environment
 from detectron.utils.logging import log_file
 from detectron.utils.memory import out_of_memory_error
@@ -223,6 +223,7 @@ def test_net(model_type, weights_file, name, output_dir, ind_range=None, dataset
         misc_s += now - last - detect_time
         last = now
         previous, done = done, done + len(batch)
+        raise_if_stopped()
         # Detectron's line after images 1, 11, 21, ... (the batch that holds one) and after the last.
         if previous == 0 or (done - 1) // 10 > (previous - 1) // 10 or done == end - start:
             eta = datetime.timedelta(seconds=int((detect_s + misc_s) / done * (end - start - done)))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from detectron.roi_data.prefetch import DevicePrefetcher
+from detectron.utils.errors import raise_if_stopped
 
 AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}  # SOLVER.AMP.DTYPE
 
@@ -77,6 +78,7 @@ class TrainLoop:
                 self._call('before_step')
                 self.run_step()
                 self._call('after_step')
+                raise_if_stopped()
             self._call('after_train')
         except torch.OutOfMemoryError:
             if self.out_of_memory is None:

@@ -123,12 +123,27 @@ class JobInterrupted(DetectronError):
         return type(self), (self.signum,)
 
 
+# The signal number of a SIGTERM / SIGINT received inside termination_signals_raise (None otherwise).
+_stop_signal = None
+
+
+def raise_if_stopped():
+    """Raise JobInterrupted if a SIGTERM or SIGINT arrived inside termination_signals_raise. Its handler
+    raises at once, but code that catches everything (copyreg's `except: pass`, which pickling runs for
+    every save of some types) can swallow that exception; the loops call this at their safe points
+    (after a checkpoint is written, after each training iteration and each tested image)."""
+    if _stop_signal is not None:
+        raise JobInterrupted(_stop_signal)
+
+
 @contextlib.contextmanager
 def termination_signals_raise():
     """Within the block, SIGTERM and SIGINT raise JobInterrupted in the main thread, so that `finally`
-    blocks run (stopping worker processes, removing temporary files) and the tool prints one line;
-    in a process forked meanwhile they raise KeyboardInterrupt. Elsewhere than the main thread (where
-    Python cannot set handlers) it changes nothing."""
+    blocks run (stopping worker processes, removing temporary files) and the tool prints one line,
+    and are remembered for raise_if_stopped; in a process forked meanwhile they raise
+    KeyboardInterrupt. Elsewhere than the main thread (where Python cannot set handlers) it changes
+    nothing."""
+    global _stop_signal
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -143,14 +158,18 @@ def termination_signals_raise():
         # The job stops: its DataLoader workers, stopped by the same signal, are expected to die, and
         # torch's SIGCHLD handler would report one as a failure while the stop unwinds.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        global _stop_signal
+        _stop_signal = signum
         raise JobInterrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    _stop_signal = None
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        _stop_signal = None
 
 
 def run_tool(main, argv):

@@ -14,7 +14,7 @@ try:
 except ImportError:  # numpy < 2
     from numpy.core import multiarray as _multiarray
 
-from detectron.utils.errors import DetectronError, OutputDirError
+from detectron.utils.errors import DetectronError, OutputDirError, raise_if_stopped
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ def _write_atomically(path, write):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
+        # The file is complete: a stop whose exception the write swallowed ends the run here.
+        raise_if_stopped()
     except OSError as e:
         if isinstance(e, OutputDirError):
             raise

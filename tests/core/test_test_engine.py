@@ -253,3 +253,34 @@ def test_the_one_process_hint_is_logged_only_when_something_is_tested(tiny_catal
     assert tested == (['tiny_val'] if says_how else [])
     assert hints == (['Testing in one process although NUM_GPUS is 2: pass --multi-gpu-testing to split the '
                       'images over the GPUs'] if says_how else [])
+
+
+def test_a_swallowed_stop_ends_testing_after_that_image(tiny_catalog, random_weights, monkeypatch):
+    """A SIGTERM whose JobInterrupted something swallowed (tests/utils/test_swallowed_stop.py) stops
+    test_net after the image it arrived during, not at the end of the dataset."""
+    import os
+    import signal
+    from detectron.utils import errors
+    use_tiny_config(tiny_catalog, tiny_catalog.parent / 'stopped')
+    classes, calls = cfg.MODEL.NUM_CLASSES, []
+
+    def swallowing_detector(self):
+        def detect(model, sample):
+            calls.append(1)
+            if len(calls) == 2:
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    for _ in range(100):  # the handler runs between these bytecodes
+                        pass
+                except:  # noqa: E722 - the swallowing under test
+                    pass
+            return [np.zeros((0, 5), np.float32) for _ in range(classes)]
+        return detect
+
+    monkeypatch.setattr(type(model_builder.build_model_type(cfg)), 'detector', swallowing_detector)
+    dataset_catalog.register_catalog_file(cfg.DATASET_CATALOG)
+    with errors.termination_signals_raise():
+        with pytest.raises(errors.JobInterrupted):
+            test_engine.test_net(model_builder.build_model_type(cfg), random_weights, 'tiny_val',
+                                 str(tiny_catalog.parent / 'stopped'))
+    assert len(calls) == 2
