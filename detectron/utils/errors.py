@@ -131,7 +131,7 @@ def raise_if_stopped():
     """Raise JobInterrupted if a SIGTERM or SIGINT arrived inside termination_signals_raise. Its handler
     raises at once, but code that catches everything (copyreg's `except: pass`, which pickling runs for
     every save of some types) can swallow that exception; the loops call this at their safe points
-    (after a checkpoint is written, after each training iteration and each tested image)."""
+    (after an atomic write is complete, after each training iteration and each tested batch)."""
     if _stop_signal is not None:
         raise JobInterrupted(_stop_signal)
 

@@ -1,7 +1,7 @@
 """A SIGTERM / SIGINT whose JobInterrupted is swallowed by code that catches everything (copyreg's
 `except: pass`, which pickling runs on every save of some types) still stops the run at the next
 safe point: after the file being written is complete, after the training iteration, after the
-tested image."""
+tested batch."""
 import os
 import signal
 
