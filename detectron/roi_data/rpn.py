@@ -47,8 +47,18 @@ def rpn_targets(anchors, gt_boxes, gt_is_crowd, im_info, positive_overlap=0.7,
     Targets use unit weights (XYXY edge coding when xyxy); outside weights are
     1 / (number of labelled anchors of the image). `generator` seeds the sampling.
     """
-    flat_anchors = torch.cat([level.reshape(-1, 4) for level in anchors])
     gt, gt_valid = padded_gt(gt_boxes, gt_is_crowd, im_info[:, 2])
+    return rpn_targets_of_padded_gt(anchors, gt, gt_valid, im_info, positive_overlap, negative_overlap,
+                                    fg_fraction, batch_size_per_im, straddle_thresh, xyxy, generator)
+
+
+def rpn_targets_of_padded_gt(anchors, gt, gt_valid, im_info, positive_overlap=0.7, negative_overlap=0.3,
+                             fg_fraction=0.5, batch_size_per_im=256, straddle_thresh=0, xyxy=False,
+                             generator=None):
+    """rpn_targets of padded_gt's (gt, gt_valid), with shapes that depend on the anchors and the number of
+    gt columns only (no host synchronisation). Padding columns are below every real overlap, so any
+    number of them gives the same labels and targets."""
+    flat_anchors = torch.cat([level.reshape(-1, 4) for level in anchors])
     inside = inside_image(flat_anchors, im_info, straddle_thresh)
     overlaps = eligible_overlaps(flat_anchors, gt, gt_valid, inside)
     max_overlap, gt_assignment = overlaps.max(dim=2)
@@ -68,10 +78,11 @@ def rpn_targets(anchors, gt_boxes, gt_is_crowd, im_info, positive_overlap=0.7,
     return _per_level(anchors, labels, targets, inside_weights, outside_weights)
 
 
-def padded_gt(gt_boxes, gt_is_crowd, scales):
+def padded_gt(gt_boxes, gt_is_crowd, scales, num_columns=1):
     """(B, G, 4) gt boxes in network-input coordinates and (B, G) "is RPN gt" (not crowd, not
-    padding); G >= 1 so reductions over gt are defined for images without any."""
-    num_gt = max([1] + [len(boxes) for boxes in gt_boxes])
+    padding); G, at least num_columns and the most gt boxes of an image, is >= 1 so reductions over gt
+    are defined for images without any."""
+    num_gt = max([1, num_columns] + [len(boxes) for boxes in gt_boxes])
     padded = scales.new_zeros(len(gt_boxes), num_gt, 4)
     valid = torch.zeros(len(gt_boxes), num_gt, dtype=torch.bool, device=scales.device)
     for i, (boxes, crowd) in enumerate(zip(gt_boxes, gt_is_crowd)):

@@ -19,11 +19,12 @@ _PER_OWNER = weakref.WeakKeyDictionary()
 DEFAULT_MAX_GRAPHS = 4
 
 
-def graphed_method(owner, key, fn, max_graphs=DEFAULT_MAX_GRAPHS):
-    """The GraphedCallable of x -> fn(owner, x) for this owner and key, made on first use (with
-    max_graphs; later calls get that one). It holds the owner weakly, so the graphs (and their
-    memory pool) go with the owner."""
-    return _owned(owner, key, lambda owner_ref: GraphedCallable(lambda x: fn(owner_ref(), x), max_graphs=max_graphs))
+def graphed_method(owner, key, fn, max_graphs=DEFAULT_MAX_GRAPHS, **options):
+    """The GraphedCallable of (*inputs) -> fn(owner, *inputs) for this owner and key, made on first use
+    (with max_graphs and GraphedCallable's options; later calls get that one). It holds the owner
+    weakly, so the graphs (and their memory pool) go with the owner."""
+    return _owned(owner, key, lambda owner_ref: GraphedCallable(lambda *inputs: fn(owner_ref(), *inputs),
+                                                                max_graphs=max_graphs, **options))
 
 
 def graphed_training_method(owner, key, fn, max_graphs):
@@ -77,28 +78,34 @@ class ShapeSlots:
 
 
 class GraphedCallable:
-    """fn(x) -> a tensor (or a tuple of tensors), replayed from one CUDA graph per input shape and
-    dtype and autocast state; CPU tensors and shapes beyond max_graphs run fn directly. A shape is
-    captured the second time it comes (the first runs fn directly): a size seen once, e.g. a rare
-    image size in testing, neither pays for a capture nor takes one of the max_graphs places.
+    """fn(*inputs) -> a tensor (or a tuple of tensors), replayed from one CUDA graph per shapes and
+    dtypes of the inputs and autocast state; CPU inputs and shapes beyond max_graphs run fn directly.
+    A shape is captured the second time it comes (the first runs fn directly): a size seen once, e.g.
+    a rare image size in testing, neither pays for a capture nor takes one of the max_graphs places.
+    With replaces, a much commoner shape takes the place of the rarest (ShapeSlots).
 
     fn must be free of host synchronisation and of data-dependent shapes. The returned tensors are
     the graph's own output buffers: read (copy) them before the next call. The graphs of all shapes
     share one memory pool (a graph costs its outputs, not a pool of its own): the next call, at any
     shape, may overwrite what the last one returned. A capture is kept only if its first replay
-    gives bit for bit what running fn's kernels one by one gave on the same input: a kernel that is
+    gives bit for bit what running fn's kernels one by one gave on the same inputs: a kernel that is
     not safe to capture then costs speed, not correctness.
+
+    With draws_random, fn may draw from the device's default random generator: each replay then
+    draws what running fn's kernels would have drawn at that point of the generator's sequence and
+    advances it as they would (checkpointed generator states resume the same draws), and a capture
+    leaves the generator where it found it, so a graphed call draws as the eager call it replaces.
     """
 
     _what = 'input'  # in the log lines of a refused capture
-    _replaces = False  # whether a commoner shape takes over the slot of the rarest (ShapeSlots)
 
-    def __init__(self, fn, max_graphs=DEFAULT_MAX_GRAPHS, warmup_calls=2):
+    def __init__(self, fn, max_graphs=DEFAULT_MAX_GRAPHS, warmup_calls=2, replaces=False, draws_random=False):
         self.fn = fn
         self.max_graphs = max_graphs
         self.warmup_calls = warmup_calls
+        self.draws_random = draws_random
         self._graphs = {}
-        self._slots = ShapeSlots(self._replaces)
+        self._slots = ShapeSlots(replaces)
         self._pool = None
         self._stream = None
 
@@ -117,42 +124,50 @@ class GraphedCallable:
             self._stream = torch.cuda.Stream(device=device)
         return self._stream
 
-    def __call__(self, x):
-        entry = self._entry(x) if x.device.type == 'cuda' else None
+    def __call__(self, *inputs):
+        entry = self._entry(inputs) if inputs[0].device.type == 'cuda' else None
         if not entry:  # a CPU input, a first sight, a failed capture or too many shapes: run the kernels
-            return self.fn(x)
-        static_input, graph, static_output = entry
-        static_input.copy_(x)
+            return self.fn(*inputs)
+        static_inputs, graph, static_output = entry
+        for static, x in zip(static_inputs, inputs):
+            static.copy_(x)
         graph.replay()
         return static_output
 
-    def _entry(self, x):
-        """The capture for x's shape (made on its second appearance), or None / False to run fn."""
+    def _entry(self, inputs):
+        """The capture for the inputs' shapes (made on their second appearance), or None / False to run fn."""
         autocast = torch.is_autocast_enabled('cuda')
-        key = (tuple(x.shape), x.dtype, x.device, autocast, torch.get_autocast_dtype('cuda') if autocast else None)
+        key = (tuple((tuple(x.shape), x.dtype) for x in inputs), inputs[0].device, autocast,
+               torch.get_autocast_dtype('cuda') if autocast else None)
         entry = self._graphs.get(key)
         capture, evicted = self._slots.admit(key, self._graphs, self.max_graphs)
         if evicted is not None:
             del self._graphs[evicted]  # its buffers go back to the shared pool
         if capture:
-            entry = self._graphs[key] = self._capture(x, autocast)
+            entry = self._graphs[key] = self._capture(inputs, autocast)
         return entry
 
-    def _capture(self, x, autocast):
+    def _capture(self, inputs, autocast):
         """Warm up, run eagerly for reference, record; the entry, or False when refused."""
-        static_input = x.clone()
+        static_inputs = tuple(x.clone() for x in inputs)
+        generator = torch.cuda.default_generators[inputs[0].device.index or 0]
+        random_state = generator.get_state() if self.draws_random else None
         try:
-            with _on_side_stream(self._side_stream(x.device)):
+            with _on_side_stream(self._side_stream(inputs[0].device)):
                 for _ in range(self.warmup_calls):  # cuDNN autotuning and lazy init happen here
-                    self._warm_up(static_input, autocast)
+                    self._warm_up(static_inputs, autocast)
                 # A host synchronisation would break the capture (and the stream with it): find it first.
                 previous = torch.cuda.get_sync_debug_mode()
                 torch.cuda.set_sync_debug_mode('error')
                 try:
-                    eager_output = _cloned(self._run(static_input, autocast))
+                    _restore(generator, random_state)
+                    eager_output = _cloned(self._run(static_inputs, autocast))
                 finally:
                     torch.cuda.set_sync_debug_mode(previous)
-            entry, static_output = self._record(static_input, autocast)
+            eager_drawn = _drawn_to(generator, random_state)
+            _restore(generator, random_state)
+            entry, static_output = self._record(static_inputs, autocast)
+            replay_drawn = _drawn_to(generator, random_state)
         except RuntimeError as err:
             # fn would most likely fail the same way at other shapes (a host sync, an uncapturable
             # kernel), and a capture that broke off may leave the allocator routing a stream's blocks
@@ -160,28 +175,49 @@ class GraphedCallable:
             self.max_graphs = len(self._graphs)
             self._slots.replaces = False
             logger.warning('CUDA graph capture of %s %s failed, running without it (and capturing no further '
-                           'shapes): %s', self._what, tuple(x.shape),
+                           'shapes): %s', self._what, _shapes(inputs),
                            str(err).splitlines()[0] if str(err) else type(err).__name__)
             return False
+        finally:
+            _restore(generator, random_state)  # the call that follows draws what the eager call would
         if not _all_equal(static_output, eager_output):
             logger.warning('CUDA graph replay of %s %s differs from running its kernels one by one; '
-                           'running without the graph', self._what, tuple(x.shape))
+                           'running without the graph', self._what, _shapes(inputs))
+            return False
+        if not torch.equal(replay_drawn, eager_drawn):  # later replays would draw what the last one drew
+            logger.warning('CUDA graph replay of %s %s leaves the random generator elsewhere than its kernels '
+                           'do; running without the graph', self._what, _shapes(inputs))
             return False
         return entry
 
-    def _run(self, x, autocast):
+    def _run(self, inputs, autocast):
         with _capture_autocast(autocast):
-            return self.fn(x)
+            return self.fn(*inputs)
 
     _warm_up = _run
 
-    def _record(self, static_input, autocast):
-        """(entry, its output buffers) of a graph of fn on static_input, replayed once."""
+    def _record(self, static_inputs, autocast):
+        """(entry, its output buffers) of a graph of fn on static_inputs, replayed once."""
         graph = torch.cuda.CUDAGraph()
-        with _capturing(graph, self._shared_pool(), self._side_stream(static_input.device)):
-            static_output = self._run(static_input, autocast)
+        with _capturing(graph, self._shared_pool(), self._side_stream(static_inputs[0].device), self.draws_random):
+            static_output = self._run(static_inputs, autocast)
         graph.replay()
-        return (static_input, graph, static_output), static_output
+        return (static_inputs, graph, static_output), static_output
+
+
+def _restore(generator, state):
+    if state is not None:
+        generator.set_state(state)
+
+
+def _drawn_to(generator, start_state):
+    """The generator's state when the state it was at is followed (else an empty tensor)."""
+    return generator.get_state() if start_state is not None else torch.empty(0)
+
+
+def _shapes(inputs):
+    shapes = [tuple(x.shape) for x in inputs]
+    return shapes[0] if len(shapes) == 1 else shapes
 
 
 class TrainingGraphedCallable(GraphedCallable):
@@ -205,10 +241,9 @@ class TrainingGraphedCallable(GraphedCallable):
     # A training run meets its batch shapes for hours: the commonest ones should hold the graphs, not
     # the first ones seen twice (BENCHMARKS.md, "Mask R-CNN": on coco_tiny, 13 of train_net's
     # iterations 100-199 ran eagerly with the first eight shapes' graphs, 7 with ShapeSlots).
-    _replaces = True
-
     def __init__(self, module_ref, fn, max_graphs, warmup_calls=2):
-        super().__init__(lambda x: fn(module_ref(), x), max_graphs=max_graphs, warmup_calls=warmup_calls)
+        super().__init__(lambda x: fn(module_ref(), x), max_graphs=max_graphs, warmup_calls=warmup_calls,
+                         replaces=True)
         self.module_ref = module_ref
         self.method = fn
         self._sync_batchnorm = None  # looked up on the first call (models are converted before training)
@@ -217,12 +252,12 @@ class TrainingGraphedCallable(GraphedCallable):
         if self._sync_batchnorm is None:
             self._sync_batchnorm = any(isinstance(m, torch.nn.SyncBatchNorm) for m in self.module_ref().modules())
         usable = x.device.type == 'cuda' and torch.is_grad_enabled() and not self._sync_batchnorm
-        entry = self._entry(x) if usable else None
+        entry = self._entry((x,)) if usable else None
         if not entry:
             return self.fn(x)
         return _ReplayTrainingGraphs.apply(entry, x, *entry.params)
 
-    def _capture(self, x, autocast):
+    def _capture(self, inputs, autocast):
         module = self.module_ref()
         if len({p.dtype for p in self._trainable(module).values()}) != 1:
             logger.warning('CUDA graphs of training need trainable parameters of one dtype; running without them')
@@ -230,20 +265,21 @@ class TrainingGraphedCallable(GraphedCallable):
         # The warm-up, eager and captured runs would each update BatchNorm's running statistics.
         buffers = [(b, b.clone()) for b in module.buffers()]
         try:
-            return super()._capture(x, autocast)
+            return super()._capture(inputs, autocast)
         finally:
             with torch.no_grad():
                 for buffer, value in buffers:
                     buffer.copy_(value)
 
-    def _warm_up(self, x, autocast):
-        outputs, aliases = self._forward(x, autocast)
+    def _warm_up(self, inputs, autocast):
+        outputs, aliases = self._forward(inputs[0], autocast)
         torch.autograd.grad(outputs, aliases, [torch.ones_like(o) for o in outputs], allow_unused=True)
 
-    def _run(self, x, autocast):
-        return self._forward(x, autocast)[0]
+    def _run(self, inputs, autocast):
+        return self._forward(inputs[0], autocast)[0]
 
-    def _record(self, static_input, autocast):
+    def _record(self, static_inputs, autocast):
+        static_input, = static_inputs
         entry = _TrainingCapture(static_input, list(self._trainable(self.module_ref()).values()))
         entry.capture(lambda: self._forward(static_input, autocast), self._shared_pool(),
                       self._side_stream(static_input.device))
@@ -357,7 +393,7 @@ class _ReplayTrainingGraphs(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def _capturing(graph, pool, stream):
+def _capturing(graph, pool, stream, draws_random=False):
     """Capture into graph (allocating from pool) the CUDA work of the block, on the side stream
     `stream`, so that a capture that fails leaves this process as it was (torch.cuda.graph would
     leave the side stream current and the random generator in capture mode, so that the next
@@ -366,12 +402,14 @@ def _capturing(graph, pool, stream):
     thread_local: only this thread's unsafe CUDA calls break the capture. torch's default 'global'
     mode also forbids them in other threads, such as the DataLoader's pin-memory thread allocating
     pinned memory: the likely cause of a training capture that broke in train_net (BENCHMARKS.md, "CUDA graph memory").
-    The default generator's state is swapped for a copy while capturing: the graph registers and
-    advances the copy, never the state eager code draws from (the graphed functions draw no random
-    numbers)."""
+    Unless draws_random, the default generator's state is swapped for a copy while capturing: the
+    graph registers and advances the copy, never the state eager code draws from. With draws_random
+    the graph registers the generator's own state, and each replay draws from it and advances it; a
+    capture that fails gives the generator a fresh state (the caller sets its seed and offset back)."""
     generator = torch.cuda.default_generators[stream.device.index]
     state = generator.graphsafe_get_state()
-    generator.graphsafe_set_state(state.clone_state())
+    if not draws_random:
+        generator.graphsafe_set_state(state.clone_state())
     try:
         with _on_side_stream(stream):
             graph.capture_begin(pool=pool, capture_error_mode='thread_local')
@@ -379,8 +417,13 @@ def _capturing(graph, pool, stream):
                 yield
             finally:
                 graph.capture_end()
+    except BaseException:
+        if draws_random:
+            generator.graphsafe_set_state(torch.Generator(stream.device).graphsafe_get_state())
+        raise
     finally:
-        generator.graphsafe_set_state(state)
+        if not draws_random:
+            generator.graphsafe_set_state(state)
 
 
 @contextlib.contextmanager

@@ -73,3 +73,57 @@ def test_fixed_size_rois_give_the_compact_losses_and_gradients(model, seed, devi
             # up to 3e-4 of a gradient's norm (H200), so each gradient is compared by its norm.
             error = (fixed_grads[name] - grad).norm()
             assert error <= 2e-3 * grad.norm(), (name, error.item(), grad.norm().item())
+
+
+@pytest.mark.parametrize('bound', [None, 0, -1])
+def test_the_graphed_rpn_stage_run_eagerly_gives_the_compact_losses(model, bound, monkeypatch):
+    """With training CUDA graphs on, the RPN targets and proposals go through the graphed stage (gt padded
+    to 16 columns, outputs packed flat); on the CPU it runs eagerly, and must give the compact losses. A
+    batch with more (image, anchor, gt column) triples than the bound takes the ungraphed path."""
+    if bound is not None:  # the batch's triples (+ bound): 2 images x 16 columns x the anchors of 5 levels
+        anchors = sum(h * w for h, w in ((32, 40), (16, 20), (8, 10), (4, 5), (2, 3))) * 3
+        monkeypatch.setattr(generalized_rcnn, '_GRAPHED_RPN_PAIRS', 2 * 16 * anchors + bound)
+    batch = _batch(0)
+    compact_losses, compact_grads = _losses_and_grads(model, batch, False, monkeypatch)
+    model.params = dataclasses.replace(model.params, train_cuda_graphs=True)
+    calls = []
+    stage = generalized_rcnn.GeneralizedRCNN._fixed_size_rpn_stage
+    monkeypatch.setattr(generalized_rcnn.GeneralizedRCNN, '_fixed_size_rpn_stage',
+                        lambda self, *tensors: calls.append(tensors[-2].shape) or stage(self, *tensors))
+    staged_losses, staged_grads = _losses_and_grads(model, batch, True, monkeypatch)
+    assert calls == ([] if bound == -1 else [(2, 16, 4)])  # the padded gt
+    for name, value in compact_losses.items():
+        torch.testing.assert_close(staged_losses[name], value, rtol=1e-5, atol=1e-7, msg=name)
+    for name, grad in compact_grads.items():
+        torch.testing.assert_close(staged_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (CUDA graphs)')
+def test_graphed_training_steps_give_the_eager_losses_step_by_step(model, monkeypatch):
+    """Four forwards and backwards at fixed weights with the training graphs (the body's and the RPN
+    stage's, which draws the RPN's random samples) and four without, from the same random state: the same
+    losses bit for bit at every step, replays included, and the generator left where the eager steps leave it."""
+    model.cuda()
+    batch = _to(_batch(0), 'cuda')
+
+    def steps(graphs):
+        model.params = dataclasses.replace(model.params, train_cuda_graphs=graphs)
+        monkeypatch.setattr(generalized_rcnn, 'fixed_size_training_rois', lambda device: True)
+        torch.cuda.manual_seed(11)
+        out = []
+        for _ in range(4):
+            model.zero_grad(set_to_none=True)
+            losses = model(*batch)
+            sum(v for k, v in losses.items() if k.startswith('loss')).backward()
+            out.append({k: v.detach().clone() for k, v in losses.items()})
+        return out, torch.cuda.get_rng_state()
+
+    eager, eager_state = steps(False)
+    graphed, graphed_state = steps(True)
+    stage = generalized_rcnn.graphed_method(model, 'rpn_targets_and_proposals', None)
+    assert [bool(entry) for entry in stage._graphs.values()] == [True]  # captured at the second step
+    for step, (a, b) in enumerate(zip(eager, graphed)):
+        for name in a:
+            assert torch.equal(a[name], b[name]), (step, name, a[name].item(), b[name].item())
+    assert torch.equal(eager_state, graphed_state)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from detectron.modeling.rpn_heads import fpn_anchors
-from detectron.roi_data.rpn import rpn_targets
+from detectron.roi_data.rpn import padded_gt, rpn_targets, rpn_targets_of_padded_gt
 from support.numpy_boxes import np_bbox_overlaps, np_bbox_transform_inv
 
 FEATURE_SHAPES = [(16, 20), (8, 10), (4, 5), (2, 3), (1, 2)]
@@ -262,6 +262,27 @@ def test_sampling_is_reproducible_with_a_seeded_generator():
     same = [torch.equal(a, b) for a, b in zip(runs[0].labels, runs[1].labels)]
     different = [torch.equal(a, b) for a, b in zip(runs[0].labels, runs[2].labels)]
     assert all(same) and not all(different)
+
+
+@pytest.mark.parametrize('crowd_one', [False, True])
+def test_padding_gt_columns_changes_nothing(crowd_one):
+    """The graphed RPN stage pads the gt to a power of two: any number of padding columns gives the
+    same labels, targets and weights from the same draws (one image with fewer gt than the other, and
+    optionally a crowd box)."""
+    anchors, gt_boxes, gt_is_crowd, im_info = _dense_fg_batch()
+    gt_boxes[1] = gt_boxes[1][:2]
+    gt_is_crowd = [gt_is_crowd[0].clone(), gt_is_crowd[1][:2]]
+    gt_is_crowd[0][1] = crowd_one
+    expected = rpn_targets(anchors, gt_boxes, gt_is_crowd, im_info, positive_overlap=0.5,
+                           generator=torch.Generator().manual_seed(3))
+    gt, gt_valid = padded_gt(gt_boxes, gt_is_crowd, im_info[:, 2], num_columns=16)
+    assert gt.shape == (2, 16, 4) and gt_valid.sum() == 6 - crowd_one
+    padded = rpn_targets_of_padded_gt(anchors, gt, gt_valid, im_info, positive_overlap=0.5,
+                                      generator=torch.Generator().manual_seed(3))
+    assert (expected.labels[0] == 1).sum() > 0
+    for field in expected._fields:
+        for a, b in zip(getattr(expected, field), getattr(padded, field)):
+            assert torch.equal(a, b), field
 
 
 def test_background_is_drawn_with_replacement():

@@ -160,7 +160,7 @@ def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working(
         broken['on'] = True
         for _ in range(3):  # the second call tries the capture, which fails: run directly
             torch.testing.assert_close(graphed(bad), torch.relu(layer(bad)), rtol=0, atol=0)
-        assert graphed._graphs[next(k for k in graphed._graphs if k[0] == tuple(bad.shape))] is False
+        assert graphed._graphs[next(k for k in graphed._graphs if k[0] == ((tuple(bad.shape), bad.dtype),))] is False
         assert torch.cuda.current_stream() == torch.cuda.default_stream()
         torch.manual_seed(3)
         drawn = torch.rand(5, device='cuda')  # torch.cuda.graph's failure left the generator capturing
@@ -171,6 +171,32 @@ def test_a_capture_that_breaks_leaves_graphs_streams_and_random_numbers_working(
         for _ in range(3):
             graphed(later)
         assert len(graphed._graphs) == 2  # no capture after the failure
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize('breaks', [False, True])
+def test_a_graph_that_draws_random_numbers_draws_what_the_eager_calls_draw(breaks):
+    """draws_random: several inputs, random draws inside; each call (the eager first, the capture, the
+    replays) returns what the eager calls return from the same seed, and leaves the generator where they
+    leave it. A capture that breaks off leaves the generator drawing the eager numbers too."""
+    def fn(x, scale):
+        if breaks and torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+        return x + scale * torch.rand_like(x), torch.randint(1000, (3,), device=x.device)
+
+    graphed = cuda_graphs.GraphedCallable(fn, draws_random=True)
+    inputs = [(torch.randn(4, 5, device='cuda'), torch.full((1,), float(i), device='cuda')) for i in range(5)]
+    torch.cuda.manual_seed(5)
+    eager = [tuple(t.clone() for t in fn(*args)) for args in inputs]
+    eager_state = torch.cuda.get_rng_state()
+    torch.cuda.manual_seed(5)
+    graphed_out = [tuple(t.clone() for t in graphed(*args)) for args in inputs]
+    assert [bool(entry) for entry in graphed._graphs.values()] == [not breaks]
+    for a, b in zip(eager, graphed_out):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(torch.cuda.get_rng_state(), eager_state)
+    assert len({tuple(b[1].tolist()) for b in graphed_out}) == len(inputs)  # fresh draws at each replay
 
 
 @pytest.mark.cuda
@@ -315,7 +341,7 @@ def test_training_graphs_replace_the_rarest_shape_and_replay_right_after(determi
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-7)
     captures = cuda_graphs._PER_OWNER[graphed]['body']._graphs
     # common's 5th call displaced rare (captured first, as rare as other); rare runs eagerly now.
-    assert {key[0] for key in captures} == {other, common} and all(captures.values())
+    assert {key[0][0][0] for key in captures} == {other, common} and all(captures.values())
 
 
 @pytest.mark.cuda
