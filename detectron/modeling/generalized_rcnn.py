@@ -11,10 +11,11 @@ from torch import nn
 
 from detectron.modeling import fast_rcnn_heads, keypoint_rcnn_heads, mask_rcnn_heads, rpn_heads
 from detectron.ops.roi_pooling import roi_feature_transform, single_level_roi_transform
-from detectron.roi_data.fast_rcnn import candidate_assignments, fg_rois_per_image, sample_rois
+from detectron.roi_data.fast_rcnn import (candidate_assignments, fg_rois_per_image, padded_gt_columns, sample_rois,
+                                          sample_rois_of_padded_gt, SampledRoIs)
 from detectron.roi_data.keypoint_rcnn import keypoint_targets
 from detectron.roi_data.mask_rcnn import mask_targets
-from detectron.roi_data.rpn import RPNTargets, padded_gt, rpn_targets, rpn_targets_of_padded_gt
+from detectron.roi_data.rpn import RPNTargets, rpn_targets, rpn_targets_of_padded_gt
 from detectron.utils import boxes as box_utils
 from detectron.utils.cuda_graphs import graphed_method, graphed_training_method
 
@@ -231,10 +232,10 @@ class GeneralizedRCNN(nn.Module):
         gt_classes = [t['classes'] for t in targets]
         gt_crowd = [t['is_crowd'] for t in targets]
         if self.rpn is None:  # Fast R-CNN: the proposals of the roidb (proposal_files.proposal_rows)
-            losses, proposals, proposal_valid = {}, _target_rois(targets, im_info[:, 2]), None
+            losses, proposals, proposal_valid, sampled = {}, _target_rois(targets, im_info[:, 2]), None, None
         else:
-            rpn_t, proposals, proposal_valid = self._rpn_targets_and_proposals(
-                logits, deltas, anchors, im_info, gt_boxes, gt_crowd)
+            rpn_t, proposals, proposal_valid, sampled = self._rpn_targets_and_proposals(
+                logits, deltas, anchors, im_info, gt_boxes, gt_classes, gt_crowd)
             if p.single_scale_rpn:
                 losses = rpn_heads.single_scale_rpn_losses(logits, deltas, rpn_t)
             else:
@@ -245,12 +246,9 @@ class GeneralizedRCNN(nn.Module):
         # The keypoint RoIs are drawn from the same candidates as the box head's: their overlaps computed once.
         candidates = (candidate_assignments(proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd)
                       if self.keypoint_head is not None else None)
-        sampled = sample_rois(
-            proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, num_classes=p.num_classes,
-            batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction, fg_thresh=p.fg_thresh,
-            bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo, bbox_reg_weights=p.bbox_reg_weights,
-            bbox_thresh=p.bbox_thresh, cls_agnostic=p.cls_agnostic_bbox_reg, xyxy=p.xyxy,
-            proposal_valid=proposal_valid, candidates=candidates)
+        if sampled is None:
+            sampled = sample_rois(proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, **self._sampling_args(),
+                                  proposal_valid=proposal_valid, candidates=candidates)
         if self.mask_head is not None:
             # Before the box head is queued: mask_targets' host sync then waits for little.
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
@@ -273,52 +271,67 @@ class GeneralizedRCNN(nn.Module):
             losses['loss_kps'] = self._keypoint_loss(features, kt, len(targets))
         return losses
 
-    def _rpn_targets_and_proposals(self, logits, deltas, anchors, im_info, gt_boxes, gt_crowd):
-        """The RPN targets and, with a box head, the training proposals (rois, valid; None, None without).
-        With training CUDA graphs on a GPU (the fixed-size proposals) both are replayed from a graph per
-        padded batch shape and number of gt columns: launched op by op, the RPN targets alone took 3.1 ms
-        of the 25 ms host time of a batch-2 step (BENCHMARKS.md, "Training speed"). Only up to
-        _GRAPHED_RPN_PAIRS (image, anchor, gt column) triples: the graphs' pool keeps the stage's overlap
-        tensors reserved, and the larger the batch, the less of its step is host time (batch 16 is GPU-bound)."""
+    def _rpn_targets_and_proposals(self, logits, deltas, anchors, im_info, gt_boxes, gt_classes, gt_crowd):
+        """The RPN targets and, with a box head, the training proposals (rois, valid) and RoIs (SampledRoIs,
+        None when the caller samples them: a keypoint head samples its RoIs from the same candidates); None
+        for what the model lacks. With training CUDA graphs on a GPU (the fixed-size proposals) they are
+        replayed from a graph per padded batch shape and number of gt columns: launched op by op, the RPN
+        targets and the RoI sampling took 3.1 and 3.9 ms of the 25 ms host time of a batch-2 step
+        (BENCHMARKS.md, "Training speed"). Only up to _GRAPHED_RPN_PAIRS (image, anchor, gt column)
+        triples: the graphs' pool keeps the stage's overlap tensors reserved, and the larger the batch,
+        the less of its step is host time (batch 16 is GPU-bound)."""
         p = self.params
         columns = _gt_columns(gt_boxes)
         pairs = len(gt_boxes) * columns * sum(level.shape[:3].numel() for level in anchors)
         if (p.train_cuda_graphs and not p.single_scale_rpn and fixed_size_training_rois(im_info.device)
                 and pairs <= _GRAPHED_RPN_PAIRS):
-            gt, gt_valid = padded_gt(gt_boxes, gt_crowd, im_info[:, 2], num_columns=columns)
+            gt = padded_gt_columns(gt_boxes, gt_classes, gt_crowd, im_info, num_columns=columns)
             stage = graphed_method(self, 'rpn_targets_and_proposals', GeneralizedRCNN._fixed_size_rpn_stage,
                                    max_graphs=2 * p.train_max_graphs, replaces=True, draws_random=True)
-            flat = stage(*[x.detach() for x in logits + deltas], im_info, gt, gt_valid)
+            flat = stage(*[x.detach() for x in logits + deltas], im_info, *gt)
             num_levels = len(logits)
             rpn_t = RPNTargets(*(list(flat[i * num_levels:(i + 1) * num_levels]) for i in range(4)))
-            rois, valid = flat[4 * num_levels:] or (None, None)
-            return rpn_t, rois, valid
+            rois, valid, *sampled = flat[4 * num_levels:] or (None, None)
+            return rpn_t, rois, valid, SampledRoIs(*sampled) if sampled else None
         rpn_t = rpn_targets(anchors, gt_boxes, gt_crowd, im_info, **self._rpn_target_args())
         if self.box_head is None:
-            return rpn_t, None, None
-        return (rpn_t,) + self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
+            return rpn_t, None, None, None
+        return (rpn_t,) + self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True) + (None,)
 
     def _fixed_size_rpn_stage(self, *tensors):
         """_rpn_targets_and_proposals' fixed-size path as one flat tuple of tensors, from (logits of each
-        level, deltas of each level, im_info, padded gt, gt_valid): shapes fixed by theirs, no host sync."""
+        level, deltas of each level, im_info, and the gt padded to G columns: boxes (B, G, 4), classes,
+        crowd and present (B, G)): shapes fixed by theirs, no host synchronisation."""
         p = self.params
-        num_levels = (len(tensors) - 3) // 2
+        num_levels = (len(tensors) - 5) // 2
         logits, deltas = list(tensors[:num_levels]), list(tensors[num_levels:2 * num_levels])
-        im_info, gt, gt_valid = tensors[2 * num_levels:]
+        im_info, gt_boxes, gt_classes, gt_crowd, gt_present = tensors[2 * num_levels:]
         anchors = rpn_heads.fpn_anchors([x.shape[-2:] for x in logits], p.anchor_strides, p.anchor_sizes,
                                         p.aspect_ratios, device=im_info.device)
-        rpn_t = rpn_targets_of_padded_gt(anchors, gt, gt_valid, im_info, **self._rpn_target_args())
+        rpn_gt = gt_boxes * im_info[:, 2].view(-1, 1, 1)  # network-input coordinates, as rpn_targets
+        rpn_t = rpn_targets_of_padded_gt(anchors, rpn_gt, gt_present & ~gt_crowd, im_info, **self._rpn_target_args())
         flat = tuple(rpn_t.labels + rpn_t.bbox_targets + rpn_t.bbox_inside_weights + rpn_t.bbox_outside_weights)
         if self.box_head is None:
             return flat
         rois, valid = self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True)
-        return flat + (rois, valid)
+        if self.keypoint_head is not None:
+            return flat + (rois, valid)
+        sampled = sample_rois_of_padded_gt(rois, valid, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, gt_present,
+                                           **self._sampling_args())
+        return flat + (rois, valid) + tuple(sampled)
 
     def _rpn_target_args(self):
         p = self.params
         return dict(positive_overlap=p.rpn_positive_overlap, negative_overlap=p.rpn_negative_overlap,
                     fg_fraction=p.rpn_fg_fraction, batch_size_per_im=p.rpn_batch_size_per_im,
                     straddle_thresh=p.rpn_straddle_thresh, xyxy=p.xyxy)
+
+    def _sampling_args(self):
+        p = self.params
+        return dict(num_classes=p.num_classes, batch_size_per_im=p.batch_size_per_im, fg_fraction=p.fg_fraction,
+                    fg_thresh=p.fg_thresh, bg_thresh_hi=p.bg_thresh_hi, bg_thresh_lo=p.bg_thresh_lo,
+                    bbox_reg_weights=p.bbox_reg_weights, bbox_thresh=p.bbox_thresh, cls_agnostic=p.cls_agnostic_bbox_reg,
+                    xyxy=p.xyxy)
 
     def _inference(self, features, logits, deltas, anchors, im_info, proposals):
         if self.rpn is None:

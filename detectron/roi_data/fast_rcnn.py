@@ -41,7 +41,9 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
       ([bg_thresh_lo, bg_thresh_hi)) filling the batch, both uniformly without replacement.
     Returns SampledRoIs concatenated over images in image order, each image's fg before its bg
     (rows within each part in candidate order; Detectron's order there is random). K =
-    num_classes, or 2 when cls_agnostic. `generator` seeds the sampling.
+    num_classes, or 2 when cls_agnostic. `generator` seeds the sampling: each candidate's draw is a
+    function of the seeds drawn from it and of the candidate (its image and gt index, or its proposal
+    index), not of how the candidates are laid out (random_subset).
 
     With proposal_valid (R,) bool (rpn_heads.collected_proposals_fixed_size's padding flags) the
     invalid proposals are never sampled and the result has a fixed number of rows S = min(B x
@@ -50,28 +52,51 @@ def sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, num_cla
     arguments when the caller has them already (Keypoint R-CNN samples its RoIs from them too).
     """
     c = candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd) if candidates is None else candidates
-    boxes, image_ids, overlaps, gt, gt_crowd, gt_present = c.boxes, c.image_ids, c.overlaps, c.gt, c.gt_crowd, c.present
+    real = None
+    if proposal_valid is not None:
+        real = torch.cat((torch.ones(len(c.boxes) - len(proposal_valid), dtype=torch.bool, device=c.boxes.device),
+                          proposal_valid))
+    return _sample(c, real, im_scales, num_classes, batch_size_per_im, fg_fraction, fg_thresh, bg_thresh_hi,
+                   bg_thresh_lo, bbox_reg_weights, bbox_thresh, cls_agnostic, xyxy, generator)
+
+
+def sample_rois_of_padded_gt(proposals, proposal_valid, im_scales, gt_boxes, gt_classes, gt_is_crowd, gt_present,
+                             num_classes, batch_size_per_im, fg_fraction=0.25, fg_thresh=0.5, bg_thresh_hi=0.5,
+                             bg_thresh_lo=0.0, bbox_reg_weights=(10.0, 10.0, 5.0, 5.0), bbox_thresh=0.5,
+                             cls_agnostic=False, xyxy=False, generator=None):
+    """sample_rois with fixed-size proposals (proposal_valid) of the gt padded to G columns: gt_boxes (B, G,
+    4), gt_classes, gt_is_crowd and gt_present (B, G), the columns past an image's gt not present. The
+    same RoIs from the same seeds; every shape is fixed by the arguments' shapes (no host synchronisation)."""
+    c = _padded_candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd, gt_present)
+    real = torch.cat((gt_present.reshape(-1), proposal_valid))
+    return _sample(c, real, im_scales, num_classes, batch_size_per_im, fg_fraction, fg_thresh, bg_thresh_hi,
+                   bg_thresh_lo, bbox_reg_weights, bbox_thresh, cls_agnostic, xyxy, generator)
+
+
+def _sample(c, real, im_scales, num_classes, batch_size_per_im, fg_fraction, fg_thresh, bg_thresh_hi, bg_thresh_lo,
+            bbox_reg_weights, bbox_thresh, cls_agnostic, xyxy, generator):
+    """sample_rois from the candidates c; real (M,) bool: the candidates that may be sampled, the result then
+    of fixed size (None: all, compact)."""
+    boxes, image_ids = c.boxes, c.image_ids
     max_overlap, max_class = c.max_overlap, c.max_class
     regression_class, targets = _regression_targets(
-        boxes, image_ids, overlaps, gt, gt_present & ~gt_crowd, max_overlap, max_class,
+        boxes, image_ids, c.overlaps, c.gt, c.present & ~c.gt_crowd, max_overlap, max_class,
         bbox_thresh, cls_agnostic, bbox_reg_weights, xyxy)
 
-    num_images = len(gt_boxes)
+    num_images = len(c.gt)
     fg = max_overlap >= fg_thresh
     bg = (max_overlap < bg_thresh_hi) & (max_overlap >= bg_thresh_lo)
     num_slots = None
-    if proposal_valid is not None:
-        candidate = torch.cat((torch.ones(len(boxes) - len(proposal_valid), dtype=torch.bool, device=boxes.device),
-                               proposal_valid))
-        fg, bg = fg & candidate, bg & candidate
+    if real is not None:
+        fg, bg = fg & real, bg & real
         # A row is sampled at most once, or twice when the fg and bg ranges overlap.
         num_slots = min(num_images * int(batch_size_per_im), len(boxes) * (2 if bg_thresh_hi > fg_thresh else 1))
     fg_per_image = count_per_image(fg, image_ids, num_images).clamp(
         max=fg_rois_per_image(fg_fraction, batch_size_per_im))
     bg_per_image = torch.minimum(count_per_image(bg, image_ids, num_images),
                                  int(batch_size_per_im) - fg_per_image)
-    fg = random_subset(fg, image_ids, fg_per_image, generator)
-    bg = random_subset(bg, image_ids, bg_per_image, generator)
+    fg = random_subset(fg, image_ids, fg_per_image, generator, row_keys=c.row_keys)
+    bg = random_subset(bg, image_ids, bg_per_image, generator, row_keys=c.row_keys)
 
     rows, sampled_as_bg, valid = _fg_then_bg_per_image(fg, bg, image_ids, num_slots)
     rois = torch.cat((image_ids[rows].unsqueeze(1).to(boxes.dtype),
@@ -98,6 +123,7 @@ class Candidates(NamedTuple):
     present: torch.Tensor      # (B, G) bool: a real gt column
     max_overlap: torch.Tensor  # (M,) Detectron's max_overlaps
     max_class: torch.Tensor    # (M,) Detectron's max_classes
+    row_keys: torch.Tensor     # (M,) int64 what a row is, whatever the layout: _candidate_keys
 
 
 def fg_rois_per_image(fg_fraction, batch_size_per_im):
@@ -109,12 +135,53 @@ def candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crow
     """The candidate RoIs of sample_rois (its arguments) with their overlaps and class assignments."""
     boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class = _candidates(
         proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd)
-    gt, gt_class, gt_crowd, gt_present = _padded_gt(gt_boxes, gt_classes, gt_is_crowd, boxes)
+    gt, gt_class, gt_crowd, gt_present = padded_gt_columns(gt_boxes, gt_classes, gt_is_crowd, boxes)
+    device = boxes.device
+    gt_index = torch.cat([torch.arange(len(b), device=device) for b in gt_boxes])
+    row_keys = _candidate_keys(image_ids[:len(gt_index)], gt_index, len(proposals))
+    return _assigned(boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class, gt, gt_class, gt_crowd, gt_present,
+                     row_keys)
+
+
+def _padded_candidate_assignments(proposals, im_scales, gt, gt_class, gt_crowd, gt_present):
+    """candidate_assignments with the gt padded to G columns ((B, G, 4) and (B, G)): every image's G gt slots,
+    then the proposals (the slots of absent gt are candidates the caller leaves out)."""
+    num_images, num_gt = gt_present.shape
+    device = gt.device
+    slot_image = torch.arange(num_images, device=device).repeat_interleave(num_gt)
+    num_proposals = len(proposals)
+    proposal_image_ids = proposals[:, 0].long()
+    proposal_boxes = proposals[:, 1:5] * (1.0 / im_scales)[proposal_image_ids].unsqueeze(1)
+    no_proposals = torch.zeros(num_proposals, dtype=torch.bool, device=device)
+    boxes = torch.cat((gt.reshape(-1, 4).to(proposals.dtype), proposal_boxes))
+    image_ids = torch.cat((slot_image, proposal_image_ids))
+    is_gt_row = torch.cat((torch.ones_like(slot_image, dtype=torch.bool), no_proposals))
+    crowd = torch.cat((gt_crowd.reshape(-1), no_proposals))
+    classes = torch.cat((gt_class.reshape(-1), torch.zeros(num_proposals, dtype=torch.long, device=device)))
+    row_keys = _candidate_keys(slot_image, torch.arange(num_gt, device=device).repeat(num_images), num_proposals)
+    return _assigned(boxes, image_ids, is_gt_row, crowd, classes, gt.to(proposals.dtype), gt_class, gt_crowd,
+                     gt_present, row_keys)
+
+
+def _assigned(boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class, gt, gt_class, gt_crowd, gt_present, row_keys):
     overlaps = _own_image_overlaps(boxes, image_ids, gt)
     max_overlap, max_class = _class_assignments(
         overlaps.masked_fill(~gt_present[image_ids], -1.0), gt_class[image_ids],
         is_gt_row, gt_row_crowd, gt_row_class)
-    return Candidates(boxes, image_ids, is_gt_row, overlaps, gt, gt_crowd, gt_present, max_overlap, max_class)
+    return Candidates(boxes, image_ids, is_gt_row, overlaps, gt, gt_crowd, gt_present, max_overlap, max_class,
+                      row_keys)
+
+
+# A candidate's key: a gt row's image x 2^24 + its index among the image's gt, or 2^48 + a proposal's index.
+_IMAGE_KEY_STRIDE = 1 << 24
+_PROPOSAL_KEY_BASE = 1 << 48
+
+
+def _candidate_keys(gt_row_images, gt_row_index, num_proposals):
+    """(M,) int64 keys of the candidates: the gt rows (their image and their index in it), then the proposals
+    (their row). The same row has the same key in the compact and the padded layout."""
+    proposal_keys = _PROPOSAL_KEY_BASE + torch.arange(num_proposals, device=gt_row_images.device)
+    return torch.cat((gt_row_images * _IMAGE_KEY_STRIDE + gt_row_index, proposal_keys))
 
 
 def _candidates(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
@@ -140,10 +207,11 @@ def _candidates(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
     return boxes, image_ids, is_gt_row, crowd, classes
 
 
-def _padded_gt(gt_boxes, gt_classes, gt_is_crowd, like):
-    """Per image gt padded to G >= 1 columns: boxes (B, G, 4), class, crowd, present (B, G)."""
+def padded_gt_columns(gt_boxes, gt_classes, gt_is_crowd, like, num_columns=1):
+    """Per image gt padded to G columns, G at least num_columns and the most gt boxes of an image (and
+    >= 1): boxes (B, G, 4) of like's dtype and device, class, crowd, present (B, G)."""
     num_images = len(gt_boxes)
-    num_gt = max([1] + [len(b) for b in gt_boxes])
+    num_gt = max([1, num_columns] + [len(b) for b in gt_boxes])
     boxes = like.new_zeros(num_images, num_gt, 4)
     classes = torch.zeros(num_images, num_gt, dtype=torch.long, device=like.device)
     crowd = torch.zeros(num_images, num_gt, dtype=torch.bool, device=like.device)
@@ -194,14 +262,17 @@ def count_per_image(mask, image_ids, num_images):
         0, image_ids, mask.long())
 
 
-def random_subset(eligible, image_ids, quotas, generator, priority=None):
+def random_subset(eligible, image_ids, quotas, generator, priority=None, row_keys=None):
     """Per image i, a uniformly random quotas[i] of its eligible rows, without replacement
     (Detectron's npr.choice(..., replace=False)); a bool mask, computed without host sync. priority:
     the rows' uniform [0, 1) draws when the caller made them (the eligible rows of lowest priority are
-    taken), else drawn here from generator."""
+    taken), else keyed_uniform of the rows' keys (row_keys, default their positions) and a seed drawn
+    here from generator: a row's draw depends on its key, not on the rows around it."""
     num_rows = len(eligible)
     if priority is None:
-        priority = torch.rand(num_rows, dtype=torch.float64, generator=generator, device=eligible.device)
+        seed = torch.randint(2 ** 62, (1,), generator=generator, device=eligible.device)
+        keys = torch.arange(num_rows, device=eligible.device) if row_keys is None else row_keys
+        priority = keyed_uniform(keys, seed)
     # Sort image-major with the eligible rows of an image first, in random order.
     order = (image_ids.double() * 2 + (~eligible).double() + priority).argsort()
     sorted_ids = image_ids[order]
@@ -209,6 +280,33 @@ def random_subset(eligible, image_ids, quotas, generator, priority=None):
     rank_in_image = torch.arange(num_rows, device=eligible.device) - first_row
     chosen = eligible[order] & (rank_in_image < quotas[sorted_ids])
     return torch.zeros_like(eligible).scatter_(0, order, chosen)
+
+
+def _as_int64(unsigned):
+    """The int64 with the bits of a 64-bit unsigned constant."""
+    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
+
+
+# SplitMix64 (Steele, Lea and Flood, 2014): the golden-ratio step and the two multipliers of its finaliser.
+_GOLDEN = _as_int64(0x9E3779B97F4A7C15)
+_MIX1 = _as_int64(0xBF58476D1CE4E5B9)
+_MIX2 = _as_int64(0x94D049BB133111EB)
+
+
+def _shifted_right(x, bits):
+    """x >> bits as unsigned 64-bit integers (torch shifts int64 arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def keyed_uniform(keys, seed):
+    """(N,) float64 uniform in [0, 1): SplitMix64's output for the state seed + key x golden ratio (int64
+    arithmetic wraps as unsigned), its top 53 bits. Distinct keys give independent draws; the same key and
+    seed the same draw on any device."""
+    z = keys * _GOLDEN + seed
+    z = (z ^ _shifted_right(z, 30)) * _MIX1
+    z = (z ^ _shifted_right(z, 27)) * _MIX2
+    z = z ^ _shifted_right(z, 31)
+    return _shifted_right(z, 11).double() * 2.0 ** -53
 
 
 _UNSAMPLED = torch.iinfo(torch.int64).max  # the sort key of a row not sampled: after every sampled one

@@ -61,7 +61,8 @@ def keypoint_targets(proposals, im_scales, targets, fg_thresh, fg_rois_per_image
     if proposal_valid is not None:
         eligible[num_gt_rows:] &= proposal_valid
     quota = count_per_image(eligible, c.image_ids, num_images).clamp(max=int(fg_rois_per_image))
-    chosen = random_subset(eligible, c.image_ids, quota, generator, priority=_candidate_priority(targets, device))
+    chosen = random_subset(eligible, c.image_ids, quota, generator, priority=_candidate_priority(targets, device),
+                           row_keys=c.row_keys)
     rows = chosen.nonzero().squeeze(1)  # the one host sync: the size of the keypoint head's batch
     empty = len(rows) == 0
     if empty:

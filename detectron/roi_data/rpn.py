@@ -78,11 +78,10 @@ def rpn_targets_of_padded_gt(anchors, gt, gt_valid, im_info, positive_overlap=0.
     return _per_level(anchors, labels, targets, inside_weights, outside_weights)
 
 
-def padded_gt(gt_boxes, gt_is_crowd, scales, num_columns=1):
+def padded_gt(gt_boxes, gt_is_crowd, scales):
     """(B, G, 4) gt boxes in network-input coordinates and (B, G) "is RPN gt" (not crowd, not
-    padding); G, at least num_columns and the most gt boxes of an image, is >= 1 so reductions over gt
-    are defined for images without any."""
-    num_gt = max([1, num_columns] + [len(boxes) for boxes in gt_boxes])
+    padding); G >= 1 so reductions over gt are defined for images without any."""
+    num_gt = max([1] + [len(boxes) for boxes in gt_boxes])
     padded = scales.new_zeros(len(gt_boxes), num_gt, 4)
     valid = torch.zeros(len(gt_boxes), num_gt, dtype=torch.bool, device=scales.device)
     for i, (boxes, crowd) in enumerate(zip(gt_boxes, gt_is_crowd)):

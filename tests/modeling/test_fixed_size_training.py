@@ -20,8 +20,8 @@ def model(request):
     assert_and_infer_cfg()
     torch.manual_seed(0)
     model = model_builder.create(cfg).train()
-    # 60 proposals for the batch: fewer than survive NMS, so both paths sample from 60 rows (and draw
-    # the same random numbers); 32 RoIs per image: a random subset of them.
+    # 60 proposals for the batch and 32 RoIs per image: a random subset of the candidates, each drawn by
+    # what it is (its gt or proposal index), so both paths, whatever their padding, sample the same RoIs.
     model.params = dataclasses.replace(model.params, batch_size_per_im=32,
                                        train_proposals=ProposalParams(300, 60, 0.7, 0.0))
     return model
@@ -89,7 +89,7 @@ def test_the_graphed_rpn_stage_run_eagerly_gives_the_compact_losses(model, bound
     calls = []
     stage = generalized_rcnn.GeneralizedRCNN._fixed_size_rpn_stage
     monkeypatch.setattr(generalized_rcnn.GeneralizedRCNN, '_fixed_size_rpn_stage',
-                        lambda self, *tensors: calls.append(tensors[-2].shape) or stage(self, *tensors))
+                        lambda self, *tensors: calls.append(tensors[-4].shape) or stage(self, *tensors))
     staged_losses, staged_grads = _losses_and_grads(model, batch, True, monkeypatch)
     assert calls == ([] if bound == -1 else [(2, 16, 4)])  # the padded gt
     for name, value in compact_losses.items():

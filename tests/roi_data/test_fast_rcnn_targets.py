@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from detectron.roi_data.fast_rcnn import sample_rois
+from detectron.roi_data.fast_rcnn import keyed_uniform, random_subset, sample_rois, sample_rois_of_padded_gt
 from support.numpy_boxes import np_bbox_overlaps, np_bbox_transform_inv
 
 NUM_CLASSES = 5
@@ -253,23 +253,41 @@ def _with_padding(proposals, num_padding):
     return padded, torch.arange(len(padded)) < len(proposals)
 
 
+def _padded(gt_boxes, gt_classes, gt_crowd, columns):
+    """The per-image gt as sample_rois_of_padded_gt takes them: (B, columns, 4) boxes, classes, crowd, present."""
+    boxes, classes = torch.zeros(len(gt_boxes), columns, 4), torch.zeros(len(gt_boxes), columns, dtype=torch.long)
+    crowd, present = (torch.zeros(len(gt_boxes), columns, dtype=torch.bool) for _ in range(2))
+    for i, (b, c, k) in enumerate(zip(gt_boxes, gt_classes, gt_crowd)):
+        boxes[i, :len(b)], classes[i, :len(b)], crowd[i, :len(b)], present[i, :len(b)] = b, c, k, True
+    return boxes, classes, crowd, present
+
+
+@pytest.mark.parametrize('padded_gt', [False, True])
 @pytest.mark.parametrize('bg_thresh_hi,batch_size_per_im', [(0.5, 24), (0.6, 24), (0.5, 10000)])
-def test_fixed_size_sampling_gives_the_compact_rois_then_padding(bg_thresh_hi, batch_size_per_im, monkeypatch):
-    # Padding rows are drawn for (the random stream then has the fixed size) but never sampled: with
-    # the compact proposals and the same draws, the valid rows are the compact sampling's rows.
-    proposals, *rest = _to_torch(*_batch(seed=4))
+def test_fixed_size_sampling_gives_the_compact_rois_then_padding(bg_thresh_hi, batch_size_per_im, padded_gt):
+    # Each candidate's draw depends on the seed and on what the candidate is, not on the rows around it: padding
+    # proposal rows (and, with padded_gt, gt columns past each image's gt) are never sampled, and the valid rows
+    # are the compact sampling's rows, from the same seed.
+    proposals, im_scales, gt_boxes, gt_classes, gt_crowd = _to_torch(*_batch(seed=4))
     padded, proposal_valid = _with_padding(proposals, 7)
-    fixed = sample_rois(padded, *rest, num_classes=NUM_CLASSES, batch_size_per_im=batch_size_per_im,
-                        bg_thresh_hi=bg_thresh_hi, generator=torch.Generator().manual_seed(1),
-                        proposal_valid=proposal_valid)
-    compact = _compact_with_the_same_draws(proposals, rest, len(padded), batch_size_per_im, bg_thresh_hi, monkeypatch)
-    num_gt = sum(len(b) for b in rest[1])
+    args = dict(num_classes=NUM_CLASSES, batch_size_per_im=batch_size_per_im, bg_thresh_hi=bg_thresh_hi)
+    if padded_gt:
+        fixed = sample_rois_of_padded_gt(padded, proposal_valid, im_scales, *_padded(gt_boxes, gt_classes, gt_crowd, 8),
+                                         generator=torch.Generator().manual_seed(1), **args)
+    else:
+        fixed = sample_rois(padded, im_scales, gt_boxes, gt_classes, gt_crowd, proposal_valid=proposal_valid,
+                            generator=torch.Generator().manual_seed(1), **args)
+    compact = sample_rois(proposals, im_scales, gt_boxes, gt_classes, gt_crowd,
+                          generator=torch.Generator().manual_seed(1), **args)
+    num_gt = 2 * 8 if padded_gt else sum(len(b) for b in gt_boxes)
     expected_slots = min(2 * batch_size_per_im, (len(padded) + num_gt) * (2 if bg_thresh_hi > 0.5 else 1))
     assert len(fixed.rois) == expected_slots
     num = len(compact.rois)
     assert 0 < num <= expected_slots
     if batch_size_per_im > 1000:
         assert num < expected_slots  # fewer candidates than slots: padding rows at the end
+    else:
+        assert (compact.labels > 0).sum() == 2 * 6  # int(0.25 x 24) fg of each image: a random subset of them
     assert fixed.valid[:num].all() and not fixed.valid[num:].any()
     for name in ('rois', 'labels', 'bbox_targets', 'bbox_inside_weights', 'bbox_outside_weights'):
         got, want = getattr(fixed, name), getattr(compact, name)
@@ -278,13 +296,44 @@ def test_fixed_size_sampling_gives_the_compact_rois_then_padding(bg_thresh_hi, b
     assert compact.valid is None
 
 
-def _compact_with_the_same_draws(proposals, rest, num_padded, batch_size_per_im, bg_thresh_hi, monkeypatch):
-    """The compact sampling given the fixed-size sampling's random priorities for the same rows (its
-    fg then bg draws over the padded candidates, seed 1, the padding rows' draws left out)."""
-    num_real = sum(len(b) for b in rest[1]) + len(proposals)
-    num_rows = num_real - len(proposals) + num_padded
-    generator = torch.Generator().manual_seed(1)
-    draws = iter([torch.rand(num_rows, dtype=torch.float64, generator=generator)[:num_real] for _ in range(2)])
-    monkeypatch.setattr(torch, 'rand', lambda *args, **kwargs: next(draws))
-    return sample_rois(proposals, *rest, num_classes=NUM_CLASSES, batch_size_per_im=batch_size_per_im,
-                       bg_thresh_hi=bg_thresh_hi)
+def _splitmix64(state):
+    """SplitMix64's output for a state, in Python's unbounded integers (Steele, Lea and Flood, 2014)."""
+    mask = (1 << 64) - 1
+    z = state & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def test_keyed_uniform_is_splitmix64_of_the_key_and_seed():
+    keys = [0, 1, 2, 7, 3 * (1 << 24) + 5, (1 << 48) + 1999]
+    for seed in (0, 12345, (1 << 62) - 1):
+        got = keyed_uniform(torch.tensor(keys), torch.tensor([seed])).tolist()
+        want = [(_splitmix64(seed + key * 0x9E3779B97F4A7C15) >> 11) / 2 ** 53 for key in keys]
+        assert got == want
+    draws = keyed_uniform(torch.arange(100000), torch.tensor([99])).numpy()
+    assert 0 <= draws.min() and draws.max() < 1
+    counts = np.histogram(draws, bins=10, range=(0, 1))[0]
+    assert np.abs(counts - 10000).max() < 500  # about 4.5 standard deviations
+
+
+def test_random_subset_draws_by_row_key_not_by_position():
+    """The same rows, keys and seed give the same subset whatever other rows lie around them; every
+    eligible row is chosen about quota / eligible of the time over seeds."""
+    image_ids = torch.tensor([0] * 6 + [1] * 4)
+    eligible = torch.tensor([1, 1, 0, 1, 1, 1, 1, 0, 1, 1], dtype=torch.bool)
+    keys = torch.arange(10) * 3 + 1
+    quotas = torch.tensor([2, 1])
+    # three ineligible rows with other keys inserted after the fourth row
+    spread_ids = torch.cat([image_ids[:4], torch.tensor([0] * 3), image_ids[4:]])
+    spread_eligible = torch.cat([eligible[:4], torch.zeros(3, dtype=torch.bool), eligible[4:]])
+    spread_keys = torch.cat([keys[:4], torch.tensor([1000, 1001, 1002]), keys[4:]])
+    times = torch.zeros(10)
+    for seed in range(400):
+        chosen = random_subset(eligible, image_ids, quotas, torch.Generator().manual_seed(seed), row_keys=keys)
+        spread = random_subset(spread_eligible, spread_ids, quotas, torch.Generator().manual_seed(seed),
+                               row_keys=spread_keys)
+        assert torch.equal(torch.cat([spread[:4], spread[7:]]), chosen) and not spread[4:7].any()
+        assert chosen[:6].sum() == 2 and chosen[6:].sum() == 1 and not chosen[~eligible].any()
+        times += chosen
+    np.testing.assert_allclose(times[eligible].numpy() / 400, [0.4] * 5 + [1 / 3] * 3, atol=0.1)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from detectron.modeling.rpn_heads import fpn_anchors
-from detectron.roi_data.rpn import padded_gt, rpn_targets, rpn_targets_of_padded_gt
+from detectron.roi_data.fast_rcnn import padded_gt_columns
+from detectron.roi_data.rpn import rpn_targets, rpn_targets_of_padded_gt
 from support.numpy_boxes import np_bbox_overlaps, np_bbox_transform_inv
 
 FEATURE_SHAPES = [(16, 20), (8, 10), (4, 5), (2, 3), (1, 2)]
@@ -275,10 +276,13 @@ def test_padding_gt_columns_changes_nothing(crowd_one):
     gt_is_crowd[0][1] = crowd_one
     expected = rpn_targets(anchors, gt_boxes, gt_is_crowd, im_info, positive_overlap=0.5,
                            generator=torch.Generator().manual_seed(3))
-    gt, gt_valid = padded_gt(gt_boxes, gt_is_crowd, im_info[:, 2], num_columns=16)
+    # As the graphed training stage pads them (generalized_rcnn._fixed_size_rpn_stage).
+    gt, _, crowd, present = padded_gt_columns(gt_boxes, [torch.ones(len(b), dtype=torch.long) for b in gt_boxes],
+                                              gt_is_crowd, im_info, num_columns=16)
+    gt_valid = present & ~crowd
     assert gt.shape == (2, 16, 4) and gt_valid.sum() == 6 - crowd_one
-    padded = rpn_targets_of_padded_gt(anchors, gt, gt_valid, im_info, positive_overlap=0.5,
-                                      generator=torch.Generator().manual_seed(3))
+    padded = rpn_targets_of_padded_gt(anchors, gt * im_info[:, 2].view(-1, 1, 1), gt_valid, im_info,
+                                      positive_overlap=0.5, generator=torch.Generator().manual_seed(3))
     assert (expected.labels[0] == 1).sum() > 0
     for field in expected._fields:
         for a, b in zip(getattr(expected, field), getattr(padded, field)):
