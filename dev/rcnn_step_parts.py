@@ -29,7 +29,7 @@ HOST_MS = collections.defaultdict(float)
 # (module or class, function name) of the parts timed inside the forward. The RPN stage (the RPN targets, the
 # proposals and, without a keypoint head, the RoI sampling; replayed from a CUDA graph on a GPU) does the work of
 # rpn_targets and sample_rois, which it does not call on a GPU.
-PARTS = [(generalized_rcnn.GeneralizedRCNN, '_rpn_targets_and_proposals'),
+PARTS = [(generalized_rcnn.GeneralizedRCNN, '_rpn_and_roi_targets'),
          (generalized_rcnn, 'rpn_targets'), (generalized_rcnn, 'sample_rois'),
          (generalized_rcnn, 'roi_feature_transform'), (rpn_heads, 'rpn_losses'),
          (rpn_heads, 'generate_proposals'), (fast_rcnn_heads, 'fast_rcnn_losses'), (fast_rcnn_heads, 'kl_loss'),

@@ -234,7 +234,7 @@ class GeneralizedRCNN(nn.Module):
         if self.rpn is None:  # Fast R-CNN: the proposals of the roidb (proposal_files.proposal_rows)
             losses, proposals, proposal_valid, sampled = {}, _target_rois(targets, im_info[:, 2]), None, None
         else:
-            rpn_t, proposals, proposal_valid, sampled = self._rpn_targets_and_proposals(
+            rpn_t, proposals, proposal_valid, sampled = self._rpn_and_roi_targets(
                 logits, deltas, anchors, im_info, gt_boxes, gt_classes, gt_crowd)
             if p.single_scale_rpn:
                 losses = rpn_heads.single_scale_rpn_losses(logits, deltas, rpn_t)
@@ -271,7 +271,7 @@ class GeneralizedRCNN(nn.Module):
             losses['loss_kps'] = self._keypoint_loss(features, kt, len(targets))
         return losses
 
-    def _rpn_targets_and_proposals(self, logits, deltas, anchors, im_info, gt_boxes, gt_classes, gt_crowd):
+    def _rpn_and_roi_targets(self, logits, deltas, anchors, im_info, gt_boxes, gt_classes, gt_crowd):
         """The RPN targets and, with a box head, the training proposals (rois, valid) and RoIs (SampledRoIs,
         None when the caller samples them: a keypoint head samples its RoIs from the same candidates); None
         for what the model lacks. With training CUDA graphs on a GPU (the fixed-size proposals) they are
@@ -286,7 +286,7 @@ class GeneralizedRCNN(nn.Module):
         if (p.train_cuda_graphs and not p.single_scale_rpn and fixed_size_training_rois(im_info.device)
                 and pairs <= _GRAPHED_RPN_PAIRS):
             gt = padded_gt_columns(gt_boxes, gt_classes, gt_crowd, im_info, num_columns=columns)
-            stage = graphed_method(self, 'rpn_targets_and_proposals', GeneralizedRCNN._fixed_size_rpn_stage,
+            stage = graphed_method(self, 'rpn_and_roi_targets', GeneralizedRCNN._fixed_size_rpn_and_roi_targets,
                                    max_graphs=2 * p.train_max_graphs, replaces=True, draws_random=True)
             flat = stage(*[x.detach() for x in logits + deltas], im_info, *gt)
             num_levels = len(logits)
@@ -298,8 +298,8 @@ class GeneralizedRCNN(nn.Module):
             return rpn_t, None, None, None
         return (rpn_t,) + self._proposals(logits, deltas, anchors, im_info, p.train_proposals, training=True) + (None,)
 
-    def _fixed_size_rpn_stage(self, *tensors):
-        """_rpn_targets_and_proposals' fixed-size path as one flat tuple of tensors, from (logits of each
+    def _fixed_size_rpn_and_roi_targets(self, *tensors):
+        """_rpn_and_roi_targets' fixed-size path as one flat tuple of tensors, from (logits of each
         level, deltas of each level, im_info, and the gt padded to G columns: boxes (B, G, 4), classes,
         crowd and present (B, G)): shapes fixed by theirs, no host synchronisation."""
         p = self.params

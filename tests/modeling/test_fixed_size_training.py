@@ -87,8 +87,8 @@ def test_the_graphed_rpn_stage_run_eagerly_gives_the_compact_losses(model, bound
     compact_losses, compact_grads = _losses_and_grads(model, batch, False, monkeypatch)
     model.params = dataclasses.replace(model.params, train_cuda_graphs=True)
     calls = []
-    stage = generalized_rcnn.GeneralizedRCNN._fixed_size_rpn_stage
-    monkeypatch.setattr(generalized_rcnn.GeneralizedRCNN, '_fixed_size_rpn_stage',
+    stage = generalized_rcnn.GeneralizedRCNN._fixed_size_rpn_and_roi_targets
+    monkeypatch.setattr(generalized_rcnn.GeneralizedRCNN, '_fixed_size_rpn_and_roi_targets',
                         lambda self, *tensors: calls.append(tensors[-4].shape) or stage(self, *tensors))
     staged_losses, staged_grads = _losses_and_grads(model, batch, True, monkeypatch)
     assert calls == ([] if bound == -1 else [(2, 16, 4)])  # the padded gt
@@ -121,7 +121,7 @@ def test_graphed_training_steps_give_the_eager_losses_step_by_step(model, monkey
 
     eager, eager_state = steps(False)
     graphed, graphed_state = steps(True)
-    stage = generalized_rcnn.graphed_method(model, 'rpn_targets_and_proposals', None)
+    stage = generalized_rcnn.graphed_method(model, 'rpn_and_roi_targets', None)
     assert [bool(entry) for entry in stage._graphs.values()] == [True]  # captured at the second step
     for step, (a, b) in enumerate(zip(eager, graphed)):
         for name in a:

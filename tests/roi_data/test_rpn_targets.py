@@ -276,7 +276,7 @@ def test_padding_gt_columns_changes_nothing(crowd_one):
     gt_is_crowd[0][1] = crowd_one
     expected = rpn_targets(anchors, gt_boxes, gt_is_crowd, im_info, positive_overlap=0.5,
                            generator=torch.Generator().manual_seed(3))
-    # As the graphed training stage pads them (generalized_rcnn._fixed_size_rpn_stage).
+    # As the graphed training stage pads them (generalized_rcnn._fixed_size_rpn_and_roi_targets).
     gt, _, crowd, present = padded_gt_columns(gt_boxes, [torch.ones(len(b), dtype=torch.long) for b in gt_boxes],
                                               gt_is_crowd, im_info, num_columns=16)
     gt_valid = present & ~crowd
