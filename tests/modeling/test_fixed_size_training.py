@@ -13,7 +13,8 @@ from detectron.roi_data.minibatch import polygon_targets
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(params=['shapes_demo_R-18-FPN_kl.yaml', 'shapes_demo_mask_R-18-FPN.yaml'])
+@pytest.fixture(params=['shapes_demo_R-18-FPN_kl.yaml', 'shapes_demo_mask_R-18-FPN.yaml',
+                        'shapes_demo_keypoint_R-18-FPN.yaml'])
 def model(request):
     from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
     merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', request.param))
@@ -27,14 +28,20 @@ def model(request):
     return model
 
 
-def _batch(seed):
+def _batch(seed, num_classes):
+    """Two images with 2 and 1 objects (classes 1 and 2, below num_classes), each with its box outline as
+    its polygon (read by the mask head only) and five visible keypoints at its centre (the keypoint head's)."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randn(2, 3, 128, 160, generator=g) * 50
     im_info = torch.tensor([[128., 150., 1.0], [120., 160., 1.0]])
     boxes = [torch.tensor([[10., 12., 60., 70.], [70., 20., 140., 100.]]), torch.tensor([[30., 30., 90., 80.]])]
-    targets = [{'boxes': b, 'classes': torch.tensor([1, 2][:len(b)]), 'is_crowd': torch.zeros(len(b), dtype=torch.bool),
-                **polygon_targets([[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in b.tolist()])}
-               for b in boxes]  # each object its box outline (read by the mask head only)
+    targets = []
+    for b in boxes:
+        keypoints = torch.stack(((b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, torch.full((len(b),), 2.0)), dim=1)
+        targets.append({'boxes': b, 'classes': torch.tensor([1, 2][:len(b)]).clamp(max=num_classes - 1),
+                        'is_crowd': torch.zeros(len(b), dtype=torch.bool),
+                        'keypoints': keypoints.unsqueeze(2).expand(-1, -1, 5).contiguous(),
+                        **polygon_targets([[[x1, y1, x2, y1, x2, y2, x1, y2]] for x1, y1, x2, y2 in b.tolist()])})
     return images, im_info, targets
 
 
@@ -58,7 +65,7 @@ def _losses_and_grads(model, batch, fixed_size, monkeypatch):
 @pytest.mark.parametrize('seed', [0, 1])
 def test_fixed_size_rois_give_the_compact_losses_and_gradients(model, seed, device, monkeypatch):
     model.to(device)
-    batch = _to(_batch(seed), device)
+    batch = _to(_batch(seed, model.params.num_classes), device)
     compact_losses, compact_grads = _losses_and_grads(model, batch, False, monkeypatch)
     fixed_losses, fixed_grads = _losses_and_grads(model, batch, True, monkeypatch)
     assert sorted(fixed_losses) == sorted(compact_losses)
@@ -83,7 +90,7 @@ def test_the_graphed_rpn_stage_run_eagerly_gives_the_compact_losses(model, bound
     if bound is not None:  # the batch's triples (+ bound): 2 images x 16 columns x the anchors of 5 levels
         anchors = sum(h * w for h, w in ((32, 40), (16, 20), (8, 10), (4, 5), (2, 3))) * 3
         monkeypatch.setattr(generalized_rcnn, '_GRAPHED_RPN_PAIRS', 2 * 16 * anchors + bound)
-    batch = _batch(0)
+    batch = _batch(0, model.params.num_classes)
     compact_losses, compact_grads = _losses_and_grads(model, batch, False, monkeypatch)
     model.params = dataclasses.replace(model.params, train_cuda_graphs=True)
     calls = []
@@ -105,7 +112,7 @@ def test_graphed_training_steps_give_the_eager_losses_step_by_step(model, monkey
     stage's, which draws the RPN's random samples) and four without, from the same random state: the same
     losses bit for bit at every step, replays included, and the generator left where the eager steps leave it."""
     model.cuda()
-    batch = _to(_batch(0), 'cuda')
+    batch = _to(_batch(0, model.params.num_classes), 'cuda')
 
     def steps(graphs):
         model.params = dataclasses.replace(model.params, train_cuda_graphs=graphs)
