@@ -123,7 +123,7 @@ class Candidates(NamedTuple):
     present: torch.Tensor      # (B, G) bool: a real gt column
     max_overlap: torch.Tensor  # (M,) Detectron's max_overlaps
     max_class: torch.Tensor    # (M,) Detectron's max_classes
-    row_keys: torch.Tensor     # (M,) int64 what a row is, whatever the layout: _candidate_keys
+    row_keys: torch.Tensor     # (M,) int64 what a row is (image and gt index, or proposal index), whatever the layout
 
 
 def fg_rois_per_image(fg_fraction, batch_size_per_im):
@@ -133,43 +133,25 @@ def fg_rois_per_image(fg_fraction, batch_size_per_im):
 
 def candidate_assignments(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
     """The candidate RoIs of sample_rois (its arguments) with their overlaps and class assignments."""
-    boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class = _candidates(
-        proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd)
-    gt, gt_class, gt_crowd, gt_present = padded_gt_columns(gt_boxes, gt_classes, gt_is_crowd, boxes)
-    device = boxes.device
-    gt_index = torch.cat([torch.arange(len(b), device=device) for b in gt_boxes])
-    row_keys = _candidate_keys(image_ids[:len(gt_index)], gt_index, len(proposals))
-    return _assigned(boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class, gt, gt_class, gt_crowd, gt_present,
-                     row_keys)
+    device = proposals.device
+    gt, gt_class, gt_crowd, gt_present = padded_gt_columns(gt_boxes, gt_classes, gt_is_crowd, proposals)
+    gt_rows = (torch.cat([b.to(device=device, dtype=proposals.dtype) for b in gt_boxes]),
+               torch.cat([torch.full((len(b),), i, dtype=torch.long, device=device) for i, b in enumerate(gt_boxes)]),
+               torch.cat([torch.arange(len(b), device=device) for b in gt_boxes]),
+               torch.cat([c.to(device=device, dtype=torch.bool) for c in gt_is_crowd]),
+               torch.cat([c.to(device=device, dtype=torch.long) for c in gt_classes]))
+    return _assigned(proposals, im_scales, gt_rows, gt, gt_class, gt_crowd, gt_present)
 
 
 def _padded_candidate_assignments(proposals, im_scales, gt, gt_class, gt_crowd, gt_present):
     """candidate_assignments with the gt padded to G columns ((B, G, 4) and (B, G)): every image's G gt slots,
     then the proposals (the slots of absent gt are candidates the caller leaves out)."""
     num_images, num_gt = gt_present.shape
-    device = gt.device
-    slot_image = torch.arange(num_images, device=device).repeat_interleave(num_gt)
-    num_proposals = len(proposals)
-    proposal_image_ids = proposals[:, 0].long()
-    proposal_boxes = proposals[:, 1:5] * (1.0 / im_scales)[proposal_image_ids].unsqueeze(1)
-    no_proposals = torch.zeros(num_proposals, dtype=torch.bool, device=device)
-    boxes = torch.cat((gt.reshape(-1, 4).to(proposals.dtype), proposal_boxes))
-    image_ids = torch.cat((slot_image, proposal_image_ids))
-    is_gt_row = torch.cat((torch.ones_like(slot_image, dtype=torch.bool), no_proposals))
-    crowd = torch.cat((gt_crowd.reshape(-1), no_proposals))
-    classes = torch.cat((gt_class.reshape(-1), torch.zeros(num_proposals, dtype=torch.long, device=device)))
-    row_keys = _candidate_keys(slot_image, torch.arange(num_gt, device=device).repeat(num_images), num_proposals)
-    return _assigned(boxes, image_ids, is_gt_row, crowd, classes, gt.to(proposals.dtype), gt_class, gt_crowd,
-                     gt_present, row_keys)
-
-
-def _assigned(boxes, image_ids, is_gt_row, gt_row_crowd, gt_row_class, gt, gt_class, gt_crowd, gt_present, row_keys):
-    overlaps = _own_image_overlaps(boxes, image_ids, gt)
-    max_overlap, max_class = _class_assignments(
-        overlaps.masked_fill(~gt_present[image_ids], -1.0), gt_class[image_ids],
-        is_gt_row, gt_row_crowd, gt_row_class)
-    return Candidates(boxes, image_ids, is_gt_row, overlaps, gt, gt_crowd, gt_present, max_overlap, max_class,
-                      row_keys)
+    gt = gt.to(proposals.dtype)
+    slots = torch.arange(num_gt, device=gt.device)
+    gt_rows = (gt.reshape(-1, 4), torch.arange(num_images, device=gt.device).repeat_interleave(num_gt),
+               slots.repeat(num_images), gt_crowd.reshape(-1), gt_class.reshape(-1))
+    return _assigned(proposals, im_scales, gt_rows, gt, gt_class, gt_crowd, gt_present)
 
 
 # A candidate's key: a gt row's image x 2^24 + its index among the image's gt, or 2^48 + a proposal's index.
@@ -177,34 +159,30 @@ _IMAGE_KEY_STRIDE = 1 << 24
 _PROPOSAL_KEY_BASE = 1 << 48
 
 
-def _candidate_keys(gt_row_images, gt_row_index, num_proposals):
-    """(M,) int64 keys of the candidates: the gt rows (their image and their index in it), then the proposals
-    (their row). The same row has the same key in the compact and the padded layout."""
-    proposal_keys = _PROPOSAL_KEY_BASE + torch.arange(num_proposals, device=gt_row_images.device)
-    return torch.cat((gt_row_images * _IMAGE_KEY_STRIDE + gt_row_index, proposal_keys))
-
-
-def _candidates(proposals, im_scales, gt_boxes, gt_classes, gt_is_crowd):
-    """Candidate RoIs in original coordinates: every image's gt rows, then all proposals.
-
-    Returns boxes (M, 4), image_ids (M,), is_gt_row (M,) and, on gt rows, crowd flag and class.
-    """
+def _assigned(proposals, im_scales, gt_rows, gt, gt_class, gt_crowd, gt_present):
+    """The Candidates of Detectron's roidb: the gt rows (boxes, image, index in the image, crowd, class; in
+    original coordinates), then the proposals / im_scale, with their overlaps with the padded gt (B, G) of
+    their own image and their class assignments. A row's key is the same in the compact and the padded layout."""
+    gt_row_boxes, gt_row_image, gt_row_index, gt_row_crowd, gt_row_class = gt_rows
     device = proposals.device
-    gt_image_ids = torch.cat([torch.full((len(b),), i, dtype=torch.long, device=device)
-                              for i, b in enumerate(gt_boxes)])
+    num_proposals = len(proposals)
     proposal_image_ids = proposals[:, 0].long()
     # Detectron multiplies by the inverse scale (json_dataset.add_proposals).
     proposal_boxes = proposals[:, 1:5] * (1.0 / im_scales)[proposal_image_ids].unsqueeze(1)
-    num_proposals = len(proposals)
-    boxes = torch.cat([b.to(device=device, dtype=proposals.dtype) for b in gt_boxes] + [proposal_boxes])
-    image_ids = torch.cat((gt_image_ids, proposal_image_ids))
-    is_gt_row = torch.cat((torch.ones_like(gt_image_ids, dtype=torch.bool),
-                           torch.zeros(num_proposals, dtype=torch.bool, device=device)))
-    crowd = torch.cat([c.to(device=device, dtype=torch.bool) for c in gt_is_crowd]
-                      + [torch.zeros(num_proposals, dtype=torch.bool, device=device)])
-    classes = torch.cat([c.to(device=device, dtype=torch.long) for c in gt_classes]
-                        + [torch.zeros(num_proposals, dtype=torch.long, device=device)])
-    return boxes, image_ids, is_gt_row, crowd, classes
+    no_proposals = torch.zeros(num_proposals, dtype=torch.bool, device=device)
+    boxes = torch.cat((gt_row_boxes, proposal_boxes))
+    image_ids = torch.cat((gt_row_image, proposal_image_ids))
+    is_gt_row = torch.cat((torch.ones_like(gt_row_crowd), no_proposals))
+    row_crowd = torch.cat((gt_row_crowd, no_proposals))
+    row_class = torch.cat((gt_row_class, torch.zeros(num_proposals, dtype=torch.long, device=device)))
+    row_keys = torch.cat((gt_row_image * _IMAGE_KEY_STRIDE + gt_row_index,
+                          _PROPOSAL_KEY_BASE + torch.arange(num_proposals, device=device)))
+    overlaps = _own_image_overlaps(boxes, image_ids, gt)
+    max_overlap, max_class = _class_assignments(
+        overlaps.masked_fill(~gt_present[image_ids], -1.0), gt_class[image_ids],
+        is_gt_row, row_crowd, row_class)
+    return Candidates(boxes, image_ids, is_gt_row, overlaps, gt, gt_crowd, gt_present, max_overlap, max_class,
+                      row_keys)
 
 
 def padded_gt_columns(gt_boxes, gt_classes, gt_is_crowd, like, num_columns=1):

@@ -164,10 +164,10 @@ class GraphedCallable:
                     eager_output = _cloned(self._run(static_inputs, autocast))
                 finally:
                     torch.cuda.set_sync_debug_mode(previous)
-            eager_drawn = _drawn_to(generator, random_state)
+            eager_drawn = generator.get_state() if self.draws_random else None
             _restore(generator, random_state)
             entry, static_output = self._record(static_inputs, autocast)
-            replay_drawn = _drawn_to(generator, random_state)
+            replay_drawn = generator.get_state() if self.draws_random else None
         except RuntimeError as err:
             # fn would most likely fail the same way at other shapes (a host sync, an uncapturable
             # kernel), and a capture that broke off may leave the allocator routing a stream's blocks
@@ -184,7 +184,7 @@ class GraphedCallable:
             logger.warning('CUDA graph replay of %s %s differs from running its kernels one by one; '
                            'running without the graph', self._what, _shapes(inputs))
             return False
-        if not torch.equal(replay_drawn, eager_drawn):  # later replays would draw what the last one drew
+        if self.draws_random and not torch.equal(replay_drawn, eager_drawn):  # later replays would repeat draws
             logger.warning('CUDA graph replay of %s %s leaves the random generator elsewhere than its kernels '
                            'do; running without the graph', self._what, _shapes(inputs))
             return False
@@ -208,11 +208,6 @@ class GraphedCallable:
 def _restore(generator, state):
     if state is not None:
         generator.set_state(state)
-
-
-def _drawn_to(generator, start_state):
-    """The generator's state when the state it was at is followed (else an empty tensor)."""
-    return generator.get_state() if start_state is not None else torch.empty(0)
 
 
 def _shapes(inputs):
