@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from detectron.roi_data.mask_rcnn import mask_targets
+from detectron.roi_data.loader import to_device
 from detectron.roi_data.minibatch import polygon_targets
 from detectron.utils import segms as segm_utils
 from detectron.utils.boxes import bbox_overlaps
@@ -100,7 +101,7 @@ def main(argv):
         torch.set_num_threads(args.threads)
     rois, labels, im_scales, images = coco_tiny_batch(args.coco_tiny, args.rois)
     rois, labels, im_scales = rois.to(device), labels.to(device), im_scales.to(device)
-    packed = [{k: v.to(device) for k, v in polygon_targets(p).items()} for p in images]
+    packed = [to_device(polygon_targets(p), device) for p in images]
 
     def new():
         return mask_targets(rois, labels, im_scales, packed, resolution=28, cls_specific=True).masks

@@ -250,9 +250,12 @@ class GeneralizedRCNN(nn.Module):
             sampled = sample_rois(proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, **self._sampling_args(),
                                   proposal_valid=proposal_valid, candidates=candidates)
         if self.mask_head is not None:
-            # Before the box head is queued: mask_targets' host sync then waits for little.
+            # Fixed-size RoIs get fixed-size mask targets, which need no host sync (BENCHMARKS.md, "Mask R-CNN");
+            # the compact ones' sync comes before the box head is queued, so it waits for little.
+            max_rows = (None if sampled.valid is None
+                        else len(targets) * fg_rois_per_image(p.fg_fraction, p.batch_size_per_im))
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
-                              cls_specific=p.mask.cls_specific)
+                              cls_specific=p.mask.cls_specific, max_rows=max_rows)
         if self.keypoint_head is not None:
             kt = self._keypoint_targets(proposals, proposal_valid, im_info, targets, candidates)
         shares_res5 = self.mask_head is not None and p.mask.shares_box_head

@@ -136,9 +136,10 @@ def gt_targets(entry):
     in the entry (Mask R-CNN) also the non-crowd rows' polygons as tensors that travel with the
     boxes to the training device (mask_rcnn.mask_targets): 'segm_boxes' (G, 4) float32, their tight
     boxes (segms.polys_to_boxes), and 'segm_edges', 'segm_polygon_edges', 'segm_object_polygons'
-    (segms.packed_polygons), coordinates as float32 in the original image (flipped with the entry); with
-    'max_overlaps' in the entry (a Fast R-CNN's roidb of proposal files) 'proposals' (P, 4) float32, the
-    proposals it can sample (proposal_files.proposal_rows)."""
+    (segms.packed_polygons), coordinates as float32 in the original image (flipped with the entry), and
+    the ints 'segm_most_edges' and 'segm_most_polygons' (polygon_targets); with 'max_overlaps' in the
+    entry (a Fast R-CNN's roidb of proposal files) 'proposals' (P, 4) float32, the proposals it can
+    sample (proposal_files.proposal_rows)."""
     is_gt = np.asarray(entry['gt_classes']) > 0
     targets = {
         'boxes': torch.from_numpy(np.asarray(entry['boxes'], dtype=np.float32).reshape(-1, 4)[is_gt]),
@@ -158,11 +159,15 @@ def gt_targets(entry):
 
 
 def polygon_targets(polys):
-    """The target tensors of objects given as polygon lists (gt_targets)."""
+    """The targets of objects given as polygon lists (gt_targets): their tensors, and as host ints the
+    most edges and the most polygons of one object, which size the fixed-size mask targets without
+    waiting for the device (mask_rcnn.mask_targets' max_rows)."""
     polys = [[np.asarray(p, dtype=np.float32) for p in poly] for poly in polys]
     edges, polygon_edges, object_polygons = segm_utils.packed_polygons(polys)
     return {'segm_boxes': torch.from_numpy(segm_utils.polys_to_boxes(polys)), 'segm_edges': edges,
-            'segm_polygon_edges': polygon_edges, 'segm_object_polygons': object_polygons}
+            'segm_polygon_edges': polygon_edges, 'segm_object_polygons': object_polygons,
+            'segm_most_edges': max([0] + [sum(len(p) // 2 for p in poly) for poly in polys]),
+            'segm_most_polygons': max([0] + [len(poly) for poly in polys])}
 
 
 def prepare_training_image(entry, target_size, max_size, pixel_means):

@@ -8,6 +8,7 @@ import torch
 
 from detectron.modeling import generalized_rcnn, model_builder
 from detectron.modeling.generalized_rcnn import ProposalParams
+from detectron.roi_data.loader import to_device
 from detectron.roi_data.minibatch import polygon_targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,7 +48,7 @@ def _batch(seed, num_classes):
 
 def _to(batch, device):
     images, im_info, targets = batch
-    return images.to(device), im_info.to(device), [{k: v.to(device) for k, v in t.items()} for t in targets]
+    return images.to(device), im_info.to(device), to_device(targets, device)
 
 
 def _losses_and_grads(model, batch, fixed_size, monkeypatch):

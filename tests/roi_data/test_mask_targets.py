@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from detectron.roi_data.loader import to_device
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.minibatch import gt_targets
 from detectron.utils import segms as segm_utils
@@ -73,7 +74,7 @@ def test_equal_overlaps_take_the_first_object(device):
     triangle, square = [np.array([0, 0, 8, 0, 0, 8], np.float32)], _square(0, 0, 8, 8)
     rois = torch.tensor([[0, 0.0, 0, 8, 8], [1, 0.0, 0, 8, 8]], device=device)
     images = [_packed([triangle, square], [False, False]), _packed([square, triangle], [False, False])]
-    images = [{k: v.to(device) for k, v in image.items()} for image in images]
+    images = to_device(images, device)
     t = mask_targets(rois, torch.tensor([1, 1], device=device), torch.ones(2, device=device), images,
                      resolution=4, cls_specific=True)
     assert t.masks[0].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
@@ -107,6 +108,7 @@ def test_gt_targets_pack_the_polygons_of_non_crowd_gt_rows():
     assert targets['segm_edges'].shape == (10, 4) and targets['segm_edges'].dtype == torch.float32
     assert targets['segm_edges'][:3].tolist() == [[0, 0, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]]
     assert targets['segm_edges'][9].tolist() == [8, 2, 7, 1]
+    assert targets['segm_most_edges'] == 7 and targets['segm_most_polygons'] == 2  # the second object: 4 + 3
     del entry['segms']
     assert not [k for k in gt_targets(entry) if k.startswith('segm')]
 
@@ -124,7 +126,7 @@ def test_random_batch_matches_detectrons_host_computation(device):
     rois = bench.jittered_rois(rng, [segm_utils.polys_to_boxes(p) if p else np.array(square[0][[0, 1, 4, 5]])[None]
                                 for p in images], im_scales.numpy(), per_object=8)
     labels = torch.from_numpy(rng.randint(0, 4, size=len(rois)))
-    on_device = [{k: v.to(device) for k, v in p.items()} for p in packed]
+    on_device = to_device(packed, device)
     t = mask_targets(rois.to(device), labels.to(device), im_scales.to(device), on_device, resolution=28,
                      cls_specific=True)
     reference = bench.host_mask_targets(rois, labels, im_scales, images, 28)
@@ -133,24 +135,64 @@ def test_random_batch_matches_detectrons_host_computation(device):
     assert torch.equal(t.classes.cpu(), labels[labels > 0])
 
 
+def _assert_fixed_size_equals_compact(rois, labels, im_scales, packed, max_rows, cls_specific=True):
+    compact = mask_targets(rois, labels, im_scales, packed, resolution=28, cls_specific=cls_specific)
+    fixed = mask_targets(rois, labels, im_scales, packed, resolution=28, cls_specific=cls_specific, max_rows=max_rows)
+    num_fg = int((labels > 0).sum())
+    assert fixed.masks.shape == (max_rows, 28, 28) and len(fixed.rois) == len(fixed.classes) == len(fixed.rows) == max_rows
+    for name in ('rois', 'classes', 'masks', 'rows'):
+        assert torch.equal(getattr(fixed, name)[:num_fg], getattr(compact, name)[:num_fg]), name
+    assert (fixed.masks[num_fg:] == -1).all() and (fixed.rows[num_fg:] == 0).all()
+    return fixed
+
+
+@pytest.mark.parametrize('device', _DEVICES)
+def test_fixed_size_targets_are_the_compact_ones_then_ignored_rows(device):
+    # The random batch above: objects of one and two polygons, an image of only a crowd region, bg RoIs.
+    rng = np.random.RandomState(0)
+    polys = [[(rng.rand(2 * rng.randint(3, 9)) * 60).astype(np.float32) for _ in range(rng.randint(1, 4))]
+             for _ in range(6)]
+    packed = to_device([_packed(polys[:5] + [None], [False] * 5 + [True]), _packed([None], [True]),
+                        _packed([polys[5]], [False])], device)
+    im_scales = torch.tensor([1.5, 1.0, 0.7])
+    square = np.array([10, 10, 30, 40], np.float32)[None]
+    rois = bench.jittered_rois(rng, [segm_utils.polys_to_boxes(polys[:5]), square, segm_utils.polys_to_boxes(polys[5:])],
+                               im_scales.numpy(), per_object=8)
+    labels = torch.from_numpy(rng.randint(0, 4, size=len(rois)))
+    rois, labels, im_scales = rois.to(device), labels.to(device), im_scales.to(device)
+    assert packed[0]['segm_most_polygons'] >= 2 and int((labels > 0).sum()) > 20
+    for cls_specific in (True, False):
+        _assert_fixed_size_equals_compact(rois, labels, im_scales, packed, len(rois), cls_specific)
+    _assert_fixed_size_equals_compact(rois, labels, im_scales, packed, int((labels > 0).sum()))
+    # A batch without fg RoIs: every row ignored, so the loss is 0 as with the compact one's single row.
+    fixed = mask_targets(rois, torch.zeros_like(labels), im_scales, packed, resolution=28, cls_specific=True, max_rows=6)
+    assert fixed.masks.shape == (6, 28, 28) and (fixed.masks == -1).all()
+    # A batch without objects at all (no edge to draw).
+    empty = to_device([_packed([], []), _packed([None], [True]), _packed([], [])], device)
+    fixed = _assert_fixed_size_equals_compact(rois, labels, im_scales, empty, len(rois))
+    assert (fixed.masks == -1).all()
+
+
 @pytest.mark.skipif(not os.path.isdir(bench.COCO_TINY), reason=f'coco_tiny not found at {bench.COCO_TINY}')
 @pytest.mark.parametrize('device', _DEVICES)
 def test_coco_tiny_batch_of_256_fg_rois_matches_detectrons_host_computation(device):
     rois, labels, im_scales, images = bench.coco_tiny_batch(bench.COCO_TINY, 256)
-    packed = [{k: v.to(device) for k, v in _packed(image, [False] * len(image)).items()} for image in images]
+    packed = [to_device(_packed(image, [False] * len(image)), device) for image in images]
     t = mask_targets(rois.to(device), labels.to(device), im_scales.to(device), packed, resolution=28,
                      cls_specific=False)
     reference = bench.host_mask_targets(rois, labels, im_scales, images, 28)
     assert len(rois) == 256 and sum(len(image) for image in images) > 50
     assert 0.2 < (reference == 1).mean() < 0.8 and np.array_equal(t.masks.cpu().numpy(), reference)
+    labels = labels.to(device)
+    _assert_fixed_size_equals_compact(rois.to(device), labels, im_scales.to(device), packed, len(rois), cls_specific=False)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
-def test_mask_targets_synchronise_with_the_host_once_on_cuda():
+def test_mask_targets_synchronise_with_the_host_once_on_cuda_and_never_with_max_rows():
     rng = np.random.RandomState(1)
     polys = [[(rng.rand(8) * 60).astype(np.float32)] for _ in range(4)]
-    packed = [{k: v.cuda() for k, v in _packed(polys, [False] * 4).items()}]
+    packed = [to_device(_packed(polys, [False] * 4), 'cuda')]
     rois = bench.jittered_rois(rng, [segm_utils.polys_to_boxes(polys)], [1.0], per_object=8).cuda()
     labels = torch.from_numpy(rng.randint(0, 3, size=len(rois))).cuda()
     scales = torch.ones(1, device='cuda')
@@ -166,3 +208,14 @@ def test_mask_targets_synchronise_with_the_host_once_on_cuda():
     syncs = [w for w in caught if 'synchronizing' in str(w.message)]
     assert len(syncs) == 1, [str(w.message) for w in syncs]
     assert np.array_equal(t.masks.cpu().numpy(), bench.host_mask_targets(rois, labels, scales, [polys], 28))
+    # With max_rows (the fixed-size RoIs' bound) nothing waits for the device.
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('warn')
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            fixed = mask_targets(rois, labels, scales, packed, resolution=28, cls_specific=True, max_rows=len(rois))
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert not [str(w.message) for w in caught if 'synchronizing' in str(w.message)]
+    assert torch.equal(fixed.masks[:len(t.masks)], t.masks)

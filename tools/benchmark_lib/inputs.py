@@ -4,6 +4,7 @@ import pycocotools.mask as mask_util
 import torch
 
 from detectron.core.config import cfg
+from detectron.roi_data.loader import to_device
 from detectron.roi_data.minibatch import polygon_targets
 from detectron.utils import blob as blob_utils
 
@@ -38,7 +39,7 @@ def ours_train_inputs(images, boxes, labels, device):
                for bx, lb in zip(boxes, labels)]
     if cfg.MODEL.MASK_ON:  # each object the filled box: its outline polygon, packed as the loader packs it
         for target, bx in zip(targets, boxes):
-            target.update({k: v.to(device) for k, v in polygon_targets(_box_outlines(bx)).items()})
+            target.update(to_device(polygon_targets(_box_outlines(bx)), device))
     if cfg.MODEL.KEYPOINTS_ON:  # (N, 3, K) (x, y, v) rows, as minibatch.gt_targets packs them
         for target, kps in zip(targets, synthetic_keypoints(boxes)):
             target['keypoints'] = torch.from_numpy(kps.transpose(0, 2, 1).copy()).to(device)
