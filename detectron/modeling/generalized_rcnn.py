@@ -250,12 +250,10 @@ class GeneralizedRCNN(nn.Module):
             sampled = sample_rois(proposals, im_info[:, 2], gt_boxes, gt_classes, gt_crowd, **self._sampling_args(),
                                   proposal_valid=proposal_valid, candidates=candidates)
         if self.mask_head is not None:
-            # Fixed-size RoIs get fixed-size mask targets, which need no host sync (BENCHMARKS.md, "Mask R-CNN");
-            # the compact ones' sync comes before the box head is queued, so it waits for little.
-            max_rows = (None if sampled.valid is None
-                        else len(targets) * fg_rois_per_image(p.fg_fraction, p.batch_size_per_im))
+            # The compact targets' host sync comes before the box head is queued, so it waits for little.
             mt = mask_targets(sampled.rois, sampled.labels, im_info[:, 2], targets, resolution=p.mask.resolution,
-                              cls_specific=p.mask.cls_specific, max_rows=max_rows)
+                              cls_specific=p.mask.cls_specific,
+                              max_rows=fixed_size_mask_rows(len(targets), p, sampled.valid is not None))
         if self.keypoint_head is not None:
             kt = self._keypoint_targets(proposals, proposal_valid, im_info, targets, candidates)
         shares_res5 = self.mask_head is not None and p.mask.shares_box_head
@@ -362,6 +360,18 @@ def fixed_size_training_rois(device):
     launches the rest of the step (BENCHMARKS.md, "Training speed"); the CPU runs the compact ones
     and Detectron's own NMS kernel."""
     return device.type == 'cuda'
+
+
+# Up to 4 images of Detectron's 128 fg RoIs each: the mask head runs on every row of fixed-size mask targets,
+# fg or not, and larger batches are GPU-bound (BENCHMARKS.md, "Training speed"), where a host sync costs less.
+_FIXED_SIZE_MASK_ROWS = 512
+
+
+def fixed_size_mask_rows(num_images, params, fixed_size_rois):
+    """The rows of fixed-size mask targets (mask_rcnn.mask_targets' max_rows: no host sync) for fixed-size
+    training RoIs of num_images images, up to _FIXED_SIZE_MASK_ROWS; else None (the compact targets)."""
+    rows = num_images * fg_rois_per_image(params.fg_fraction, params.batch_size_per_im)
+    return rows if fixed_size_rois and rows <= _FIXED_SIZE_MASK_ROWS else None
 
 
 # About 0.5 GB per float32 overlap tensor: 2 images of 800 x 1333 (267k anchors) with up to 128 gt columns.

@@ -138,3 +138,33 @@ def test_graphed_training_steps_give_the_eager_losses_step_by_step(model, monkey
         for name in a:
             assert torch.equal(a[name], b[name]), (step, name, a[name].item(), b[name].item())
     assert torch.equal(eager_state, graphed_state)
+
+
+def test_fixed_size_mask_targets_up_to_four_images_of_detectrons_fg_rois():
+    detectron = generalized_rcnn.RCNNParams(num_classes=81)  # 512 RoIs per image, 25% fg: 128 fg rows per image
+    assert [generalized_rcnn.fixed_size_mask_rows(n, detectron, True) for n in (1, 2, 4, 5)] == [128, 256, 512, None]
+    assert generalized_rcnn.fixed_size_mask_rows(2, detectron, False) is None  # compact RoIs, compact targets
+    small = dataclasses.replace(detectron, batch_size_per_im=64)  # 16 fg rows per image
+    assert generalized_rcnn.fixed_size_mask_rows(32, small, True) == 512
+
+
+def test_past_the_bound_fixed_size_rois_take_the_compact_mask_targets(monkeypatch):
+    """With more mask rows than _FIXED_SIZE_MASK_ROWS the fixed-size RoIs get the compact mask targets
+    (max_rows None), whose loss is the same."""
+    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
+    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_mask_R-18-FPN.yaml'))
+    assert_and_infer_cfg()
+    torch.manual_seed(0)
+    model = model_builder.create(cfg).train()
+    model.params = dataclasses.replace(model.params, batch_size_per_im=32, train_proposals=ProposalParams(300, 60, 0.7, 0.0))
+    batch = _batch(0, model.params.num_classes)
+    calls = []
+    targets_of = generalized_rcnn.mask_targets
+    monkeypatch.setattr(generalized_rcnn, 'mask_targets',
+                        lambda *args, **kwargs: calls.append(kwargs['max_rows']) or targets_of(*args, **kwargs))
+    fixed, _ = _losses_and_grads(model, batch, True, monkeypatch)
+    monkeypatch.setattr(generalized_rcnn, '_FIXED_SIZE_MASK_ROWS', 15)  # the batch's 2 x 8 rows, less one
+    bounded, _ = _losses_and_grads(model, batch, True, monkeypatch)
+    assert calls == [16, None]
+    torch.testing.assert_close(bounded['loss_mask'], fixed['loss_mask'], rtol=1e-5, atol=1e-7)
+    assert fixed['loss_mask'] > 0
