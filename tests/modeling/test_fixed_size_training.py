@@ -10,6 +10,7 @@ from detectron.modeling import generalized_rcnn, model_builder
 from detectron.modeling.generalized_rcnn import ProposalParams
 from detectron.roi_data.loader import to_device
 from detectron.roi_data.minibatch import polygon_targets
+from tests.support.host_reads import HostReads
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -168,3 +169,17 @@ def test_past_the_bound_fixed_size_rois_take_the_compact_mask_targets(monkeypatc
     assert calls == [16, None]
     torch.testing.assert_close(bounded['loss_mask'], fixed['loss_mask'], rtol=1e-5, atol=1e-7)
     assert fixed['loss_mask'] > 0
+
+
+def test_the_fixed_size_training_step_reads_nothing_on_the_host(model, monkeypatch):
+    """The CPU's view of the training step's host syncs on a GPU (the fixed-size path, forward and backward):
+    nothing is read on the host but by the CPU's RoIAlign (ops/sparse_roi_align.py, a GPU's is a kernel)
+    and, for Keypoint R-CNN, whose RoIs are sampled eagerly, its keypoint targets (the control)."""
+    monkeypatch.setattr(generalized_rcnn, 'fixed_size_training_rois', lambda device: True)
+    batch = _batch(0, model.params.num_classes)
+    with HostReads(monkeypatch) as host:
+        losses = model(*batch)
+        sum(v for k, v in losses.items() if k.startswith('loss')).backward()
+    reads = sorted({caller.split(':')[0] for _, caller in host.reads} - {'ops/sparse_roi_align.py'})
+    assert reads == (['roi_data/keypoint_rcnn.py'] if model.keypoint_head is not None else [])
+    assert any(caller.startswith('ops/sparse_roi_align.py') for _, caller in host.reads)

@@ -7,12 +7,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from detectron.roi_data.loader import to_device
 from detectron.roi_data.mask_rcnn import mask_targets
 from detectron.roi_data.minibatch import gt_targets
 from detectron.utils import segms as segm_utils
+from tests.support.host_reads import HostReads
 
 # Detectron's host computation, the reference, and the coco_tiny batch live in the benchmark script.
 _spec = importlib.util.spec_from_file_location('mask_targets_bench', os.path.join(
@@ -174,28 +174,6 @@ def test_fixed_size_targets_are_the_compact_ones_then_ignored_rows(device):
     assert (fixed.masks == -1).all()
 
 
-class _HostReads(TorchDispatchMode):
-    """Records what would make the host wait for a GPU, also on the CPU: a tensor's values read on the
-    host (item, int(), bool(), tolist()) and the operators whose output size depends on values."""
-    SIZED_BY_VALUES = ('aten.nonzero', 'aten.masked_select', 'aten.unique', 'aten._unique')
-
-    def __init__(self, monkeypatch):
-        super().__init__()
-        self.reads = []
-        tolist = torch.Tensor.tolist
-        monkeypatch.setattr(torch.Tensor, 'tolist', lambda t: self.reads.append('tolist') or tolist(t))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = str(func)
-        if (name.startswith(self.SIZED_BY_VALUES + ('aten._local_scalar_dense',))
-                or (name.startswith('aten.index.Tensor') and any(i is not None and i.dtype == torch.bool
-                                                                 for i in args[1]))
-                or (name.startswith('aten.repeat_interleave') and kwargs.get('output_size') is None)):
-            self.reads.append(name)
-        return func(*args, **kwargs)
-
-
 def test_fixed_size_targets_read_nothing_on_the_host(monkeypatch):
     """The CPU's view of mask_targets' host syncs on a GPU: the compact targets read their sizes once (the
     control), the max_rows layout reads nothing and calls no operator sized by values."""
@@ -207,11 +185,11 @@ def test_fixed_size_targets_read_nothing_on_the_host(monkeypatch):
                                [1.0, 2.0], per_object=6)
     labels = torch.from_numpy(rng.randint(0, 3, size=len(rois)))
     args = (rois, labels, torch.tensor([1.0, 2.0]), packed)
-    with _HostReads(monkeypatch) as compact:
+    with HostReads(monkeypatch) as compact:
         mask_targets(*args, resolution=14, cls_specific=True)
-    with _HostReads(monkeypatch) as fixed:
+    with HostReads(monkeypatch) as fixed:
         mask_targets(*args, resolution=14, cls_specific=True, max_rows=len(rois))
-    assert compact.reads == ['tolist'] and fixed.reads == []
+    assert [read for read, _ in compact.reads] == ['tolist'] and fixed.reads == []
 
 
 @pytest.mark.skipif(not os.path.isdir(bench.COCO_TINY), reason=f'coco_tiny not found at {bench.COCO_TINY}')
