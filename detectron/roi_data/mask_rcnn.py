@@ -1,5 +1,6 @@
 """Mask R-CNN training targets (Detectron's roi_data/mask_rcnn.py `add_mask_rcnn_blobs`), built on
 the RoIs' device from the polygons the loader packs (minibatch.gt_targets)."""
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -47,18 +48,28 @@ def mask_targets(rois, labels, im_scales, gt_polygons, resolution, cls_specific,
     best = torch.where(own, box_iou_t(boxes, objects.boxes), -1.0).argmax(dim=1)
     fg = labels > 0
     drawn = fg & own.any(dim=1)
-    if max_rows is not None:
-        return _fixed_size_targets(rois, labels, boxes, best, fg, drawn, objects, resolution, cls_specific,
-                                   min(max_rows, len(labels)), _slots(gt_polygons))
+    if max_rows is None:
+        rows, drawn, masks = _compact_masks(boxes, best, fg, drawn, objects, resolution)
+    else:
+        rows, drawn, masks = _fixed_size_masks(boxes, best, fg, drawn, objects, resolution,
+                                               min(max_rows, len(labels)), _slots(gt_polygons))
+    masks = torch.where(drawn[:, None, None], masks.to(torch.int8), -1)
+    classes = labels[rows] if cls_specific else torch.zeros_like(rows)
+    return MaskTargets(rois[rows], classes.long(), masks, rows)
+
+
+def _compact_masks(boxes, best, fg, drawn, objects, resolution):
+    """mask_targets' rows (the fg RoIs, else the first RoI), whether each is drawn, and its (M, M) mask:
+    each RoI's object's polygons and edges listed exactly, sized by one host sync."""
+    device = boxes.device
     num_polygons = torch.where(drawn, objects.polygons[best], 0)
     num_edges = torch.where(drawn, objects.edges[best], 0)
     # The one host sync: the sizes of the mask head's batch and of the rasterisation. Little work is
     # queued before it: the proposals and the sampling.
     num_fg, total_polygons, total_edges = torch.stack((fg.sum(), num_polygons.sum(), num_edges.sum())).tolist()
-    if num_fg == 0:
-        masks = torch.full((1, resolution, resolution), -1, dtype=torch.int8, device=device)
+    if num_fg == 0:  # the first RoI, not drawn: its class is 0 (no RoI is fg) and its target all -1
         first = torch.zeros(1, dtype=torch.int64, device=device)
-        return MaskTargets(rois[:1], first, masks, first)
+        return first, first.bool(), torch.zeros(1, resolution, resolution, dtype=torch.bool, device=device)
     rows = _true_rows(fg, num_fg)
     best, num_polygons = best[rows], num_polygons[rows]
     # Each fg RoI's object's polygons, then their edges, listed one after the other.
@@ -66,10 +77,8 @@ def mask_targets(rois, labels, im_scales, gt_polygons, resolution, cls_specific,
     polygon = objects.first_polygon[best][polygon_mask] + rank
     edge_polygon, rank = segm_utils.expand_counts(objects.polygon_edges[polygon], total_edges)
     edges = objects.all_edges[objects.first_edge[polygon][edge_polygon] + rank]
-    masks = segm_utils.polys_to_masks_wrt_boxes(edges, edge_polygon, polygon_mask, boxes[rows], resolution)
-    masks = torch.where(drawn[rows, None, None], masks.to(torch.int8), -1)
-    classes = labels[rows] if cls_specific else torch.zeros_like(rows)
-    return MaskTargets(rois[rows], classes.long(), masks, rows)
+    return rows, drawn[rows], segm_utils.polys_to_masks_wrt_boxes(edges, edge_polygon, polygon_mask, boxes[rows],
+                                                                  resolution)
 
 
 def _slots(gt_polygons):
@@ -78,13 +87,14 @@ def _slots(gt_polygons):
             max([1] + [p['segm_most_polygons'] for p in gt_polygons]))
 
 
-def _fixed_size_targets(rois, labels, boxes, best, fg, drawn, objects, resolution, cls_specific, num_rows, slots):
-    """mask_targets' max_rows layout: num_rows rows, each RoI's object's edges in edge_slots slots (an
-    object's edges are consecutive, polygon after polygon) and its polygons in polygon_slots; the unused
-    slots are drawn as one extra polygon in an extra box, which is dropped."""
-    device = rois.device
+def _fixed_size_masks(boxes, best, fg, drawn, objects, resolution, num_rows, slots):
+    """mask_targets' max_rows layout of _compact_masks: num_rows rows (the fg RoIs, then row 0, not drawn),
+    each RoI's object's edges in edge_slots slots (an object's edges are consecutive, polygon after polygon)
+    and its polygons in polygon_slots; the unused slots are drawn as one extra polygon in an extra box,
+    which is dropped. No host sync."""
+    device = boxes.device
     edge_slots, polygon_slots = slots
-    rows = _true_rows(fg, num_rows)  # the slots past the fg RoIs take row 0
+    rows = _true_rows(fg, num_rows)
     drawn = drawn[rows] & (torch.arange(num_rows, device=device) < fg.sum())
     best = best[rows]
     slot = torch.arange(edge_slots, device=device)
@@ -97,9 +107,7 @@ def _fixed_size_targets(rois, labels, boxes, best, fg, drawn, objects, resolutio
     masks = segm_utils.polys_to_masks_wrt_boxes(
         objects.all_edges[edge.flatten()], polygon.flatten(), polygon_box,
         torch.cat((boxes[rows], boxes.new_zeros(1, 4))), resolution)[:num_rows]
-    masks = torch.where(drawn[:, None, None], masks.to(torch.int8), -1)
-    classes = labels[rows] if cls_specific else torch.zeros_like(rows)
-    return MaskTargets(rois[rows], classes.long(), masks, rows)
+    return rows, drawn, masks
 
 
 class _Objects:
@@ -123,9 +131,13 @@ class _Objects:
         edge_bounds = torch.cat((self.first_edge, self.polygon_edges.sum(0, keepdim=True)))
         self.first_object_edge = edge_bounds[self.first_polygon]
         self.edges = edge_bounds[self.first_polygon + self.polygons] - self.first_object_edge
-        self.edge_polygon = torch.cat((torch.repeat_interleave(
-            torch.arange(len(self.polygon_edges), device=device), self.polygon_edges,
-            output_size=len(self.all_edges) - 1), none))
+
+    @functools.cached_property
+    def edge_polygon(self):  # read by the fixed-size layout only
+        device = self.polygon_edges.device
+        return torch.cat((torch.repeat_interleave(torch.arange(len(self.polygon_edges), device=device),
+                                                  self.polygon_edges, output_size=len(self.all_edges) - 1),
+                          torch.zeros(1, dtype=torch.int64, device=device)))
 
 
 def _starts(counts):
