@@ -149,15 +149,10 @@ def test_fixed_size_mask_targets_up_to_four_images_of_detectrons_fg_rois():
     assert generalized_rcnn.fixed_size_mask_rows(32, small, True) == 512
 
 
-def test_past_the_bound_fixed_size_rois_take_the_compact_mask_targets(monkeypatch):
+@pytest.mark.parametrize('model', ['shapes_demo_mask_R-18-FPN.yaml'], indirect=True)
+def test_past_the_bound_fixed_size_rois_take_the_compact_mask_targets(model, monkeypatch):
     """With more mask rows than _FIXED_SIZE_MASK_ROWS the fixed-size RoIs get the compact mask targets
     (max_rows None), whose loss is the same."""
-    from detectron.core.config import assert_and_infer_cfg, cfg, merge_cfg_from_file
-    merge_cfg_from_file(os.path.join(REPO, 'configs', 'getting_started', 'shapes_demo_mask_R-18-FPN.yaml'))
-    assert_and_infer_cfg()
-    torch.manual_seed(0)
-    model = model_builder.create(cfg).train()
-    model.params = dataclasses.replace(model.params, batch_size_per_im=32, train_proposals=ProposalParams(300, 60, 0.7, 0.0))
     batch = _batch(0, model.params.num_classes)
     calls = []
     targets_of = generalized_rcnn.mask_targets
