@@ -65,7 +65,7 @@ __C.TRAIN.KEEP_CHECKPOINTS = 0
 __C.TRAIN.COPY_WEIGHTS = False
 __C.TRAIN.FREEZE_AT = 2
 __C.TRAIN.CHECKPOINT_ACTIVATIONS = False  # port: recompute backbone activations to save memory
-__C.TRAIN.CUDA_GRAPHS = True  # port: on a GPU, the R-CNN body and RPN head forward + backward, and the RPN targets, training proposals and sampled RoIs, replayed from CUDA graphs (per padded batch shape)
+__C.TRAIN.CUDA_GRAPHS = True  # port: on a GPU, the R-CNN body and RPN head forward + backward, and the RPN targets, training proposals and sampled RoIs (RetinaNet: body and head; CenterNet: backbone and heads) replayed from CUDA graphs (per padded batch shape)
 __C.TRAIN.RESIZE_ON_DEVICE = True  # port: on a GPU, R-CNN training images leave the loader workers as uint8 and are mean-subtracted, resized (cv2's linear arithmetic) and padded on the device
 __C.TRAIN.CUDA_GRAPHS_MAX_SHAPES = 8  # port: padded batch shapes that get training graphs (each holds its outputs and gradients in GPU memory); the rest run eagerly
 

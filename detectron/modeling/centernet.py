@@ -20,7 +20,7 @@ from detectron.modeling.centernet_decode import ctdet_decode, ctdet_test_maps, i
 from detectron.modeling.centernet_losses import ctdet_loss
 from detectron.ops import jitter_normalize
 from detectron.roi_data.centernet import CONTRAST, SATURATION, UNIT_VALUES, CtdetParams, ctdet_test_inputs
-from detectron.utils.cuda_graphs import graphed_method
+from detectron.utils.cuda_graphs import graphed_method, graphed_training_method
 from detectron.utils.errors import ConfigValueError
 
 
@@ -34,11 +34,18 @@ class LossWeights:
 
 
 class CenterNet(nn.Module):
-    def __init__(self, backbone, heads, loss_weights=LossWeights()):
+    """train_max_graphs: on a GPU, training replays backbone_and_heads' forward and backward from CUDA
+    graphs for that many batch shapes (TRAIN.CUDA_GRAPHS_MAX_SHAPES; 0: never). A CenterNet batch has
+    one shape for the whole run, and its step launches about 800 kernels one by one otherwise, on a
+    host whose cores the loader's workers share (train_net ran at 0.81x its batches replayed in the
+    bare step: BENCHMARKS.md, "CenterNet speed")."""
+
+    def __init__(self, backbone, heads, loss_weights=LossWeights(), train_max_graphs=0):
         super().__init__()
         self.backbone = backbone
         self.heads = heads
         self.loss_weights = loss_weights
+        self.train_max_graphs = train_max_graphs
 
     def use_channels_last(self):
         """Store the backbone's layers that allow it and the heads channels_last. cuDNN runs
@@ -52,7 +59,11 @@ class CenterNet(nn.Module):
             module.to(memory_format=torch.channels_last)
 
     def forward(self, images, targets=None):
-        outputs = self.heads(self.backbone(images))
+        net = self.backbone_and_heads
+        if targets is not None and self.training and self.train_max_graphs:
+            net = graphed_training_method(self, 'backbone_and_heads', CenterNet.backbone_and_heads,
+                                          max_graphs=self.train_max_graphs)
+        outputs = dict(zip(self.heads.heads, net(images)))
         if targets is None:  # detection; with targets the losses, also in eval mode (validation)
             return outputs
         w = self.loss_weights
@@ -69,6 +80,10 @@ class CenterNet(nn.Module):
         if unread:
             losses['loss'] = losses['loss'] + sum(0 * v.sum() for v in unread)
         return losses
+
+    def backbone_and_heads(self, images):
+        """The heads' outputs, in the order of self.heads.heads, as one tuple."""
+        return tuple(self.heads(self.backbone(images)).values())
 
 
 def sparse_heatmap_targets(heatmaps, nonzeros):

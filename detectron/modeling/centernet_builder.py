@@ -92,8 +92,10 @@ class CenterNetType(ModelType):
         head_conv = c.HEAD_CONV if c.HEAD_CONV >= 0 else (256 if 'dla' in c.ARCH else 64)
         loss_weights = centernet.LossWeights(hm=c.HM_WEIGHT, wh=c.WH_WEIGHT, off=c.OFF_WEIGHT,
                                              reg_offset=c.REG_OFFSET, cat_spec_wh=c.CAT_SPEC_WH)
+        # Checkpointed layers recompute their forward inside the backward: left to run eagerly, as R-CNN's.
+        graphs = self.cfg.TRAIN.CUDA_GRAPHS and not self.cfg.TRAIN.CHECKPOINT_ACTIVATIONS
         return centernet.CenterNet(backbone, CenterNetHeads(backbone.out_channels, heads, head_conv, init),
-                                   loss_weights)
+                                   loss_weights, train_max_graphs=self.cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES if graphs else 0)
 
     def output_classes(self):
         return self.cfg.CENTERNET.NUM_CLASSES + 1
