@@ -17,7 +17,7 @@ from detectron.datasets.json_dataset_evaluator import ResultsFormat
 from detectron.modeling import centernet, centernet_export
 from detectron.modeling.centernet_backbones import build_centernet_backbone, check_centernet_arch, check_deconv_filters
 from detectron.modeling.centernet_heads import CenterNetHeads
-from detectron.modeling.model_type import Exporter, ModelType, checkpoint_setting, register_model_type
+from detectron.modeling.model_type import Exporter, ModelType, checkpoint_setting, register_model_type, train_cuda_graphs
 from detectron.roi_data.centernet import CtdetParams, centernet_roidb, ctdet_train_sample, ctdet_val_sample
 from detectron.roi_data.loader import TrainingDataset, to_device
 from detectron.roi_data.minibatch import read_entry_image
@@ -92,10 +92,9 @@ class CenterNetType(ModelType):
         head_conv = c.HEAD_CONV if c.HEAD_CONV >= 0 else (256 if 'dla' in c.ARCH else 64)
         loss_weights = centernet.LossWeights(hm=c.HM_WEIGHT, wh=c.WH_WEIGHT, off=c.OFF_WEIGHT,
                                              reg_offset=c.REG_OFFSET, cat_spec_wh=c.CAT_SPEC_WH)
-        # Checkpointed layers recompute their forward inside the backward: left to run eagerly, as R-CNN's.
-        graphs = self.cfg.TRAIN.CUDA_GRAPHS and not self.cfg.TRAIN.CHECKPOINT_ACTIVATIONS
+        graph_shapes = self.cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES if train_cuda_graphs(self.cfg) else 0
         return centernet.CenterNet(backbone, CenterNetHeads(backbone.out_channels, heads, head_conv, init),
-                                   loss_weights, train_max_graphs=self.cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES if graphs else 0)
+                                   loss_weights, train_max_graphs=graph_shapes)
 
     def output_classes(self):
         return self.cfg.CENTERNET.NUM_CLASSES + 1

@@ -205,6 +205,13 @@ def batch_setting(cfg, batch):
         batch, cfg.SOLVER.ITER_SIZE)
 
 
+def train_cuda_graphs(cfg):
+    """Whether training replays the model's fixed-shape part from CUDA graphs: TRAIN.CUDA_GRAPHS, off with
+    TRAIN.CHECKPOINT_ACTIVATIONS (checkpointed layers recompute their forward inside the backward: left to run
+    eagerly)."""
+    return cfg.TRAIN.CUDA_GRAPHS and not cfg.TRAIN.CHECKPOINT_ACTIVATIONS
+
+
 def checkpoint_setting(cfg):
     """['TRAIN.CHECKPOINT_ACTIVATIONS True ...'] when it is off, else []."""
     if cfg.TRAIN.CHECKPOINT_ACTIVATIONS:

@@ -21,7 +21,8 @@ from detectron.modeling.keypoint_rcnn_builder import build_keypoint_head, keypoi
 from detectron.modeling.mask_rcnn_heads import MASK_HEADS, SHARED_RES5_MASK_HEAD, MaskRCNNHead
 from detectron.modeling.rcnn_checks import (C4_BOX_HEAD, C4_STRIDE, CONV_BODIES, box_head_name, check_supported,
                                           has_rpn, is_c4, reads_proposal_files)
-from detectron.modeling.model_type import Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type
+from detectron.modeling.model_type import (Exporter, ModelType, batch_setting, checkpoint_setting, register_model_type,
+                                          train_cuda_graphs)
 from detectron.modeling.norm import group_norm_groups
 from detectron.modeling.rpn_heads import FPNRPNHead
 from detectron.roi_data.fast_rcnn import fg_rois_per_image
@@ -442,8 +443,7 @@ def rcnn_params(cfg, num_rpn_levels):
         roi_xform_method=cfg.FAST_RCNN.ROI_XFORM_METHOD,
         roi_canonical_scale=cfg.FPN.ROI_CANONICAL_SCALE,
         roi_canonical_level=cfg.FPN.ROI_CANONICAL_LEVEL,
-        # Checkpointed stages recompute their forward inside the backward: left to run eagerly.
-        train_cuda_graphs=cfg.TRAIN.CUDA_GRAPHS and not cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
+        train_cuda_graphs=train_cuda_graphs(cfg),
         train_max_graphs=cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES,
         mask=MaskParams(resolution=cfg.MRCNN.RESOLUTION, roi_resolution=cfg.MRCNN.ROI_XFORM_RESOLUTION,
                         roi_sampling_ratio=cfg.MRCNN.ROI_XFORM_SAMPLING_RATIO,

@@ -9,7 +9,7 @@ import functools
 import torch
 
 from detectron.modeling import retinanet_inference
-from detectron.modeling.model_type import ModelType, register_model_type
+from detectron.modeling.model_type import ModelType, register_model_type, train_cuda_graphs
 from detectron.modeling.rcnn_builder import GeneralizedRCNNType, build_conv_body, image_params, test_graphs
 from detectron.modeling.rcnn_checks import check_conv_body
 from detectron.modeling.retinanet import RetinaNet, RetinaNetParams
@@ -102,8 +102,7 @@ def retinanet_params(cfg):
         straddle_thresh=cfg.TRAIN.RPN_STRADDLE_THRESH, loss_gamma=r.LOSS_GAMMA, loss_alpha=r.LOSS_ALPHA,
         bbox_reg_beta=r.BBOX_REG_BETA, bbox_reg_weight=r.BBOX_REG_WEIGHT, class_specific_bbox=r.CLASS_SPECIFIC_BBOX,
         softmax=r.SOFTMAX,
-        # Checkpointed stages recompute their forward inside the backward: left to run eagerly, as R-CNN's.
-        train_cuda_graphs=cfg.TRAIN.CUDA_GRAPHS and not cfg.TRAIN.CHECKPOINT_ACTIVATIONS,
+        train_cuda_graphs=train_cuda_graphs(cfg),
         train_max_graphs=cfg.TRAIN.CUDA_GRAPHS_MAX_SHAPES)
 
 
